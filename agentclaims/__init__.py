@@ -1,0 +1,5 @@
+"""agentclaims: workflow-level KV residency claims for LLM agents."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"

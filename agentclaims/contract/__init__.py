@@ -1,0 +1,47 @@
+"""The Resident KV Claims contract: modes, states, decisions, actions, predicates, events."""
+
+from agentclaims.contract.claims import CacheIdentity, ClaimSpec, parse_mode
+from agentclaims.contract.events import SCHEMA_VERSION, ClaimEvent, ClaimHistory, rebuild_claims
+from agentclaims.contract.lifecycle import LEGAL_TRANSITIONS, check_transition
+from agentclaims.contract.names import (
+    ArbiterAction,
+    ClaimState,
+    ConformanceStatus,
+    Decision,
+    EventName,
+    Feasibility,
+    LoweringClass,
+    ProtectionMode,
+)
+from agentclaims.contract.predicates import (
+    ContiguousRange,
+    LeadingPrefixAtLeast,
+    MaterializationPredicate,
+    leading_run,
+    predicate_from_dict,
+)
+
+__all__ = [
+    "LEGAL_TRANSITIONS",
+    "SCHEMA_VERSION",
+    "ArbiterAction",
+    "CacheIdentity",
+    "ClaimEvent",
+    "ClaimHistory",
+    "ClaimSpec",
+    "ClaimState",
+    "ConformanceStatus",
+    "ContiguousRange",
+    "Decision",
+    "EventName",
+    "Feasibility",
+    "LeadingPrefixAtLeast",
+    "LoweringClass",
+    "MaterializationPredicate",
+    "ProtectionMode",
+    "check_transition",
+    "leading_run",
+    "parse_mode",
+    "predicate_from_dict",
+    "rebuild_claims",
+]

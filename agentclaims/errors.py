@@ -1,0 +1,138 @@
+"""Exceptions raised by agentclaims.
+
+Expected outcomes (a claim refused, an active request deferred, no room) are values and
+events, not exceptions. Exceptions are for misuse, for broken invariants, and for the
+user-facing ``fail`` reaction::
+
+    AgentClaimsError
+     +-- UsageError (also ValueError)          bad input: names the field that is wrong
+     |    +-- UnknownNameError                 an unknown mode, policy, backend, ... name
+     +-- ContractViolation                     the contract forbids this
+     |    +-- IllegalTransition                a claim state change the state machine forbids
+     |    +-- ScopeViolation                   one owner touching another owner's claim
+     |    +-- UnknownClaim                     no claim with that id (in this scope)
+     +-- ClaimOutcomeError                     the session's reaction to an outcome is ``fail``
+     |    +-- ClaimRefused                     a residency claim or an active request was refused
+     |    +-- ClaimHarmed                      an accepted claim lost its blocks (true harm)
+     |    +-- DeadlineExceeded                 deferral ran past the session's deadline
+     +-- BackendError                          the backend could not be reached or answered badly
+          +-- BackendUnavailable               connection refused, server down, closed backend
+
+Every error raised on bad input changes no state: the check happens before the change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "AgentClaimsError",
+    "BackendError",
+    "BackendUnavailable",
+    "ClaimHarmed",
+    "ClaimOutcomeError",
+    "ClaimRefused",
+    "ContractViolation",
+    "DeadlineExceeded",
+    "IllegalTransition",
+    "ScopeViolation",
+    "UnknownClaim",
+    "UnknownNameError",
+    "UsageError",
+]
+
+
+class AgentClaimsError(Exception):
+    """Root of every exception agentclaims raises on purpose."""
+
+
+class UsageError(AgentClaimsError, ValueError):
+    """A value given to a public entry point is wrong; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class UnknownNameError(UsageError):
+    """A name (mode, policy, backend, level, ...) that is not one of the known ones."""
+
+    def __init__(self, field: str, value: object, known: Sequence[str]) -> None:
+        super().__init__(field, f"unknown value {value!r}; expected one of {', '.join(known)}")
+        self.value = value
+        self.known = tuple(known)
+
+
+class ContractViolation(AgentClaimsError):
+    """An operation the Resident KV Claims contract forbids."""
+
+
+class IllegalTransition(ContractViolation):
+    """A claim state change that the lifecycle state machine does not allow."""
+
+    def __init__(self, claim_id: str, current: str, target: str) -> None:
+        super().__init__(f"claim {claim_id!r}: illegal transition {current} -> {target}")
+        self.claim_id = claim_id
+        self.current = current
+        self.target = target
+
+
+class ScopeViolation(ContractViolation):
+    """An owner tried to renew, release or read a claim of another owner."""
+
+    def __init__(self, claim_id: str, owner_scope: str) -> None:
+        super().__init__(f"claim {claim_id!r} is not in owner scope {owner_scope!r}")
+        self.claim_id = claim_id
+        self.owner_scope = owner_scope
+
+
+class UnknownClaim(ContractViolation, KeyError):
+    """No claim with this id exists (or none is visible to this owner)."""
+
+    def __init__(self, claim_id: str) -> None:
+        super().__init__(f"no claim {claim_id!r}")
+        self.claim_id = claim_id
+
+    def __str__(self) -> str:  # KeyError would quote the message again
+        return str(self.args[0])
+
+
+class ClaimOutcomeError(AgentClaimsError):
+    """Raised by the ``fail`` reaction: carries the claim and the outcome that decided it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        claim_id: str | None = None,
+        outcome: str | None = None,
+        blocking_claim_ids: Sequence[str] = (),
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.claim_id = claim_id
+        self.outcome = outcome
+        self.blocking_claim_ids = tuple(blocking_claim_ids)
+        self.detail = dict(detail or {})
+
+
+class ClaimRefused(ClaimOutcomeError):
+    """A residency claim or an active request was refused and the policy says fail."""
+
+
+class ClaimHarmed(ClaimOutcomeError):
+    """An accepted claim was harmed (its predicate held, then failed without release)."""
+
+
+class DeadlineExceeded(ClaimOutcomeError):
+    """Deferring a refused request ran past the session's deadline."""
+
+
+class BackendError(AgentClaimsError):
+    """The backend answered in a way agentclaims cannot use."""
+
+
+class BackendUnavailable(BackendError):
+    """The backend cannot be reached (server down, connection refused, closed)."""
