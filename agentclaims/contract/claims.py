@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from agentclaims.contract.names import ProtectionMode
 from agentclaims.contract.predicates import (
@@ -50,9 +50,13 @@ class CacheIdentity:
         for name in ("cache_key_domain", "model_id", "tokenizer_id", "salt_namespace"):
             _nonempty(f"cache_identity.{name}", getattr(self, name))
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int):
-            raise UsageError("cache_identity.block_size", f"expected an integer, got {self.block_size!r}")
+            raise UsageError(
+                "cache_identity.block_size", f"expected an integer, got {self.block_size!r}"
+            )
         if self.block_size <= 0:
-            raise UsageError("cache_identity.block_size", f"must be positive, got {self.block_size}")
+            raise UsageError(
+                "cache_identity.block_size", f"must be positive, got {self.block_size}"
+            )
         if self.adapter_id is not None:
             _nonempty("cache_identity.adapter_id", self.adapter_id)
 
@@ -72,7 +76,14 @@ class CacheIdentity:
     def from_dict(cls, data: Mapping[str, Any]) -> CacheIdentity:
         if not isinstance(data, Mapping):
             raise UsageError("cache_identity", f"expected an object, got {data!r}")
-        known = {"cache_key_domain", "model_id", "tokenizer_id", "salt_namespace", "block_size", "adapter_id"}
+        known = {
+            "cache_key_domain",
+            "model_id",
+            "tokenizer_id",
+            "salt_namespace",
+            "block_size",
+            "adapter_id",
+        }
         extra = set(data) - known
         if extra:
             raise UsageError("cache_identity", f"unknown fields {sorted(extra)}")
@@ -108,14 +119,16 @@ class ClaimSpec:
         _nonempty("owner_scope", self.owner_scope)
         _nonempty("object_id", self.object_id)
         if not isinstance(self.cache_identity, CacheIdentity):
-            raise UsageError("cache_identity", f"expected a CacheIdentity, got {self.cache_identity!r}")
+            raise UsageError(
+                "cache_identity", f"expected a CacheIdentity, got {self.cache_identity!r}"
+            )
         fp = self.footprint_blocks
         if isinstance(fp, bool) or not isinstance(fp, int):
             raise UsageError("footprint_blocks", f"expected an integer, got {fp!r}")
         if fp <= 0:
             raise UsageError("footprint_blocks", f"must be positive, got {fp}")
         object.__setattr__(self, "protection_mode", parse_mode(self.protection_mode))
-        pred = self.materialization_predicate
+        pred = cast("MaterializationPredicate | None", self.materialization_predicate)
         if pred is None:
             pred = LeadingPrefixAtLeast(fp)
             object.__setattr__(self, "materialization_predicate", pred)
@@ -132,7 +145,12 @@ class ClaimSpec:
                 raise UsageError("duration_steps", f"must be a positive integer, got {d!r}")
         if self.ttl_s is not None:
             t = self.ttl_s
-            if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t <= 0:
+            if (
+                isinstance(t, bool)
+                or not isinstance(t, int | float)
+                or not math.isfinite(t)
+                or t <= 0
+            ):
                 raise UsageError("ttl_s", f"must be a positive number of seconds, got {t!r}")
         if (
             self.protection_mode is ProtectionMode.EXPIRING
@@ -162,7 +180,14 @@ class ClaimSpec:
         """Parse the JSON form; every problem is a ``UsageError`` naming the field."""
         if not isinstance(data, Mapping):
             raise UsageError("claim", f"expected an object, got {data!r}")
-        required = ("claim_id", "owner_scope", "object_id", "cache_identity", "footprint_blocks", "protection_mode")
+        required = (
+            "claim_id",
+            "owner_scope",
+            "object_id",
+            "cache_identity",
+            "footprint_blocks",
+            "protection_mode",
+        )
         for name in required:
             if name not in data:
                 raise UsageError(name, "missing")

@@ -52,7 +52,9 @@ class ClaimState(StrEnum):
         return self in (ClaimState.ACCEPTED, ClaimState.MATERIALIZED)
 
 
-_TERMINAL = frozenset({ClaimState.REFUSED, ClaimState.DEMOTED, ClaimState.EXPIRED, ClaimState.HARMED})
+_TERMINAL = frozenset(
+    {ClaimState.REFUSED, ClaimState.DEMOTED, ClaimState.EXPIRED, ClaimState.HARMED}
+)
 
 
 class Decision(StrEnum):

@@ -1,0 +1,1 @@
+"""The ``agentclaims`` command line."""

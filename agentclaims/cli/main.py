@@ -1,0 +1,81 @@
+"""``agentclaims``: conformance, demo, report, bench and serve.
+
+The parser lives here; each subcommand's work lives in its own module (imported only when that
+subcommand runs, so ``agentclaims --help`` stays fast) with a ``run(args) -> int`` function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentclaims",
+        description="Workflow-level KV residency claims for LLM agents.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    conf = sub.add_parser("conformance", help="run the conformance suite (L1-L7, C1) on a backend")
+    conf.add_argument("--backend", default="embedded", help="embedded (default) or a gateway URL")
+    conf.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    conf.set_defaults(module="conformance")
+
+    demo = sub.add_parser("demo", help="concurrent supervisor workflows: claims vs stock LRU")
+    demo.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    demo.add_argument("--workflows", type=int, default=6, help="concurrent workflows (default 6)")
+    demo.add_argument("--logs", default="agentclaims-logs", help="where the outcome logs go")
+    demo.add_argument("--seed", type=int, default=7)
+    demo.set_defaults(module="demo")
+
+    report = sub.add_parser("report", help="summarise outcome logs per workflow")
+    report.add_argument("logs", nargs="+", metavar="LOG", help="JSONL log files or folders")
+    report.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    report.set_defaults(module="report")
+
+    serve = sub.add_parser("serve", help="serve the gateway (reference engine) on a port")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8099)
+    serve.add_argument("--blocks", type=int, default=4096, help="usable KV blocks")
+    serve.add_argument("--block-size", type=int, default=16, help="tokens per block")
+    serve.set_defaults(module="serve")
+
+    bench = sub.add_parser("bench", help="benchmarks that print their figures")
+    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    eng = bench_sub.add_parser("engine", help="block operations per second, arbiter decision time")
+    eng.add_argument("--json", action="store_true")
+    eng.add_argument("--quick", action="store_true", help="smaller sizes, for smoke tests")
+    eng.set_defaults(module="bench_engine")
+    replay = bench_sub.add_parser("replay", help="replay agentic traces under each policy")
+    replay.add_argument("--traces", required=True, help="folder of trace_*.json[.gz] files")
+    replay.add_argument("--sessions", type=int, default=32)
+    cap = replay.add_mutually_exclusive_group()
+    cap.add_argument("--capacity-blocks", type=int)
+    cap.add_argument("--capacity-frac", type=float)
+    replay.add_argument("--policies", nargs="+", default=None)
+    replay.add_argument("--limit", type=int, default=None, help="first K traces only")
+    replay.add_argument("--seed", type=int, default=0)
+    replay.add_argument("--json", action="store_true")
+    replay.add_argument("--plot", default=None, metavar="FILE.png")
+    replay.set_defaults(module="bench_replay")
+    sdk = bench_sub.add_parser("sdk", help="SDK overhead per LLM call on a 1,000-node graph")
+    sdk.add_argument("--json", action="store_true")
+    sdk.set_defaults(module="bench_sdk")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    module = importlib.import_module(f"agentclaims.cli.{args.module}")
+    code: int = module.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
