@@ -1,0 +1,241 @@
+"""The claim planner: from how soon and how surely a prefix is reused, to a claim.
+
+Inputs per prefix (``PrefixContext``): steps-to-execution of its nearest user (KVFlow's STE),
+the probability that it is reused within the planning horizon, what the workflow is waiting on
+(a tool, a sub-agent, the human, another LLM call), the predicted wait and a cost-benefit TTL
+(Continuum's tau*), and the prefix's size. Output (``ClaimPlan``): no claim, ``best_effort``,
+``soft_priority``, ``expiring`` with a TTL, or ``hard_protected`` (always with a TTL too, so a
+crashed client never pins memory forever).
+
+The default mapping, in order (every threshold lives in ``PlannerPolicy``)::
+
+    footprint < min_blocks or p < best_effort_min_p         -> no claim
+    waiting on the human                                     -> best_effort
+    ttl == 0 (Continuum: pinning costs more than reloading)  -> soft_priority if p >= soft_min_p
+    p >= hard_min_p and STE <= hard_max_ste
+        and wait <= hard_max_wait_s                          -> hard_protected, ttl = wait x margin
+    p >= expiring_min_p and a TTL is known                   -> expiring, ttl = max(tau*, wait x margin)
+    p >= soft_min_p and STE <= soft_max_ste                  -> soft_priority
+    otherwise                                                -> best_effort
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
+
+from agentclaims.contract import ProtectionMode
+from agentclaims.errors import UnknownNameError, UsageError
+
+__all__ = [
+    "RELAX_ORDER",
+    "ClaimPlan",
+    "ClaimPlanner",
+    "PlannerPolicy",
+    "PrefixContext",
+    "Revision",
+    "relax_mode",
+]
+
+WaitingOn = Literal["tool", "subagent", "human", "llm", "unknown"]
+Revision = Literal["keep", "renew", "relax", "release"]
+
+#: The relax reaction walks down this ladder, one step per refusal.
+RELAX_ORDER: tuple[ProtectionMode, ...] = (
+    ProtectionMode.HARD_PROTECTED,
+    ProtectionMode.EXPIRING,
+    ProtectionMode.SOFT_PRIORITY,
+    ProtectionMode.BEST_EFFORT,
+)
+
+
+def relax_mode(mode: ProtectionMode) -> ProtectionMode | None:
+    """The next weaker mode on the relax ladder, or ``None`` (drop the claim)."""
+    if mode in (ProtectionMode.DEMOTABLE, ProtectionMode.OFFLOADABLE):
+        return ProtectionMode.BEST_EFFORT
+    i = RELAX_ORDER.index(mode)
+    return RELAX_ORDER[i + 1] if i + 1 < len(RELAX_ORDER) else None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixContext:
+    """What the session knows about one prefix at the moment it plans."""
+
+    prefix_id: str
+    footprint_blocks: int
+    ste: float = math.inf
+    """Steps until the prefix's nearest user runs (0: running now; inf: unreachable)."""
+    reuse_probability: float = 0.0
+    """Probability that a user of the prefix runs within the planning horizon."""
+    waiting_on: WaitingOn = "unknown"
+    expected_wait_s: float | None = None
+    """Predicted seconds until the next use (e.g. the pending tool's predicted duration)."""
+    ttl_s: float | None = None
+    """Cost-benefit TTL (Continuum's tau*) for the pending wait, when one is known."""
+
+    def __post_init__(self) -> None:
+        if not self.prefix_id:
+            raise UsageError("prefix_id", "must be non-empty")
+        if self.footprint_blocks < 0:
+            raise UsageError("footprint_blocks", f"must be >= 0, got {self.footprint_blocks}")
+        if not self.ste >= 0:
+            raise UsageError("ste", f"must be >= 0, got {self.ste}")
+        if not 0.0 <= self.reuse_probability <= 1.0:
+            raise UsageError(
+                "reuse_probability", f"must be within [0, 1], got {self.reuse_probability}"
+            )
+        for name in ("expected_wait_s", "ttl_s"):
+            value = getattr(self, name)
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                raise UsageError(name, f"must be a finite number >= 0, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPlan:
+    """The planner's decision for one prefix. ``mode is None`` means: do not claim."""
+
+    mode: ProtectionMode | None
+    ttl_s: float | None = None
+    reason: str = ""
+
+    @property
+    def claims(self) -> bool:
+        return self.mode is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": None if self.mode is None else self.mode.value,
+            "ttl_s": self.ttl_s,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerPolicy:
+    """Thresholds of the default mapping. Named presets: ``default``, ``conservative`` (never
+    hard), ``aggressive`` (hard more often), ``off`` (never claims)."""
+
+    name: str = "default"
+    enabled: bool = True
+    min_blocks: int = 1
+    best_effort_min_p: float = 0.05
+    soft_min_p: float = 0.3
+    soft_max_ste: float = 3
+    expiring_min_p: float = 0.5
+    hard_min_p: float = 0.9
+    hard_max_ste: float = 1
+    hard_max_wait_s: float = 20.0
+    allow_hard: bool = True
+    ttl_margin: float = 1.5
+    """A TTL covers the predicted wait times this margin (tool times vary)."""
+    min_ttl_s: float = 0.5
+    max_ttl_s: float = 300.0
+    renew_fraction: float = 0.2
+    """Renew when less than this fraction of the TTL is left and reuse is still likely."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_p") and not 0.0 <= value <= 1.0:
+                raise UsageError(f"policy.{f.name}", f"must be within [0, 1], got {value}")
+            if f.name.endswith(("_s", "_ste", "_margin", "_fraction")) and not value >= 0:
+                raise UsageError(f"policy.{f.name}", f"must be >= 0, got {value}")
+        if self.min_ttl_s > self.max_ttl_s:
+            raise UsageError("policy.min_ttl_s", "must not exceed max_ttl_s")
+
+    @classmethod
+    def named(cls, name: str) -> PlannerPolicy:
+        presets = _PRESETS
+        if name not in presets:
+            raise UnknownNameError("policy", name, sorted(presets))
+        return presets[name]
+
+    def with_(self, **changes: Any) -> PlannerPolicy:
+        known = {f.name for f in fields(self)}
+        for key in changes:
+            if key not in known:
+                raise UnknownNameError("policy field", key, sorted(known))
+        return replace(self, **changes)
+
+
+_PRESETS: dict[str, PlannerPolicy] = {
+    "default": PlannerPolicy(),
+    "conservative": PlannerPolicy(name="conservative", allow_hard=False, soft_min_p=0.5),
+    "aggressive": PlannerPolicy(
+        name="aggressive", hard_min_p=0.7, hard_max_ste=2, expiring_min_p=0.3, soft_min_p=0.15
+    ),
+    "off": PlannerPolicy(name="off", enabled=False),
+}
+
+
+@dataclass(slots=True)
+class ClaimPlanner:
+    """Maps a ``PrefixContext`` to a ``ClaimPlan`` (pure, cheap: called on every LLM call)."""
+
+    policy: PlannerPolicy = field(default_factory=PlannerPolicy)
+
+    def plan(self, ctx: PrefixContext) -> ClaimPlan:
+        pol = self.policy
+        p = ctx.reuse_probability
+        if not pol.enabled:
+            return ClaimPlan(None, reason="planner off")
+        if ctx.footprint_blocks < pol.min_blocks:
+            return ClaimPlan(None, reason="prefix too small")
+        if p < pol.best_effort_min_p or math.isinf(ctx.ste):
+            return ClaimPlan(None, reason="reuse unlikely")
+        if ctx.waiting_on == "human":
+            return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="waiting on the human")
+        wait = ctx.expected_wait_s
+        if ctx.ttl_s == 0.0:
+            # cost-benefit says holding across this wait costs more than reloading
+            if p >= pol.soft_min_p and ctx.ste <= pol.soft_max_ste:
+                return ClaimPlan(ProtectionMode.SOFT_PRIORITY, reason="pinning not worth it")
+            return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="pinning not worth it")
+        near_ttl = None if wait is None else self._ttl(wait * pol.ttl_margin)
+        if (
+            pol.allow_hard
+            and p >= pol.hard_min_p
+            and ctx.ste <= pol.hard_max_ste
+            and wait is not None
+            and wait <= pol.hard_max_wait_s
+        ):
+            return ClaimPlan(ProtectionMode.HARD_PROTECTED, near_ttl, "near and certain reuse")
+        if p >= pol.expiring_min_p and (ctx.ttl_s is not None or near_ttl is not None):
+            ttl = self._ttl(max(ctx.ttl_s or 0.0, (wait or 0.0) * pol.ttl_margin))
+            return ClaimPlan(ProtectionMode.EXPIRING, ttl, "likely reuse after a known wait")
+        if p >= pol.soft_min_p and ctx.ste <= pol.soft_max_ste:
+            return ClaimPlan(ProtectionMode.SOFT_PRIORITY, reason="likely reuse, wait unknown")
+        return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="possible reuse")
+
+    def revise(self, ctx: PrefixContext, held: ClaimPlan, remaining_s: float | None) -> Revision:
+        """What to do with a claim already held: keep it, renew its TTL, relax it, release it."""
+        fresh = self.plan(ctx)
+        if fresh.mode is None:
+            return "release"
+        if held.mode is not None and _strength(fresh.mode) < _strength(held.mode):
+            return "relax"
+        if (
+            remaining_s is not None
+            and held.ttl_s
+            and remaining_s < held.ttl_s * self.policy.renew_fraction
+        ):
+            return "renew"
+        return "keep"
+
+    def _ttl(self, seconds: float) -> float:
+        return min(self.policy.max_ttl_s, max(self.policy.min_ttl_s, seconds))
+
+
+_STRENGTH = {
+    ProtectionMode.BEST_EFFORT: 0,
+    ProtectionMode.DEMOTABLE: 1,
+    ProtectionMode.OFFLOADABLE: 2,
+    ProtectionMode.SOFT_PRIORITY: 3,
+    ProtectionMode.EXPIRING: 4,
+    ProtectionMode.HARD_PROTECTED: 5,
+}
+
+
+def _strength(mode: ProtectionMode) -> int:
+    return _STRENGTH[mode]
