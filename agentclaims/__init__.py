@@ -1,5 +1,89 @@
-"""agentclaims: workflow-level KV residency claims for LLM agents."""
+"""agentclaims: workflow-level KV residency claims for LLM agents.
+
+The public surface is this module. Heavy parts (the gateway, LangGraph and LangChain bindings)
+load on first use, so ``import agentclaims`` stays light.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from agentclaims.contract import CacheIdentity, ClaimSpec, ProtectionMode
+from agentclaims.errors import (
+    AgentClaimsError,
+    BackendUnavailable,
+    ClaimHarmed,
+    ClaimOutcomeError,
+    ClaimRefused,
+    DeadlineExceeded,
+    UsageError,
+)
+from agentclaims.planner import ClaimPlanner, PlannerPolicy
+
+if TYPE_CHECKING:
+    from agentclaims.backends.embedded import EmbeddedBackend
+    from agentclaims.backends.http import HTTPBackend
+    from agentclaims.backends.pool import BackendPool
+    from agentclaims.session import (
+        ClaimedGraph,
+        ClaimedSession,
+        ReactionPolicy,
+        claimed_session,
+        current_session,
+    )
+    from integrations.langchain_chat import chat_model
+    from integrations.openai_client import openai_client
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "AgentClaimsError",
+    "BackendPool",
+    "BackendUnavailable",
+    "CacheIdentity",
+    "ClaimHarmed",
+    "ClaimOutcomeError",
+    "ClaimPlanner",
+    "ClaimRefused",
+    "ClaimSpec",
+    "ClaimedGraph",
+    "ClaimedSession",
+    "DeadlineExceeded",
+    "EmbeddedBackend",
+    "HTTPBackend",
+    "PlannerPolicy",
+    "ProtectionMode",
+    "ReactionPolicy",
+    "UsageError",
+    "chat_model",
+    "claimed_session",
+    "current_session",
+    "openai_client",
+]
+
+_LAZY = {
+    "EmbeddedBackend": "agentclaims.backends.embedded",
+    "HTTPBackend": "agentclaims.backends.http",
+    "BackendPool": "agentclaims.backends.pool",
+    "ClaimedGraph": "agentclaims.session",
+    "ClaimedSession": "agentclaims.session",
+    "ReactionPolicy": "agentclaims.session",
+    "claimed_session": "agentclaims.session",
+    "current_session": "agentclaims.session",
+    "openai_client": "integrations.openai_client",
+    "chat_model": "integrations.langchain_chat",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentclaims' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,18 @@
+"""The session API: claimed sessions, the decorator, reactions and the claims transport."""
+
+from agentclaims.session.decorators import ClaimedGraph, claimed_session
+from agentclaims.session.reactions import Outcome, ReactionPolicy
+from agentclaims.session.session import ClaimedSession, HeldClaim, SessionStats, current_session
+from agentclaims.session.transport import ClaimsTransport
+
+__all__ = [
+    "ClaimedGraph",
+    "ClaimedSession",
+    "ClaimsTransport",
+    "HeldClaim",
+    "Outcome",
+    "ReactionPolicy",
+    "SessionStats",
+    "claimed_session",
+    "current_session",
+]

@@ -1,0 +1,145 @@
+"""Reactions to refusal outcomes: defer, reroute, relax, or fail.
+
+A refused or deferred active request comes back from the gateway as an HTTP error with a
+machine-readable body (``Outcome``). The session's ``ReactionPolicy`` decides what to do:
+
+- ``defer``: wait and retry (tenacity: exponential backoff with jitter, honouring the server's
+  ``Retry-After``), bounded by the policy's deadline;
+- ``reroute``: move the session to another backend of its pool (preferring one where the prefix
+  is resident) and retry there; with no other backend, defer;
+- ``relax``: downgrade this session's own claims that block the request, then retry; when none
+  of the blocking claims is ours, defer;
+- ``fail``: raise ``ClaimRefused`` naming the claims and the outcome.
+
+A deferral (HTTP 503) is always waited out, whatever the policy, except under ``fail``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
+
+import tenacity
+
+from agentclaims.errors import UnknownNameError, UsageError
+
+__all__ = ["REACTIONS", "Outcome", "ReactionPolicy", "RetryAfterWait", "RetryRequested"]
+
+ReactionKind = Literal["defer", "reroute", "relax", "fail"]
+REACTIONS: tuple[ReactionKind, ...] = ("defer", "reroute", "relax", "fail")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A refused or deferred active request, as the gateway reported it."""
+
+    type: str
+    action: str
+    feasibility: str
+    blocking_claim_ids: tuple[str, ...]
+    shortfall_blocks: int
+    retry_after_s: float | None
+    status_code: int
+
+    @property
+    def deferred(self) -> bool:
+        return self.action == "defer_active"
+
+    @classmethod
+    def from_error_body(cls, status_code: int, body: Mapping[str, Any]) -> Outcome | None:
+        """Parse ``{"error": {...}}``; ``None`` if it is not a claim outcome."""
+        err = body.get("error") if isinstance(body, Mapping) else None
+        if not isinstance(err, Mapping) or err.get("type") not in (
+            "active_request_refused",
+            "active_request_deferred",
+        ):
+            return None
+        retry = err.get("retry_after_s")
+        return cls(
+            type=str(err["type"]),
+            action=str(err.get("action", "")),
+            feasibility=str(err.get("feasibility", "")),
+            blocking_claim_ids=tuple(err.get("blocking_claim_ids") or ()),
+            shortfall_blocks=int(err.get("shortfall_blocks") or 0),
+            retry_after_s=None if retry is None else float(retry),
+            status_code=status_code,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "action": self.action,
+            "feasibility": self.feasibility,
+            "blocking_claim_ids": list(self.blocking_claim_ids),
+            "shortfall_blocks": self.shortfall_blocks,
+            "retry_after_s": self.retry_after_s,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ReactionPolicy:
+    """How a session reacts to refusals. ``ReactionPolicy.named("reroute")`` etc."""
+
+    on_refused: ReactionKind = "defer"
+    deadline_s: float = 30.0
+    """Total time one LLM call may spend deferring before ``DeadlineExceeded``."""
+    initial_delay_s: float = 0.02
+    max_delay_s: float = 1.0
+    jitter_s: float = 0.02
+    relax_claims: bool = True
+    """When a residency claim is refused, retry it one mode weaker (down to best_effort)."""
+
+    def __post_init__(self) -> None:
+        if self.on_refused not in REACTIONS:
+            raise UnknownNameError("reaction", self.on_refused, REACTIONS)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_s") and not (isinstance(value, int | float) and value >= 0):
+                raise UsageError(f"reaction.{f.name}", f"must be a number >= 0, got {value!r}")
+
+    @classmethod
+    def named(cls, name: str) -> ReactionPolicy:
+        if name not in REACTIONS:
+            raise UnknownNameError("reaction", name, REACTIONS)
+        return cls(on_refused=name)
+
+    def with_(self, **changes: Any) -> ReactionPolicy:
+        return replace(self, **changes)
+
+    def retrying(self, sleep: Any, before_sleep: Any = None) -> tenacity.AsyncRetrying:
+        """The tenacity loop that waits out deferrals (``RetryRequested`` exceptions)."""
+        backoff = tenacity.wait_exponential_jitter(
+            initial=self.initial_delay_s, max=self.max_delay_s, jitter=self.jitter_s
+        )
+        return tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type(RetryRequested),
+            wait=RetryAfterWait(backoff),
+            stop=tenacity.stop_after_delay(self.deadline_s),
+            sleep=sleep,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+
+
+class RetryRequested(Exception):
+    """Internal: raised inside the retry loop to wait and try again."""
+
+    def __init__(self, outcome: Outcome, retry_after_s: float | None) -> None:
+        super().__init__(outcome.action)
+        self.outcome = outcome
+        self.retry_after_s = retry_after_s
+
+
+class RetryAfterWait(tenacity.wait.wait_base):
+    """Wait what the server asked for (``Retry-After``), else fall back to ``fallback``."""
+
+    def __init__(self, fallback: tenacity.wait.wait_base) -> None:
+        self.fallback = fallback
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        outcome = retry_state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        if isinstance(exc, RetryRequested) and exc.retry_after_s is not None:
+            return max(0.0, exc.retry_after_s)
+        return float(self.fallback(retry_state))

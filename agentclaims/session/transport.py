@@ -1,0 +1,180 @@
+"""The HTTP transport that carries claims on every LLM call.
+
+Give it to the OpenAI client (or LangChain's ``ChatOpenAI``) and every completion request made
+inside a ``ClaimedSession`` is tagged with the session, workflow and node (read from LangGraph's
+run metadata when the call happens inside a graph node, so prebuilt agents work unmodified),
+sent to the session's backend, and its outcome handled: deferrals waited out, refusals answered
+by the session's reaction policy, and the answer's prefix ids turned into the next claim.
+Requests made outside any session pass straight through to the default backend.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import httpx2
+
+from agentclaims.backends.base import EXTENSION_KEY
+from agentclaims.errors import ClaimRefused, DeadlineExceeded
+from agentclaims.session.reactions import Outcome, RetryRequested
+from agentclaims.session.session import ClaimedSession, current_session
+
+if TYPE_CHECKING:
+    import tenacity
+
+    from agentclaims.backends.base import Backend
+
+__all__ = ["ClaimsTransport"]
+
+_COMPLETIONS = ("/chat/completions", "/completions")
+_DROP_HEADERS = ("content-encoding", "content-length", "transfer-encoding")
+
+
+def _langgraph_metadata() -> Mapping[str, Any] | None:
+    """LangChain's current run config metadata, if LangChain is in use (never imports it)."""
+    module = sys.modules.get("langchain_core.runnables.config")
+    if module is None:
+        return None
+    config = module.var_child_runnable_config.get()
+    if not config:
+        return None
+    metadata = config.get("metadata")
+    return metadata if isinstance(metadata, Mapping) else None
+
+
+class ClaimsTransport(httpx2.AsyncBaseTransport):
+    """An ``httpx2`` transport over a default backend (used when no session is active)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.default = backend
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        session = current_session()
+        suffix = self._suffix(request)
+        if session is None or request.method != "POST" or not suffix.endswith(_COMPLETIONS):
+            return await self._forward(self.default, request, suffix, None)
+        body = json.loads(await request.aread() or b"{}")
+        metadata = _langgraph_metadata()
+        node = session.current_node(metadata)
+        step = None if metadata is None else metadata.get("langgraph_step")
+        ext = session.before_call(node, step)
+        body[EXTENSION_KEY] = {**(body.get(EXTENSION_KEY) or {}), **ext}
+        started = session.clock()
+        response = await self._send_with_reactions(session, request, suffix, body)
+        content = await response.aread()
+        if response.status_code == 200:
+            data = json.loads(content)
+            message = (data.get("choices") or [{}])[0].get("message") or {}
+            tools = [
+                c["function"]["name"] for c in message.get("tool_calls") or () if "function" in c
+            ]
+            await session.after_call(
+                node,
+                data.get(EXTENSION_KEY) or {},
+                data.get("usage") or {},
+                latency_s=session.clock() - started,
+                tool_names=tools,
+                request_id=data.get("id"),
+            )
+        headers = [(k, v) for k, v in response.headers.items() if k.lower() not in _DROP_HEADERS]
+        return httpx2.Response(
+            response.status_code, headers=headers, content=content, request=request
+        )
+
+    async def _send_with_reactions(
+        self, session: ClaimedSession, request: httpx2.Request, suffix: str, body: dict[str, Any]
+    ) -> httpx2.Response:
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            delay = state.next_action.sleep if state.next_action is not None else 0.0
+            session.stats.deferrals += 1
+            session.stats.deferral_s += delay
+            exc = state.outcome.exception() if state.outcome is not None else None
+            outcome = exc.outcome.to_dict() if isinstance(exc, RetryRequested) else None
+            session._log_reaction(
+                "defer", outcome=outcome, delay_s=round(delay, 6), attempt=state.attempt_number
+            )
+
+        try:
+            async for attempt in session.reaction.retrying(session.sleep, before_sleep):
+                with attempt:
+                    response = await self._forward(session.backend, request, suffix, body)
+                    if response.status_code in (409, 503):
+                        raw = await response.aread()
+                        try:
+                            parsed = json.loads(raw)
+                        except json.JSONDecodeError:
+                            parsed = {}
+                        outcome = Outcome.from_error_body(response.status_code, parsed)
+                        if outcome is not None:
+                            await self._react(session, outcome)
+                    return response
+        except RetryRequested as exc:
+            session.stats.fails += 1
+            session._log_reaction("fail", outcome=exc.outcome.to_dict(), reason="deadline")
+            raise DeadlineExceeded(
+                f"request of node deferred past the {session.reaction.deadline_s}s deadline",
+                outcome=exc.outcome.action,
+                blocking_claim_ids=exc.outcome.blocking_claim_ids,
+                detail=exc.outcome.to_dict(),
+            ) from None
+        raise AssertionError("unreachable: the retry loop returns or raises")
+
+    async def _react(self, session: ClaimedSession, outcome: Outcome) -> None:
+        """Decide what to do with a refusal: raise RetryRequested to try again, or fail."""
+        policy = session.reaction.on_refused
+        if policy == "fail" or outcome.action == "capacity_required":
+            session.stats.fails += 1
+            session._log_reaction("fail", outcome=outcome.to_dict())
+            raise ClaimRefused(
+                f"active request {outcome.action}: {outcome.feasibility}"
+                + (
+                    f", blocked by {', '.join(outcome.blocking_claim_ids)}"
+                    if outcome.blocking_claim_ids
+                    else ""
+                ),
+                claim_id=outcome.blocking_claim_ids[0] if outcome.blocking_claim_ids else None,
+                outcome=outcome.action,
+                blocking_claim_ids=outcome.blocking_claim_ids,
+                detail=outcome.to_dict(),
+            )
+        if outcome.deferred:
+            raise RetryRequested(outcome, outcome.retry_after_s)
+        if policy == "reroute" and session.pool is not None:
+            old = session.backend
+            prefixes = [held.prefix_id for held in session.claims.values()]
+            new = await session.pool.reroute(session.session_id, prefixes)
+            if new is not None:
+                await session.release_all()
+                session._backend = new
+                session.stats.reroutes += 1
+                session._log_reaction(
+                    "reroute", outcome=outcome.to_dict(), from_backend=old.name, to_backend=new.name
+                )
+                raise RetryRequested(outcome, 0.0)
+        if policy == "relax":
+            relaxed = await session.relax_claims(outcome.blocking_claim_ids)
+            if relaxed:
+                raise RetryRequested(outcome, 0.0)
+        raise RetryRequested(outcome, outcome.retry_after_s)
+
+    def _suffix(self, request: httpx2.Request) -> str:
+        base = httpx2.URL(self.default.base_url).path.rstrip("/")
+        path = request.url.path
+        return path[len(base) :] if path.startswith(base) else path
+
+    async def _forward(
+        self, backend: Backend, request: httpx2.Request, suffix: str, body: dict[str, Any] | None
+    ) -> httpx2.Response:
+        client = backend.http_client()
+        url = httpx2.URL(backend.base_url.rstrip("/") + suffix).copy_with(query=request.url.query)
+        headers = [
+            (k, v)
+            for k, v in request.headers.items()
+            if k.lower() not in ("host", "content-length")
+        ]
+        content = json.dumps(body).encode() if body is not None else await request.aread()
+        outgoing = client.build_request(request.method, url, headers=headers, content=content)
+        return await client.send(outgoing)

@@ -1,0 +1,35 @@
+"""OpenAI clients bound to an agentclaims backend.
+
+The client's HTTP transport is ``ClaimsTransport``: inside a ``ClaimedSession`` every completion
+carries the session's claims and its outcomes are handled by the session. The OpenAI SDK's own
+retries are off (``max_retries=0``): the session's reaction policy (tenacity) owns retries, so
+the two never multiply.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx2
+import openai
+
+from agentclaims.backends.base import Backend
+from agentclaims.session.transport import ClaimsTransport
+
+__all__ = ["claims_http_client", "openai_client"]
+
+
+def claims_http_client(backend: Backend) -> httpx2.AsyncClient:
+    """An ``httpx2.AsyncClient`` whose requests go through the claims transport."""
+    return httpx2.AsyncClient(
+        transport=ClaimsTransport(backend), base_url=backend.base_url, timeout=60.0
+    )
+
+
+def openai_client(backend: Backend, **kwargs: Any) -> openai.AsyncOpenAI:
+    """``openai.AsyncOpenAI`` for ``backend`` (extra keyword arguments go to the client)."""
+    kwargs.setdefault("api_key", "agentclaims")
+    kwargs.setdefault("max_retries", 0)
+    return openai.AsyncOpenAI(
+        base_url=backend.base_url, http_client=claims_http_client(backend), **kwargs
+    )
