@@ -30,6 +30,7 @@ field, before changing anything.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -343,7 +344,7 @@ class AgentExecutionGraph:
             steps.insert(0, START)
         if steps[-1] != END:
             steps.append(END)
-        pairs = list(zip(steps, steps[1:], strict=False))
+        pairs = list(itertools.pairwise(steps))
         for source, target in pairs:
             self._check_transition(source, target, field="path")
         for source, target in pairs:
@@ -404,11 +405,13 @@ class AgentExecutionGraph:
                         prefixes=node.get("prefixes", ()),
                         targets_unknown=node.get("targets_unknown", False),
                     )
-            for node in nodes:  # joins first: their edges then get kinds and counts below
+            for edge in data["edges"]:
+                source, target = edge["source"], edge["target"]
+                graph.add_edge(source, target, edge["kind"], count=edge["count"])
+                graph._g.edges[source, target]["join"] = bool(edge.get("join", False))
+            for node in nodes:  # the join edges exist already and keep their flag
                 for group in node.get("joins", ()):
                     graph.add_join(group, node["name"])
-            for edge in data["edges"]:
-                graph.add_edge(edge["source"], edge["target"], edge["kind"], count=edge["count"])
             for w in data.get("warnings", ()):
                 graph.add_warning(w["code"], w["node"], w["message"])
         except (KeyError, TypeError) as exc:

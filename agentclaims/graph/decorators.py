@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from agentclaims.errors import UsageError
-from agentclaims.graph.aeg import END, START, AgentExecutionGraph, NodeKind
+from agentclaims.graph.aeg import END, START, AgentExecutionGraph, EdgeKind, NodeKind
 
 __all__ = ["GraphRegistry"]
 
@@ -106,7 +107,7 @@ class GraphRegistry:
         finally:
             self._current.reset(token)
             steps = [START, *path, END]
-            self._counts.update(zip(steps, steps[1:], strict=False))
+            self._counts.update(itertools.pairwise(steps))
 
     def graph(self) -> AgentExecutionGraph:
         """A fresh graph of the registered steps, with the transitions of recorded runs."""
@@ -120,13 +121,13 @@ class GraphRegistry:
         for step in self._steps.values():
             graph.add_node(step.name, step.kind, prefixes=step.prefixes)
         entries = [s.name for s in self._steps.values() if s.entry] or [next(iter(self._steps))]
+        entry_kind: EdgeKind = "plain" if len(entries) == 1 else "conditional"
         for name in entries:
-            graph.add_edge(START, name, "plain" if len(entries) == 1 else "conditional")
+            graph.add_edge(START, name, entry_kind)
         for step in self._steps.values():
             targets = step.next or ((END,) if not _feeds_join(step.name, self._steps) else ())
-            kind = "plain" if len(targets) == 1 else "conditional"
             for target in targets:
-                graph.add_edge(step.name, target, kind)
+                graph.add_edge(step.name, target, "plain" if len(targets) == 1 else "conditional")
             if step.after_all:
                 graph.add_join(step.after_all, step.name)
         for (source, target), count in self._counts.items():

@@ -56,6 +56,8 @@ __all__ = [
 ]
 
 INF: Final = math.inf
+_EMPTY: Final[frozenset[int]] = frozenset()
+_NO_PAIRS: Final[frozenset[tuple[int, int]]] = frozenset()
 DEFAULT_HORIZON: Final = 8
 
 
@@ -113,10 +115,11 @@ class _Structure:
     or_succ: list[tuple[int, ...]]
     group_target: list[int]
     group_size: list[int]
+    group_members: list[frozenset[int]]
     member_groups: list[tuple[int, ...]]
     group_of: dict[tuple[int, frozenset[int]], int]
     wildcard: list[bool]
-    prefix_users: dict[str, tuple[int, ...]]
+    prefix_users: dict[str, frozenset[int]]
     start: int
 
 
@@ -129,6 +132,7 @@ def _compile_structure(graph: AgentExecutionGraph) -> _Structure:
             or_succ[index[u]].append(index[v])
     group_target: list[int] = []
     group_size: list[int] = []
+    group_members: list[frozenset[int]] = []
     member_groups: list[list[int]] = [[] for _ in names]
     group_of: dict[tuple[int, frozenset[int]], int] = {}
     for name in names:
@@ -137,6 +141,7 @@ def _compile_structure(graph: AgentExecutionGraph) -> _Structure:
             members = frozenset(index[m] for m in group)
             group_target.append(index[name])
             group_size.append(len(members))
+            group_members.append(members)
             group_of[(index[name], members)] = gid
             for m in members:
                 member_groups[m].append(gid)
@@ -146,10 +151,11 @@ def _compile_structure(graph: AgentExecutionGraph) -> _Structure:
         or_succ=[tuple(s) for s in or_succ],
         group_target=group_target,
         group_size=group_size,
+        group_members=group_members,
         member_groups=[tuple(g) for g in member_groups],
         group_of=group_of,
         wildcard=[graph.targets_unknown(n) for n in names],
-        prefix_users={p: tuple(index[u] for u in us) for p, us in graph.prefix_users().items()},
+        prefix_users={p: frozenset(index[u] for u in us) for p, us in graph.prefix_users().items()},
         start=index[START],
     )
 
@@ -185,7 +191,9 @@ def _satisfied_pairs(
     return frozenset(pairs)
 
 
-def _ste(s: _Structure, frontier: frozenset[int], satisfied: frozenset[tuple[int, int]]) -> list[float]:
+def _ste(
+    s: _Structure, frontier: frozenset[int], satisfied: frozenset[tuple[int, int]]
+) -> list[float]:
     """Least fixed point of the KVFlow STE equations, by FIFO relaxation from the frontier."""
     n = len(s.names)
     dist = [INF] * n
@@ -257,13 +265,9 @@ def _compile_chain(graph: AgentExecutionGraph, s: _Structure) -> _Chain:
     choice: list[tuple[tuple[int, float], ...]] = []
     for name in s.names:
         probs = graph.transition_probabilities(name)
-        plain.append(
-            tuple(s.index[v] for v in probs if graph.edge_kind(name, v) == "plain")
-        )
+        plain.append(tuple(s.index[v] for v in probs if graph.edge_kind(name, v) == "plain"))
         choice.append(
-            tuple(
-                (s.index[v], p) for v, p in probs.items() if graph.edge_kind(name, v) != "plain"
-            )
+            tuple((s.index[v], p) for v, p in probs.items() if graph.edge_kind(name, v) != "plain")
         )
     return _Chain(
         plain=plain,
@@ -406,7 +410,8 @@ class SteTracker:
     """Holds a graph and the workflow's frontier; answers STE and reuse queries cheaply.
 
     STE snapshots are cached by ``(frontier, satisfied join members)`` until the graph's
-    structure changes; hit tables for reuse are cached per (target set, horizon) until any
+    structure changes (finished join members that bring no join closer reuse the plain
+    frontier's snapshot); hit tables for reuse are cached per (target set, horizon) until any
     count changes. :meth:`precompute` warms the STE cache (by default every single-node
     frontier), so a hot loop of :meth:`advance` + lookups costs dictionary hits.
 
@@ -469,6 +474,11 @@ class SteTracker:
         self._fresh()
         return self._snapshot
 
+    @property
+    def cached_snapshots(self) -> int:
+        """How many STE snapshots the cache holds (one per frontier and join state seen)."""
+        return len(self._c.snapshots)
+
     def advance(self, frontier: Iterable[str]) -> SteSnapshot:
         """Move to a new frontier; returns its STE snapshot.
 
@@ -499,8 +509,8 @@ class SteTracker:
         """Probability that ``prefix_id`` is used within ``horizon`` steps, and how soon."""
         h = self._horizon if horizon is None else _check_horizon(horizon)
         self._fresh()
-        users = self._c.structure.prefix_users.get(prefix_id, ())
-        return self._reuse(frozenset(users), h)
+        users = self._c.structure.prefix_users.get(prefix_id, _EMPTY)
+        return self._reuse(users, h)
 
     def node_reuse(self, node: str, horizon: int | None = None) -> Reuse:
         """Probability that ``node`` runs within ``horizon`` steps, and how soon."""
@@ -523,12 +533,12 @@ class SteTracker:
         )
         computed = 0
         for key in keys:
-            cache_key = (key, frozenset[tuple[int, int]]())
+            cache_key = (key, _NO_PAIRS)
             if cache_key not in self._c.snapshots:
                 self._store(cache_key, _snapshot(s, key, cache_key[1]))
                 computed += 1
         for users in s.prefix_users.values():
-            self._table(frozenset(users), self._horizon)
+            self._table(users, self._horizon)
         return computed
 
     def __repr__(self) -> str:
@@ -577,12 +587,43 @@ class SteTracker:
         return frozenset(pairs)
 
     def _lookup(self) -> SteSnapshot:
+        snapshots = self._c.snapshots
+        base_key = (self._frontier, _NO_PAIRS)
+        base = snapshots.get(base_key)
+        if base is None:
+            base = _snapshot(self._c.structure, self._frontier, _NO_PAIRS)
+            self._store(base_key, base)
+        if not self._satisfied:
+            return base
         key = (self._frontier, self._satisfied)
-        snap = self._c.snapshots.get(key)
+        snap = snapshots.get(key)
         if snap is None:
-            snap = _snapshot(self._c.structure, self._frontier, self._satisfied)
+            snap = (
+                _snapshot(self._c.structure, self._frontier, self._satisfied)
+                if self._satisfied_lowers(base)
+                else base
+            )
             self._store(key, snap)
         return snap
+
+    def _satisfied_lowers(self, base: SteSnapshot) -> bool:
+        """Whether the finished join members bring any join closer than ``base`` says.
+
+        If no join's relaxed candidate ``1 + max(unfinished members)`` beats its base STE,
+        the base values are a fixed point of the relaxed equations too, and (the relaxed
+        equations being pointwise smaller) their greatest one: the snapshot is unchanged.
+        """
+        s = self._c.structure
+        done: dict[int, set[int]] = {}
+        for gid, member in self._satisfied:
+            done.setdefault(gid, set()).add(member)
+        nodes, names = base.nodes, s.names
+        for gid, members in done.items():
+            waiting = s.group_members[gid] - members
+            candidate = 1 + max((nodes[names[m]] for m in waiting), default=0)
+            if candidate < nodes[names[s.group_target[gid]]]:
+                return True
+        return False
 
     def _store(
         self, key: tuple[frozenset[int], frozenset[tuple[int, int]]], snap: SteSnapshot
@@ -607,6 +648,6 @@ class SteTracker:
         return table
 
     def _reuse(self, targets: frozenset[int], horizon: int) -> Reuse:
-        if targets & self._frontier:
+        if not self._frontier.isdisjoint(targets):
             return Reuse(1.0, 0.0, horizon)
         return _combine(self._table(targets, horizon), self._frontier, horizon)

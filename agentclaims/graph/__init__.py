@@ -1,0 +1,54 @@
+"""The workflow side of agentclaims: the Agent Execution Graph and its reuse model.
+
+* :class:`AgentExecutionGraph`: steps, transitions, observed counts, AND-joins (networkx).
+* :func:`steps_to_execution`, :class:`SteTracker`: KVFlow's steps-to-execution per node and
+  per prefix, and the probability that a prefix is reused within a horizon.
+* :class:`ToolTimeModel`: tool durations and Continuum's pin TTL.
+* :class:`GraphRegistry`: graphs declared with decorators.
+
+The LangGraph binding lives in ``integrations.langgraph_aeg`` (LangGraph is optional).
+"""
+
+from __future__ import annotations
+
+from agentclaims.graph.aeg import (
+    END,
+    START,
+    AgentExecutionGraph,
+    AgentGraphWarning,
+    EdgeKind,
+    GraphWarning,
+    NodeKind,
+)
+from agentclaims.graph.decorators import GraphRegistry
+from agentclaims.graph.ste import (
+    Reuse,
+    SteSnapshot,
+    SteTracker,
+    kvflow_priority,
+    prefix_reuse,
+    prefix_steps_to_execution,
+    reuse_within,
+    steps_to_execution,
+)
+from agentclaims.graph.tooltime import ToolTimeModel
+
+__all__ = [
+    "END",
+    "START",
+    "AgentExecutionGraph",
+    "AgentGraphWarning",
+    "EdgeKind",
+    "GraphRegistry",
+    "GraphWarning",
+    "NodeKind",
+    "Reuse",
+    "SteSnapshot",
+    "SteTracker",
+    "ToolTimeModel",
+    "kvflow_priority",
+    "prefix_reuse",
+    "prefix_steps_to_execution",
+    "reuse_within",
+    "steps_to_execution",
+]

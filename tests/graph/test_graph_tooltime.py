@@ -1,0 +1,94 @@
+"""Tool durations and Continuum's TTL rule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from agentclaims.errors import UsageError
+from agentclaims.graph import ToolTimeModel
+
+
+def test_cold_start_uses_exponential_prior() -> None:
+    """With <= 100 samples, tau* = mu * ln(B / mu) for B > mu."""
+    m = ToolTimeModel()
+    m.observe_many("search", [1.0, 2.0, 3.0])
+    ttl = m.ttl("search", queue_delay_s=10.0, eta=0.5, reload_s=1.0)  # B = 6, mu = 2
+    assert ttl == pytest.approx(2.0 * math.log(3.0))
+
+
+def test_cold_start_gives_zero_when_benefit_below_mean() -> None:
+    """With B <= mu the pin is not worth it."""
+    m = ToolTimeModel()
+    m.observe_many("search", [4.0, 6.0])
+    assert m.ttl("search", queue_delay_s=1.0, eta=1.0, reload_s=1.0) == 0.0
+
+
+def test_cold_start_without_samples_uses_prior_mean() -> None:
+    """An unseen tool uses the configured prior mean."""
+    m = ToolTimeModel(prior_mean_s=0.5)
+    assert m.ttl("new", queue_delay_s=2.0) == pytest.approx(0.5 * math.log(4.0))
+
+
+def test_argmax_over_observed_durations() -> None:
+    """Past the cold start, tau* maximises F(tau) * B - tau over {0} and the samples."""
+    m = ToolTimeModel()
+    m.observe_many("run", [1.0] * 60 + [5.0] * 41)  # n = 101; B = 100
+    # tau=1: 60/101*100 - 1 = 58.4; tau=5: 100 - 5 = 95; tau=0: 0
+    assert m.ttl("run", queue_delay_s=100.0) == 5.0
+
+
+def test_argmax_prefers_short_ttl_when_benefit_small() -> None:
+    """A small benefit makes the short, likely duration the best pin."""
+    m = ToolTimeModel()
+    m.observe_many("run", [1.0] * 100 + [50.0])  # B = 10
+    # tau=1: 100/101*10 - 1 = 8.9; tau=50: 10 - 50 < 0
+    assert m.ttl("run", queue_delay_s=10.0) == 1.0
+
+
+def test_argmax_may_choose_zero() -> None:
+    """When every duration costs more than it saves, tau* = 0."""
+    m = ToolTimeModel()
+    m.observe_many("slow", [30.0 + i for i in range(101)])
+    assert m.ttl("slow", queue_delay_s=5.0) == 0.0
+
+
+def test_empirical_cdf() -> None:
+    """F(x) is the fraction of samples <= x."""
+    m = ToolTimeModel()
+    m.observe_many("t", [1.0, 2.0, 2.0, 4.0])
+    assert [m.cdf("t", x) for x in (0.5, 2.0, 3.0, 4.0)] == [0.0, 0.75, 0.75, 1.0]
+
+
+def test_predict_median_and_mean() -> None:
+    """predict gives the median by default, the mean on request."""
+    m = ToolTimeModel()
+    m.observe_many("t", [1.0, 2.0, 9.0])
+    assert m.predict("t") == 2.0
+    assert m.predict("t", statistic="mean") == 4.0
+
+
+def test_history_is_bounded() -> None:
+    """Only the last `history` durations are kept."""
+    m = ToolTimeModel(history=3)
+    m.observe_many("t", [1.0, 2.0, 3.0, 4.0])
+    assert m.samples("t") == (2.0, 3.0, 4.0)
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf, "1"])
+def test_bad_duration_rejected_and_nothing_recorded(bad: object) -> None:
+    """Negative, NaN, infinite or non-numeric durations raise UsageError naming `seconds`."""
+    m = ToolTimeModel()
+    with pytest.raises(UsageError) as info:
+        m.observe("t", bad)  # type: ignore[arg-type]
+    assert info.value.field == "seconds"
+    assert m.count("t") == 0
+
+
+def test_observe_many_is_all_or_nothing() -> None:
+    """One bad value in observe_many records none of them."""
+    m = ToolTimeModel()
+    with pytest.raises(UsageError, match="durations"):
+        m.observe_many("t", [1.0, -2.0])
+    assert m.count("t") == 0
