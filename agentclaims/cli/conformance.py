@@ -1,0 +1,72 @@
+"""``agentclaims conformance``: run levels L1-L7 and C1 on a backend and print the results.
+
+Exit status: 0 when every level passes, 1 otherwise, 2 for an unknown backend name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Mapping
+
+from agentclaims.conformance import (
+    EmbeddedConformanceBackend,
+    LevelResult,
+    run_suite,
+    suite_not_evaluated,
+)
+from agentclaims.errors import UnknownNameError
+
+__all__ = ["run"]
+
+_KNOWN_BACKENDS = ("embedded", "http://HOST:PORT", "https://HOST")
+_MAX_EVIDENCE_SHOWN = 4
+
+
+def _results_for(backend: str) -> dict[str, LevelResult]:
+    if backend == "embedded":
+        return asyncio.run(run_suite(EmbeddedConformanceBackend()))
+    if backend.startswith(("http://", "https://")):
+        return suite_not_evaluated(
+            "not evaluated: the suite cannot drive a gateway over HTTP yet "
+            f"(no scenario was run against {backend})"
+        )
+    raise UnknownNameError("backend", backend, _KNOWN_BACKENDS)
+
+
+def _evidence_text(result: LevelResult) -> str:
+    shown = [str(e) for e in result.evidence[:_MAX_EVIDENCE_SHOWN]]
+    hidden = len(result.evidence) - len(shown)
+    if hidden:
+        shown.append(f"+{hidden} more")
+    return ", ".join(shown) or "-"
+
+
+def _table(backend: str, results: Mapping[str, LevelResult]) -> str:
+    rows = [("LEVEL", "STATUS", "EVIDENCE", "DETAIL")]
+    rows += [(lvl, r.status.value, _evidence_text(r), r.detail) for lvl, r in results.items()]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [f"conformance of backend {backend!r}"]
+    for row in rows:
+        cells = [cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True)]
+        lines.append("  ".join([*cells, row[3]]))
+    passed = sum(r.passed for r in results.values())
+    lines.append(f"{passed}/{len(results)} levels pass")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the suite on ``args.backend``; print a table, or one JSON object with ``--json``."""
+    try:
+        results = _results_for(args.backend)
+    except UnknownNameError as exc:
+        print(f"agentclaims conformance: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        levels = {level: r.to_dict() for level, r in results.items()}
+        print(json.dumps({"backend": args.backend, "levels": levels}))
+    else:
+        print(_table(args.backend, results))
+    return 0 if all(r.passed for r in results.values()) else 1
