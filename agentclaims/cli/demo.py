@@ -25,7 +25,9 @@ async def _one_mode(mode: str, workflows: int, blocks: int, seed: int, logs: Pat
     from agentclaims.session import ClaimedSession
     from integrations.langchain_chat import chat_model
 
-    backend = EmbeddedBackend(num_blocks=blocks, block_size=BLOCK_SIZE, script=script)
+    backend = EmbeddedBackend(
+        num_blocks=blocks, block_size=BLOCK_SIZE, script=script, protected_cap_blocks=blocks // 2
+    )
     model = chat_model(backend)
     graph = build_supervisor(model)
     sessions: list[ClaimedSession] = []
@@ -70,7 +72,7 @@ async def run_demo(workflows: int = 6, seed: int = 7, logs: str | Path = "agentc
     if workflows < 1:
         raise UsageError("workflows", f"must be >= 1, got {workflows}")
     logs = Path(logs)
-    blocks = 70 * workflows  # about a third of the working set (see docs/demo)
+    blocks = 48 * workflows  # about a third of the working set (see docs/demo)
     claims = await _one_mode("claims", workflows, blocks, seed, logs)
     lru = await _one_mode("lru", workflows, blocks, seed, logs)
     return {"claims": claims, "lru": lru, "logs": str(logs.resolve()), "kv_blocks": blocks}

@@ -76,7 +76,12 @@ def script(request: TextRequest) -> Reply | str | None:
     tool_name = _TOOL_OF.get(worker)
     if tool_name is None:
         return None
-    rounds = sum(1 for m in request.messages if m.get("role") == "tool" and m.get("name") == tool_name)
+    rounds = sum(
+        1
+        for m in request.messages
+        for call in m.get("tool_calls") or ()
+        if call.get("function", {}).get("name") == tool_name
+    )
     if rounds < TOOL_ROUNDS:
         return Reply.tool(tool_name, {"query" if tool_name == "search" else "outline": f"{worker} step {rounds}"})
     return f"[{worker} done] summary of {rounds} {tool_name} results."

@@ -15,7 +15,8 @@ Where blocks wait::
         DEMOTABLE    the claim is demoted (event first), then its blocks become ORDINARY
         OFFLOADABLE  the claim moves to the host tier (bounded), restored on reuse
         SOFT         evicted last; a loss that breaks the predicate is true harm
-        PROTECTED    hard_protected / expiring: never a victim
+        EXPIRY_HELD  held by expiring claims only: never a victim, free once they end
+        PROTECTED    held by a hard_protected claim: never a victim
 
 Allocation takes free blocks first, then victims tier by tier in that order. When even
 PROTECTED would have to give, the request is deferred (it fits once other active work drains or
@@ -30,7 +31,7 @@ import math
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,8 +55,9 @@ from agentclaims.errors import ScopeViolation, UnknownClaim, UsageError
 __all__ = ["ActiveOutcome", "ClaimDecision", "ClaimView", "EngineStats", "KVEngine"]
 
 # Tiers of resident blocks, weakest first. ACTIVE/FREE are bookkeeping values only.
-FREE, ORDINARY, BEST_EFFORT, DEMOTABLE, OFFLOADABLE, SOFT, PROTECTED = range(7)
+FREE, ORDINARY, BEST_EFFORT, DEMOTABLE, OFFLOADABLE, SOFT, EXPIRY_HELD, PROTECTED = range(8)
 _EVICTABLE_CLAIM_TIERS = (BEST_EFFORT, DEMOTABLE, OFFLOADABLE, SOFT)
+_HELD_TIERS = (EXPIRY_HELD, PROTECTED)
 TIER_OF_MODE = {
     ProtectionMode.BEST_EFFORT: BEST_EFFORT,
     ProtectionMode.DEMOTABLE: DEMOTABLE,
@@ -107,6 +109,26 @@ class ActiveOutcome:
             "retry_after_s": self.retry_after_s,
         }
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ActiveOutcome:
+        """Parse ``to_dict``'s form (as the gateway sends it); bad data is a ``UsageError``."""
+        try:
+            retry = data.get("retry_after_s")
+            return cls(
+                request_id=str(data["request_id"]),
+                action=ArbiterAction(data["action"]),
+                feasibility=Feasibility(data["feasibility"]),
+                hit_blocks=int(data.get("hit_blocks", 0)),
+                restored_blocks=int(data.get("restored_blocks", 0)),
+                computed_blocks=int(data.get("computed_blocks", 0)),
+                evicted_blocks=int(data.get("evicted_blocks", 0)),
+                blocking_claim_ids=tuple(str(c) for c in data.get("blocking_claim_ids", ())),
+                shortfall_blocks=int(data.get("shortfall_blocks", 0)),
+                retry_after_s=None if retry is None else float(retry),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise UsageError("outcome", f"not an active outcome: {exc!r}") from None
+
 
 @dataclass(frozen=True, slots=True)
 class ClaimDecision:
@@ -132,6 +154,22 @@ class ClaimDecision:
             "reason": self.reason,
             "conditions": dict(self.conditions),
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ClaimDecision:
+        """Parse ``to_dict``'s form (as the gateway sends it); bad data is a ``UsageError``."""
+        try:
+            action = data.get("action")
+            return cls(
+                claim_id=str(data["claim_id"]),
+                decision=Decision(data["decision"]),
+                state=ClaimState(data["state"]),
+                action=None if action is None else ArbiterAction(action),
+                reason=data.get("reason"),
+                conditions=dict(data.get("conditions") or {}),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise UsageError("decision", f"not a claim decision: {exc!r}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +203,26 @@ class ClaimView:
             "end_reason": self.end_reason,
         }
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ClaimView:
+        """Parse ``to_dict``'s form (as the gateway sends it); bad data is a ``UsageError``."""
+        try:
+            return cls(
+                claim_id=str(data["claim_id"]),
+                owner_scope=str(data["owner_scope"]),
+                object_id=str(data["object_id"]),
+                protection_mode=ProtectionMode(data["protection_mode"]),
+                state=ClaimState(data["state"]),
+                footprint_blocks=int(data["footprint_blocks"]),
+                present_blocks=int(data["present_blocks"]),
+                predicate_holds=bool(data["predicate_holds"]),
+                expires_at_step=data.get("expires_at_step"),
+                expires_at_ns=data.get("expires_at_ns"),
+                end_reason=data.get("end_reason"),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise UsageError("claim_view", f"not a claim view: {exc!r}") from None
+
 
 @dataclass(slots=True)
 class EngineStats:
@@ -196,6 +254,7 @@ class _Claim:
         "deadline_step",
         "end_reason",
         "hashes",
+        "held",
         "missing_in_span",
         "pos_of",
         "present",
@@ -220,6 +279,8 @@ class _Claim:
         self.deadline_step: int | None = None
         self.deadline_ns: int | None = None
         self.end_reason: str | None = None
+        self.held = 0
+        """Blocks of a hard/expiring claim parked in a held tier (it blocks others while > 0)."""
 
     @property
     def claim_id(self) -> str:
@@ -262,6 +323,7 @@ class KVEngine:
         owner_cap_blocks: int | None = None,
         max_duration_steps: int | None = None,
         max_ttl_s: float | None = None,
+        protected_cap_blocks: int | None = None,
         cache_identity: CacheIdentity | None = None,
         clock: Callable[[], int] = time.time_ns,
         run_id: str | None = None,
@@ -292,6 +354,16 @@ class KVEngine:
         self.owner_cap_blocks = owner_cap_blocks
         self.max_duration_steps = max_duration_steps
         self.max_ttl_s = max_ttl_s
+        if protected_cap_blocks is not None and (
+            isinstance(protected_cap_blocks, bool)
+            or not isinstance(protected_cap_blocks, int)
+            or not 0 <= protected_cap_blocks <= num_blocks
+        ):
+            raise UsageError(
+                "protected_cap_blocks", f"must be an integer within 0..{num_blocks}, got {protected_cap_blocks!r}"
+            )
+        self.protected_cap_blocks = num_blocks if protected_cap_blocks is None else protected_cap_blocks
+        """At most this many distinct blocks under hard/expiring claims (headroom for active work)."""
         self.cache_identity = cache_identity or CacheIdentity(
             cache_key_domain="agentclaims-embedded",
             model_id="scripted",
@@ -312,7 +384,7 @@ class KVEngine:
         self._free: list[Block] = self._blocks[::-1]  # pop() hands out block 0 first
         self._cached: dict[BlockHash, Block] = {}
         self._tiers: dict[int, OrderedDict[int, Block]] = {
-            t: OrderedDict() for t in (*_EVICTABLE_CLAIM_TIERS, PROTECTED)
+            t: OrderedDict() for t in (*_EVICTABLE_CLAIM_TIERS, *_HELD_TIERS)
         }
         self._active_blocks = 0
         self._host: OrderedDict[BlockHash, None] = OrderedDict()
@@ -322,6 +394,8 @@ class KVEngine:
         self._cover: dict[BlockHash, list[_Claim]] = {}  # live claims by block hash
         self._ended_cover: dict[BlockHash, list[_Claim]] = {}  # ended claims still resident
         self._protect_ref: dict[BlockHash, int] = {}  # hard/expiring claims per hash
+        self._hard_ref: dict[BlockHash, int] = {}  # hard_protected claims per hash
+        self._blockers: dict[str, _Claim] = {}  # hard/expiring claims with held blocks
         self._owner_blocks: dict[str, int] = {}
         self._deadline_steps: list[tuple[int, str]] = []
         self._deadline_ns: list[tuple[int, str]] = []
@@ -347,7 +421,7 @@ class KVEngine:
 
     @property
     def protected_resident_blocks(self) -> int:
-        return len(self._tiers[PROTECTED])
+        return len(self._tiers[PROTECTED]) + len(self._tiers[EXPIRY_HELD])
 
     @property
     def host_resident_blocks(self) -> int:
@@ -372,6 +446,14 @@ class KVEngine:
         assert all(b.block_hash == h for h, b in self._cached.items())
         assert sum(1 for b in self._blocks if b.ref_cnt > 0) == self._active_blocks
         assert len(self._host) <= self.host_capacity
+        held = {
+            c.claim_id
+            for t in _HELD_TIERS
+            for b in self._tiers[t].values()
+            for c in self._cover[b.block_hash]  # type: ignore[index]
+            if TIER_OF_MODE[c.mode] == PROTECTED
+        }
+        assert held == set(self._blockers), "blocking claims out of step with held blocks"
         assert self.stats.true_harm_hard == 0
 
     # ------------------------------------------------------------------ events
@@ -439,7 +521,7 @@ class KVEngine:
     # ------------------------------------------------------------------ parking
     def _tier_for(self, h: BlockHash) -> int:
         if h in self._protect_ref:
-            return PROTECTED
+            return PROTECTED if h in self._hard_ref else EXPIRY_HELD
         claims = self._cover.get(h)
         if not claims:
             return ORDINARY
@@ -454,20 +536,44 @@ class KVEngine:
             self.policy.insert(block)
         else:
             self._tiers[tier][block.block_id] = block
+            if tier >= EXPIRY_HELD:
+                self._count_held(block.block_hash, 1)
 
     def _unpark(self, block: Block) -> None:
-        if block.tier == ORDINARY:
+        tier = block.tier
+        if tier == ORDINARY:
             self.policy.remove(block)
         else:
-            del self._tiers[block.tier][block.block_id]
+            del self._tiers[tier][block.block_id]
+            if tier >= EXPIRY_HELD:
+                assert block.block_hash is not None
+                self._count_held(block.block_hash, -1)
 
-    def _retier(self, hashes: Iterable[BlockHash]) -> None:
+    def _count_held(self, h: BlockHash, delta: int) -> None:
+        """Keep each protecting claim's count of held blocks, and the set of blockers."""
+        for claim in self._cover[h]:
+            if TIER_OF_MODE[claim.mode] == PROTECTED:
+                claim.held += delta
+                if claim.held == 0:
+                    del self._blockers[claim.claim_id]
+                elif claim.held == 1 and delta == 1:
+                    self._blockers[claim.claim_id] = claim
+
+    def _detach(self, hashes: Iterable[BlockHash]) -> list[Block]:
+        """Unpark the resident blocks of ``hashes`` before their claims change (see _attach)."""
         cached = self._cached
+        out = []
         for h in hashes:
             block = cached.get(h)
             if block is not None and block.ref_cnt == 0:
                 self._unpark(block)
-                self._park(block)
+                out.append(block)
+        return out
+
+    def _attach(self, blocks: Iterable[Block]) -> None:
+        """Park detached blocks again, in the tiers their claims now give them."""
+        for block in blocks:
+            self._park(block)
 
     # ------------------------------------------------------------------ losses
     def _drop_hash(self, block: Block, request_id: str | None) -> None:
@@ -670,7 +776,7 @@ class KVEngine:
         for i in range(hits):
             block = cached[block_hashes[i]]
             if block.ref_cnt == 0:
-                if block.tier == PROTECTED:
+                if block.tier >= EXPIRY_HELD:
                     pinned_protected += 1
                 else:
                     pinned_resident += 1
@@ -758,24 +864,9 @@ class KVEngine:
         self, request_id: str, needed: int, available: int, pinned_protected: int
     ) -> ActiveOutcome:
         shortfall = needed - available
-        protected = list(self._tiers[PROTECTED].values())
-        blocking: dict[str, _Claim] = {}
-        for block in protected:
-            assert block.block_hash is not None
-            for claim in self._cover.get(block.block_hash, ()):
-                if claim.mode in (ProtectionMode.HARD_PROTECTED, ProtectionMode.EXPIRING):
-                    blocking[claim.claim_id] = claim
+        blocking = self._blockers
         others_active = self._active_blocks
-        expiring_only = sum(
-            1
-            for b in protected
-            if b.block_hash is not None
-            and all(
-                c.mode is ProtectionMode.EXPIRING
-                for c in self._cover.get(b.block_hash, ())
-                if c.mode in (ProtectionMode.HARD_PROTECTED, ProtectionMode.EXPIRING)
-            )
-        )
+        expiring_only = len(self._tiers[EXPIRY_HELD])
         retry: float | None = None
         if needed > self.num_blocks:
             action, feasibility = (
@@ -931,13 +1022,17 @@ class KVEngine:
                 spec.owner_scope, 0
             ) + len(hashes)
         protects = TIER_OF_MODE[spec.protection_mode] == PROTECTED
+        hard = spec.protection_mode is ProtectionMode.HARD_PROTECTED
+        resident = self._detach(hashes)
         for h in hashes:
             self._cover.setdefault(h, []).append(claim)
             if protects:
                 self._protect_ref[h] = self._protect_ref.get(h, 0) + 1
+                if hard:
+                    self._hard_ref[h] = self._hard_ref.get(h, 0) + 1
             if h in self._cached or h in self._host:
                 claim.mark(h, True)
-        self._retier(hashes)
+        self._attach(resident)
         self._emit(
             EventName.RESIDENT_CLAIM_ACCEPTED,
             claim=claim,
@@ -971,7 +1066,7 @@ class KVEngine:
                 return "owner_cap_exceeded"
         if TIER_OF_MODE[spec.protection_mode] == PROTECTED:
             new = sum(1 for h in hashes if h not in self._protect_ref)
-            if len(self._protect_ref) + new > self.num_blocks:
+            if len(self._protect_ref) + new > self.protected_cap_blocks:
                 return "protected_capacity_exceeded"
         return None
 
@@ -1022,23 +1117,28 @@ class KVEngine:
         if spec.protection_mode is not ProtectionMode.BEST_EFFORT:
             self._owner_blocks[spec.owner_scope] -= len(claim.hashes)
         protects = TIER_OF_MODE[spec.protection_mode] == PROTECTED
+        refs = [self._protect_ref]
+        if spec.protection_mode is ProtectionMode.HARD_PROTECTED:
+            refs.append(self._hard_ref)
+        resident = self._detach(claim.hashes)
         for h in claim.hashes:
             cover = self._cover[h]
             cover.remove(claim)
             if not cover:
                 del self._cover[h]
             if protects:
-                left = self._protect_ref[h] - 1
-                if left:
-                    self._protect_ref[h] = left
-                else:
-                    del self._protect_ref[h]
+                for ref in refs:
+                    left = ref[h] - 1
+                    if left:
+                        ref[h] = left
+                    else:
+                        del ref[h]
             if h in self._cached and target is not ClaimState.HARMED:
                 self._ended_cover.setdefault(h, []).append(claim)
         self._emit(
             name, claim=claim, request_id=request_id, state=target.value, reason=reason, **data
         )
-        self._retier(claim.hashes)
+        self._attach(resident)
 
     def _owned(self, claim_id: str, owner_scope: str) -> _Claim:
         claim = self._claims.get(claim_id)
@@ -1049,8 +1149,9 @@ class KVEngine:
         return claim
 
     def get_claim(self, claim_id: str, owner_scope: str) -> ClaimView:
+        claim = self._owned(claim_id, owner_scope)  # check the scope before anything changes
         self._expire_due(None)
-        return self._view(self._owned(claim_id, owner_scope))
+        return self._view(claim)
 
     def claims_of(self, owner_scope: str) -> list[ClaimView]:
         self._expire_due(None)

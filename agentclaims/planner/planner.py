@@ -9,14 +9,18 @@ crashed client never pins memory forever).
 
 The default mapping, in order (every threshold lives in ``PlannerPolicy``)::
 
-    footprint < min_blocks or p < best_effort_min_p         -> no claim
+    footprint < min_blocks, p < best_effort_min_p, STE inf   -> no claim
     waiting on the human                                     -> best_effort
-    ttl == 0 (Continuum: pinning costs more than reloading)  -> soft_priority if p >= soft_min_p
+    tau* == 0 (Continuum: pinning costs more than reloading) -> best_effort
     p >= hard_min_p and STE <= hard_max_ste
-        and wait <= hard_max_wait_s                          -> hard_protected, ttl = wait x margin
-    p >= expiring_min_p and a TTL is known                   -> expiring, ttl = max(tau*, wait x margin)
-    p >= soft_min_p and STE <= soft_max_ste                  -> soft_priority
+        and a known wait <= hard_max_wait_s                  -> hard_protected, ttl = wait x margin
+    p >= expiring_min_p                                      -> expiring, ttl = max(tau*, wait x margin)
+                                                                (default_ttl_s when neither is known)
+    use_soft and p >= soft_min_p and STE <= soft_max_ste     -> soft_priority
     otherwise                                                -> best_effort
+
+The default never issues ``soft_priority``: a soft claim can be lost without a refusal (true
+harm), while ``expiring`` turns pressure into a deferral that ends with the TTL.
 """
 
 from __future__ import annotations
@@ -45,14 +49,14 @@ Revision = Literal["keep", "renew", "relax", "release"]
 RELAX_ORDER: tuple[ProtectionMode, ...] = (
     ProtectionMode.HARD_PROTECTED,
     ProtectionMode.EXPIRING,
-    ProtectionMode.SOFT_PRIORITY,
     ProtectionMode.BEST_EFFORT,
 )
+"""soft_priority is skipped on purpose: a soft claim can be lost without a refusal (harm)."""
 
 
 def relax_mode(mode: ProtectionMode) -> ProtectionMode | None:
     """The next weaker mode on the relax ladder, or ``None`` (drop the claim)."""
-    if mode in (ProtectionMode.DEMOTABLE, ProtectionMode.OFFLOADABLE):
+    if mode in (ProtectionMode.SOFT_PRIORITY, ProtectionMode.DEMOTABLE, ProtectionMode.OFFLOADABLE):
         return ProtectionMode.BEST_EFFORT
     i = RELAX_ORDER.index(mode)
     return RELAX_ORDER[i + 1] if i + 1 < len(RELAX_ORDER) else None
@@ -113,8 +117,8 @@ class ClaimPlan:
 
 @dataclass(frozen=True, slots=True)
 class PlannerPolicy:
-    """Thresholds of the default mapping. Named presets: ``default``, ``conservative`` (never
-    hard), ``aggressive`` (hard more often), ``off`` (never claims)."""
+    """Thresholds of the default mapping. Named presets: ``default``, ``conservative`` (soft
+    priority only, never pins), ``aggressive`` (hard more often), ``off`` (never claims)."""
 
     name: str = "default"
     enabled: bool = True
@@ -127,6 +131,10 @@ class PlannerPolicy:
     hard_max_ste: float = 1
     hard_max_wait_s: float = 20.0
     allow_hard: bool = True
+    allow_expiring: bool = True
+    use_soft: bool = False
+    default_ttl_s: float = 3.0
+    """TTL of an expiring claim when neither a wait nor a cost-benefit TTL is known."""
     ttl_margin: float = 1.5
     """A TTL covers the predicted wait times this margin (tool times vary)."""
     min_ttl_s: float = 0.5
@@ -161,7 +169,9 @@ class PlannerPolicy:
 
 _PRESETS: dict[str, PlannerPolicy] = {
     "default": PlannerPolicy(),
-    "conservative": PlannerPolicy(name="conservative", allow_hard=False, soft_min_p=0.5),
+    "conservative": PlannerPolicy(
+        name="conservative", allow_hard=False, allow_expiring=False, use_soft=True, soft_min_p=0.5
+    ),
     "aggressive": PlannerPolicy(
         name="aggressive", hard_min_p=0.7, hard_max_ste=2, expiring_min_p=0.3, soft_min_p=0.15
     ),
@@ -188,11 +198,7 @@ class ClaimPlanner:
             return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="waiting on the human")
         wait = ctx.expected_wait_s
         if ctx.ttl_s == 0.0:
-            # cost-benefit says holding across this wait costs more than reloading
-            if p >= pol.soft_min_p and ctx.ste <= pol.soft_max_ste:
-                return ClaimPlan(ProtectionMode.SOFT_PRIORITY, reason="pinning not worth it")
-            return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="pinning not worth it")
-        near_ttl = None if wait is None else self._ttl(wait * pol.ttl_margin)
+            return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="pinning costs more than reloading")
         if (
             pol.allow_hard
             and p >= pol.hard_min_p
@@ -200,12 +206,17 @@ class ClaimPlanner:
             and wait is not None
             and wait <= pol.hard_max_wait_s
         ):
-            return ClaimPlan(ProtectionMode.HARD_PROTECTED, near_ttl, "near and certain reuse")
-        if p >= pol.expiring_min_p and (ctx.ttl_s is not None or near_ttl is not None):
-            ttl = self._ttl(max(ctx.ttl_s or 0.0, (wait or 0.0) * pol.ttl_margin))
-            return ClaimPlan(ProtectionMode.EXPIRING, ttl, "likely reuse after a known wait")
-        if p >= pol.soft_min_p and ctx.ste <= pol.soft_max_ste:
-            return ClaimPlan(ProtectionMode.SOFT_PRIORITY, reason="likely reuse, wait unknown")
+            return ClaimPlan(
+                ProtectionMode.HARD_PROTECTED,
+                self._ttl(wait * pol.ttl_margin),
+                "near and certain reuse",
+            )
+        if pol.allow_expiring and p >= pol.expiring_min_p:
+            known = [t for t in (ctx.ttl_s, None if wait is None else wait * pol.ttl_margin) if t]
+            ttl = self._ttl(max(known) if known else pol.default_ttl_s)
+            return ClaimPlan(ProtectionMode.EXPIRING, ttl, "likely reuse")
+        if pol.use_soft and p >= pol.soft_min_p and ctx.ste <= pol.soft_max_ste:
+            return ClaimPlan(ProtectionMode.SOFT_PRIORITY, reason="likely reuse, no pin")
         return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="possible reuse")
 
     def revise(self, ctx: PrefixContext, held: ClaimPlan, remaining_s: float | None) -> Revision:

@@ -7,11 +7,13 @@ machine-readable body (``Outcome``). The session's ``ReactionPolicy`` decides wh
   ``Retry-After``), bounded by the policy's deadline;
 - ``reroute``: move the session to another backend of its pool (preferring one where the prefix
   is resident) and retry there; with no other backend, defer;
-- ``relax``: downgrade this session's own claims that block the request, then retry; when none
-  of the blocking claims is ours, defer;
+- ``relax``: retry refused residency claims one mode weaker (also done under ``defer`` and
+  ``reroute``: see ``relax_claims``); for refused requests it waits like ``defer``;
 - ``fail``: raise ``ClaimRefused`` naming the claims and the outcome.
 
-A deferral (HTTP 503) is always waited out, whatever the policy, except under ``fail``.
+A deferral (HTTP 503) is always waited out, whatever the policy, except under ``fail``. Whatever
+the policy, a session never waits on itself: when the blocking claims are its own, it relaxes
+them at once and retries.
 """
 
 from __future__ import annotations

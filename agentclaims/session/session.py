@@ -267,10 +267,10 @@ class ClaimedSession:
 
     def _enter_node(self, node: str, kind: str = "agent") -> None:
         graph = self.graph
-        if node not in graph.nodes:
+        if node not in graph.nx_graph:
             graph.add_node(node, kind=kind)  # type: ignore[arg-type]
         if self._last_node != node or kind == "agent":
-            if self._last_node not in graph.nodes:
+            if self._last_node not in graph.nx_graph:
                 graph.add_node(self._last_node, kind="tool")
             graph.observe_transition(self._last_node, node)
         self._last_node = node
@@ -310,7 +310,7 @@ class ClaimedSession:
         prefix_ids = extension.get("prefix_ids") or {}
         sequence = prefix_ids.get("sequence") or prefix_ids.get("prompt")
         tracker = self._tracker_for_graph()
-        ste = tracker.node_ste(node) if node in self.graph.nodes else float("inf")
+        ste = tracker.node_ste(node) if node in self.graph.nx_graph else float("inf")
         if self.log is not None:
             self.log.llm_call(
                 node=node,
@@ -333,7 +333,7 @@ class ClaimedSession:
         """What we know about ``node``'s next call, seen from the step after this call."""
         graph = self.graph
         tracker = self._tracker_for_graph()
-        succ = [s for s in graph.successors(node) if s != END] if node in graph.nodes else []
+        succ = [s for s in graph.successors(node) if s != END] if node in graph.nx_graph else []
         footprint = footprint_of(prefix_id)
         if tool_names:
             waiting = "tool"
@@ -381,7 +381,7 @@ class ClaimedSession:
         """Release or relax claims of other nodes whose reuse became unlikely."""
         tracker = self._tracker_for_graph()
         for other, held in list(self.claims.items()):
-            if other == node or other not in self.graph.nodes:
+            if other == node or other not in self.graph.nx_graph:
                 continue
             reuse = tracker.node_reuse(other)
             ctx = PrefixContext(

@@ -140,6 +140,9 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                 blocking_claim_ids=outcome.blocking_claim_ids,
                 detail=outcome.to_dict(),
             )
+        own = [cid for cid in outcome.blocking_claim_ids if cid.startswith(session.session_id)]
+        if own and await session.relax_claims(own):
+            raise RetryRequested(outcome, 0.0)  # a session never waits on its own claims
         if outcome.deferred:
             raise RetryRequested(outcome, outcome.retry_after_s)
         if policy == "reroute" and session.pool is not None:
@@ -153,10 +156,6 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                 session._log_reaction(
                     "reroute", outcome=outcome.to_dict(), from_backend=old.name, to_backend=new.name
                 )
-                raise RetryRequested(outcome, 0.0)
-        if policy == "relax":
-            relaxed = await session.relax_claims(outcome.blocking_claim_ids)
-            if relaxed:
                 raise RetryRequested(outcome, 0.0)
         raise RetryRequested(outcome, outcome.retry_after_s)
 

@@ -1,0 +1,69 @@
+"""``EmbeddedBackend``: the gateway app in-process, reached through an ASGI transport.
+
+No socket and no server: the same HTTP client code as ``HTTPBackend``, the same app as
+``agentclaims serve``. Text comes from a ``ScriptedModel``; KV behaviour is the reference
+engine's (``.engine``, for tests and demos).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+
+import httpx2
+
+from agentclaims.backends.http import DEFAULT_TIMEOUT_S, HTTPBackend
+from agentclaims.engine import EvictionPolicy, KVEngine
+from agentclaims.errors import UsageError
+from agentclaims.gateway import ReferenceKV, Script, ScriptedModel, ServiceTimes, create_app
+from agentclaims.gateway.kv import Sleep
+
+__all__ = ["EmbeddedBackend"]
+
+
+class EmbeddedBackend(HTTPBackend):
+    """A reference engine of ``num_blocks`` blocks of ``block_size`` tokens behind the gateway
+    app, in this process. ``script`` drives the ``ScriptedModel``; ``clock`` (ns) and ``sleep``
+    are injectable so tests never wait; ``service`` sets the modelled per-token times."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        script: Script | None = None,
+        host_blocks: int = 0,
+        owner_cap_blocks: int | None = None,
+        protected_cap_blocks: int | None = None,
+        eviction_policy: EvictionPolicy | None = None,
+        clock: Callable[[], int] | None = None,
+        sleep: Sleep = asyncio.sleep,
+        service: ServiceTimes | None = None,
+        name: str = "embedded",
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise UsageError("name", f"must be a non-empty string, got {name!r}")
+        self.kv = ReferenceKV.create(
+            num_blocks,
+            block_size,
+            eviction_policy=eviction_policy,
+            host_blocks=host_blocks,
+            owner_cap_blocks=owner_cap_blocks,
+            protected_cap_blocks=protected_cap_blocks,
+            clock=clock,
+            service=service,
+            sleep=sleep,
+        )
+        self.engine: KVEngine = self.kv.engine
+        self.model = ScriptedModel(script)
+        self.app = create_app(self.kv, self.model, name=name)
+        host = name if re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", name) else "embedded"
+        base_url = f"http://{host}.agentclaims/v1"
+        client = httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=self.app),
+            base_url=base_url.removesuffix("/v1"),  # relative paths read "/v1/...", "/health"
+            timeout=DEFAULT_TIMEOUT_S,
+        )
+        super().__init__(base_url, name=name, client=client)
+        self._owns_client = True
