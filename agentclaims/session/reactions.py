@@ -112,7 +112,7 @@ class ReactionPolicy:
     def retrying(self, sleep: Any, before_sleep: Any = None) -> tenacity.AsyncRetrying:
         """The tenacity loop that waits out deferrals (``RetryRequested`` exceptions)."""
         backoff = tenacity.wait_exponential_jitter(
-            initial=self.initial_delay_s, max=self.max_delay_s, jitter=self.jitter_s
+            multiplier=self.initial_delay_s, max=self.max_delay_s, jitter=self.jitter_s
         )
         return tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(RetryRequested),
