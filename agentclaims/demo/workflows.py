@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 from langchain_core.tools import tool
-from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import create_react_agent
 from langgraph.types import Command
 
@@ -31,10 +31,7 @@ SYSTEM_PROMPT = (
     "and keep every answer short. " * 4
 )
 _TOOL_OF = {"researcher": "search", "writer": "draft"}
-_WORDS = (
-    "cache prefix block claim agent tool latency eviction workflow memory scheduler "
-    "session tensor request token attention batch serving graph reuse policy"
-).split()
+_WORDS = ["cache", "prefix", "block", "claim", "agent", "tool", "latency", "eviction", "workflow", "memory", "scheduler", "session", "tensor", "request", "token", "attention", "batch", "serving", "graph", "reuse", "policy"]
 
 
 def task_for(i: int, seed: int = 0, words: int = 220) -> str:
@@ -83,7 +80,9 @@ def script(request: TextRequest) -> Reply | str | None:
         if call.get("function", {}).get("name") == tool_name
     )
     if rounds < TOOL_ROUNDS:
-        return Reply.tool(tool_name, {"query" if tool_name == "search" else "outline": f"{worker} step {rounds}"})
+        return Reply.tool(
+            tool_name, {"query" if tool_name == "search" else "outline": f"{worker} step {rounds}"}
+        )
     return f"[{worker} done] summary of {rounds} {tool_name} results."
 
 
@@ -95,11 +94,15 @@ def build_supervisor(model: Any, *, tool_delay_s: float = 0.03) -> Any:
         for name in WORKERS
     }
 
-    async def supervisor(state: MessagesState) -> Command[Literal["researcher", "writer", "__end__"]]:
+    async def supervisor(
+        state: MessagesState,
+    ) -> Command[Literal["researcher", "writer", "__end__"]]:
         messages: list[BaseMessage] = [SystemMessage(SYSTEM_PROMPT), *state["messages"]]
         reply: AIMessage = await model.ainvoke(messages)
         target = str(reply.content).removeprefix("route: ").strip()
-        goto = END if target == "FINISH" else target
+        goto: Literal["researcher", "writer", "__end__"] = (
+            "researcher" if target == "researcher" else "writer" if target == "writer" else "__end__"
+        )
         return Command(goto=goto, update={"messages": [reply]})
 
     builder = StateGraph(MessagesState)

@@ -1,0 +1,44 @@
+"""LangGraph's prebuilt ReAct agent, unmodified, carrying claims through the chat model.
+
+Run: .venv/bin/python examples/react_prebuilt.py
+"""
+
+import asyncio
+
+from langchain_core.messages import HumanMessage
+from langchain_core.tools import tool
+from langgraph.prebuilt import create_react_agent
+
+import agentclaims
+from agentclaims.gateway.text import Reply, TextRequest
+
+
+@tool
+async def search(query: str) -> str:
+    """Search the web."""
+    await asyncio.sleep(0.01)
+    return f"three papers about {query}"
+
+
+def script(request: TextRequest) -> Reply | str:
+    rounds = sum(1 for m in request.messages if m.get("role") == "tool")
+    return (
+        Reply.tool("search", {"query": f"kv claims {rounds}"})
+        if rounds < 3
+        else "done: see the papers"
+    )
+
+
+async def main() -> None:
+    backend = agentclaims.EmbeddedBackend(num_blocks=512, block_size=16, script=script)
+    agent = create_react_agent(
+        agentclaims.chat_model(backend), [search], prompt="You are a careful researcher. " * 20
+    )
+    claimed = agentclaims.claimed_session(agent, backend=backend)
+    result = await claimed.ainvoke({"messages": [HumanMessage("find KV cache papers")]})
+    print(result["messages"][-1].content, claimed.last_session.stats)
+    await backend.aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
