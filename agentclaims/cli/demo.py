@@ -17,7 +17,9 @@ __all__ = ["run", "run_demo"]
 BLOCK_SIZE = 16
 
 
-async def _one_mode(mode: str, workflows: int, blocks: int, seed: int, logs: Path) -> dict[str, Any]:
+async def _one_mode(
+    mode: str, workflows: int, blocks: int, seed: int, logs: Path
+) -> dict[str, Any]:
     from langchain_core.messages import HumanMessage
 
     from agentclaims.backends.embedded import EmbeddedBackend
@@ -43,7 +45,9 @@ async def _one_mode(mode: str, workflows: int, blocks: int, seed: int, logs: Pat
         )
         sessions.append(session)
         async with session:
-            await graph.ainvoke({"messages": [HumanMessage(task_for(i, seed))]}, {"recursion_limit": 60})
+            await graph.ainvoke(
+                {"messages": [HumanMessage(task_for(i, seed))]}, {"recursion_limit": 60}
+            )
         return time.monotonic() - started
 
     started = time.monotonic()
@@ -67,7 +71,9 @@ async def _one_mode(mode: str, workflows: int, blocks: int, seed: int, logs: Pat
     }
 
 
-async def run_demo(workflows: int = 6, seed: int = 7, logs: str | Path = "agentclaims-logs") -> dict[str, Any]:
+async def run_demo(
+    workflows: int = 6, seed: int = 7, logs: str | Path = "agentclaims-logs"
+) -> dict[str, Any]:
     """Run both modes on fresh engines of the same size; return the figures of each."""
     if workflows < 1:
         raise UsageError("workflows", f"must be >= 1, got {workflows}")
@@ -101,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return 0
-    print(f"{args.workflows} concurrent supervisor workflows, KV pool of {result['kv_blocks']} blocks x {BLOCK_SIZE} tokens\n")
+    print(
+        f"{args.workflows} concurrent supervisor workflows, KV pool of {result['kv_blocks']} blocks x {BLOCK_SIZE} tokens\n"
+    )
     print(_table(result))
-    print(f"\noutcome logs: {result['logs']}  (summarise with: agentclaims report {result['logs']})")
+    print(
+        f"\noutcome logs: {result['logs']}  (summarise with: agentclaims report {result['logs']})"
+    )
     return 0

@@ -40,6 +40,14 @@ _REQUIRED = (
 )
 
 
+def _int_field(data: Mapping[str, Any], name: str, default: int | None = None) -> int:
+    """An integer field of an event's JSON form; anything else is a ``UsageError`` naming it."""
+    value = data.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"event.{name}", f"expected an integer, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimEvent:
     """One event. ``event_sequence`` increases per claim (per ``claim_id``; claimless events
@@ -91,17 +99,17 @@ class ClaimEvent:
         core = {*_REQUIRED, "seq"}
         return cls(
             event=name,
-            seq=int(data.get("seq", 0)),
-            event_sequence=int(data["event_sequence"]),
-            timestamp_ns=int(data["timestamp_ns"]),
+            seq=_int_field(data, "seq", 0),
+            event_sequence=_int_field(data, "event_sequence"),
+            timestamp_ns=_int_field(data, "timestamp_ns"),
             run_id=str(data["run_id"]),
             policy=str(data["policy"]),
-            usable_blocks=int(data["usable_blocks"]),
+            usable_blocks=_int_field(data, "usable_blocks"),
             request_id=data["request_id"],
             claim_id=data["claim_id"],
             prefix_id=data["prefix_id"],
             data={k: v for k, v in data.items() if k not in core},
-            schema_version=int(data["schema_version"]),
+            schema_version=_int_field(data, "schema_version"),
         )
 
     @classmethod

@@ -249,5 +249,6 @@ def test_scripted_replies_are_deterministic():
             node="researcher:agent",
         )
     )
-    assert isinstance(tool, Reply) and tool.tool_calls[0].name == "search"
+    assert isinstance(tool, Reply)
+    assert tool.tool_calls[0].name == "search"
     assert ClaimState.EXPIRED.terminal

@@ -1,0 +1,32 @@
+"""Backends: where claims and LLM calls go. ``EmbeddedBackend`` (in-process gateway, the
+default) and ``HTTPBackend`` (a gateway on the network) implement the ``Backend`` protocol.
+
+They are imported on first use, so ``agentclaims.backends.base`` stays importable from the
+gateway (which the backends themselves import) without a cycle.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from agentclaims.backends.base import EXTENSION_KEY, Backend
+
+if TYPE_CHECKING:
+    from agentclaims.backends.embedded import EmbeddedBackend
+    from agentclaims.backends.http import HTTPBackend
+
+__all__ = ["EXTENSION_KEY", "Backend", "EmbeddedBackend", "HTTPBackend"]
+
+_LAZY = {
+    "EmbeddedBackend": "agentclaims.backends.embedded",
+    "HTTPBackend": "agentclaims.backends.http",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

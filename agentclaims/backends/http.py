@@ -1,0 +1,196 @@
+"""``HTTPBackend``: the ``Backend`` protocol over HTTP, against an agentclaims gateway.
+
+Transport failures (refused connection, timeouts, a closed backend) become
+``BackendUnavailable``; error bodies become the exceptions they stand for (``UsageError``,
+``ScopeViolation``, ``UnknownClaim``, ``IllegalTransition``); anything unreadable is a
+``BackendError``. Every call is bounded by the client's timeouts: a dead backend never hangs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+import httpx2
+
+from agentclaims.contract import ClaimEvent, ClaimSpec
+from agentclaims.engine import ClaimDecision, ClaimView
+from agentclaims.errors import BackendError, BackendUnavailable, UsageError
+from agentclaims.gateway.protocol import raise_for_error
+
+__all__ = ["HTTPBackend"]
+
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+_ROOT_PATHS = ("/health", "/metrics")
+"""Served beside ``/v1``, not under it."""
+
+
+def _normalize(base_url: str) -> str:
+    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+        raise UsageError("base_url", f"must be an http(s) URL, got {base_url!r}")
+    url = base_url.rstrip("/")
+    return url if url.endswith("/v1") else f"{url}/v1"
+
+
+class HTTPBackend:
+    """A gateway reached over HTTP. ``base_url`` is the OpenAI-compatible base (``.../v1``; it
+    is added if missing). Pass ``client`` to share an ``httpx2.AsyncClient`` (then closing the
+    backend leaves it open)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        name: str | None = None,
+        client: httpx2.AsyncClient | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    ) -> None:
+        for field, value in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise UsageError(field, f"must be a positive number of seconds, got {value!r}")
+        self.base_url = _normalize(base_url)
+        self.root_url = self.base_url.removesuffix("/v1")
+        self.name = name or urlsplit(self.base_url).netloc
+        self._owns_client = client is None
+        self._client = client or httpx2.AsyncClient(
+            timeout=httpx2.Timeout(timeout_s, connect=connect_timeout_s)
+        )
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, base_url={self.base_url!r})"
+
+    def http_client(self) -> httpx2.AsyncClient:
+        """The client the OpenAI SDK should be given (``AsyncOpenAI(http_client=...)``)."""
+        self._check_open()
+        return self._client
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendUnavailable(f"backend {self.name!r} is closed")
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        self._check_open()
+        url = (self.root_url if path in _ROOT_PATHS else self.base_url) + path
+        try:
+            response = await self._client.request(method, url, json=json, params=params)
+        except httpx2.TransportError as exc:
+            raise BackendUnavailable(
+                f"backend {self.name!r} unreachable ({method} {url}): {type(exc).__name__}: {exc}"
+            ) from exc
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.status_code >= 400:
+            if response.status_code in (502, 504) or (
+                response.status_code == 503 and not isinstance(body, dict)
+            ):
+                raise BackendUnavailable(
+                    f"backend {self.name!r} answered HTTP {response.status_code}"
+                )
+            raise_for_error(response.status_code, body)
+        if not isinstance(body, dict):
+            raise BackendError(f"backend {self.name!r}: {method} {path} did not answer an object")
+        return body
+
+    @staticmethod
+    def _parse(kind: type[Any], data: Any) -> Any:
+        try:
+            return kind.from_dict(data)
+        except (UsageError, AttributeError) as exc:
+            raise BackendError(f"unreadable {kind.__name__}: {exc}") from exc
+
+    # ------------------------------------------------------------------ Backend protocol
+    async def submit_claim(
+        self, spec: ClaimSpec, block_hashes: Sequence[int] | None = None
+    ) -> ClaimDecision:
+        body: dict[str, Any] = {"claim": spec.to_dict()}
+        if block_hashes is not None:
+            body["block_hashes"] = [int(h) for h in block_hashes]
+        decision: ClaimDecision = self._parse(
+            ClaimDecision, await self._call("POST", "/claims", json=body)
+        )
+        return decision
+
+    async def get_claim(self, claim_id: str, owner_scope: str) -> ClaimView:
+        data = await self._call("GET", f"/claims/{claim_id}", params={"owner_scope": owner_scope})
+        view: ClaimView = self._parse(ClaimView, data)
+        return view
+
+    async def renew_claim(
+        self,
+        claim_id: str,
+        owner_scope: str,
+        *,
+        duration_steps: int | None = None,
+        ttl_s: float | None = None,
+    ) -> ClaimView:
+        body = {"owner_scope": owner_scope, "duration_steps": duration_steps, "ttl_s": ttl_s}
+        data = await self._call("POST", f"/claims/{claim_id}/renew", json=body)
+        view: ClaimView = self._parse(ClaimView, data)
+        return view
+
+    async def release_claim(self, claim_id: str, owner_scope: str) -> ClaimView:
+        data = await self._call(
+            "POST", f"/claims/{claim_id}/release", json={"owner_scope": owner_scope}
+        )
+        view: ClaimView = self._parse(ClaimView, data)
+        return view
+
+    async def events(self, since: int = 0) -> list[ClaimEvent]:
+        """Every buffered event after ``since``, in order (fetched page by page)."""
+        out: list[ClaimEvent] = []
+        while True:
+            page = await self._call("GET", "/events", params={"since": since})
+            out.extend(self._parse(ClaimEvent, e) for e in page.get("events", ()))
+            if not page.get("more"):
+                return out
+            since = int(page["next_since"])
+
+    async def residency(self, prefix_ids: Sequence[str]) -> Mapping[str, int]:
+        page = await self._call("POST", "/residency", json={"prefix_ids": list(prefix_ids)})
+        return {str(k): int(v) for k, v in page.get("residency", {}).items()}
+
+    async def descriptor(self) -> Mapping[str, Any]:
+        return await self._call("GET", "/descriptor")
+
+    async def metrics(self) -> Mapping[str, Any]:
+        """The gateway's counters (engine stats, pool occupancy, requests)."""
+        return await self._call("GET", "/metrics")
+
+    async def health(self) -> bool:
+        """True when the gateway answers ``/health``; False when it cannot be reached."""
+        try:
+            return (await self._call("GET", "/health")).get("status") == "ok"
+        except BackendUnavailable:
+            return False
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._owns_client:
+                await self._client.aclose()
+
+    async def __aenter__(self) -> Self:
+        self._check_open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

@@ -1,0 +1,395 @@
+"""The gateway's ASGI app: OpenAI-compatible completions with claims, and the claims API.
+
+One server implementation: ``EmbeddedBackend`` reaches it in-process through an ASGI
+transport, ``agentclaims serve`` puts it on a port. docs/gateway.md is the wire protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from agentclaims.backends.base import EXTENSION_KEY
+from agentclaims.contract import SCHEMA_VERSION, ClaimSpec
+from agentclaims.engine import blake2b_hash
+from agentclaims.errors import AgentClaimsError, UsageError
+from agentclaims.gateway.kv import ActiveRequest, KVSide, ServeResult
+from agentclaims.gateway.protocol import error_body, exception_error, refusal_error
+from agentclaims.gateway.text import Reply, TextRequest, TextSide
+
+__all__ = ["Extension", "create_app"]
+
+Handler = Callable[[Request], Awaitable[Response]]
+_MAX_TOKEN_ID = 2**31
+
+
+@dataclass(frozen=True, slots=True)
+class Extension:
+    """The ``agentclaims`` object of a completion request's body (every field optional)."""
+
+    session_id: str | None = None
+    workflow_id: str | None = None
+    owner_scope: str | None = None
+    node: str | None = None
+    step: int | None = None
+    admit: bool = True
+    request_id: str | None = None
+    claims: tuple[Mapping[str, Any], ...] = ()
+
+    @classmethod
+    def parse(cls, body: Mapping[str, Any]) -> Extension:
+        raw = body.get(EXTENSION_KEY)
+        if raw is None:
+            return cls()
+        if not isinstance(raw, Mapping):
+            raise UsageError(EXTENSION_KEY, f"expected an object, got {raw!r}")
+        known = {"session_id", "workflow_id", "owner_scope", "node", "step", "admit"}
+        known |= {"request_id", "claims"}
+        extra = set(raw) - known
+        if extra:
+            raise UsageError(EXTENSION_KEY, f"unknown fields {sorted(extra)}")
+        strings = {}
+        for name in ("session_id", "workflow_id", "owner_scope", "node", "request_id"):
+            value = raw.get(name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise UsageError(
+                    f"{EXTENSION_KEY}.{name}", f"must be a non-empty string, got {value!r}"
+                )
+            strings[name] = value
+        step = raw.get("step")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            raise UsageError(
+                f"{EXTENSION_KEY}.step", f"must be a non-negative integer, got {step!r}"
+            )
+        admit = raw.get("admit", True)
+        if not isinstance(admit, bool):
+            raise UsageError(f"{EXTENSION_KEY}.admit", f"must be true or false, got {admit!r}")
+        claims = raw.get("claims")
+        claims = [] if claims is None else claims
+        if not isinstance(claims, list):
+            raise UsageError(f"{EXTENSION_KEY}.claims", f"must be a list, got {claims!r}")
+        return cls(step=step, admit=admit, claims=tuple(claims), **strings)
+
+    @property
+    def default_owner(self) -> str | None:
+        return self.owner_scope or self.session_id or self.workflow_id
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError("body", f"not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise UsageError("body", "expected a JSON object")
+    return body
+
+
+def _optional_str(body: Mapping[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise UsageError(name, f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UsageError(name, f"must be an integer, got {raw!r}") from None
+    if not low <= value <= high:
+        raise UsageError(name, f"must be within {low}..{high}, got {value}")
+    return value
+
+
+def _owner(request: Request, body: Mapping[str, Any] | None = None) -> str:
+    owner = (body or {}).get("owner_scope") or request.query_params.get("owner_scope")
+    if not isinstance(owner, str) or not owner:
+        raise UsageError("owner_scope", "missing: name the claim's owner scope")
+    return owner
+
+
+class _Gateway:
+    """The route handlers over one KV side and one text side."""
+
+    def __init__(self, kv: KVSide, text: TextSide, name: str) -> None:
+        self.kv = kv
+        self.text = text
+        self.name = name
+        self.calls: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+
+    # ------------------------------------------------------------------ completions
+    async def _complete(
+        self,
+        body: Mapping[str, Any],
+        ext: Extension,
+        text_request: TextRequest,
+        segments: tuple[tuple[int, ...], ...],
+        render: Callable[[Reply, str], tuple[Any, tuple[int, ...]]],
+        id_prefix: str,
+    ) -> tuple[Response | None, dict[str, Any]]:
+        """Shared by both completion endpoints: reply, KV life, and the response skeleton.
+        ``render(reply, request_key)`` gives the choice payload and the reply's token ids."""
+        if body.get("stream"):
+            raise UsageError(
+                "stream",
+                "streaming is not supported by the agentclaims gateway; send stream: false",
+            )
+        cache_salt = _optional_str(body, "cache_salt")
+        request_id = ext.request_id or f"{id_prefix}-{uuid.uuid4().hex}"
+        reply = await self.text.complete(text_request)
+        key = f"{blake2b_hash(json.dumps(segments).encode()):016x}"
+        payload, reply_tokens = render(reply, key)
+        result: ServeResult = await self.kv.serve(
+            ActiveRequest(
+                request_id=request_id,
+                segments=segments,
+                reply_tokens=reply_tokens,
+                claims=ext.claims,
+                owner_scope=ext.default_owner,
+                admit=ext.admit,
+                cache_salt=cache_salt,
+                chat=text_request.kind == "chat",
+            )
+        )
+        if not result.outcome.served:
+            status, headers, err = refusal_error(result.outcome, result.prefix_ids)
+            self.errors[err["error"]["type"]] += 1
+            return JSONResponse(err, status_code=status, headers=headers), {}
+        prompt_tokens = sum(len(s) for s in segments)
+        return None, {
+            "id": request_id,
+            "created": int(time.time()),
+            "model": text_request.model,
+            "choices": [{"index": 0, **payload, "finish_reason": reply.finish_reason}],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(reply_tokens),
+                "total_tokens": prompt_tokens + len(reply_tokens),
+                "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
+            },
+            EXTENSION_KEY: {
+                "request_id": request_id,
+                "outcome": result.outcome.to_dict(),
+                "prefix_ids": result.prefix_ids,
+                "decisions": [d.to_dict() for d in result.decisions],
+                "events_seq": result.events_seq,
+            },
+        }
+
+    async def chat_completions(self, request: Request) -> Response:
+        body = await _json_object(request)
+        ext = Extension.parse(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise UsageError("messages", "must be a non-empty list of messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping):
+                raise UsageError(f"messages[{i}]", f"expected an object, got {m!r}")
+        tools = body.get("tools")
+        tools = [] if tools is None else tools
+        if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
+            raise UsageError("tools", "must be a list of tool objects")
+        tok = self.kv.tokenizer
+        segments = tuple(tuple(tok.encode_message(m)) for m in messages)
+        text_request = TextRequest(
+            kind="chat",
+            model=self._model(body),
+            messages=tuple(messages),
+            tools=tuple(tools),
+            node=ext.node,
+        )
+
+        def render(reply: Reply, key: str) -> tuple[Any, tuple[int, ...]]:
+            message = reply.message(key)
+            return {"message": message, "logprobs": None}, tuple(tok.encode_message(message))
+
+        error, out = await self._complete(body, ext, text_request, segments, render, "chatcmpl")
+        return error or JSONResponse({**out, "object": "chat.completion"})
+
+    async def completions(self, request: Request) -> Response:
+        body = await _json_object(request)
+        ext = Extension.parse(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        tok = self.kv.tokenizer
+        if isinstance(prompt, str) and prompt:
+            ids, text = tuple(tok.encode(prompt)), prompt
+        elif (
+            isinstance(prompt, list)
+            and prompt
+            and all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < _MAX_TOKEN_ID
+                for t in prompt
+            )
+        ):
+            ids, text = tuple(prompt), " ".join(map(str, prompt))
+        else:
+            raise UsageError(
+                "prompt", "must be a non-empty string (or one-string list) or a list of token ids"
+            )
+        text_request = TextRequest(
+            kind="completion", model=self._model(body), prompt=text, node=ext.node
+        )
+
+        def render(reply: Reply, key: str) -> tuple[Any, tuple[int, ...]]:
+            content = reply.content or ""
+            return {"text": content, "logprobs": None}, tuple(tok.encode(content))
+
+        error, out = await self._complete(body, ext, text_request, (ids,), render, "cmpl")
+        return error or JSONResponse({**out, "object": "text_completion"})
+
+    def _model(self, body: Mapping[str, Any]) -> str:
+        return _optional_str(body, "model") or self.text.name
+
+    # ------------------------------------------------------------------ claims API
+    async def submit_claim(self, request: Request) -> Response:
+        body = await _json_object(request)
+        claim: Any = body.get("claim")  # from_dict names the field if it is not an object
+        spec = ClaimSpec.from_dict(claim)
+        hashes = body.get("block_hashes")
+        if hashes is not None and not (
+            isinstance(hashes, list)
+            and all(
+                isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**64 for h in hashes
+            )
+        ):
+            raise UsageError("block_hashes", "must be a list of 64-bit unsigned integers")
+        decision = await self.kv.submit_claim(spec, hashes)
+        return JSONResponse(decision.to_dict())
+
+    async def get_claim(self, request: Request) -> Response:
+        view = await self.kv.get_claim(request.path_params["claim_id"], _owner(request))
+        return JSONResponse(view.to_dict())
+
+    async def renew_claim(self, request: Request) -> Response:
+        body = await _json_object(request)
+        view = await self.kv.renew_claim(
+            request.path_params["claim_id"],
+            _owner(request, body),
+            duration_steps=body.get("duration_steps"),
+            ttl_s=body.get("ttl_s"),
+        )
+        return JSONResponse(view.to_dict())
+
+    async def release_claim(self, request: Request) -> Response:
+        body = await _json_object(request) if request.method == "POST" else {}
+        view = await self.kv.release_claim(request.path_params["claim_id"], _owner(request, body))
+        return JSONResponse(view.to_dict())
+
+    async def events(self, request: Request) -> Response:
+        since = _int_param(request, "since", 0, 0, 2**62)
+        limit = _int_param(request, "limit", 10_000, 1, 100_000)
+        events, last_seq = await self.kv.events(since, limit)
+        gap = events[0].seq > since + 1 if events else last_seq > since
+        return JSONResponse(
+            {
+                "events": [e.to_dict() for e in events],
+                "last_seq": last_seq,
+                "next_since": events[-1].seq if events else since,
+                "more": bool(events) and events[-1].seq < last_seq,
+                "gap": gap,
+            }
+        )
+
+    async def residency(self, request: Request) -> Response:
+        body = await _json_object(request)
+        ids = body.get("prefix_ids")
+        if not isinstance(ids, list) or not all(isinstance(p, str) for p in ids):
+            raise UsageError("prefix_ids", "must be a list of prefix id strings")
+        return JSONResponse({"residency": await self.kv.residency(ids)})
+
+    # ------------------------------------------------------------------ introspection
+    async def descriptor(self, request: Request) -> Response:
+        return JSONResponse(
+            {
+                "name": self.name,
+                "schema_version": SCHEMA_VERSION,
+                "extension_key": EXTENSION_KEY,
+                "text_side": self.text.name,
+                **self.kv.descriptor(),
+            }
+        )
+
+    async def models(self, request: Request) -> Response:
+        model = {"id": self.text.name, "object": "model", "created": 0, "owned_by": self.name}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "kv_side": self.kv.name, "text_side": self.text.name})
+
+    async def metrics(self, request: Request) -> Response:
+        gateway = {
+            "calls": dict(sorted(self.calls.items())),
+            "errors": dict(sorted(self.errors.items())),
+        }
+        return JSONResponse({"gateway": gateway, **self.kv.metrics()})
+
+    # ------------------------------------------------------------------ plumbing
+    def counted(self, name: str, handler: Handler) -> Handler:
+        async def run(request: Request) -> Response:
+            self.calls[name] += 1
+            return await handler(request)
+
+        return run
+
+    async def on_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, AgentClaimsError)
+        status, body = exception_error(exc)
+        self.errors[body["error"]["type"]] += 1
+        return JSONResponse(body, status_code=status)
+
+    async def on_http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found" if exc.status_code == 404 else "http_error"
+        self.errors[kind] += 1
+        return JSONResponse(
+            error_body(kind, f"{request.method} {request.url.path}: {exc.detail}"),
+            status_code=exc.status_code,
+        )
+
+
+def create_app(kv: KVSide, text: TextSide, *, name: str = "agentclaims-gateway") -> Starlette:
+    """The gateway app over a KV side (e.g. ``ReferenceKV``) and a text side (``ScriptedModel``)."""
+    gw = _Gateway(kv, text, name)
+    table: list[tuple[str, Handler, list[str]]] = [
+        ("/v1/chat/completions", gw.chat_completions, ["POST"]),
+        ("/v1/completions", gw.completions, ["POST"]),
+        ("/v1/claims", gw.submit_claim, ["POST"]),
+        ("/v1/claims/{claim_id}", gw.get_claim, ["GET"]),
+        ("/v1/claims/{claim_id}", gw.release_claim, ["DELETE"]),
+        ("/v1/claims/{claim_id}/renew", gw.renew_claim, ["POST"]),
+        ("/v1/claims/{claim_id}/release", gw.release_claim, ["POST"]),
+        ("/v1/events", gw.events, ["GET"]),
+        ("/v1/residency", gw.residency, ["POST"]),
+        ("/v1/descriptor", gw.descriptor, ["GET"]),
+        ("/v1/models", gw.models, ["GET"]),
+        ("/health", gw.health, ["GET"]),
+        ("/metrics", gw.metrics, ["GET"]),
+    ]
+    routes = [
+        Route(path, gw.counted(f"{methods[0]} {path}", handler), methods=methods)
+        for path, handler, methods in table
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={AgentClaimsError: gw.on_error, HTTPException: gw.on_http_error},
+    )
+    app.state.gateway = gw
+    return app

@@ -1,0 +1,131 @@
+"""The gateway's error bodies, both ways: the server turns exceptions and refusals into HTTP
+errors, the client (``HTTPBackend``, the SDK reading an ``openai.APIStatusError``) turns them
+back. Every error body is ``{"error": {"type": ..., "message": ..., <fields>}}``; docs/gateway.md
+lists them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from agentclaims.contract import ArbiterAction
+from agentclaims.engine import ActiveOutcome
+from agentclaims.errors import (
+    AgentClaimsError,
+    BackendError,
+    ContractViolation,
+    IllegalTransition,
+    ScopeViolation,
+    UnknownClaim,
+    UsageError,
+)
+
+__all__ = [
+    "ACTIVE_REQUEST_DEFERRED",
+    "ACTIVE_REQUEST_REFUSED",
+    "error_body",
+    "exception_error",
+    "outcome_from_error",
+    "raise_for_error",
+    "refusal_error",
+]
+
+ACTIVE_REQUEST_REFUSED = "active_request_refused"
+ACTIVE_REQUEST_DEFERRED = "active_request_deferred"
+
+
+def error_body(error_type: str, message: str, **fields: Any) -> dict[str, Any]:
+    return {"error": {"type": error_type, "message": message, **fields}}
+
+
+def exception_error(exc: AgentClaimsError) -> tuple[int, dict[str, Any]]:
+    """HTTP status and body for an exception raised while serving a request."""
+    if isinstance(exc, UsageError):
+        return 400, error_body("usage_error", exc.message, field=exc.field)
+    if isinstance(exc, ScopeViolation):
+        return 403, error_body(
+            "scope_violation", str(exc), claim_id=exc.claim_id, owner_scope=exc.owner_scope
+        )
+    if isinstance(exc, UnknownClaim):
+        return 404, error_body("unknown_claim", str(exc), claim_id=exc.claim_id)
+    if isinstance(exc, IllegalTransition):
+        return 409, error_body(
+            "illegal_transition",
+            str(exc),
+            claim_id=exc.claim_id,
+            current=exc.current,
+            target=exc.target,
+        )
+    if isinstance(exc, ContractViolation):
+        return 409, error_body("contract_violation", str(exc))
+    return 500, error_body("internal_error", str(exc))
+
+
+def refusal_error(
+    outcome: ActiveOutcome, prefix_ids: Mapping[str, Any]
+) -> tuple[int, dict[str, str], dict[str, Any]]:
+    """Status, headers and body for an active request the arbiter did not serve: 503 with
+    ``Retry-After`` when deferred (it will fit later), 409 when refused or over capacity."""
+    deferred = outcome.action is ArbiterAction.DEFER_ACTIVE
+    kind = ACTIVE_REQUEST_DEFERRED if deferred else ACTIVE_REQUEST_REFUSED
+    ids = ", ".join(outcome.blocking_claim_ids) or "none"
+    message = (
+        f"active request {outcome.request_id} not served: {outcome.action.value} "
+        f"({outcome.feasibility.value}); short by {outcome.shortfall_blocks} blocks; "
+        f"blocking claims: {ids}"
+    )
+    body = error_body(
+        kind,
+        message,
+        action=outcome.action.value,
+        feasibility=outcome.feasibility.value,
+        blocking_claim_ids=list(outcome.blocking_claim_ids),
+        shortfall_blocks=outcome.shortfall_blocks,
+        retry_after_s=outcome.retry_after_s,
+        request_id=outcome.request_id,
+        outcome=outcome.to_dict(),
+        prefix_ids=dict(prefix_ids),
+    )
+    if not deferred:
+        return 409, {}, body
+    headers = {"Retry-After": "1"}
+    if outcome.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(outcome.retry_after_s)))
+        headers["retry-after-ms"] = str(max(1, round(outcome.retry_after_s * 1000)))
+    return 503, headers, body
+
+
+def outcome_from_error(body: object) -> ActiveOutcome | None:
+    """The arbiter's outcome in a refusal's error body (whole body or its ``error`` object, as
+    ``openai.APIStatusError.body`` holds it); ``None`` for any other error."""
+    if isinstance(body, Mapping) and isinstance(body.get("error"), Mapping):
+        body = body["error"]
+    if not isinstance(body, Mapping) or body.get("type") not in (
+        ACTIVE_REQUEST_REFUSED,
+        ACTIVE_REQUEST_DEFERRED,
+    ):
+        return None
+    outcome = body.get("outcome")
+    return ActiveOutcome.from_dict(outcome) if isinstance(outcome, Mapping) else None
+
+
+def raise_for_error(status: int, body: object) -> NoReturn:
+    """Raise the exception an error response stands for (the inverse of ``exception_error``)."""
+    err = body.get("error") if isinstance(body, Mapping) else None
+    if not isinstance(err, Mapping):
+        raise BackendError(f"HTTP {status} without an agentclaims error body: {body!r}")
+    kind, message = err.get("type"), str(err.get("message", ""))
+    if kind == "usage_error":
+        raise UsageError(str(err.get("field", "?")), message)
+    if kind == "scope_violation":
+        raise ScopeViolation(str(err.get("claim_id")), str(err.get("owner_scope")))
+    if kind == "unknown_claim":
+        raise UnknownClaim(str(err.get("claim_id")))
+    if kind == "illegal_transition":
+        raise IllegalTransition(
+            str(err.get("claim_id")), str(err.get("current")), str(err.get("target"))
+        )
+    if kind == "contract_violation":
+        raise ContractViolation(message)
+    raise BackendError(f"HTTP {status} {kind}: {message}")

@@ -1,0 +1,252 @@
+"""The claims API, events, residency, descriptor, health and metrics, in-process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from gateway_sleeps import RecordingSleep
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentclaims.backends import EmbeddedBackend
+from agentclaims.contract import ClaimSpec, ClaimState, LoweringClass, ProtectionMode
+from agentclaims.engine import ActiveOutcome, ClaimDecision, ClaimView, hash_token_blocks
+from agentclaims.errors import (
+    AgentClaimsError,
+    BackendError,
+    ContractViolation,
+    IllegalTransition,
+    ScopeViolation,
+    UnknownClaim,
+    UsageError,
+)
+from agentclaims.gateway.protocol import exception_error, raise_for_error
+
+
+@pytest.fixture
+async def backend() -> Any:
+    async with EmbeddedBackend(32, 4, sleep=RecordingSleep()) as b:
+        yield b
+
+
+def spec_for(b: EmbeddedBackend, claim_id: str, blocks: int, **kw: Any) -> ClaimSpec:
+    return ClaimSpec(
+        claim_id=claim_id,
+        owner_scope=kw.pop("owner_scope", "o"),
+        object_id=kw.pop("object_id", f"obj-{claim_id}"),
+        cache_identity=b.engine.cache_identity,
+        footprint_blocks=blocks,
+        protection_mode=kw.pop("protection_mode", ProtectionMode.HARD_PROTECTED),
+        **kw,
+    )
+
+
+async def test_claim_lifecycle_over_the_api(backend: EmbeddedBackend) -> None:
+    """Submit with block hashes, read, renew, release: each answer matches the engine."""
+    hashes = hash_token_blocks(list(range(12)), 4)
+    decision = await backend.submit_claim(spec_for(backend, "c", 3, ttl_s=30.0), hashes)
+    assert decision.accepted
+    assert decision.state is ClaimState.ACCEPTED
+    view = await backend.get_claim("c", "o")
+    assert view.present_blocks == 0
+    assert view == backend.engine.get_claim("c", "o")
+    renewed = await backend.renew_claim("c", "o", duration_steps=5)
+    assert renewed.expires_at_step == backend.engine.step_count + 5
+    released = await backend.release_claim("c", "o")
+    assert released.state is ClaimState.EXPIRED
+    assert released.end_reason == "released"
+
+
+async def test_delete_releases_a_claim(backend: EmbeddedBackend) -> None:
+    """DELETE /v1/claims/{id}?owner_scope= ends the claim like POST .../release."""
+    await backend.submit_claim(spec_for(backend, "d", 1), hash_token_blocks([1, 2, 3, 4], 4))
+    resp = await backend.http_client().delete("/v1/claims/d", params={"owner_scope": "o"})
+    assert resp.status_code == 200
+    assert resp.json()["state"] == "expired"
+
+
+async def test_rejected_claim_is_a_decision_not_an_error(backend: EmbeddedBackend) -> None:
+    """A claim larger than the pool comes back rejected (200), with the reason."""
+    hashes = hash_token_blocks(list(range(40 * 4)), 4)
+    decision = await backend.submit_claim(spec_for(backend, "huge", 40), hashes)
+    assert not decision.accepted
+    assert decision.reason == "exceeds_capacity"
+
+
+async def test_claim_errors_map_to_typed_exceptions(backend: EmbeddedBackend) -> None:
+    """Unknown claim -> UnknownClaim (404); other owner -> ScopeViolation (403); bad -> 400."""
+    await backend.submit_claim(spec_for(backend, "x", 1), hash_token_blocks([5, 6, 7, 8], 4))
+    with pytest.raises(UnknownClaim):
+        await backend.get_claim("nope", "o")
+    with pytest.raises(ScopeViolation):
+        await backend.release_claim("x", "intruder")
+    with pytest.raises(UsageError) as info:
+        await backend.renew_claim("x", "o", duration_steps=-1)
+    assert info.value.field == "duration_steps"
+    with pytest.raises(UsageError) as dup:
+        await backend.submit_claim(spec_for(backend, "x", 1), hash_token_blocks([9, 9, 9, 9], 4))
+    assert dup.value.field == "claim_id"
+    assert (await backend.get_claim("x", "o")).state is ClaimState.ACCEPTED
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/claims", {}, "claim"),
+        ("/v1/claims", {"claim": {"claim_id": "z"}}, "owner_scope"),
+        ("/v1/claims/x/renew", {}, "owner_scope"),
+        ("/v1/residency", {"prefix_ids": "pfx"}, "prefix_ids"),
+    ],
+)
+async def test_claims_api_usage_errors(
+    backend: EmbeddedBackend, path: str, body: dict[str, Any], field: str
+) -> None:
+    """Malformed claims-API bodies answer 400 naming the field."""
+    resp = await backend.http_client().post(path, json=body)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["field"] == field
+
+
+async def test_block_hashes_must_be_unsigned_64_bit(backend: EmbeddedBackend) -> None:
+    """Block hashes outside 0..2**64-1 are a usage error."""
+    body = {"claim": spec_for(backend, "h", 1).to_dict(), "block_hashes": [-1]}
+    resp = await backend.http_client().post("/v1/claims", json=body)
+    assert resp.json()["error"]["field"] == "block_hashes"
+
+
+async def test_get_claim_needs_owner_scope(backend: EmbeddedBackend) -> None:
+    """Reading a claim without ``owner_scope`` is a usage error on that field."""
+    resp = await backend.http_client().get("/v1/claims/x")
+    assert resp.status_code == 400
+    assert resp.json()["error"]["field"] == "owner_scope"
+
+
+async def test_events_resume_from_a_sequence(backend: EmbeddedBackend) -> None:
+    """Events after ``since`` come in order; paging with ``limit`` loses none."""
+    for i in range(3):
+        await backend.http_client().post("/v1/completions", json={"prompt": list(range(i, i + 8))})
+    every = await backend.events()
+    assert [e.seq for e in every] == list(range(1, backend.engine.last_seq + 1))
+    assert [e.seq for e in await backend.events(since=2)] == [e.seq for e in every[2:]]
+    page = (await backend.http_client().get("/v1/events", params={"since": 0, "limit": 2})).json()
+    assert [e["seq"] for e in page["events"]] == [1, 2]
+    assert page["more"] is True
+    assert page["next_since"] == 2
+    assert page["gap"] is False
+    bad = await backend.http_client().get("/v1/events", params={"since": "x"})
+    assert bad.json()["error"]["field"] == "since"
+
+
+async def test_residency_counts_leading_resident_blocks(backend: EmbeddedBackend) -> None:
+    """A served prompt's prefix is resident in full; an unknown prefix counts 0."""
+    body = (
+        await backend.http_client().post("/v1/completions", json={"prompt": list(range(16))})
+    ).json()
+    pid = body["agentclaims"]["prefix_ids"]["prompt"]
+    assert await backend.residency([pid, "pfx-unknown-3"]) == {pid: 4, "pfx-unknown-3": 0}
+
+
+async def test_descriptor_lists_every_mode(backend: EmbeddedBackend) -> None:
+    """The reference engine honours every mode natively, with its cache identity."""
+    desc = await backend.descriptor()
+    assert set(desc["modes"]) == {m.value for m in ProtectionMode}
+    assert {v["lowering_class"] for v in desc["modes"].values()} == {
+        LoweringClass.NATIVE_CONFORMANCE.value
+    }
+    assert desc["cache_identity"] == backend.engine.cache_identity.to_dict()
+    assert desc["extension_key"] == "agentclaims"
+
+
+async def test_health_metrics_and_unknown_routes(backend: EmbeddedBackend) -> None:
+    """Health is ok; metrics count calls and pool state; unknown paths answer JSON 404."""
+    assert await backend.health() is True
+    await backend.http_client().post("/v1/completions", json={"prompt": [1, 2, 3, 4, 5]})
+    metrics = await backend.metrics()
+    assert metrics["gateway"]["calls"]["POST /v1/completions"] == 1
+    assert metrics["requests"]["total"] == 1
+    assert metrics["pool"]["usable_blocks"] == 32
+    assert metrics["engine"]["requests_served"] == 1
+    missing = await backend.http_client().get("/v1/nothing")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["type"] == "not_found"
+
+
+async def test_models_lists_the_text_side(backend: EmbeddedBackend) -> None:
+    """GET /v1/models names the scripted model."""
+    body = (await backend.http_client().get("/v1/models")).json()
+    assert [m["id"] for m in body["data"]] == ["scripted"]
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        UsageError("f", "bad"),
+        ScopeViolation("c", "o"),
+        UnknownClaim("c"),
+        IllegalTransition("c", "expired", "materialized"),
+        ContractViolation("no"),
+    ],
+)
+def test_error_bodies_round_trip(exc: AgentClaimsError) -> None:
+    """Every exception the server maps comes back as the same type with the same fields."""
+    status, body = exception_error(exc)
+    assert status in (400, 403, 404, 409)
+    with pytest.raises(type(exc)) as info:
+        raise_for_error(status, body)
+    assert str(info.value) == str(exc)
+
+
+def test_unreadable_error_body_is_backend_error() -> None:
+    """An error without an agentclaims body is a BackendError."""
+    with pytest.raises(BackendError):
+        raise_for_error(500, "<html>")
+
+
+@given(
+    hits=st.integers(0, 50),
+    shortfall=st.integers(0, 50),
+    ids=st.lists(st.text(min_size=1, max_size=5), max_size=3),
+    retry=st.none() | st.floats(0, 100),
+)
+def test_wire_types_round_trip(
+    hits: int, shortfall: int, ids: list[str], retry: float | None
+) -> None:
+    """ActiveOutcome, ClaimDecision and ClaimView survive to_dict/from_dict unchanged."""
+    from agentclaims.contract import ArbiterAction, Decision, Feasibility
+
+    outcome = ActiveOutcome(
+        "r",
+        ArbiterAction.DEFER_ACTIVE,
+        Feasibility.FEASIBLE_AFTER_ACTIVE_DRAIN,
+        hit_blocks=hits,
+        blocking_claim_ids=tuple(ids),
+        shortfall_blocks=shortfall,
+        retry_after_s=retry,
+    )
+    assert ActiveOutcome.from_dict(outcome.to_dict()) == outcome
+    decision = ClaimDecision(
+        "c", Decision.CONDITIONALLY_ACCEPTED, ClaimState.ACCEPTED, None, None, {"ttl_s": 1.0}
+    )
+    assert ClaimDecision.from_dict(decision.to_dict()) == decision
+    view = ClaimView(
+        "c",
+        "o",
+        "p",
+        ProtectionMode.EXPIRING,
+        ClaimState.MATERIALIZED,
+        hits + 1,
+        hits,
+        True,
+        3,
+        None,
+        None,
+    )
+    assert ClaimView.from_dict(view.to_dict()) == view
+
+
+@pytest.mark.parametrize("kind", [ActiveOutcome, ClaimDecision, ClaimView])
+def test_wire_types_reject_garbage(kind: Any) -> None:
+    """Parsing a dict that is not the type's form is a UsageError."""
+    with pytest.raises(UsageError):
+        kind.from_dict({"action": "fly"})
