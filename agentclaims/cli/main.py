@@ -63,9 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--json", action="store_true")
     replay.add_argument("--plot", default=None, metavar="FILE.png")
     replay.set_defaults(module="bench_replay")
-    sdk = bench_sub.add_parser("sdk", help="SDK overhead per LLM call on a 1,000-node graph")
-    sdk.add_argument("--json", action="store_true")
-    sdk.set_defaults(module="bench_sdk")
     return parser
 
 
