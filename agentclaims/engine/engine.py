@@ -786,25 +786,29 @@ class KVEngine:
 
         evicted_before = self.stats.evicted_blocks
         blocks: list[Block] = []
+        policy_remove = self.policy.remove
         for i in range(hits):
             block = cached[block_hashes[i]]
             if block.ref_cnt == 0:
-                self._unpark(block)
+                if block.tier == ORDINARY:  # the common case, inlined from _unpark
+                    policy_remove(block)
+                else:
+                    self._unpark(block)
                 self._active_blocks += 1
             block.ref_cnt += 1
             blocks.append(block)
         restored_claims: dict[str, _Claim] = {}
+        cover, ended_cover, allocate = self._cover, self._ended_cover, self._allocate
         for i in range(hits, n):
             h = block_hashes[i]
-            block = self._allocate(request_id)
+            block = allocate(request_id)
             block.ref_cnt = 1
-            self._active_blocks += 1
             blocks.append(block)
             if h in cached:  # an orphan of a chain whose head was evicted: keep it unhashed
                 continue
             if i < hits + restores and h in host:
                 del host[h]
-                for claim in self._cover.get(h, ()):
+                for claim in cover.get(h, ()):
                     if claim.claim_id not in restored_claims:
                         restored_claims[claim.claim_id] = claim
                         self._emit(
@@ -816,12 +820,13 @@ class KVEngine:
                 continue
             block.block_hash = h
             cached[h] = block
-            self._arrived(h)
+            if h in cover or h in ended_cover:
+                self._arrived(h)
         for _ in range(extra_blocks):
-            block = self._allocate(request_id)
+            block = allocate(request_id)
             block.ref_cnt = 1
-            self._active_blocks += 1
             blocks.append(block)
+        self._active_blocks += n - hits + extra_blocks
         for claim in restored_claims.values():
             self._emit(EventName.RESIDENT_CLAIM_RESTORED, claim=claim, request_id=request_id)
         self._requests[request_id] = (blocks, admit)
@@ -930,14 +935,21 @@ class KVEngine:
         if entry is None:
             raise UsageError("request_id", f"no active request {request_id!r}")
         blocks, admit = entry
+        cover, free, insert = self._cover, self._free, self.policy.insert
+        released = 0
         for block in reversed(blocks):
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self._active_blocks -= 1
-                if block.block_hash is not None:
+                released += 1
+                h = block.block_hash
+                if h is None:
+                    free.append(block)
+                elif h in cover:  # claimed (protected hashes are covered too): find its tier
                     self._park(block)
-                else:
-                    self._free.append(block)
+                else:  # unclaimed: ordinary, inlined from _park
+                    block.tier = ORDINARY
+                    insert(block)
+        self._active_blocks -= released
         self._emit(
             EventName.FUTURE_REUSE_ADMITTED if admit else EventName.FUTURE_REUSE_DENIED,
             request_id=request_id,
