@@ -570,9 +570,12 @@ class KVEngine:
                 out.append(block)
         return out
 
-    def _attach(self, blocks: Iterable[Block]) -> None:
-        """Park detached blocks again, in the tiers their claims now give them."""
-        for block in blocks:
+    def _attach(self, blocks: Sequence[Block]) -> None:
+        """Park detached blocks again, in the tiers their claims now give them.
+
+        Tail first, as ``finish`` does: under LRU the prefix's head becomes the most recently
+        used, so a released prefix loses its tail before its reusable leading run."""
+        for block in reversed(blocks):
             self._park(block)
 
     # ------------------------------------------------------------------ losses
