@@ -52,8 +52,9 @@ class Backend(Protocol):
 
     async def release_claim(self, claim_id: str, owner_scope: str) -> ClaimView: ...
 
-    async def events(self, since: int = 0) -> list[ClaimEvent]:
-        """Events with ``seq`` greater than ``since``, in order."""
+    async def events(self, since: int = 0, *, id_prefix: str | None = None) -> list[ClaimEvent]:
+        """Events with ``seq`` greater than ``since``, in order; with ``id_prefix``, only those
+        whose claim id (else request id) starts with it (a session's own events)."""
         ...
 
     async def residency(self, prefix_ids: Sequence[str]) -> Mapping[str, int]:

@@ -149,11 +149,15 @@ class HTTPBackend:
         view: ClaimView = self._parse(ClaimView, data)
         return view
 
-    async def events(self, since: int = 0) -> list[ClaimEvent]:
-        """Every buffered event after ``since``, in order (fetched page by page)."""
+    async def events(self, since: int = 0, *, id_prefix: str | None = None) -> list[ClaimEvent]:
+        """Every buffered event after ``since``, in order (fetched page by page); with
+        ``id_prefix``, only those whose claim id (else request id) starts with it."""
         out: list[ClaimEvent] = []
         while True:
-            page = await self._call("GET", "/events", params={"since": since})
+            params: dict[str, Any] = {"since": since}
+            if id_prefix is not None:
+                params["id_prefix"] = id_prefix
+            page = await self._call("GET", "/events", params=params)
             out.extend(self._parse(ClaimEvent, e) for e in page.get("events", ()))
             if not page.get("more"):
                 return out

@@ -17,35 +17,48 @@ __all__ = ["run", "run_demo"]
 BLOCK_SIZE = 16
 
 
+def _service() -> Any:
+    from agentclaims.gateway.kv import ServiceTimes
+
+    # A mid-size model on one accelerator: recomputing a 1,000-token prefix costs ~0.1 s.
+    return ServiceTimes(prefill_s_per_token=100e-6, decode_s_per_token=2e-3)
+
+
 async def _one_mode(
     mode: str, workflows: int, blocks: int, seed: int, logs: Path
 ) -> dict[str, Any]:
     from langchain_core.messages import HumanMessage
 
     from agentclaims.backends.embedded import EmbeddedBackend
+
+    SERVICE = _service()
     from agentclaims.demo.workflows import build_supervisor, script, task_for
-    from agentclaims.session import ClaimedSession
+    from agentclaims.session import ClaimedSession, claimed_session
     from integrations.langchain_chat import chat_model
 
     backend = EmbeddedBackend(
-        num_blocks=blocks, block_size=BLOCK_SIZE, script=script, protected_cap_blocks=blocks // 2
+        num_blocks=blocks,
+        block_size=BLOCK_SIZE,
+        script=script,
+        protected_cap_blocks=blocks // 2,
+        service=SERVICE,
     )
-    model = chat_model(backend)
-    graph = build_supervisor(model)
+    claimed = claimed_session(
+        build_supervisor(chat_model(backend)),
+        backend=backend,
+        planner="default" if mode == "claims" else "off",
+        reaction="defer",
+        log_dir=logs / mode,
+        reload_s_per_block=SERVICE.prefill_s_per_token * BLOCK_SIZE,
+    )
     sessions: list[ClaimedSession] = []
 
     async def workflow(i: int) -> float:
         started = time.monotonic()
-        session = ClaimedSession(
-            backend,
-            workflow_id=f"{mode}-wf{i:02d}",
-            planner="default" if mode == "claims" else "off",
-            reaction="defer",
-            log_dir=logs / mode,
-        )
+        session = claimed.session(workflow_id=f"{mode}-wf{i:02d}")
         sessions.append(session)
         async with session:
-            await graph.ainvoke(
+            await claimed.compiled.ainvoke(
                 {"messages": [HumanMessage(task_for(i, seed))]}, {"recursion_limit": 60}
             )
         return time.monotonic() - started
@@ -61,7 +74,8 @@ async def _one_mode(
         "hit_ratio": round(cached / prompt, 4) if prompt else 0.0,
         "recomputed_tokens": prompt - cached,
         "prompt_tokens": prompt,
-        "refusals": stats.requests_refused + stats.claims_rejected,
+        "refusals": stats.requests_refused,
+        "claims_refused": stats.claims_rejected,
         "deferrals": sum(s.stats.deferrals for s in sessions),
         "true_harm": stats.true_harm,
         "completion_s": round(elapsed, 3),
@@ -78,7 +92,9 @@ async def run_demo(
     if workflows < 1:
         raise UsageError("workflows", f"must be >= 1, got {workflows}")
     logs = Path(logs)
-    blocks = 48 * workflows  # about a third of the working set (see docs/demo)
+    blocks = 48 * workflows
+    # warm up (imports, LangGraph and pydantic caches) so neither timed mode pays for it
+    await _one_mode("warmup", 1, blocks, seed, logs / ".warmup")  # about a third of the working set (see docs/demo)
     claims = await _one_mode("claims", workflows, blocks, seed, logs)
     lru = await _one_mode("lru", workflows, blocks, seed, logs)
     return {"claims": claims, "lru": lru, "logs": str(logs.resolve()), "kv_blocks": blocks}
@@ -88,7 +104,8 @@ def _table(result: dict[str, Any]) -> str:
     rows = [
         ("prefix hit ratio", "hit_ratio"),
         ("recomputed prompt tokens", "recomputed_tokens"),
-        ("refusals", "refusals"),
+        ("refused requests", "refusals"),
+        ("refused claims (relaxed)", "claims_refused"),
         ("deferrals", "deferrals"),
         ("true harm", "true_harm"),
         ("workflow completion (s, all)", "completion_s"),

@@ -785,7 +785,9 @@ class KVEngine:
                     pinned_resident += 1
         available = len(self._free) + self._evictable() - pinned_resident
         if needed > available:
-            return self._refuse_or_defer(request_id, needed, available, pinned_protected)
+            return self._refuse_or_defer(
+                request_id, needed, available, pinned_protected, n + extra_blocks
+            )
 
         evicted_before = self.stats.evicted_blocks
         blocks: list[Block] = []
@@ -869,14 +871,18 @@ class KVEngine:
                 claim.mark(h, True)
 
     def _refuse_or_defer(
-        self, request_id: str, needed: int, available: int, pinned_protected: int
+        self, request_id: str, needed: int, available: int, pinned_protected: int, total: int
     ) -> ActiveOutcome:
+        """Explain why ``needed`` new blocks (``total`` with the pinned hits) cannot be had now.
+
+        A refusal by hard claims that all carry a TTL still names them and refuses, but hints
+        when the first of them ends (``retry_after_s``)."""
         shortfall = needed - available
         blocking = self._blockers
         others_active = self._active_blocks
         expiring_only = len(self._tiers[EXPIRY_HELD])
         retry: float | None = None
-        if needed > self.num_blocks:
+        if total > self.num_blocks:
             action, feasibility = (
                 ArbiterAction.CAPACITY_REQUIRED,
                 Feasibility.INFEASIBLE_EXCEEDS_CAPACITY,
@@ -898,6 +904,8 @@ class KVEngine:
         else:
             action = ArbiterAction.REFUSE_ACTIVE
             feasibility = Feasibility.INFEASIBLE_PRESERVE_RESIDENT_AND_ACTIVE
+            if blocking and all(c.deadline_ns is not None for c in blocking.values()):
+                retry = self._seconds_to_expiry(blocking.values())
         ids = tuple(sorted(blocking))
         if action is ArbiterAction.DEFER_ACTIVE:
             self.stats.requests_deferred += 1

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agentclaims.backends.base import EXTENSION_KEY
-from agentclaims.contract import SCHEMA_VERSION, ClaimSpec
+from agentclaims.contract import SCHEMA_VERSION, ClaimEvent, ClaimSpec
 from agentclaims.engine import blake2b_hash
 from agentclaims.errors import AgentClaimsError, UsageError
 from agentclaims.gateway.kv import ActiveRequest, KVSide, ServeResult
@@ -296,14 +296,18 @@ class _Gateway:
     async def events(self, request: Request) -> Response:
         since = _int_param(request, "since", 0, 0, 2**62)
         limit = _int_param(request, "limit", 10_000, 1, 100_000)
+        id_prefix = request.query_params.get("id_prefix") or None
         events, last_seq = await self.kv.events(since, limit)
         gap = events[0].seq > since + 1 if events else last_seq > since
+        scanned_to = events[-1].seq if events else since
+        if id_prefix is not None:
+            events = [e for e in events if _owned_by(e, id_prefix)]
         return JSONResponse(
             {
                 "events": [e.to_dict() for e in events],
                 "last_seq": last_seq,
-                "next_since": events[-1].seq if events else since,
-                "more": bool(events) and events[-1].seq < last_seq,
+                "next_since": scanned_to,
+                "more": scanned_to < last_seq,
                 "gap": gap,
             }
         )
@@ -393,3 +397,9 @@ def create_app(kv: KVSide, text: TextSide, *, name: str = "agentclaims-gateway")
     )
     app.state.gateway = gw
     return app
+
+
+def _owned_by(event: ClaimEvent, id_prefix: str) -> bool:
+    """Whether an event concerns ids starting with ``id_prefix`` (its claim, else its request)."""
+    key = event.claim_id if event.claim_id is not None else event.request_id
+    return key is not None and key.startswith(id_prefix)

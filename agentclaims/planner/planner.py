@@ -133,7 +133,7 @@ class PlannerPolicy:
     allow_hard: bool = True
     allow_expiring: bool = True
     use_soft: bool = False
-    default_ttl_s: float = 3.0
+    default_ttl_s: float = 1.0
     """TTL of an expiring claim when neither a wait nor a cost-benefit TTL is known."""
     ttl_margin: float = 1.5
     """A TTL covers the predicted wait times this margin (tool times vary)."""

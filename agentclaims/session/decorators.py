@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar, overload
 
 from agentclaims.errors import UsageError
+from agentclaims.graph import ToolTimeModel
 from agentclaims.session.session import ClaimedSession
 
 __all__ = ["ClaimedGraph", "claimed_session"]
@@ -18,7 +19,8 @@ T = TypeVar("T")
 
 
 def _is_compiled_graph(obj: object) -> bool:
-    return all(hasattr(obj, name) for name in ("ainvoke", "astream", "get_graph", "builder"))
+    """A compiled LangGraph graph: a ``StateGraph``'s or a functional ``@entrypoint``'s."""
+    return all(hasattr(obj, name) for name in ("ainvoke", "astream", "get_graph"))
 
 
 class ClaimedGraph:
@@ -26,7 +28,8 @@ class ClaimedGraph:
 
     ``ainvoke``/``astream`` behave like the graph's; ``invoke`` runs ``ainvoke`` on a fresh
     event loop (call it from synchronous code only). ``aeg`` is the Agent Execution Graph
-    extracted from the graph (a copy per run learns the run's real transitions).
+    extracted from the graph and ``tool_times`` the waits learned so far: both are shared by
+    every run, so transition probabilities and tool times are learned across runs.
     """
 
     def __init__(self, compiled: Any, options: dict[str, Any]) -> None:
@@ -35,11 +38,13 @@ class ClaimedGraph:
         self.compiled = compiled
         self.options = options
         self.aeg = aeg_from_langgraph(compiled)
+        self.tool_times = options.pop("tool_times", None) or ToolTimeModel(prior_mean_s=0.1)
         self.last_session: ClaimedSession | None = None
 
     def session(self, **overrides: Any) -> ClaimedSession:
         options = {**self.options, **overrides}
-        options.setdefault("graph", self.aeg.copy())
+        options.setdefault("graph", self.aeg)
+        options.setdefault("tool_times", self.tool_times)
         backend = options.pop("backend")
         session = ClaimedSession(backend, **options)
         self.last_session = session

@@ -175,7 +175,8 @@ class ClaimedSession:
         self._backend: Backend | None = None if self.pool is not None else backend  # type: ignore[assignment]
         self._tracker: SteTracker | None = None
         self._last_node: str = START
-        self._pending_tools: dict[str, list[str]] = {}
+        self._step_base: dict[str, int] = {}  # graph level -> first LangGraph step seen
+        self._waiting: dict[str, tuple[str, float]] = {}  # node -> (wait key, since)
         self._log_dir = None if log_dir is None else Path(log_dir)
         self._log_stream = log_stream
         self.log: WorkflowLog | None = None
@@ -184,6 +185,7 @@ class ClaimedSession:
         self._closed = False
         self._lock = asyncio.Lock()
         self._event_cursor: dict[str, int] = {}
+        self._background: asyncio.Future[None] | None = None
         self._requests = itertools.count(1)
 
     # ------------------------------------------------------------------ lifecycle
@@ -229,7 +231,13 @@ class ClaimedSession:
             raise cause from exc
 
     async def release_all(self) -> None:
-        """Release every claim this session holds (idempotent)."""
+        """Release every claim this session holds (idempotent), after claim work in flight."""
+        try:
+            await self.settle()
+        finally:
+            await self._release_held()
+
+    async def _release_held(self) -> None:
         held = list(self.claims.values())
         self.claims.clear()
         for claim in held:
@@ -267,16 +275,40 @@ class ClaimedSession:
 
     def _enter_node(self, node: str, kind: str = "agent") -> None:
         graph = self.graph
-        if node not in graph.nx_graph:
+        if node not in graph:
             graph.add_node(node, kind=kind)  # type: ignore[arg-type]
-        if self._last_node != node or kind == "agent":
-            if self._last_node not in graph.nx_graph:
-                graph.add_node(self._last_node, kind="tool")
-            graph.observe_transition(self._last_node, node)
+        last = self._last_node
+        if last != node or kind == "agent":
+            if last not in graph:
+                graph.add_node(last, kind="tool")
+            via = self._tool_step_between(last, node)
+            if via is not None:
+                graph.observe_transition(last, via)
+                last = via
+            graph.observe_transition(last, node)
         self._last_node = node
+
+    def _tool_step_between(self, source: str, target: str) -> str | None:
+        """The tool step an unseen ``source -> target`` went through, if the graph has one.
+
+        Tool steps (a ``ToolNode``) make no LLM call, so the session does not see them run; a
+        call of ``target`` right after ``source`` with no edge between them, where the graph has
+        ``source -> tool -> target``, went through that tool step.
+        """
+        graph = self.graph
+        if target not in graph or graph.has_edge(source, target):
+            return None
+        for via in graph.successors(source):
+            if graph.node_kind(via) == "tool" and graph.has_edge(via, target):
+                return via
+        return None
 
     def before_call(self, node: str, step: int | None = None) -> dict[str, Any]:
         """Bookkeeping before an LLM call by ``node``; returns the request's extension object."""
+        waited = self._waiting.pop(node, None)
+        if waited is not None:
+            key, since = waited
+            self.tool_times.observe(key, max(0.0, self.clock() - since))
         self._enter_node(node)
         if not self.graph.prefixes_of(node):
             self.graph.add_node(node, kind="agent", prefixes=[f"node:{node}"])
@@ -286,9 +318,17 @@ class ClaimedSession:
             "workflow_id": self.workflow_id,
             "owner_scope": self.owner_scope,
             "node": node,
-            "step": step,
+            "step": self._relative_step(node, step),
             "request_id": f"{self.session_id}-r{next(self._requests)}",
         }
+
+    def _relative_step(self, node: str, step: object) -> int | None:
+        """``step`` counted from this run's first step at ``node``'s graph level: LangGraph's
+        ``langgraph_step`` counts on across runs of one thread and restarts in subgraphs."""
+        if isinstance(step, bool) or not isinstance(step, int):
+            return None
+        base = self._step_base.setdefault(node.rpartition(":")[0], step)
+        return max(0, step - base)
 
     async def after_call(
         self,
@@ -310,7 +350,7 @@ class ClaimedSession:
         prefix_ids = extension.get("prefix_ids") or {}
         sequence = prefix_ids.get("sequence") or prefix_ids.get("prompt")
         tracker = self._tracker_for_graph()
-        ste = tracker.node_ste(node) if node in self.graph.nx_graph else float("inf")
+        ste = tracker.node_ste(node) if node in self.graph else float("inf")
         if self.log is not None:
             self.log.llm_call(
                 node=node,
@@ -323,35 +363,51 @@ class ClaimedSession:
                 step=None,
                 ste=ste,
             )
-        self._pending_tools[node] = list(tool_names)
-        async with self._lock:
-            await self._replan(node, sequence, tool_names)
-            await self._revise_others(node)
-        await self._drain_events()
+        self._waiting[node] = (_wait_key(node, tool_names), self.clock())
+        previous = self._background
+
+        async def replan() -> None:
+            if previous is not None:
+                await previous
+            async with self._lock:
+                await self._replan(node, sequence, tool_names)
+                await self._revise_others(node)
+
+        # the claim round trips overlap with what the workflow does next (tools, other nodes);
+        # the next LLM call waits for them (``settle``)
+        self._background = asyncio.ensure_future(replan())
+
+    async def settle(self) -> None:
+        """Wait for claim work still in flight; re-raises its error (e.g. ``ClaimRefused``)."""
+        task, self._background = self._background, None
+        if task is not None:
+            await task
 
     def _context(self, node: str, prefix_id: str, tool_names: Sequence[str]) -> PrefixContext:
         """What we know about ``node``'s next call, seen from the step after this call."""
         graph = self.graph
         tracker = self._tracker_for_graph()
-        succ = [s for s in graph.successors(node) if s != END] if node in graph.nx_graph else []
+        succ = [s for s in graph.successors(node) if s != END] if node in graph else []
         footprint = footprint_of(prefix_id)
+        reload_s = footprint * self.reload_s_per_block
+        key = _wait_key(node, tool_names)
+        wait = self.tool_times.predict(key) if self.tool_times.count(key) else None
+        ttl = (
+            self.tool_times.ttl(key, queue_delay_s=self.queue_delay_s, reload_s=reload_s)
+            if wait is not None or tool_names
+            else None
+        )
         if tool_names:
             waiting = "tool"
-            wait = max(self.tool_times.predict(t) for t in tool_names)
-            reload_s = footprint * self.reload_s_per_block
-            ttl = max(
-                self.tool_times.ttl(t, queue_delay_s=self.queue_delay_s, reload_s=reload_s)
-                for t in tool_names
-            )
+            if wait is None:
+                wait = self.tool_times.predict(key)  # the prior, until the tool has a history
             reuse_p, ste = 1.0, 1.0  # the tool result comes back to this very agent
         else:
             frontier = succ or [END]
             tracker.advance(frontier)
             ste = tracker.node_ste(node)
-            reuse = tracker.node_reuse(node)
-            reuse_p = reuse.probability
+            reuse_p = tracker.node_reuse(node).probability
             waiting = "human" if not succ else "llm"
-            wait, ttl = None, None
         return PrefixContext(
             prefix_id=prefix_id,
             footprint_blocks=footprint,
@@ -362,18 +418,21 @@ class ClaimedSession:
             ttl_s=ttl,
         )
 
+    def plan_after_call(
+        self, node: str, prefix_id: str, tool_names: Sequence[str] = ()
+    ) -> tuple[PrefixContext, ClaimPlan]:
+        """The claim to hold on ``node``'s prefix after its call (pure planning, no I/O)."""
+        ctx = self._context(node, prefix_id, tool_names)
+        return ctx, self.planner.plan(ctx)
+
     async def _replan(self, node: str, prefix_id: str | None, tool_names: Sequence[str]) -> None:
         old = self.claims.pop(node, None)
-        plan = ClaimPlan(None, reason="no prefix") if not prefix_id else None
-        ctx = None
         if prefix_id:
-            ctx = self._context(node, prefix_id, tool_names)
-            plan = self.planner.plan(ctx)
-        assert plan is not None
-        if plan.mode is not None and ctx is not None and prefix_id:
-            held = await self._submit(node, prefix_id, plan, ctx)
-            if held is not None:
-                self.claims[node] = held
+            ctx, plan = self.plan_after_call(node, prefix_id, tool_names)
+            if plan.mode is not None:
+                held = await self._submit(node, prefix_id, plan, ctx)
+                if held is not None:
+                    self.claims[node] = held
         if old is not None:
             await self._release(old, reason="superseded")
 
@@ -381,7 +440,7 @@ class ClaimedSession:
         """Release or relax claims of other nodes whose reuse became unlikely."""
         tracker = self._tracker_for_graph()
         for other, held in list(self.claims.items()):
-            if other == node or other not in self.graph.nx_graph:
+            if other == node or other not in self.graph:
                 continue
             reuse = tracker.node_reuse(other)
             ctx = PrefixContext(
@@ -496,14 +555,11 @@ class ClaimedSession:
         backends = self.pool.backends if self.pool is not None else [self.backend]
         for backend in backends:
             since = self._event_cursor.get(backend.name, 0)
-            events = await backend.events(since)
-            for ev in events:
+            for ev in await backend.events(since, id_prefix=self.session_id):
                 self._event_cursor[backend.name] = max(
                     self._event_cursor.get(backend.name, 0), ev.seq
                 )
-                mine = ev.claim_id if ev.claim_id is not None else ev.request_id
-                if mine is not None and mine.startswith(self.session_id):
-                    self.log.claim_event(ev, backend=backend.name)
+                self.log.claim_event(ev, backend=backend.name)
 
     async def relax_claims(self, claim_ids: Sequence[str]) -> int:
         """Downgrade this session's claims among ``claim_ids`` one mode each; how many."""
@@ -538,6 +594,7 @@ class ClaimedSession:
         """Hold the calling agent's prefix claim across a tool call; record its real duration."""
         if not isinstance(tool, str) or not tool:
             raise UsageError("tool", f"must be a non-empty string, got {tool!r}")
+        await self.settle()
         agent = node or (self._last_node if self._last_node not in (START, END) else "agent")
         held = self.claims.get(agent)
         predicted = self.tool_times.predict(tool)
@@ -555,6 +612,7 @@ class ClaimedSession:
         finally:
             duration = max(0.0, self.clock() - started)
             self.tool_times.observe(tool, duration)
+            self._waiting.pop(agent, None)  # measured here; not again as a gap at the next call
             self.stats.tool_calls += 1
             if self.log is not None:
                 self.log.tool_call(
@@ -573,6 +631,11 @@ class ClaimedSession:
     def _log_reaction(self, kind: str, **fields: Any) -> None:
         if self.log is not None:
             self.log.reaction(kind, **fields)
+
+
+def _wait_key(node: str, tool_names: Sequence[str]) -> str:
+    """What the gap until ``node``'s next call is learned under: its tools, or the node."""
+    return "+".join(sorted(set(tool_names))) if tool_names else f"node:{node}"
 
 
 def _looks_like_backend(obj: object) -> bool:

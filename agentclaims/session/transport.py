@@ -60,6 +60,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         metadata = _langgraph_metadata()
         node = session.current_node(metadata)
         step = None if metadata is None else metadata.get("langgraph_step")
+        await session.settle()
         ext = session.before_call(node, step)
         body[EXTENSION_KEY] = {**(body.get(EXTENSION_KEY) or {}), **ext}
         started = session.clock()

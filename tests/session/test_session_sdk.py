@@ -107,6 +107,9 @@ async def test_exception_inside_workflow_releases_claims(tool_backend):
         await client.chat.completions.create(
             model="scripted", messages=[{"role": "user", "content": "x " * 100}]
         )
+        session = current_session()
+        assert session is not None
+        await session.settle()  # the claim round trip runs in the background until settled
         assert live_claims(backend)
         raise RuntimeError("tool crashed")
 
