@@ -90,7 +90,7 @@ class AgentExecutionGraph:
     caches of steps-to-execution can key on it.
     """
 
-    __slots__ = ("_g", "_smoothing", "_warnings", "structure_version", "version")
+    __slots__ = ("_count_log", "_g", "_smoothing", "_warnings", "structure_version", "version")
 
     def __init__(self, *, smoothing: float = 1.0) -> None:
         if not isinstance(smoothing, int | float) or not math.isfinite(smoothing) or smoothing <= 0:
@@ -100,6 +100,7 @@ class AgentExecutionGraph:
         self._warnings: list[GraphWarning] = []
         self.version = 0
         self.structure_version = 0
+        self._count_log: list[str] = []  # sources whose counts changed, in order
         self._g.add_node(START, **_node_attrs("start", frozenset()))
         self._g.add_node(END, **_node_attrs("end", frozenset()))
 
@@ -197,20 +198,27 @@ class AgentExecutionGraph:
         ``(count + smoothing) / (total + smoothing * n_choices)``; with no observations they
         split uniformly. A node with no successors (such as ``__end__``) gives ``{}``.
         """
+        plain, choice = self.split_transitions(node)
+        return {**dict.fromkeys(plain, 1.0), **choice}
+
+    def split_transitions(self, node: str) -> tuple[list[str], dict[str, float]]:
+        """``transition_probabilities`` split in two: the plain successors (all run) and the
+        choice successors with their probabilities."""
         self._node(node)
-        out: dict[str, float] = {}
+        plain: list[str] = []
         choice: list[tuple[str, int]] = []
         for _, target, data in self._g.out_edges(node, data=True):
             if data["kind"] == "plain":
-                out[target] = 1.0
+                plain.append(target)
             else:
                 choice.append((target, data["count"]))
+        probs: dict[str, float] = {}
         if choice:
             alpha = self._smoothing
             denominator = sum(c for _, c in choice) + alpha * len(choice)
             for target, count in choice:
-                out[target] = (count + alpha) / denominator
-        return out
+                probs[target] = (count + alpha) / denominator
+        return plain, probs
 
     # ------------------------------------------------------------------ building
 
@@ -327,6 +335,8 @@ class AgentExecutionGraph:
         if self._g.nodes[source]["targets_unknown"]:
             self._g.nodes[source]["targets_unknown"] = False
             structure = True
+        if not structure:
+            self._count_log.append(source)
         self._changed(structure=structure)
 
     def observe_run(self, path: Sequence[str]) -> None:
@@ -452,6 +462,13 @@ class AgentExecutionGraph:
             raise UsageError(field or "source", f"{END} has no successors")
         if target == START:
             raise UsageError(field or "target", f"{START} has no predecessors")
+
+    def counts_changed(self, since: int = 0) -> tuple[list[str], int]:
+        """Nodes whose out-edge counts changed (without a structure change) since position
+        ``since`` of the change log, and the log's current position. With
+        ``structure_version``, this tells a cache which ``transition_probabilities`` changed."""
+        log = self._count_log
+        return log[since:], len(log)
 
     def _changed(self, *, structure: bool) -> None:
         self.version += 1

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -121,13 +121,17 @@ class _Structure:
     wildcard: list[bool]
     prefix_users: dict[str, frozenset[int]]
     start: int
+    preds: list[tuple[int, ...]]
+    """Predecessors over every edge kind (for searches backwards from reuse targets)."""
 
 
 def _compile_structure(graph: AgentExecutionGraph) -> _Structure:
     names = graph.nodes
     index = {n: i for i, n in enumerate(names)}
     or_succ: list[list[int]] = [[] for _ in names]
+    preds: list[list[int]] = [[] for _ in names]
     for u, v, _kind, _count in graph.edges():
+        preds[index[v]].append(index[u])
         if not graph.is_join_edge(u, v):
             or_succ[index[u]].append(index[v])
     group_target: list[int] = []
@@ -157,6 +161,7 @@ def _compile_structure(graph: AgentExecutionGraph) -> _Structure:
         wildcard=[graph.targets_unknown(n) for n in names],
         prefix_users={p: frozenset(index[u] for u in us) for p, us in graph.prefix_users().items()},
         start=index[START],
+        preds=[tuple(p) for p in preds],
     )
 
 
@@ -305,7 +310,11 @@ def _hit_table(chain: _Chain, targets: frozenset[int], horizon: int) -> list[lis
     return table
 
 
-def _combine(table: list[list[float]], frontier: frozenset[int], horizon: int) -> Reuse:
+def _combine(
+    table: Sequence[Sequence[float]] | Sequence[Mapping[int, float]],
+    frontier: frozenset[int],
+    horizon: int,
+) -> Reuse:
     """Frontier-level reuse from a hit table (independent frontier branches)."""
     cumulative = []
     for k in range(horizon + 1):
@@ -404,6 +413,13 @@ class _Caches:
         default_factory=dict
     )
     tables: dict[tuple[frozenset[int], int], list[list[float]]] = field(default_factory=dict)
+    rows: dict[int, tuple[tuple[int, ...], tuple[tuple[int, float], ...], tuple[int, ...]]] = field(
+        default_factory=dict
+    )
+    log_pos: int = 0
+    join_targets: frozenset[int] = frozenset()
+    any_wildcard: bool = False
+    backward: dict[tuple[frozenset[int], int], dict[int, int]] = field(default_factory=dict)
 
 
 class SteTracker:
@@ -451,7 +467,7 @@ class SteTracker:
         self._c = self._caches()
         self._frontier = _frontier_indices(self._c.structure, frontier)
         self._satisfied: frozenset[tuple[int, int]] = frozenset()
-        self._snapshot = self._lookup()
+        self._snapshot: SteSnapshot | None = None  # computed when first asked for
 
     @property
     def graph(self) -> AgentExecutionGraph:
@@ -466,12 +482,16 @@ class SteTracker:
     @property
     def frontier(self) -> frozenset[str]:
         """The nodes about to run or running."""
-        return self.snapshot.frontier
+        self._fresh()
+        names = self._c.structure.names
+        return frozenset(names[i] for i in self._frontier)
 
     @property
     def snapshot(self) -> SteSnapshot:
         """STE of every node and prefix for the current frontier."""
         self._fresh()
+        if self._snapshot is None:
+            self._snapshot = self._lookup()
         return self._snapshot
 
     @property
@@ -494,12 +514,60 @@ class SteTracker:
             satisfied = self._update_satisfied(s, old, new, satisfied)
         self._frontier = new
         self._satisfied = satisfied
-        self._snapshot = self._lookup()
-        return self._snapshot
+        self._snapshot = None
+        return self.snapshot
+
+    def move(self, frontier: Iterable[str]) -> None:
+        """``advance`` without building the snapshot (for callers that ask about few nodes)."""
+        self._fresh()
+        s = self._c.structure
+        new = _frontier_indices(s, frontier)
+        if s.group_target and (self._satisfied or self._frontier):
+            self._satisfied = self._update_satisfied(s, self._frontier, new, self._satisfied)
+        self._frontier = new
+        self._snapshot = None
 
     def node_ste(self, node: str) -> float:
-        """STE of ``node`` for the current frontier."""
+        """STE of ``node`` for the current frontier.
+
+        Without a snapshot at hand, a search bounded by the horizon answers when it can (no
+        AND-join and no node of unknown targets on the way); otherwise the full snapshot does."""
+        self._fresh()
+        if self._snapshot is None and not self._satisfied:
+            cached = self._c.snapshots.get((self._frontier, _NO_PAIRS))
+            if cached is not None:
+                self._snapshot = cached
+            else:
+                s = self._c.structure
+                if node not in s.index:
+                    raise UsageError("node", f"unknown node {node!r}")
+                found = self._bounded_ste(s.index[node])
+                if found is not None:
+                    return found
         return self.snapshot.node(node)
+
+    def _bounded_ste(self, target: int) -> float | None:
+        s = self._c.structure
+        if target in self._frontier:
+            return 0.0
+        joins = self._c.join_targets
+        seen = set(self._frontier)
+        layer = list(self._frontier)
+        for depth in range(1, self._horizon + 1):
+            nxt = []
+            for u in layer:
+                if s.wildcard[u]:
+                    return None
+                for v in s.or_succ[u]:
+                    if v in joins:
+                        return None
+                    if v not in seen:
+                        if v == target:
+                            return float(depth)
+                        seen.add(v)
+                        nxt.append(v)
+            layer = nxt
+        return None
 
     def prefix_ste(self, prefix_id: str) -> float:
         """STE of ``prefix_id`` for the current frontier."""
@@ -553,7 +621,13 @@ class SteTracker:
     def _caches(self) -> _Caches:
         self._structure_version = self._graph.structure_version
         self._version = self._graph.version
-        return _Caches(structure=_compile_structure(self._graph))
+        structure = _compile_structure(self._graph)
+        return _Caches(
+            structure=structure,
+            join_targets=frozenset(structure.group_target),
+            any_wildcard=any(structure.wildcard),
+            log_pos=self._graph.counts_changed(2**62)[1],  # rows start fresh: skip the log
+        )
 
     def _refresh(self) -> None:
         names = [self._c.structure.names[i] for i in self._frontier]
@@ -569,7 +643,7 @@ class SteTracker:
         for t, m in satisfied:
             by_target.setdefault(old.names[t], set()).add(m)
         self._satisfied = _satisfied_pairs(s, by_target)
-        self._snapshot = self._lookup()
+        self._snapshot = None
 
     def _update_satisfied(
         self,
@@ -650,4 +724,113 @@ class SteTracker:
     def _reuse(self, targets: frozenset[int], horizon: int) -> Reuse:
         if not self._frontier.isdisjoint(targets):
             return Reuse(1.0, 0.0, horizon)
-        return _combine(self._table(targets, horizon), self._frontier, horizon)
+        self._sync_rows()
+        ball = self._ball(horizon) if self._c.any_wildcard else self._relevant(targets, horizon)
+        if ball is None:  # a node with unknown targets may go anywhere: use the whole chain
+            return _combine(self._table(targets, horizon), self._frontier, horizon)
+        return _combine(self._ball_table(ball, targets, horizon), self._frontier, horizon)
+
+    def _row(
+        self, u: int
+    ) -> tuple[tuple[int, ...], tuple[tuple[int, float], ...], tuple[int, ...]]:
+        """Node ``u``'s plain successors, choice successors with probabilities, and all of
+        them (cached; ``_sync_rows`` drops the rows whose counts changed)."""
+        row = self._c.rows.get(u)
+        if row is None:
+            graph, s = self._graph, self._c.structure
+            name = s.names[u]
+            plain_names, probs = graph.split_transitions(name)
+            plain = tuple(s.index[v] for v in plain_names)
+            choice = tuple((s.index[v], p) for v, p in probs.items())
+            row = self._c.rows[u] = (plain, choice, (*plain, *(v for v, _ in choice)))
+        return row
+
+    def _sync_rows(self) -> None:
+        changed, self._c.log_pos = self._graph.counts_changed(self._c.log_pos)
+        if changed:
+            index, rows = self._c.structure.index, self._c.rows
+            for name in changed:
+                rows.pop(index[name], None)
+
+    def _ball(self, horizon: int) -> dict[int, int] | None:
+        """Nodes within ``horizon`` steps of the frontier, with their distance (``None`` if a
+        node of unknown targets can still move). Nothing farther affects a reuse within the
+        horizon."""
+        wildcard = self._c.structure.wildcard
+        dist = dict.fromkeys(self._frontier, 0)
+        layer = list(self._frontier)
+        for depth in range(1, horizon + 1):
+            nxt = []
+            for u in layer:
+                if wildcard[u]:
+                    return None
+                for v in self._row(u)[2]:
+                    if v not in dist:
+                        dist[v] = depth
+                        nxt.append(v)
+            layer = nxt
+        return dist
+
+    def _relevant(self, targets: frozenset[int], horizon: int) -> dict[int, int]:
+        """Nodes on some frontier-to-target walk of at most ``horizon`` steps, with their
+        distance from the frontier: a backward search from the targets bounds the forward one.
+        Every other node's hit probability is exactly 0 where the frontier could read it."""
+        back = self._c.backward.get((targets, horizon))
+        if back is None:  # depends on the structure only: cached until it changes
+            preds = self._c.structure.preds
+            back = dict.fromkeys(targets, 0)
+            layer = list(targets)
+            for depth in range(1, horizon + 1):
+                nxt = []
+                for v in layer:
+                    for u in preds[v]:
+                        if u not in back:
+                            back[u] = depth
+                            nxt.append(u)
+                layer = nxt
+            if len(self._c.backward) >= self._cache_size:
+                del self._c.backward[next(iter(self._c.backward))]
+            self._c.backward[(targets, horizon)] = back
+        dist = {f: 0 for f in self._frontier if f in back}
+        layer = list(dist)
+        for depth in range(1, horizon + 1):
+            nxt = []
+            for u in layer:
+                for v in self._row(u)[2]:
+                    if v not in dist and v in back and depth + back[v] <= horizon:
+                        dist[v] = depth
+                        nxt.append(v)
+            layer = nxt
+        for f in self._frontier:
+            dist.setdefault(f, 0)
+        return dist
+
+    def _ball_table(
+        self, ball: dict[int, int], targets: frozenset[int], horizon: int
+    ) -> list[dict[int, float]]:
+        """``_hit_table`` restricted to what the frontier can read: with ``k`` steps left,
+        only nodes at distance ``<= horizon - k`` (anything else counts as 0, never read)."""
+        current = {u: 1.0 if u in targets else 0.0 for u in ball}
+        table = [current]
+        rows = self._c.rows  # the searches that built ``ball`` loaded every row read below
+        for k in range(1, horizon + 1):
+            prev = current
+            current = {}
+            reach = horizon - k
+            for u, d in ball.items():
+                if d > reach:
+                    continue
+                if u in targets:
+                    current[u] = 1.0
+                    continue
+                row = rows.get(u)
+                plain, choice, _ = row if row is not None else self._row(u)
+                miss = 1.0
+                for v in plain:
+                    miss *= 1.0 - prev.get(v, 0.0)
+                hit = 0.0
+                for v, q in choice:
+                    hit += q * prev.get(v, 0.0)
+                current[u] = 1.0 - miss * (1.0 - hit)
+            table.append(current)
+        return table

@@ -18,7 +18,8 @@ them at once and retries.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
@@ -109,15 +110,27 @@ class ReactionPolicy:
     def with_(self, **changes: Any) -> ReactionPolicy:
         return replace(self, **changes)
 
-    def retrying(self, sleep: Any, before_sleep: Any = None) -> tenacity.AsyncRetrying:
-        """The tenacity loop that waits out deferrals (``RetryRequested`` exceptions)."""
+    def retrying(
+        self, sleep: Any, before_sleep: Any = None, clock: Callable[[], float] = time.monotonic
+    ) -> tenacity.AsyncRetrying:
+        """The tenacity loop that waits out deferrals (``RetryRequested`` exceptions); the
+        deadline is measured on ``clock`` (the session's, so tests inject it with ``sleep``)."""
+        started = clock()
+
+        def past_deadline(state: tenacity.RetryCallState) -> bool:
+            """Stop at the deadline, or now when the server's Retry-After would cross it."""
+            elapsed = clock() - started
+            exc = state.outcome.exception() if state.outcome is not None else None
+            asked = exc.retry_after_s if isinstance(exc, RetryRequested) else None
+            return elapsed >= self.deadline_s or elapsed + (asked or 0.0) > self.deadline_s
+
         backoff = tenacity.wait_exponential_jitter(
             multiplier=self.initial_delay_s, max=self.max_delay_s, jitter=self.jitter_s
         )
         return tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(RetryRequested),
             wait=RetryAfterWait(backoff),
-            stop=tenacity.stop_after_delay(self.deadline_s),
+            stop=past_deadline,
             sleep=sleep,
             before_sleep=before_sleep,
             reraise=True,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import structlog
 
 from agentclaims.contract import CacheIdentity, ClaimSpec, ProtectionMode
-from agentclaims.errors import ClaimOutcomeError, ClaimRefused, UsageError
+from agentclaims.errors import BackendUnavailable, ClaimOutcomeError, ClaimRefused, UsageError
 from agentclaims.graph import END, START, AgentExecutionGraph, SteTracker, ToolTimeModel
 from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_mode
 from agentclaims.session.reactions import ReactionPolicy
@@ -176,6 +176,7 @@ class ClaimedSession:
         self._tracker: SteTracker | None = None
         self._last_node: str = START
         self._step_base: dict[str, int] = {}  # graph level -> first LangGraph step seen
+        self._last_step: int | None = None  # LangGraph step of the last call
         self._waiting: dict[str, tuple[str, float]] = {}  # node -> (wait key, since)
         self._log_dir = None if log_dir is None else Path(log_dir)
         self._log_stream = log_stream
@@ -309,10 +310,15 @@ class ClaimedSession:
         if waited is not None:
             key, since = waited
             self.tool_times.observe(key, max(0.0, self.clock() - since))
-        self._enter_node(node)
+        # a call of the node that just called, unanswered or in the same LangGraph step, is a
+        # parallel task (a Send fan-out), not a transition
+        same_step = step is not None and step == self._last_step
+        if node != self._last_node or (waited is not None and not same_step):
+            self._enter_node(node)
+        self._last_step = step
         if not self.graph.prefixes_of(node):
             self.graph.add_node(node, kind="agent", prefixes=[f"node:{node}"])
-        self._tracker_for_graph().advance({node})
+        self._tracker_for_graph().move({node})
         return {
             "session_id": self.session_id,
             "workflow_id": self.workflow_id,
@@ -404,7 +410,7 @@ class ClaimedSession:
             reuse_p, ste = 1.0, 1.0  # the tool result comes back to this very agent
         else:
             frontier = succ or [END]
-            tracker.advance(frontier)
+            tracker.move(frontier)
             ste = tracker.node_ste(node)
             reuse_p = tracker.node_reuse(node).probability
             waiting = "human" if not succ else "llm"
@@ -644,11 +650,12 @@ def _looks_like_backend(obj: object) -> bool:
     )
 
 
-def _claim_error_in(exc: BaseException | None) -> ClaimOutcomeError | None:
-    """A ClaimOutcomeError raised below the OpenAI client arrives wrapped: find it."""
+def _claim_error_in(exc: BaseException | None) -> ClaimOutcomeError | BackendUnavailable | None:
+    """A ClaimOutcomeError or BackendUnavailable raised below the OpenAI client arrives
+    wrapped: find it."""
     seen = 0
     while exc is not None and seen < 8:
-        if isinstance(exc, ClaimOutcomeError):
+        if isinstance(exc, ClaimOutcomeError | BackendUnavailable):
             return exc
         exc = exc.__cause__ or exc.__context__
         seen += 1

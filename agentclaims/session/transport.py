@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import httpx2
 
 from agentclaims.backends.base import EXTENSION_KEY
-from agentclaims.errors import ClaimRefused, DeadlineExceeded
+from agentclaims.errors import BackendUnavailable, ClaimRefused, DeadlineExceeded
 from agentclaims.session.reactions import Outcome, RetryRequested
 from agentclaims.session.session import ClaimedSession, current_session
 
@@ -99,7 +99,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             )
 
         try:
-            async for attempt in session.reaction.retrying(session.sleep, before_sleep):
+            async for attempt in session.reaction.retrying(session.sleep, before_sleep, session.clock):
                 with attempt:
                     response = await self._forward(session.backend, request, suffix, body)
                     if response.status_code in (409, 503):
@@ -177,4 +177,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         ]
         content = json.dumps(body).encode() if body is not None else await request.aread()
         outgoing = client.build_request(request.method, url, headers=headers, content=content)
-        return await client.send(outgoing)
+        try:
+            return await client.send(outgoing)
+        except httpx2.TransportError as exc:
+            raise BackendUnavailable(f"backend {backend.name!r} unreachable: {exc!r}") from exc

@@ -230,4 +230,5 @@ def test_tracker_precompute_fills_single_node_frontiers() -> None:
     """precompute warms one snapshot per node not cached yet."""
     g = _chain()
     tracker = SteTracker(g, ["a"])
+    assert tracker.snapshot.node("a") == 0  # the current frontier's snapshot is now cached
     assert tracker.precompute() == len(g) - 1
