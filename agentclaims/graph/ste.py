@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from agentclaims.errors import UsageError
-from agentclaims.graph.aeg import START, AgentExecutionGraph
+from agentclaims.graph.aeg import END, START, AgentExecutionGraph
 
 __all__ = [
     "Reuse",
@@ -546,10 +546,37 @@ class SteTracker:
                     return found
         return self.snapshot.node(node)
 
+    def near_ste(self, node: str) -> float:
+        """STE of ``node`` if it is at most the horizon, else ``horizon + 1`` (meaning "farther
+        than the horizon, or unreachable"): exact where decisions depend on it, and never
+        more than a bounded search, so it is cheap on any graph. A snapshot at hand is used
+        as it is (then values beyond the horizon are exact)."""
+        self._fresh()
+        if self._snapshot is None:
+            cached = self._c.snapshots.get((self._frontier, _NO_PAIRS))
+            if cached is not None and not self._satisfied:
+                self._snapshot = cached
+        if self._snapshot is not None:
+            return self._snapshot.node(node)
+        s = self._c.structure
+        if node not in s.index:
+            raise UsageError("node", f"unknown node {node!r}")
+        found = self._bounded_ste(s.index[node])
+        if found is not None:
+            return found
+        if self._c.any_wildcard or self._c.join_targets or self._satisfied:
+            return self.snapshot.node(node)  # the search gave up early: answer exactly
+        return float(self._horizon + 1)
+
     def _bounded_ste(self, target: int) -> float | None:
         s = self._c.structure
         if target in self._frontier:
             return 0.0
+        if not self._c.any_wildcard and not self._c.join_targets:
+            # only OR steps: STE is the shortest walk, read off the cached backward search
+            back = self._backward(frozenset((target,)), self._horizon)
+            near = [back[f] for f in self._frontier if f in back]
+            return float(min(near)) if near else None
         joins = self._c.join_targets
         seen = set(self._frontier)
         layer = list(self._frontier)
@@ -588,6 +615,59 @@ class SteTracker:
         if node not in s.index:
             raise UsageError("node", f"unknown node {node!r}")
         return self._reuse(frozenset((s.index[node],)), h)
+
+    def return_reuse(
+        self, node: str, *, exclude: Iterable[str] = (), horizon: int | None = None
+    ) -> Reuse:
+        """Probability that ``node``, which has just run, runs again within ``horizon`` steps.
+
+        Its successors are weighted as the graph says (plain ones all run, one choice is
+        taken), without the successors in ``exclude`` (steps known not to come next, e.g. the
+        tool step after a reply that called no tool). Moves the frontier to what may come next.
+        """
+        h = self._horizon if horizon is None else _check_horizon(horizon)
+        self._fresh()
+        s = self._c.structure
+        if node not in s.index:
+            raise UsageError("node", f"unknown node {node!r}")
+        u = s.index[node]
+        if s.wildcard[u]:  # successors unknown until observed: assume it may come right back
+            self.move([node])
+            return Reuse(1.0, 1.0, h)
+        skip = {s.index[n] for n in exclude if n in s.index}
+        self._sync_rows()
+        plain, choice, _ = self._row(u)
+        plain = tuple(v for v in plain if v not in skip)
+        kept = [(v, q) for v, q in choice if v not in skip]
+        total = sum(q for _, q in kept)
+        kept = [(v, q / total) for v, q in kept] if total > 0 else []
+        nxt = [*plain, *(v for v, _ in kept)]
+        self.move([s.names[v] for v in nxt] or [END])
+        if h == 0 or not nxt:
+            return Reuse(0.0, INF, h)
+        # a walk from each next step, with h - 1 steps left, must reach ``node``
+        targets, starts = frozenset((u,)), frozenset(nxt)
+        ball = (
+            self._ball(h - 1, starts)
+            if self._c.any_wildcard
+            else self._relevant(targets, h - 1, starts)
+        )
+        table: Sequence[Sequence[float]] | Sequence[Mapping[int, float]] = (
+            self._table(targets, h - 1) if ball is None else self._ball_table(ball, targets, h - 1)
+        )
+        reuse_at = {v: [row[v] for row in table] for v in nxt}
+        cumulative = [0.0]
+        for k in range(h):
+            miss = 1.0
+            for v in plain:
+                miss *= 1.0 - reuse_at[v][k]
+            hit = sum(q * reuse_at[v][k] for v, q in kept)
+            cumulative.append(1.0 - miss * (1.0 - hit))
+        p = cumulative[h]
+        if p <= 0.0:
+            return Reuse(0.0, INF, h)
+        expected = sum(p - c for c in cumulative[:h]) / p
+        return Reuse(min(1.0, p), max(0.0, expected), h)
 
     def precompute(self, frontiers: Iterable[Iterable[str]] | None = None) -> int:
         """Warm the STE cache for ``frontiers`` (default: every single-node frontier) and the
@@ -752,13 +832,14 @@ class SteTracker:
             for name in changed:
                 rows.pop(index[name], None)
 
-    def _ball(self, horizon: int) -> dict[int, int] | None:
+    def _ball(self, horizon: int, frontier: frozenset[int] | None = None) -> dict[int, int] | None:
         """Nodes within ``horizon`` steps of the frontier, with their distance (``None`` if a
         node of unknown targets can still move). Nothing farther affects a reuse within the
         horizon."""
         wildcard = self._c.structure.wildcard
-        dist = dict.fromkeys(self._frontier, 0)
-        layer = list(self._frontier)
+        frontier = self._frontier if frontier is None else frontier
+        dist = dict.fromkeys(frontier, 0)
+        layer = list(frontier)
         for depth in range(1, horizon + 1):
             nxt = []
             for u in layer:
@@ -771,12 +852,11 @@ class SteTracker:
             layer = nxt
         return dist
 
-    def _relevant(self, targets: frozenset[int], horizon: int) -> dict[int, int]:
-        """Nodes on some frontier-to-target walk of at most ``horizon`` steps, with their
-        distance from the frontier: a backward search from the targets bounds the forward one.
-        Every other node's hit probability is exactly 0 where the frontier could read it."""
+    def _backward(self, targets: frozenset[int], horizon: int) -> dict[int, int]:
+        """Distance to ``targets`` of every node within ``horizon`` steps of them, walking
+        edges backwards; depends on the structure only, so it is cached until that changes."""
         back = self._c.backward.get((targets, horizon))
-        if back is None:  # depends on the structure only: cached until it changes
+        if back is None:
             preds = self._c.structure.preds
             back = dict.fromkeys(targets, 0)
             layer = list(targets)
@@ -791,7 +871,17 @@ class SteTracker:
             if len(self._c.backward) >= self._cache_size:
                 del self._c.backward[next(iter(self._c.backward))]
             self._c.backward[(targets, horizon)] = back
-        dist = {f: 0 for f in self._frontier if f in back}
+        return back
+
+    def _relevant(
+        self, targets: frozenset[int], horizon: int, frontier: frozenset[int] | None = None
+    ) -> dict[int, int]:
+        """Nodes on some frontier-to-target walk of at most ``horizon`` steps, with their
+        distance from the frontier: a backward search from the targets bounds the forward one.
+        Every other node's hit probability is exactly 0 where the frontier could read it."""
+        back = self._backward(targets, horizon)
+        frontier = self._frontier if frontier is None else frontier
+        dist = {f: 0 for f in frontier if f in back}
         layer = list(dist)
         for depth in range(1, horizon + 1):
             nxt = []
@@ -801,7 +891,7 @@ class SteTracker:
                         dist[v] = depth
                         nxt.append(v)
             layer = nxt
-        for f in self._frontier:
+        for f in frontier:
             dist.setdefault(f, 0)
         return dist
 

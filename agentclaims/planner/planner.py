@@ -69,7 +69,8 @@ class PrefixContext:
     prefix_id: str
     footprint_blocks: int
     ste: float = math.inf
-    """Steps until the prefix's nearest user runs (0: running now; inf: unreachable)."""
+    """Steps until the prefix's nearest user runs (0: running now; inf: unreachable). Sessions
+    give it exactly up to their horizon and as ``horizon + 1`` beyond it (all the mapping needs)."""
     reuse_probability: float = 0.0
     """Probability that a user of the prefix runs within the planning horizon."""
     waiting_on: WaitingOn = "unknown"

@@ -187,6 +187,8 @@ class ClaimedSession:
         self._lock = asyncio.Lock()
         self._event_cursor: dict[str, int] = {}
         self._background: asyncio.Future[None] | None = None
+        self._asked_tools: dict[str, bool] = {}  # node -> did its last reply call tools
+        self._tools_without_calls: set[str] = set()  # nodes seen running tools unasked
         self._requests = itertools.count(1)
 
     # ------------------------------------------------------------------ lifecycle
@@ -356,7 +358,7 @@ class ClaimedSession:
         prefix_ids = extension.get("prefix_ids") or {}
         sequence = prefix_ids.get("sequence") or prefix_ids.get("prompt")
         tracker = self._tracker_for_graph()
-        ste = tracker.node_ste(node) if node in self.graph else float("inf")
+        ste = tracker.near_ste(node) if node in self.graph else float("inf")
         if self.log is not None:
             self.log.llm_call(
                 node=node,
@@ -370,6 +372,7 @@ class ClaimedSession:
                 ste=ste,
             )
         self._waiting[node] = (_wait_key(node, tool_names), self.clock())
+        self._asked_tools[node] = bool(tool_names)
         previous = self._background
 
         async def replan() -> None:
@@ -409,11 +412,16 @@ class ClaimedSession:
                 wait = self.tool_times.predict(key)  # the prior, until the tool has a history
             reuse_p, ste = 1.0, 1.0  # the tool result comes back to this very agent
         else:
-            frontier = succ or [END]
-            tracker.move(frontier)
-            ste = tracker.node_ste(node)
-            reuse_p = tracker.node_reuse(node).probability
-            waiting = "human" if not succ else "llm"
+            # no tool was called, so no tool step comes next (unless this agent's code is seen
+            # running tools without the model asking: then anything may follow)
+            tools_next = (
+                []
+                if node in self._tools_without_calls
+                else [v for v in succ if graph.node_kind(v) == "tool"]
+            )
+            reuse_p = tracker.return_reuse(node, exclude=tools_next).probability
+            ste = tracker.near_ste(node)
+            waiting = "human" if not [v for v in succ if v not in tools_next] else "llm"
         return PrefixContext(
             prefix_id=prefix_id,
             footprint_blocks=footprint,
@@ -452,7 +460,7 @@ class ClaimedSession:
             ctx = PrefixContext(
                 prefix_id=held.prefix_id,
                 footprint_blocks=footprint_of(held.prefix_id),
-                ste=tracker.node_ste(other),
+                ste=tracker.near_ste(other),
                 reuse_probability=reuse.probability,
                 waiting_on="llm",
             )
@@ -602,6 +610,8 @@ class ClaimedSession:
             raise UsageError("tool", f"must be a non-empty string, got {tool!r}")
         await self.settle()
         agent = node or (self._last_node if self._last_node not in (START, END) else "agent")
+        if not self._asked_tools.get(agent, True):
+            self._tools_without_calls.add(agent)
         held = self.claims.get(agent)
         predicted = self.tool_times.predict(tool)
         if held is not None and held.plan.ttl_s is not None:

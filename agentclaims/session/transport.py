@@ -99,7 +99,9 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             )
 
         try:
-            async for attempt in session.reaction.retrying(session.sleep, before_sleep, session.clock):
+            async for attempt in session.reaction.retrying(
+                session.sleep, before_sleep, session.clock
+            ):
                 with attempt:
                     response = await self._forward(session.backend, request, suffix, body)
                     if response.status_code in (409, 503):

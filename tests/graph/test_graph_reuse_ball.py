@@ -62,3 +62,49 @@ def test_bounded_ste_matches_the_snapshot(case, data):
     lazy.move(frontier)
     eager = SteTracker(g, horizon=max(horizon, 1))
     assert lazy.node_ste(node) == eager.advance(frontier).node(node)
+
+
+def _react() -> AgentExecutionGraph:
+    g = AgentExecutionGraph()
+    g.add_node("agent", "agent", prefixes=["p"])
+    g.add_node("tools", "tool")
+    g.add_edge("__start__", "agent")
+    g.add_edge("agent", "tools", "conditional")
+    g.add_edge("agent", "__end__", "conditional")
+    g.add_edge("tools", "agent")
+    return g
+
+
+def test_return_reuse_after_a_final_answer_is_zero():
+    """With the tool step excluded, a ReAct agent's final answer is never reused."""
+    tracker = SteTracker(_react(), horizon=4)
+    assert tracker.return_reuse("agent", exclude=["tools"]).probability == 0.0
+    assert tracker.frontier == frozenset({"__end__"})
+
+
+def test_return_reuse_weights_the_choice_by_learned_counts():
+    """agent -> tools 3 times, -> end once: back within 2 steps with (3+1)/(4+2)."""
+    g = _react()
+    g.observe_transition("agent", "tools", count=3)
+    g.observe_transition("agent", "__end__", count=1)
+    reuse = SteTracker(g, horizon=2).return_reuse("agent")
+    assert math.isclose(reuse.probability, 4 / 6)
+    assert reuse.expected_steps == 2.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(graphs(), st.data())
+def test_near_ste_is_exact_within_the_horizon(case, data):
+    """near_ste equals STE up to the horizon, and says horizon + 1 only for farther nodes."""
+    g, names, _prefix, horizon = case
+    horizon = max(horizon, 1)
+    node = data.draw(st.sampled_from(names))
+    frontier = [data.draw(st.sampled_from(names))]
+    lazy = SteTracker(g, horizon=horizon)
+    lazy.move(frontier)
+    exact = SteTracker(g, horizon=horizon).advance(frontier).node(node)
+    near = lazy.near_ste(node)
+    if exact <= horizon:
+        assert near == exact
+    else:
+        assert near == horizon + 1
