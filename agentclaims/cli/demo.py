@@ -92,9 +92,9 @@ async def run_demo(
     if workflows < 1:
         raise UsageError("workflows", f"must be >= 1, got {workflows}")
     logs = Path(logs)
-    blocks = 48 * workflows
+    blocks = 48 * workflows  # about a third of the workflows' working set
     # warm up (imports, LangGraph and pydantic caches) so neither timed mode pays for it
-    await _one_mode("warmup", 1, blocks, seed, logs / ".warmup")  # about a third of the working set (see docs/demo)
+    await _one_mode("warmup", 1, blocks, seed, logs / ".warmup")
     claims = await _one_mode("claims", workflows, blocks, seed, logs)
     lru = await _one_mode("lru", workflows, blocks, seed, logs)
     return {"claims": claims, "lru": lru, "logs": str(logs.resolve()), "kv_blocks": blocks}

@@ -31,7 +31,29 @@ SYSTEM_PROMPT = (
     "and keep every answer short. " * 4
 )
 _TOOL_OF = {"researcher": "search", "writer": "draft"}
-_WORDS = ["cache", "prefix", "block", "claim", "agent", "tool", "latency", "eviction", "workflow", "memory", "scheduler", "session", "tensor", "request", "token", "attention", "batch", "serving", "graph", "reuse", "policy"]
+_WORDS = [
+    "cache",
+    "prefix",
+    "block",
+    "claim",
+    "agent",
+    "tool",
+    "latency",
+    "eviction",
+    "workflow",
+    "memory",
+    "scheduler",
+    "session",
+    "tensor",
+    "request",
+    "token",
+    "attention",
+    "batch",
+    "serving",
+    "graph",
+    "reuse",
+    "policy",
+]
 
 
 def task_for(i: int, seed: int = 0, words: int = 220) -> str:
@@ -100,9 +122,11 @@ def build_supervisor(model: Any, *, tool_delay_s: float = 0.03) -> Any:
         messages: list[BaseMessage] = [SystemMessage(SYSTEM_PROMPT), *state["messages"]]
         reply: AIMessage = await model.ainvoke(messages)
         target = str(reply.content).removeprefix("route: ").strip()
-        goto: Literal["researcher", "writer", "__end__"] = (
-            "researcher" if target == "researcher" else "writer" if target == "writer" else "__end__"
-        )
+        routes: dict[str, Literal["researcher", "writer"]] = {
+            "researcher": "researcher",
+            "writer": "writer",
+        }
+        goto: Literal["researcher", "writer", "__end__"] = routes.get(target, "__end__")
         return Command(goto=goto, update={"messages": [reply]})
 
     builder = StateGraph(MessagesState)

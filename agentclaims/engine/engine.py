@@ -360,9 +360,12 @@ class KVEngine:
             or not 0 <= protected_cap_blocks <= num_blocks
         ):
             raise UsageError(
-                "protected_cap_blocks", f"must be an integer within 0..{num_blocks}, got {protected_cap_blocks!r}"
+                "protected_cap_blocks",
+                f"must be an integer within 0..{num_blocks}, got {protected_cap_blocks!r}",
             )
-        self.protected_cap_blocks = num_blocks if protected_cap_blocks is None else protected_cap_blocks
+        self.protected_cap_blocks = (
+            num_blocks if protected_cap_blocks is None else protected_cap_blocks
+        )
         """At most this many distinct blocks under hard/expiring claims (headroom for active work)."""
         self.cache_identity = cache_identity or CacheIdentity(
             cache_key_domain="agentclaims-embedded",
