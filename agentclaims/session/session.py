@@ -177,6 +177,7 @@ class ClaimedSession:
         self._last_node: str = START
         self._step_base: dict[str, int] = {}  # graph level -> first LangGraph step seen
         self._last_step: int | None = None  # LangGraph step of the last call
+        self._steps: dict[str, int | None] = {}  # node -> relative step of its call in flight
         self._waiting: dict[str, tuple[str, float]] = {}  # node -> (wait key, since)
         self._log_dir = None if log_dir is None else Path(log_dir)
         self._log_stream = log_stream
@@ -321,12 +322,13 @@ class ClaimedSession:
         if not self.graph.prefixes_of(node):
             self.graph.add_node(node, kind="agent", prefixes=[f"node:{node}"])
         self._tracker_for_graph().move({node})
+        self._steps[node] = self._relative_step(node, step)
         return {
             "session_id": self.session_id,
             "workflow_id": self.workflow_id,
             "owner_scope": self.owner_scope,
             "node": node,
-            "step": self._relative_step(node, step),
+            "step": self._steps[node],
             "request_id": f"{self.session_id}-r{next(self._requests)}",
         }
 
@@ -368,7 +370,7 @@ class ClaimedSession:
                 cached_tokens=cached,
                 recomputed_tokens=prompt - cached,
                 latency_s=round(latency_s, 6),
-                step=None,
+                step=self._steps.pop(node, None),
                 ste=ste,
             )
         self._waiting[node] = (_wait_key(node, tool_names), self.clock())
