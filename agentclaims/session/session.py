@@ -26,7 +26,7 @@ from agentclaims.contract import CacheIdentity, ClaimSpec, ProtectionMode
 from agentclaims.errors import BackendUnavailable, ClaimOutcomeError, ClaimRefused, UsageError
 from agentclaims.graph import END, START, AgentExecutionGraph, SteTracker, ToolTimeModel
 from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_mode
-from agentclaims.session.reactions import ReactionPolicy
+from agentclaims.session.reactions import Outcome, ReactionPolicy
 
 if TYPE_CHECKING:
     from agentclaims.backends.base import Backend
@@ -520,7 +520,7 @@ class ClaimedSession:
             self.stats.claims_refused += 1
             if self.reaction.on_refused == "fail":
                 self.stats.fails += 1
-                self._log_reaction("fail", claim_id=claim_id, outcome=decision.reason)
+                self.log_reaction("fail", claim_id=claim_id, outcome=decision.reason)
                 raise ClaimRefused(
                     f"claim {claim_id} on {prefix_id} refused: {decision.reason}",
                     claim_id=claim_id,
@@ -530,7 +530,7 @@ class ClaimedSession:
                 return None
             weaker = relax_mode(mode)
             self.stats.claims_relaxed += 1
-            self._log_reaction(
+            self.log_reaction(
                 "relax",
                 claim_id=claim_id,
                 outcome=decision.reason,
@@ -577,6 +577,23 @@ class ClaimedSession:
                 )
                 self.log.claim_event(ev, backend=backend.name)
 
+    async def reroute(self, outcome: Outcome) -> bool:
+        """Move to another member of the pool (its prefixes resident there first), releasing
+        this session's claims on the old one; False without a pool or another member."""
+        if self.pool is None:
+            return False
+        old = self.backend
+        new = await self.pool.reroute(self.session_id, [h.prefix_id for h in self.claims.values()])
+        if new is None:
+            return False
+        await self.release_all()
+        self._backend = new
+        self.stats.reroutes += 1
+        self.log_reaction(
+            "reroute", outcome=outcome.to_dict(), from_backend=old.name, to_backend=new.name
+        )
+        return True
+
     async def relax_claims(self, claim_ids: Sequence[str]) -> int:
         """Downgrade this session's claims among ``claim_ids`` one mode each; how many."""
         relaxed = 0
@@ -588,7 +605,7 @@ class ClaimedSession:
                 del self.claims[node]
                 await self._release(held, reason="relaxed")
                 self.stats.claims_relaxed += 1
-                self._log_reaction(
+                self.log_reaction(
                     "relax",
                     claim_id=held.claim_id,
                     from_mode=held.plan.mode.value,
@@ -646,7 +663,8 @@ class ClaimedSession:
         if self.log is not None:
             self.log.session(event, **fields)
 
-    def _log_reaction(self, kind: str, **fields: Any) -> None:
+    def log_reaction(self, kind: str, **fields: Any) -> None:
+        """Write a reaction (defer, reroute, relax, fail) to the outcome log, if there is one."""
         if self.log is not None:
             self.log.reaction(kind, **fields)
 

@@ -94,7 +94,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             session.stats.deferral_s += delay
             exc = state.outcome.exception() if state.outcome is not None else None
             outcome = exc.outcome.to_dict() if isinstance(exc, RetryRequested) else None
-            session._log_reaction(
+            session.log_reaction(
                 "defer", outcome=outcome, delay_s=round(delay, 6), attempt=state.attempt_number
             )
 
@@ -116,7 +116,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                     return response
         except RetryRequested as exc:
             session.stats.fails += 1
-            session._log_reaction("fail", outcome=exc.outcome.to_dict(), reason="deadline")
+            session.log_reaction("fail", outcome=exc.outcome.to_dict(), reason="deadline")
             raise DeadlineExceeded(
                 f"request of node deferred past the {session.reaction.deadline_s}s deadline",
                 outcome=exc.outcome.action,
@@ -130,7 +130,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         policy = session.reaction.on_refused
         if policy == "fail" or outcome.action == "capacity_required":
             session.stats.fails += 1
-            session._log_reaction("fail", outcome=outcome.to_dict())
+            session.log_reaction("fail", outcome=outcome.to_dict())
             raise ClaimRefused(
                 f"active request {outcome.action}: {outcome.feasibility}"
                 + (
@@ -148,18 +148,8 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             raise RetryRequested(outcome, 0.0)  # a session never waits on its own claims
         if outcome.deferred:
             raise RetryRequested(outcome, outcome.retry_after_s)
-        if policy == "reroute" and session.pool is not None:
-            old = session.backend
-            prefixes = [held.prefix_id for held in session.claims.values()]
-            new = await session.pool.reroute(session.session_id, prefixes)
-            if new is not None:
-                await session.release_all()
-                session._backend = new
-                session.stats.reroutes += 1
-                session._log_reaction(
-                    "reroute", outcome=outcome.to_dict(), from_backend=old.name, to_backend=new.name
-                )
-                raise RetryRequested(outcome, 0.0)
+        if policy == "reroute" and await session.reroute(outcome):
+            raise RetryRequested(outcome, 0.0)
         raise RetryRequested(outcome, outcome.retry_after_s)
 
     def _suffix(self, request: httpx2.Request) -> str:
