@@ -57,7 +57,8 @@ async def test_supervisor_graph_issues_and_releases_claims(backend, tmp_path):
     ]
     events = {line["event"] for line in lines}
     steps = [line["step"] for line in lines if line["event"] == "llm_call"]
-    assert steps and all(isinstance(step, int) and step >= 0 for step in steps)
+    assert steps
+    assert all(isinstance(step, int) and step >= 0 for step in steps)
     assert {
         "session_started",
         "llm_call",

@@ -1,0 +1,183 @@
+"""``agentclaims bench replay``: replay agentic traces under each policy and compare.
+
+Prints a table per capacity point (or, with ``--json``, exactly one JSON object on stdout) and
+a progress bar on stderr. ``--plot FILE.png`` sweeps 10%, 25% and 50% of the working set (plus
+the requested point) and draws hit ratio against capacity per policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from agentclaims.errors import UsageError
+from agentclaims.replay import (
+    Comparison,
+    TraceSource,
+    compare_policies,
+    resolve_policies,
+    working_set_blocks,
+)
+from agentclaims.replay.model import ServiceModel
+
+__all__ = ["run"]
+
+SWEEP_FRACS = (0.1, 0.25, 0.5)
+
+_COLUMNS = (
+    ("policy", "{:<10}"),
+    ("hit_ratio", "{:>9.4f}"),
+    ("gap_closed", "{:>10}"),
+    ("recomputed_tokens", "{:>17,}"),
+    ("completion_s_mean", "{:>17.1f}"),
+    ("refusals", "{:>8}"),
+    ("deferrals", "{:>9}"),
+    ("true_harm", "{:>9}"),
+    ("peak_protected_blocks", "{:>21}"),
+)
+
+
+class _Progress:
+    """A small progress bar on stderr (tqdm is not a dependency)."""
+
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+        self.total = max(1, total)
+        self.done = 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.label = ""
+        self.started = time.monotonic()
+        self._drawn = 0.0
+
+    def step(self, label: str) -> Callable[[int], None]:
+        self.label = label
+
+        def tick(_: int) -> None:
+            self.done += 1
+            now = time.monotonic()
+            if now - self._drawn >= 0.5 or self.done >= self.total:
+                self._drawn = now
+                self.draw()
+
+        return tick
+
+    def draw(self) -> None:
+        frac = min(1.0, self.done / self.total)
+        bar = "#" * int(frac * 30)
+        elapsed = time.monotonic() - self.started
+        self.stream.write(f"\r[{bar:<30}] {frac:6.1%} {self.label:<10} {elapsed:6.0f}s")
+        self.stream.flush()
+
+    def close(self) -> None:
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def _table(comp: Comparison, out: TextIO) -> None:
+    data = comp.to_dict()
+    frac = data["capacity_frac"]
+    out.write(
+        f"\ncapacity {comp.capacity_blocks} blocks"
+        f" ({frac:.0%} of the working set {comp.working_set_blocks} blocks),"
+        f" {comp.sessions} sessions\n"
+    )
+    out.write(
+        " ".join(fmt.split(":")[0] + "}" for _, fmt in _COLUMNS).format(
+            *(name for name, _ in _COLUMNS)
+        )
+        + "\n"
+    )
+    for name, row in data["policies"].items():
+        gap = row["gap_closed"]
+        cells = [name, row["hit_ratio"], "n/a" if gap is None else f"{gap:.3f}"]
+        cells += [row[c] for c, _ in _COLUMNS[3:]]
+        out.write(" ".join(fmt for _, fmt in _COLUMNS).format(*cells) + "\n")
+
+
+def _plot(points: list[Comparison], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = list(points[0].results)
+    for name in names:
+        xs = [p.capacity_blocks / p.working_set_blocks for p in points]
+        ys = [p.results[name].hit_ratio for p in points]
+        style = "--" if name == "opt" else "-"
+        ax.plot(xs, ys, style, marker="o", label=name)
+    ax.set_xlabel("KV capacity (fraction of the working set)")
+    ax.set_ylabel("hit-token ratio")
+    ax.set_title(f"Replay, {points[0].sessions} sessions")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        source = TraceSource.from_dir(args.traces, args.limit)
+        names = resolve_policies(args.policies)
+        if args.sessions < 1:
+            raise UsageError("sessions", f"must be >= 1, got {args.sessions}")
+        if args.capacity_blocks is not None and args.capacity_blocks < 1:
+            raise UsageError("capacity_blocks", f"must be >= 1, got {args.capacity_blocks}")
+    except UsageError as exc:
+        print(f"agentclaims bench replay: {exc}", file=sys.stderr)
+        return 2
+    service = ServiceModel()
+    ws = working_set_blocks(source, args.sessions, service)
+    if args.capacity_blocks is not None:
+        points: list[dict[str, Any]] = [{"capacity_blocks": args.capacity_blocks}]
+    else:
+        points = [{"capacity_frac": args.capacity_frac if args.capacity_frac else 0.1}]
+    if args.plot:
+        main_frac = points[0].get("capacity_frac")
+        points += [{"capacity_frac": f} for f in SWEEP_FRACS if f != main_frac]
+    progress = _Progress(len(source) * len(names) * len(points))
+    comparisons: list[Comparison] = []
+    try:
+        for point in points:
+            comparisons.append(
+                compare_policies(
+                    source,
+                    names,
+                    sessions=args.sessions,
+                    service=service,
+                    working_set=ws,
+                    on_run=progress.step,
+                    **point,
+                )
+            )
+    except UsageError as exc:
+        progress.close()
+        print(f"agentclaims bench replay: {exc}", file=sys.stderr)
+        return 2
+    progress.close()
+    main = comparisons[0].to_dict()
+    if args.plot:
+        ordered = sorted(comparisons, key=lambda c: c.capacity_blocks)
+        _plot(ordered, args.plot)
+    if args.json:
+        main["skipped"] = list(source.skipped)
+        main["traces_dir"] = str(Path(args.traces))
+        main["service_model"] = {
+            "prefill_tokens_per_s": service.prefill_tokens_per_s,
+            "decode_tokens_per_s": service.decode_tokens_per_s,
+        }
+        main["sweep"] = [c.to_dict() for c in comparisons[1:]]
+        json.dump(main, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    for comp in comparisons:
+        _table(comp, sys.stdout)
+    if source.skipped:
+        print(f"skipped malformed files: {', '.join(source.skipped)}")
+    return 0

@@ -1,0 +1,107 @@
+"""Compare policies on one workload: every online policy, then the optimum on the recorded
+schedule, and the share of the LRU-to-optimum gap each policy closes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentclaims.errors import UsageError
+from agentclaims.replay.harness import ReplayResult, TraceInput, run_replay, working_set_blocks
+from agentclaims.replay.model import ServiceModel
+from agentclaims.replay.policies import POLICY_NAMES, make_policy
+
+__all__ = ["Comparison", "compare_policies", "gap_closed", "resolve_policies"]
+
+
+def resolve_policies(names: Sequence[str] | None) -> list[str]:
+    """Check names (unknown -> ``UnknownNameError``); default: all; ``lru`` and ``opt`` are
+    always added (the gap needs both)."""
+    chosen = list(POLICY_NAMES) if not names else list(dict.fromkeys(names))
+    for name in chosen:
+        make_policy(name, schedule={})  # raises UnknownNameError on a bad name
+    for must in ("lru", "opt"):
+        if must not in chosen:
+            chosen.append(must)
+    return chosen
+
+
+def gap_closed(hit: float, lru: float, opt: float) -> float | None:
+    """``(hit - lru) / (opt - lru)``; ``None`` when LRU already reaches the optimum."""
+    if opt - lru <= 1e-12:
+        return None
+    return (hit - lru) / (opt - lru)
+
+
+@dataclass
+class Comparison:
+    """Results of one capacity point."""
+
+    capacity_blocks: int
+    working_set_blocks: int
+    sessions: int
+    results: dict[str, ReplayResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        lru = self.results["lru"].hit_ratio
+        opt = self.results["opt"].hit_ratio
+        policies = {}
+        for name, res in self.results.items():
+            data = res.to_dict()
+            data["gap_closed"] = gap_closed(res.hit_ratio, lru, opt)
+            policies[name] = data
+        return {
+            "capacity_blocks": self.capacity_blocks,
+            "working_set_blocks": self.working_set_blocks,
+            "capacity_frac": self.capacity_blocks / self.working_set_blocks
+            if self.working_set_blocks
+            else None,
+            "sessions": self.sessions,
+            "policies": policies,
+        }
+
+
+def compare_policies(
+    traces: TraceInput,
+    policies: Sequence[str] | None = None,
+    *,
+    sessions: int = 32,
+    capacity_blocks: int | None = None,
+    capacity_frac: float | None = None,
+    block_size: int = 64,
+    service: ServiceModel | None = None,
+    working_set: int | None = None,
+    on_run: Callable[[str], Callable[[int], None] | None] | None = None,
+) -> Comparison:
+    """Replay ``traces`` under each policy at one capacity (blocks, or a fraction of the
+    working set). ``on_run(name)`` may return a per-trace progress callback."""
+    names = resolve_policies(policies)
+    service = service or ServiceModel()
+    ws = working_set if working_set is not None else working_set_blocks(traces, sessions, service)
+    if capacity_blocks is None:
+        frac = 0.1 if capacity_frac is None else capacity_frac
+        if not 0 < frac <= 10:
+            raise UsageError("capacity_frac", f"must be in (0, 10], got {frac!r}")
+        capacity_blocks = max(1, int(ws * frac))
+    results: dict[str, ReplayResult] = {}
+    ordered = ["lru", *(n for n in names if n not in ("lru", "opt")), "opt"]
+    for name in ordered:
+        policy = make_policy(
+            name,
+            service=service,
+            block_size=block_size,
+            schedule=results["lru"].schedule if name == "opt" else None,
+        )
+        results[name] = run_replay(
+            traces,
+            policy,
+            capacity_blocks=capacity_blocks,
+            sessions=sessions,
+            block_size=block_size,
+            service=service,
+            record=name == "lru",
+            progress=on_run(name) if on_run else None,
+        )
+    results["lru"].schedule = None
+    return Comparison(capacity_blocks, ws, sessions, results)

@@ -1,0 +1,137 @@
+"""What the replay harness and its policies share: sessions, the service-time model, hooks.
+
+A replay policy is an engine :class:`~agentclaims.engine.EvictionPolicy` that also hears what a
+serving system (plus the agent SDK beside it) knows as the replay runs: a request arrived,
+started, finished (with its stop reason), a parent started waiting for sub-agents, a sub-agent
+returned, time passed. Online policies use only these; the optimum alone is also handed the
+future (:meth:`PolicyHooks.on_trace` with the recorded schedule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from agentclaims.engine import EvictionPolicy, KVEngine
+from agentclaims.errors import UsageError
+
+if TYPE_CHECKING:
+    from agentclaims.replay.traces import SessionScript, Trace, TraceRequest
+
+__all__ = ["PolicyHooks", "ReplayPolicy", "ServiceModel", "SessionState"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceModel:
+    """Modelled seconds a request runs: prefill of the tokens it computes plus decode of its
+    output, at fixed per-token rates (defaults: a large model on one serving replica)."""
+
+    prefill_tokens_per_s: float = 10_000.0
+    decode_tokens_per_s: float = 50.0
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_tokens_per_s", "decode_tokens_per_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise UsageError(name, f"must be positive, got {value!r}")
+
+    def prefill_s(self, tokens: int) -> float:
+        return tokens / self.prefill_tokens_per_s
+
+    def seconds(self, prefill_tokens: int, output_tokens: int) -> float:
+        return prefill_tokens / self.prefill_tokens_per_s + output_tokens / self.decode_tokens_per_s
+
+
+@dataclass(eq=False, slots=True)
+class SessionState:
+    """One running session (a trace's root or a sub-agent) as the serving side sees it."""
+
+    sid: int
+    name: str
+    kind: str
+    """``main`` or the sub-agent's type."""
+    ordinal: int
+    """The trace's position in file order."""
+    parent: SessionState | None
+    script: SessionScript
+    turn: int = 0
+    """Requests finished so far."""
+    last_stop: str = ""
+    """Stop reason of the last finished response (``tool_use``, ``end_turn``, ``""``)."""
+    last_finish: float = 0.0
+    hashes: tuple[int, ...] = ()
+    """Block hashes of the session's latest request: its current context."""
+    running: bool = False
+    waiting_subagents: int = 0
+    done: bool = False
+    # harness bookkeeping
+    step: int = 0
+    extra_s: float = 0.0
+    group_extra_s: float = 0.0
+    started_at: float = 0.0
+    ctx_blocks: int = 0
+    children: list[SessionState] = field(default_factory=list)
+
+
+class ReplayPolicy(EvictionPolicy, Protocol):
+    """An eviction policy that also hears the replay's events (see :class:`PolicyHooks`)."""
+
+    protected_blocks: int
+
+    def attach(self, engine: KVEngine) -> None: ...
+    def on_trace(self, trace: Trace, ordinal: int) -> None: ...
+    def on_trace_end(self, ordinal: int) -> None: ...
+    def advance(self, now: float) -> None: ...
+    def on_arrive(self, session: SessionState, request: TraceRequest, now: float) -> None: ...
+    def on_begin(self, session: SessionState, request: TraceRequest, now: float) -> None: ...
+    def on_finish(
+        self, session: SessionState, request: TraceRequest, now: float, next_seq: int
+    ) -> None: ...
+    def on_wait(self, session: SessionState, now: float) -> None: ...
+    def on_session_end(self, session: SessionState, now: float) -> None: ...
+
+
+class PolicyHooks:
+    """No-op hooks; a policy overrides the ones it needs.
+
+    Order per request: ``on_arrive`` (it reached the server), ``on_begin`` (after the engine
+    served it), ``on_finish`` (before the engine parks its blocks, so ``insert`` sees fresh
+    metadata). ``next_seq`` is the start sequence number the next request will get.
+    """
+
+    protected_blocks: int = 0
+    """Blocks the policy currently shields from eviction (pins), for the report."""
+
+    def __bool__(self) -> bool:
+        """Always true: ``KVEngine`` picks its policy with ``eviction_policy or LRUPolicy()``,
+        and an empty policy (``len() == 0``) would otherwise be replaced by LRU."""
+        return True
+
+    def attach(self, engine: KVEngine) -> None:
+        return None
+
+    def on_trace(self, trace: Trace, ordinal: int) -> None:
+        return None
+
+    def on_trace_end(self, ordinal: int) -> None:
+        return None
+
+    def advance(self, now: float) -> None:
+        return None
+
+    def on_arrive(self, session: SessionState, request: TraceRequest, now: float) -> None:
+        return None
+
+    def on_begin(self, session: SessionState, request: TraceRequest, now: float) -> None:
+        return None
+
+    def on_finish(
+        self, session: SessionState, request: TraceRequest, now: float, next_seq: int
+    ) -> None:
+        return None
+
+    def on_wait(self, session: SessionState, now: float) -> None:
+        return None
+
+    def on_session_end(self, session: SessionState, now: float) -> None:
+        return None
