@@ -378,7 +378,7 @@ class KVEngine:
             raise UsageError("cache_identity.block_size", "must equal the engine's block_size")
         self.clock = clock
         self.run_id = run_id or uuid.uuid4().hex[:12]
-        self.policy = eviction_policy or LRUPolicy()
+        self.policy = LRUPolicy() if eviction_policy is None else eviction_policy
         self.policy_name = policy_name or self.policy.name
         self.step_count = 0
         self.stats = EngineStats()

@@ -102,11 +102,6 @@ class PolicyHooks:
     protected_blocks: int = 0
     """Blocks the policy currently shields from eviction (pins), for the report."""
 
-    def __bool__(self) -> bool:
-        """Always true: ``KVEngine`` picks its policy with ``eviction_policy or LRUPolicy()``,
-        and an empty policy (``len() == 0``) would otherwise be replaced by LRU."""
-        return True
-
     def attach(self, engine: KVEngine) -> None:
         return None
 
