@@ -12,6 +12,8 @@ The default mapping, in order (every threshold lives in ``PlannerPolicy``)::
     footprint < min_blocks, p < best_effort_min_p, STE inf   -> no claim
     waiting on the human                                     -> best_effort
     tau* == 0 (Continuum: pinning costs more than reloading) -> best_effort
+    pressure > pin_max_pressure (requests being deferred)    -> demotable if p >= expiring_min_p,
+                                                                else best_effort
     p >= hard_min_p and STE <= hard_max_ste
         and a known wait <= hard_max_wait_s                  -> hard_protected, ttl = wait x margin
     p >= expiring_min_p                                      -> expiring, ttl = max(tau*, wait x margin)
@@ -78,6 +80,8 @@ class PrefixContext:
     """Predicted seconds until the next use (e.g. the pending tool's predicted duration)."""
     ttl_s: float | None = None
     """Cost-benefit TTL (Continuum's tau*) for the pending wait, when one is known."""
+    pressure: float = 0.0
+    """Share of recent requests the backend deferred or refused (0..1): memory pressure."""
 
     def __post_init__(self) -> None:
         if not self.prefix_id:
@@ -90,6 +94,8 @@ class PrefixContext:
             raise UsageError(
                 "reuse_probability", f"must be within [0, 1], got {self.reuse_probability}"
             )
+        if not 0.0 <= self.pressure <= 1.0:
+            raise UsageError("pressure", f"must be within [0, 1], got {self.pressure}")
         for name in ("expected_wait_s", "ttl_s"):
             value = getattr(self, name)
             if value is not None and not (value >= 0 and math.isfinite(value)):
@@ -140,6 +146,10 @@ class PlannerPolicy:
     """A TTL covers the predicted wait times this margin (tool times vary)."""
     min_ttl_s: float = 0.5
     max_ttl_s: float = 300.0
+    pin_max_pressure: float = 0.25
+    """Above this pressure nothing is pinned (hard/expiring): pins would only turn misses into
+    deferrals. Likely reuse is then claimed ``demotable``: kept ahead of other blocks, and
+    demoted (not harmed) when the memory is needed."""
     renew_fraction: float = 0.2
     """Renew when less than this fraction of the TTL is left and reuse is still likely."""
 
@@ -200,6 +210,10 @@ class ClaimPlanner:
         wait = ctx.expected_wait_s
         if ctx.ttl_s == 0.0:
             return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="pinning costs more than reloading")
+        if ctx.pressure > pol.pin_max_pressure:
+            if p >= pol.expiring_min_p:
+                return ClaimPlan(ProtectionMode.DEMOTABLE, reason="likely reuse, memory pressure")
+            return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="memory pressure")
         if (
             pol.allow_hard
             and p >= pol.hard_min_p

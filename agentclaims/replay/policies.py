@@ -623,6 +623,7 @@ class AgentClaimsPolicy(PolicyHooks, LRUPolicy):
         self._count = 0
         self._arrived: dict[int, float] = {}
         self._queue_delay = 0.0
+        self._pressure = 0.0  # share of recent requests that waited for memory (EWMA)
 
     def attach(self, engine: KVEngine) -> None:
         self._engine = engine
@@ -646,6 +647,7 @@ class AgentClaimsPolicy(PolicyHooks, LRUPolicy):
     def on_begin(self, session: SessionState, request: TraceRequest, now: float) -> None:
         wait = now - self._arrived.pop(session.sid, now)
         self._queue_delay = 0.9 * self._queue_delay + 0.1 * wait
+        self._pressure = 0.8 * self._pressure + 0.2 * (wait > 0)  # as ClaimedSession.note_attempt
         self._release(session)
 
     def on_session_end(self, session: SessionState, now: float) -> None:
@@ -676,6 +678,7 @@ class AgentClaimsPolicy(PolicyHooks, LRUPolicy):
             ttl_s=self.tools.ttl(session.kind, queue_delay_s=self._queue_delay, reload_s=reload_s)
             if tool
             else None,
+            pressure=min(1.0, self._pressure),
         )
         plan = self.planner.plan(ctx)
         mode = plan.mode

@@ -170,6 +170,8 @@ class ClaimedSession:
         self.sleep = sleep
         self.clock = clock
         self.stats = SessionStats()
+        self.pressure = 0.0
+        """Recent share of LLM calls the backend deferred or refused (EWMA, 0..1)."""
         self.claims: dict[str, HeldClaim] = {}  # node -> claim held for its next call
         self.ended_claims: list[HeldClaim] = []
         self._backend: Backend | None = None if self.pool is not None else backend  # type: ignore[assignment]
@@ -432,7 +434,16 @@ class ClaimedSession:
             waiting_on=waiting,  # type: ignore[arg-type]
             expected_wait_s=wait,
             ttl_s=ttl,
+            pressure=self.pressure,
         )
+
+    def note_attempt(self, attempt: int) -> None:
+        """Record one send of an LLM call (``attempt`` 1 is the first try): a call that needed
+        a second try met memory pressure. ``pressure`` is the recent share of such calls."""
+        if attempt == 2:
+            self.pressure = min(1.0, self.pressure + 0.2 * (1.0 - self.pressure))
+        elif attempt == 1:
+            self.pressure *= 0.8
 
     def plan_after_call(
         self, node: str, prefix_id: str, tool_names: Sequence[str] = ()

@@ -104,6 +104,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             ):
                 with attempt:
                     response = await self._forward(session.backend, request, suffix, body)
+                    session.note_attempt(attempt.retry_state.attempt_number)
                     if response.status_code in (409, 503):
                         raw = await response.aread()
                         try:
