@@ -224,6 +224,8 @@ class ClaimedSession:
         finally:
             self._closed = True
             _current.reset(self._token)
+            if self.pool is not None:
+                self.pool.release(self.session_id)  # its affinity no longer counts as load
             self._log_session(
                 "session_ended",
                 duration_s=round(self.clock() - self._started, 6),

@@ -258,3 +258,14 @@ def test_scripted_replies_are_deterministic():
     assert isinstance(tool, Reply)
     assert tool.tool_calls[0].name == "search"
     assert ClaimState.EXPIRED.terminal
+
+
+async def test_pool_forgets_a_finished_session():
+    """When a session ends, its pool member's load drops back."""
+    a = EmbeddedBackend(num_blocks=256, name="a")
+    b = EmbeddedBackend(num_blocks=256, name="b")
+    pool = BackendPool([a, b])
+    for _ in range(3):
+        async with ClaimedSession(pool) as session:
+            assert session.backend.name == "a"  # the least loaded, with nothing else running
+    await pool.aclose()
