@@ -10,7 +10,7 @@ crashed client never pins memory forever).
 The default mapping, in order (every threshold lives in ``PlannerPolicy``)::
 
     footprint < min_blocks, p < best_effort_min_p, STE inf   -> no claim
-    waiting on the human                                     -> best_effort
+    waiting on the human                                     -> no claim (plain LRU)
     tau* == 0 (Continuum: pinning costs more than reloading) -> best_effort
     pressure > pin_max_pressure (requests being deferred)    -> demotable if p >= expiring_min_p,
                                                                 else best_effort
@@ -146,6 +146,8 @@ class PlannerPolicy:
     """A TTL covers the predicted wait times this margin (tool times vary)."""
     min_ttl_s: float = 0.5
     max_ttl_s: float = 300.0
+    allow_pins: bool = True
+    """False: never hard_protected/expiring; likely reuse gets demotable priority instead."""
     pin_max_pressure: float = 0.25
     """Above this pressure nothing is pinned (hard/expiring): pins would only turn misses into
     deferrals. Likely reuse is then claimed ``demotable``: kept ahead of other blocks, and
@@ -187,6 +189,7 @@ _PRESETS: dict[str, PlannerPolicy] = {
         name="aggressive", hard_min_p=0.7, hard_max_ste=2, expiring_min_p=0.3, soft_min_p=0.15
     ),
     "off": PlannerPolicy(name="off", enabled=False),
+    "priority": PlannerPolicy(name="priority", allow_pins=False),
 }
 
 
@@ -206,11 +209,13 @@ class ClaimPlanner:
         if p < pol.best_effort_min_p or math.isinf(ctx.ste):
             return ClaimPlan(None, reason="reuse unlikely")
         if ctx.waiting_on == "human":
-            return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="waiting on the human")
+            # when the human comes back is anyone's guess: ranking the prefix above others
+            # would only push out prefixes whose reuse is predictable
+            return ClaimPlan(None, reason="waiting on the human")
         wait = ctx.expected_wait_s
         if ctx.ttl_s == 0.0:
             return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="pinning costs more than reloading")
-        if ctx.pressure > pol.pin_max_pressure:
+        if not pol.allow_pins or ctx.pressure > pol.pin_max_pressure:
             if p >= pol.expiring_min_p:
                 return ClaimPlan(ProtectionMode.DEMOTABLE, reason="likely reuse, memory pressure")
             return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="memory pressure")

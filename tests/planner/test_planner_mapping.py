@@ -29,9 +29,9 @@ def test_unlikely_or_unreachable_reuse_gets_no_claim():
     assert planner.plan(ctx(reuse_probability=0.9, footprint_blocks=0)).mode is None
 
 
-def test_waiting_on_the_human_is_best_effort():
-    """A turn handed back to the human is only a hint."""
-    assert planner.plan(ctx(reuse_probability=0.9, waiting_on="human")).mode is M.BEST_EFFORT
+def test_waiting_on_the_human_gets_no_claim():
+    """A turn handed back to the human has no predictable reuse: plain LRU decides."""
+    assert planner.plan(ctx(reuse_probability=0.9, waiting_on="human")).mode is None
 
 
 def test_zero_cost_benefit_ttl_is_best_effort():
@@ -74,6 +74,9 @@ def test_presets_and_field_changes():
     conservative = ClaimPlanner(PlannerPolicy.named("conservative"))
     assert conservative.plan(ctx(reuse_probability=0.9, ste=1)).mode is M.SOFT_PRIORITY
     assert PlannerPolicy().with_(hard_min_p=0.5).hard_min_p == 0.5
+    priority = ClaimPlanner(PlannerPolicy.named("priority"))
+    hot = ctx(reuse_probability=1.0, waiting_on="tool", expected_wait_s=1.0)
+    assert priority.plan(hot).mode is M.DEMOTABLE
     with pytest.raises(UnknownNameError, match="policy"):
         PlannerPolicy.named("reckless")
     with pytest.raises(UnknownNameError, match="policy field"):
