@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-from agentclaims.contract import ClaimSpec, ProtectionMode
-from agentclaims.engine import BlockHash, KVEngine, prefix_id_of
+from agentclaims.contract import ProtectionMode
+from agentclaims.engine import KVEngine
 
 
-def _chain(base: int, n: int) -> list[BlockHash]:
-    return [BlockHash(base + i) for i in range(n)]
-
-
-def test_released_claim_loses_its_tail_first_under_lru():
+def test_released_claim_loses_its_tail_first_under_lru(chain, spec, warmup):
     """After release, eviction under LRU takes the claimed prefix's tail, keeping block 0."""
     engine = KVEngine(10, 4)
-    prompt = _chain(1000, 6)
-    engine.begin("r1", prompt)
-    engine.finish("r1")
-    spec = ClaimSpec(
-        "c1", "wf", prefix_id_of(prompt), engine.cache_identity, 6, ProtectionMode.HARD_PROTECTED
-    )
-    assert engine.submit_claim(spec, prompt).accepted
+    prompt = chain(1, 6)
+    warmup(engine, "r1", prompt)
+    assert engine.submit_claim(spec("c1", prompt, ProtectionMode.HARD_PROTECTED), prompt).accepted
     engine.release_claim("c1", "wf")
-    engine.begin("r2", _chain(5000, 7))  # 4 free + 3 evictions
+    engine.begin("r2", chain(2, 7))  # 4 free + 3 evictions
     assert engine.resident_run(prompt) == 3
     lost = [
         e.data["position"]
@@ -31,16 +23,12 @@ def test_released_claim_loses_its_tail_first_under_lru():
     assert lost == [5, 4, 3]
 
 
-def test_claim_submission_keeps_the_lru_order_of_its_blocks():
+def test_claim_submission_keeps_the_lru_order_of_its_blocks(chain, spec, warmup):
     """Claiming and releasing a prefix leaves its head the most recently used block."""
     engine = KVEngine(8, 4)
-    prompt = _chain(1, 4)
-    engine.begin("r1", prompt)
-    engine.finish("r1")
-    spec = ClaimSpec(
-        "c1", "wf", prefix_id_of(prompt), engine.cache_identity, 4, ProtectionMode.SOFT_PRIORITY
-    )
-    engine.submit_claim(spec, prompt)
+    prompt = chain(1, 4)
+    warmup(engine, "r1", prompt)
+    engine.submit_claim(spec("c1", prompt, ProtectionMode.SOFT_PRIORITY), prompt)
     engine.release_claim("c1", "wf")
-    engine.begin("r2", _chain(900, 5))  # 4 free + 1 eviction
+    engine.begin("r2", chain(2, 5))  # 4 free + 1 eviction
     assert engine.resident_run(prompt) == 3
