@@ -7,6 +7,7 @@ from agentclaims.engine.blocks import (
     blake2b_hash,
     hash_block_tokens,
     hash_token_blocks,
+    prefix_blocks,
     prefix_id_of,
 )
 from agentclaims.engine.engine import ActiveOutcome, ClaimDecision, ClaimView, EngineStats, KVEngine
@@ -27,5 +28,6 @@ __all__ = [
     "blake2b_hash",
     "hash_block_tokens",
     "hash_token_blocks",
+    "prefix_blocks",
     "prefix_id_of",
 ]

@@ -27,6 +27,7 @@ __all__ = [
     "blake2b_hash",
     "hash_block_tokens",
     "hash_token_blocks",
+    "prefix_blocks",
     "prefix_id_of",
 ]
 
@@ -85,6 +86,14 @@ def prefix_id_of(block_hashes: Sequence[int]) -> str:
     if not block_hashes:
         raise UsageError("block_hashes", "a prefix needs at least one full block")
     return f"pfx-{block_hashes[-1] & 0xFFFFFFFFFFFFFFFF:016x}-{len(block_hashes)}"
+
+
+def prefix_blocks(prefix_id: str) -> int:
+    """How many blocks the prefix named ``prefix_id`` has (the inverse of ``prefix_id_of``)."""
+    head, _, count = prefix_id.rpartition("-")
+    if not head.startswith("pfx-") or not count.isdigit():
+        raise UsageError("prefix_id", f"not a prefix id: {prefix_id!r}")
+    return int(count)
 
 
 @dataclass(slots=True, eq=False)

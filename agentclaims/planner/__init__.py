@@ -8,6 +8,7 @@ from agentclaims.planner.planner import (
     PrefixContext,
     Revision,
     relax_mode,
+    update_pressure,
 )
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "PrefixContext",
     "Revision",
     "relax_mode",
+    "update_pressure",
 ]

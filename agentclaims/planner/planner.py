@@ -42,6 +42,7 @@ __all__ = [
     "PrefixContext",
     "Revision",
     "relax_mode",
+    "update_pressure",
 ]
 
 WaitingOn = Literal["tool", "subagent", "human", "llm", "unknown"]
@@ -54,6 +55,16 @@ RELAX_ORDER: tuple[ProtectionMode, ...] = (
     ProtectionMode.BEST_EFFORT,
 )
 """soft_priority is skipped on purpose: a soft claim can be lost without a refusal (harm)."""
+
+
+PRESSURE_WEIGHT = 0.2
+"""Weight of the newest observation in the memory-pressure average."""
+
+
+def update_pressure(pressure: float, pressed: bool) -> float:
+    """The recent share of requests that met memory pressure (had to wait for memory), as an
+    exponentially weighted average: what ``PrefixContext.pressure`` carries."""
+    return (1.0 - PRESSURE_WEIGHT) * pressure + PRESSURE_WEIGHT * pressed
 
 
 def relax_mode(mode: ProtectionMode) -> ProtectionMode | None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from agentclaims.engine import Block, BlockHash, KVEngine, LRUPolicy, PriorityPolicy, prefix_id_of
 from agentclaims.errors import UnknownNameError
 from agentclaims.graph import ToolTimeModel
+from agentclaims.planner import update_pressure
 from agentclaims.replay.model import PolicyHooks, ReplayPolicy, ServiceModel, SessionState
 
 if TYPE_CHECKING:
@@ -647,7 +648,7 @@ class AgentClaimsPolicy(PolicyHooks, LRUPolicy):
     def on_begin(self, session: SessionState, request: TraceRequest, now: float) -> None:
         wait = now - self._arrived.pop(session.sid, now)
         self._queue_delay = 0.9 * self._queue_delay + 0.1 * wait
-        self._pressure = 0.8 * self._pressure + 0.2 * (wait > 0)  # as ClaimedSession.note_attempt
+        self._pressure = update_pressure(self._pressure, wait > 0)  # as ClaimedSession does
         self._release(session)
 
     def on_session_end(self, session: SessionState, now: float) -> None:
@@ -678,7 +679,7 @@ class AgentClaimsPolicy(PolicyHooks, LRUPolicy):
             ttl_s=self.tools.ttl(session.kind, queue_delay_s=self._queue_delay, reload_s=reload_s)
             if tool
             else None,
-            pressure=min(1.0, self._pressure),
+            pressure=self._pressure,
         )
         plan = self.planner.plan(ctx)
         mode = plan.mode

@@ -23,9 +23,17 @@ from typing import TYPE_CHECKING, Any, TextIO
 import structlog
 
 from agentclaims.contract import CacheIdentity, ClaimSpec, ProtectionMode
+from agentclaims.engine import prefix_blocks
 from agentclaims.errors import BackendUnavailable, ClaimOutcomeError, ClaimRefused, UsageError
 from agentclaims.graph import END, START, AgentExecutionGraph, SteTracker, ToolTimeModel
-from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_mode
+from agentclaims.planner import (
+    ClaimPlan,
+    ClaimPlanner,
+    PlannerPolicy,
+    PrefixContext,
+    relax_mode,
+    update_pressure,
+)
 from agentclaims.session.reactions import Outcome, ReactionPolicy
 
 if TYPE_CHECKING:
@@ -45,14 +53,6 @@ Sleep = Callable[[float], Awaitable[None]]
 def current_session() -> ClaimedSession | None:
     """The session of the running workflow, if any (a context variable: task-local)."""
     return _current.get()
-
-
-def footprint_of(prefix_id: str) -> int:
-    """Blocks in a prefix, from its id (``pfx-<hash>-<blocks>``)."""
-    try:
-        return int(prefix_id.rsplit("-", 1)[1])
-    except (IndexError, ValueError):
-        raise UsageError("prefix_id", f"not a prefix id: {prefix_id!r}") from None
 
 
 @dataclass(slots=True)
@@ -403,7 +403,7 @@ class ClaimedSession:
         graph = self.graph
         tracker = self._tracker_for_graph()
         succ = [s for s in graph.successors(node) if s != END] if node in graph else []
-        footprint = footprint_of(prefix_id)
+        footprint = prefix_blocks(prefix_id)
         reload_s = footprint * self.reload_s_per_block
         key = _wait_key(node, tool_names)
         wait = self.tool_times.predict(key) if self.tool_times.count(key) else None
@@ -439,13 +439,10 @@ class ClaimedSession:
             pressure=self.pressure,
         )
 
-    def note_attempt(self, attempt: int) -> None:
-        """Record one send of an LLM call (``attempt`` 1 is the first try): a call that needed
-        a second try met memory pressure. ``pressure`` is the recent share of such calls."""
-        if attempt == 2:
-            self.pressure = min(1.0, self.pressure + 0.2 * (1.0 - self.pressure))
-        elif attempt == 1:
-            self.pressure *= 0.8
+    def note_call(self, *, retried: bool) -> None:
+        """Record an answered LLM call; one that needed a retry (deferred or refused first)
+        met memory pressure. ``pressure`` is the recent share of such calls."""
+        self.pressure = update_pressure(self.pressure, retried)
 
     def plan_after_call(
         self, node: str, prefix_id: str, tool_names: Sequence[str] = ()
@@ -474,7 +471,7 @@ class ClaimedSession:
             reuse = tracker.node_reuse(other)
             ctx = PrefixContext(
                 prefix_id=held.prefix_id,
-                footprint_blocks=footprint_of(held.prefix_id),
+                footprint_blocks=prefix_blocks(held.prefix_id),
                 ste=tracker.near_ste(other),
                 reuse_probability=reuse.probability,
                 waiting_on="llm",
@@ -626,7 +623,7 @@ class ClaimedSession:
                 )
                 relaxed += 1
                 if weaker is not None:
-                    ctx = PrefixContext(held.prefix_id, footprint_of(held.prefix_id))
+                    ctx = PrefixContext(held.prefix_id, prefix_blocks(held.prefix_id))
                     new = await self._submit(
                         node, held.prefix_id, ClaimPlan(weaker, held.plan.ttl_s, "relaxed"), ctx
                     )

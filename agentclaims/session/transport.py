@@ -104,7 +104,6 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             ):
                 with attempt:
                     response = await self._forward(session.backend, request, suffix, body)
-                    session.note_attempt(attempt.retry_state.attempt_number)
                     if response.status_code in (409, 503):
                         raw = await response.aread()
                         try:
@@ -114,6 +113,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                         outcome = Outcome.from_error_body(response.status_code, parsed)
                         if outcome is not None:
                             await self._react(session, outcome)
+                    session.note_call(retried=attempt.retry_state.attempt_number > 1)
                     return response
         except RetryRequested as exc:
             session.stats.fails += 1
