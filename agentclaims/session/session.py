@@ -66,6 +66,9 @@ class HeldClaim:
     backend: str
     since: float
     state: str = "accepted"
+    """The claim's state as the backend last reported it (``unknown`` if it could not say)."""
+    end_reason: str | None = None
+    """Why the session let it go: ``superseded``, ``reuse_unlikely``, ``relaxed``, ``session_end``."""
 
 
 @dataclass(slots=True)
@@ -559,6 +562,7 @@ class ClaimedSession:
 
     async def _release(self, held: HeldClaim, reason: str) -> None:
         backend = self._backend_named(held.backend)
+        held.end_reason = reason
         try:
             view = await backend.release_claim(held.claim_id, self.owner_scope)
             held.state = view.state.value
