@@ -532,41 +532,33 @@ class SteTracker:
 
         Without a snapshot at hand, a search bounded by the horizon answers when it can (no
         AND-join and no node of unknown targets on the way); otherwise the full snapshot does."""
-        self._fresh()
-        if self._snapshot is None and not self._satisfied:
-            cached = self._c.snapshots.get((self._frontier, _NO_PAIRS))
-            if cached is not None:
-                self._snapshot = cached
-            else:
-                s = self._c.structure
-                if node not in s.index:
-                    raise UsageError("node", f"unknown node {node!r}")
-                found = self._bounded_ste(s.index[node])
-                if found is not None:
-                    return found
-        return self.snapshot.node(node)
+        quick = self._quick_ste(node)
+        return self.snapshot.node(node) if quick is None else quick
 
     def near_ste(self, node: str) -> float:
         """STE of ``node`` if it is at most the horizon, else ``horizon + 1`` (meaning "farther
         than the horizon, or unreachable"): exact where decisions depend on it, and never
-        more than a bounded search, so it is cheap on any graph. A snapshot at hand is used
-        as it is (then values beyond the horizon are exact)."""
+        more than a bounded search on a graph without joins or unknown targets. A snapshot at
+        hand is used as it is (then values beyond the horizon are exact)."""
+        quick = self._quick_ste(node)
+        if quick is not None:
+            return quick
+        if self._c.any_wildcard or self._c.join_targets:
+            return self.snapshot.node(node)  # the search gave up early: answer exactly
+        return float(self._horizon + 1)
+
+    def _quick_ste(self, node: str) -> float | None:
+        """STE from a snapshot at hand or cached, else from the bounded search (``None``: not
+        found within the horizon, or the search could not decide)."""
         self._fresh()
-        if self._snapshot is None:
-            cached = self._c.snapshots.get((self._frontier, _NO_PAIRS))
-            if cached is not None and not self._satisfied:
-                self._snapshot = cached
+        if self._snapshot is None and not self._satisfied:
+            self._snapshot = self._c.snapshots.get((self._frontier, _NO_PAIRS))
         if self._snapshot is not None:
             return self._snapshot.node(node)
         s = self._c.structure
         if node not in s.index:
             raise UsageError("node", f"unknown node {node!r}")
-        found = self._bounded_ste(s.index[node])
-        if found is not None:
-            return found
-        if self._c.any_wildcard or self._c.join_targets or self._satisfied:
-            return self.snapshot.node(node)  # the search gave up early: answer exactly
-        return float(self._horizon + 1)
+        return self._bounded_ste(s.index[node])
 
     def _bounded_ste(self, target: int) -> float | None:
         s = self._c.structure
