@@ -19,7 +19,7 @@ demo: $(STAMP)
 test: lint typecheck unit
 
 lint: $(STAMP)
-	$(BIN)/ruff check agentclaims integrations tests examples benchmarks
+	$(BIN)/ruff check agentclaims tests examples benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

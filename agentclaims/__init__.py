@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from agentclaims.backends.embedded import EmbeddedBackend
     from agentclaims.backends.http import HTTPBackend
     from agentclaims.backends.pool import BackendPool
+    from agentclaims.bindings.langchain import chat_model
+    from agentclaims.bindings.openai import openai_client
     from agentclaims.session import (
         ClaimedGraph,
         ClaimedSession,
@@ -32,8 +34,6 @@ if TYPE_CHECKING:
         claimed_session,
         current_session,
     )
-    from integrations.langchain_chat import chat_model
-    from integrations.openai_client import openai_client
 
 __version__ = "0.1.0"
 
@@ -71,8 +71,8 @@ _LAZY = {
     "ReactionPolicy": "agentclaims.session",
     "claimed_session": "agentclaims.session",
     "current_session": "agentclaims.session",
-    "openai_client": "integrations.openai_client",
-    "chat_model": "integrations.langchain_chat",
+    "openai_client": "agentclaims.bindings.openai",
+    "chat_model": "agentclaims.bindings.langchain",
 }
 
 

@@ -6,7 +6,7 @@
 * :class:`ToolTimeModel`: tool durations and Continuum's pin TTL.
 * :class:`GraphRegistry`: graphs declared with decorators.
 
-The LangGraph binding lives in ``integrations.langgraph_aeg`` (LangGraph is optional).
+The LangGraph binding lives in ``agentclaims.bindings.langgraph`` (LangGraph is optional).
 """
 
 from __future__ import annotations

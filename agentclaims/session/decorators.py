@@ -33,7 +33,7 @@ class ClaimedGraph:
     """
 
     def __init__(self, compiled: Any, options: dict[str, Any]) -> None:
-        from integrations.langgraph_aeg import aeg_from_langgraph
+        from agentclaims.bindings.langgraph import aeg_from_langgraph
 
         self.compiled = compiled
         self.options = options

@@ -18,10 +18,11 @@ def test_all_is_sorted_and_every_name_resolves():
     assert sorted(dir(agentclaims)) == sorted(agentclaims.__all__)
 
 
-def test_import_does_not_load_heavy_dependencies():
-    """``import agentclaims`` loads neither LangGraph, LangChain, the gateway nor matplotlib."""
+@pytest.mark.parametrize("module", ["agentclaims", "agentclaims.bindings"])
+def test_import_does_not_load_heavy_dependencies(module: str):
+    """Importing it loads neither LangGraph, LangChain, OpenAI, the gateway nor matplotlib."""
     code = (
-        "import sys, agentclaims; "
+        f"import sys, {module}; "
         "heavy = [m for m in ('langgraph', 'langchain_core', 'starlette', 'matplotlib', 'openai') "
         "if m in sys.modules]; print(','.join(heavy))"
     )

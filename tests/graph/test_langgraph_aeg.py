@@ -15,9 +15,9 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, Send
 
+from agentclaims.bindings.langgraph import aeg_from_langgraph, task_path
 from agentclaims.errors import UsageError
 from agentclaims.graph import AgentGraphWarning, SteTracker, steps_to_execution
-from integrations.langgraph_aeg import aeg_from_langgraph, task_path
 
 
 class State(TypedDict):

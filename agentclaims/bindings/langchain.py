@@ -12,7 +12,7 @@ from typing import Any
 from langchain_openai import ChatOpenAI
 
 from agentclaims.backends.base import Backend
-from integrations.openai_client import claims_http_client
+from agentclaims.bindings.openai import claims_http_client
 
 __all__ = ["chat_model"]
 
