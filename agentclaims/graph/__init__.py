@@ -1,8 +1,9 @@
 """The workflow side of agentclaims: the Agent Execution Graph and its reuse model.
 
 * :class:`AgentExecutionGraph`: steps, transitions, observed counts, AND-joins (networkx).
-* :func:`steps_to_execution`, :class:`SteTracker`: KVFlow's steps-to-execution per node and
-  per prefix, and the probability that a prefix is reused within a horizon.
+* :func:`steps_to_execution` (``ste``), :func:`reuse_within` (``reuse``), :class:`SteTracker`
+  (``tracker``): KVFlow's steps-to-execution per node and per prefix, and the probability that
+  a prefix is reused within a horizon.
 * :class:`ToolTimeModel`: tool durations and Continuum's pin TTL.
 * :class:`GraphRegistry`: graphs declared with decorators.
 
@@ -21,17 +22,15 @@ from agentclaims.graph.aeg import (
     NodeKind,
 )
 from agentclaims.graph.decorators import GraphRegistry
+from agentclaims.graph.reuse import Reuse, prefix_reuse, reuse_within
 from agentclaims.graph.ste import (
-    Reuse,
     SteSnapshot,
-    SteTracker,
     kvflow_priority,
-    prefix_reuse,
     prefix_steps_to_execution,
-    reuse_within,
     steps_to_execution,
 )
 from agentclaims.graph.tooltime import ToolTimeModel
+from agentclaims.graph.tracker import SteTracker
 
 __all__ = [
     "END",

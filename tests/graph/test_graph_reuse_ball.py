@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentclaims.graph import AgentExecutionGraph, SteTracker
-from agentclaims.graph.ste import _combine
+from agentclaims.graph.reuse import _combine
 
 
 @st.composite
