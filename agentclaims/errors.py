@@ -11,12 +11,14 @@ user-facing ``fail`` reaction::
      |    +-- IllegalTransition                a claim state change the state machine forbids
      |    +-- ScopeViolation                   one owner touching another owner's claim
      |    +-- UnknownClaim                     no claim with that id (in this scope)
-     +-- ClaimOutcomeError                     the session's reaction to an outcome is ``fail``
+     +-- ClaimOutcomeError                     the session's reaction to an outcome is ``fail``;
+     |    |                                    ``.outcome`` is the typed outcome that decided it
      |    +-- ClaimRefused                     a residency claim or an active request was refused
      |    +-- ClaimHarmed                      an accepted claim lost its blocks (true harm)
      |    +-- DeadlineExceeded                 deferral ran past the session's deadline
      +-- BackendError                          the backend could not be reached or answered badly
           +-- BackendUnavailable               connection refused, server down, closed backend
+          +-- OperationNotExposed              the backend does not offer an operation
 
 Every error raised on bad input changes no state: the check happens before the change.
 """
@@ -24,7 +26,11 @@ Every error raised on bad input changes no state: the check happens before the c
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentclaims.contract import ClaimEvent
+    from agentclaims.protocol.types import ActiveOutcome, ClaimDecision
 
 __all__ = [
     "AgentClaimsError",
@@ -36,6 +42,7 @@ __all__ = [
     "ContractViolation",
     "DeadlineExceeded",
     "IllegalTransition",
+    "OperationNotExposed",
     "ScopeViolation",
     "UnknownClaim",
     "UnknownNameError",
@@ -100,22 +107,38 @@ class UnknownClaim(ContractViolation, KeyError):
 
 
 class ClaimOutcomeError(AgentClaimsError):
-    """Raised by the ``fail`` reaction: carries the claim and the outcome that decided it."""
+    """Raised by the ``fail`` reaction. ``outcome`` is what the backend answered: the
+    ``ActiveOutcome`` of an active request (action, feasibility, shortfall, blocking claims) or
+    the ``ClaimDecision`` of a residency claim; ``event`` the event that decided it, if any."""
 
     def __init__(
         self,
         message: str,
         *,
+        outcome: ActiveOutcome | ClaimDecision | None = None,
         claim_id: str | None = None,
-        outcome: str | None = None,
-        blocking_claim_ids: Sequence[str] = (),
-        detail: dict[str, Any] | None = None,
+        event: ClaimEvent | None = None,
     ) -> None:
         super().__init__(message)
-        self.claim_id = claim_id
         self.outcome = outcome
-        self.blocking_claim_ids = tuple(blocking_claim_ids)
-        self.detail = dict(detail or {})
+        self.event = event
+        blocking = tuple(getattr(outcome, "blocking_claim_ids", ()))
+        self.claim_id: str | None = (
+            claim_id
+            or getattr(outcome, "claim_id", None)
+            or getattr(event, "claim_id", None)
+            or (blocking[0] if blocking else None)
+        )
+        """The claim concerned: the refused or harmed one, else the first blocking claim."""
+
+    @property
+    def blocking_claim_ids(self) -> tuple[str, ...]:
+        """The claims whose blocks stood in the way (empty for a refused residency claim)."""
+        return tuple(getattr(self.outcome, "blocking_claim_ids", ()))
+
+    @property
+    def shortfall_blocks(self) -> int:
+        return int(getattr(self.outcome, "shortfall_blocks", 0))
 
 
 class ClaimRefused(ClaimOutcomeError):
@@ -136,3 +159,12 @@ class BackendError(AgentClaimsError):
 
 class BackendUnavailable(BackendError):
     """The backend cannot be reached (server down, connection refused, closed)."""
+
+
+class OperationNotExposed(BackendError):
+    """The backend does not offer an operation (a conformance level is then ``not_exposed``)."""
+
+    def __init__(self, backend: str, operation: str) -> None:
+        super().__init__(f"backend {backend!r} does not expose {operation}")
+        self.backend = backend
+        self.operation = operation

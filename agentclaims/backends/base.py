@@ -1,68 +1,32 @@
-"""The one boundary between the SDK and a serving backend.
+"""What the SDK needs from a serving backend: the claims protocol, plus where LLM calls go.
 
-A backend is reached over HTTP (the agentclaims gateway's OpenAI-compatible API plus its claims
-API). ``EmbeddedBackend`` runs the same gateway app in-process through an ASGI transport, so the
-embedded default and a served gateway are the same code. The SDK talks to every backend through
-this protocol; LLM calls go through ``http_client()`` (what the OpenAI client is given).
+A ``Backend`` speaks ``agentclaims.protocol.ClaimsProtocol`` (the claims API, defined once
+beside the contract) and adds the OpenAI-compatible side: ``base_url`` and the HTTP client
+the OpenAI SDK is given. ``HTTPBackend`` (a gateway on the network), ``EmbeddedBackend`` (the
+same gateway in-process) and ``agentclaims.testing.FakeBackend`` are backends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from agentclaims.protocol import EXTENSION_KEY, ClaimsProtocol
 
 if TYPE_CHECKING:
     import httpx2
 
-    from agentclaims.contract import ClaimEvent, ClaimSpec
-    from agentclaims.engine import ClaimDecision, ClaimView
-
 __all__ = ["EXTENSION_KEY", "Backend"]
-
-EXTENSION_KEY = "agentclaims"
-"""Key of the extension object in a completion request's body and in its response."""
 
 
 @runtime_checkable
-class Backend(Protocol):
-    """What the SDK needs from a serving backend (embedded, http, or a pool member)."""
+class Backend(ClaimsProtocol, Protocol):
+    """A claims backend that also serves LLM calls."""
 
-    name: str
     base_url: str
     """OpenAI-compatible base URL, ending in ``/v1``."""
 
     def http_client(self) -> httpx2.AsyncClient:
         """An async HTTP client that reaches this backend (ASGI in-process for embedded)."""
-        ...
-
-    async def submit_claim(
-        self, spec: ClaimSpec, block_hashes: Sequence[int] | None = None
-    ) -> ClaimDecision: ...
-
-    async def get_claim(self, claim_id: str, owner_scope: str) -> ClaimView: ...
-
-    async def renew_claim(
-        self,
-        claim_id: str,
-        owner_scope: str,
-        *,
-        duration_steps: int | None = None,
-        ttl_s: float | None = None,
-    ) -> ClaimView: ...
-
-    async def release_claim(self, claim_id: str, owner_scope: str) -> ClaimView: ...
-
-    async def events(self, since: int = 0, *, id_prefix: str | None = None) -> list[ClaimEvent]:
-        """Events with ``seq`` greater than ``since``, in order; with ``id_prefix``, only those
-        whose claim id (else request id) starts with it (a session's own events)."""
-        ...
-
-    async def residency(self, prefix_ids: Sequence[str]) -> Mapping[str, int]:
-        """How many leading blocks of each known prefix are resident now (0 if unknown)."""
-        ...
-
-    async def descriptor(self) -> Mapping[str, Any]:
-        """What this backend can honour: the lowering classification per protection mode."""
         ...
 
     async def health(self) -> bool: ...

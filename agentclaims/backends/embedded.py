@@ -14,17 +14,17 @@ from collections.abc import Callable
 import httpx2
 
 from agentclaims.backends.http import DEFAULT_TIMEOUT_S, HTTPBackend
-from agentclaims.engine import EvictionPolicy, KVEngine
+from agentclaims.engine import EvictionPolicy, KVEngine, ReferenceKV, ServiceTimes
+from agentclaims.engine.kv import Sleep
 from agentclaims.errors import UsageError
-from agentclaims.gateway import ReferenceKV, Script, ScriptedModel, ServiceTimes, create_app
-from agentclaims.gateway.kv import Sleep
+from agentclaims.gateway import KVSide, Script, ScriptedModel, create_app
 
 __all__ = ["EmbeddedBackend"]
 
 
 class EmbeddedBackend(HTTPBackend):
-    """A reference engine of ``num_blocks`` blocks of ``block_size`` tokens behind the gateway
-    app, in this process. ``script`` drives the ``ScriptedModel``; ``clock`` (ns) and ``sleep``
+    """A reference engine of ``num_blocks`` blocks of ``block_size`` tokens (or the given
+    ``kv`` side) behind the gateway app, in this process. ``script`` drives the ``ScriptedModel``; ``clock`` (ns) and ``sleep``
     are injectable so tests never wait; ``service`` sets the modelled per-token times."""
 
     def __init__(
@@ -41,10 +41,11 @@ class EmbeddedBackend(HTTPBackend):
         sleep: Sleep = asyncio.sleep,
         service: ServiceTimes | None = None,
         name: str = "embedded",
+        kv: KVSide | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise UsageError("name", f"must be a non-empty string, got {name!r}")
-        self.kv = ReferenceKV.create(
+        self.kv: KVSide = kv or ReferenceKV.create(
             num_blocks,
             block_size,
             eviction_policy=eviction_policy,
@@ -55,7 +56,6 @@ class EmbeddedBackend(HTTPBackend):
             service=service,
             sleep=sleep,
         )
-        self.engine: KVEngine = self.kv.engine
         self.model = ScriptedModel(script)
         self.app = create_app(self.kv, self.model, name=name)
         host = name if re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", name) else "embedded"
@@ -67,3 +67,9 @@ class EmbeddedBackend(HTTPBackend):
         )
         super().__init__(base_url, name=name, client=client)
         self._owns_client = True
+
+    @property
+    def engine(self) -> KVEngine:
+        """The reference engine behind the gateway now (for tests and demos)."""
+        engine: KVEngine = getattr(self.kv, "engine")  # noqa: B009 - any KV side may carry one
+        return engine

@@ -1,4 +1,8 @@
-"""``HTTPBackend``: the ``Backend`` protocol over HTTP, against an agentclaims gateway.
+"""``HTTPBackend``: the claims protocol over HTTP, against an agentclaims gateway.
+
+It speaks the whole protocol (claims API, ``ActiveServing``, ``InstanceControl``); what the
+gateway's KV side does not offer comes back as ``OperationNotExposed``. The descriptor is read
+once and kept.
 
 Transport failures (refused connection, timeouts, a closed backend) become
 ``BackendUnavailable``; error bodies become the exceptions they stand for (``UsageError``,
@@ -10,17 +14,34 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 from urllib.parse import urlsplit
 
 import httpx2
 
-from agentclaims.contract import ClaimEvent, ClaimSpec
-from agentclaims.engine import ClaimDecision, ClaimView
+from agentclaims.contract import (
+    BlockHash,
+    CacheIdentity,
+    ClaimId,
+    ClaimSpec,
+    OwnerScope,
+    PrefixId,
+)
+from agentclaims.contract.wire import Wire
 from agentclaims.errors import BackendError, BackendUnavailable, UsageError
-from agentclaims.gateway.protocol import raise_for_error
+from agentclaims.protocol import (
+    ActiveRequest,
+    ClaimDecision,
+    ClaimView,
+    Descriptor,
+    EventPage,
+    ServeResult,
+    raise_for_error,
+)
 
 __all__ = ["HTTPBackend"]
+
+W = TypeVar("W", bound=Wire)
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
@@ -60,6 +81,7 @@ class HTTPBackend:
             timeout=httpx2.Timeout(timeout_s, connect=connect_timeout_s)
         )
         self._closed = False
+        self._descriptor: Descriptor | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, base_url={self.base_url!r})"
@@ -106,69 +128,90 @@ class HTTPBackend:
         return body
 
     @staticmethod
-    def _parse(kind: type[Any], data: Any) -> Any:
+    def _parse(kind: type[W], data: Any) -> W:
         try:
             return kind.from_dict(data)
-        except (UsageError, AttributeError) as exc:
+        except UsageError as exc:
             raise BackendError(f"unreadable {kind.__name__}: {exc}") from exc
 
-    # ------------------------------------------------------------------ Backend protocol
+    # ------------------------------------------------------------------ claims protocol
     async def submit_claim(
-        self, spec: ClaimSpec, block_hashes: Sequence[int] | None = None
+        self, spec: ClaimSpec, block_hashes: Sequence[BlockHash] | None = None
     ) -> ClaimDecision:
         body: dict[str, Any] = {"claim": spec.to_dict()}
         if block_hashes is not None:
             body["block_hashes"] = [int(h) for h in block_hashes]
-        decision: ClaimDecision = self._parse(
-            ClaimDecision, await self._call("POST", "/claims", json=body)
-        )
-        return decision
+        return self._parse(ClaimDecision, await self._call("POST", "/claims", json=body))
 
-    async def get_claim(self, claim_id: str, owner_scope: str) -> ClaimView:
+    async def get_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
         data = await self._call("GET", f"/claims/{claim_id}", params={"owner_scope": owner_scope})
-        view: ClaimView = self._parse(ClaimView, data)
-        return view
+        return self._parse(ClaimView, data)
 
     async def renew_claim(
         self,
-        claim_id: str,
-        owner_scope: str,
+        claim_id: ClaimId,
+        owner_scope: OwnerScope,
         *,
         duration_steps: int | None = None,
         ttl_s: float | None = None,
     ) -> ClaimView:
         body = {"owner_scope": owner_scope, "duration_steps": duration_steps, "ttl_s": ttl_s}
         data = await self._call("POST", f"/claims/{claim_id}/renew", json=body)
-        view: ClaimView = self._parse(ClaimView, data)
-        return view
+        return self._parse(ClaimView, data)
 
-    async def release_claim(self, claim_id: str, owner_scope: str) -> ClaimView:
-        data = await self._call(
-            "POST", f"/claims/{claim_id}/release", json={"owner_scope": owner_scope}
-        )
-        view: ClaimView = self._parse(ClaimView, data)
-        return view
+    async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
+        body = {"owner_scope": owner_scope}
+        data = await self._call("POST", f"/claims/{claim_id}/release", json=body)
+        return self._parse(ClaimView, data)
 
-    async def events(self, since: int = 0, *, id_prefix: str | None = None) -> list[ClaimEvent]:
-        """Every buffered event after ``since``, in order (fetched page by page); with
-        ``id_prefix``, only those whose claim id (else request id) starts with it."""
-        out: list[ClaimEvent] = []
-        while True:
-            params: dict[str, Any] = {"since": since}
-            if id_prefix is not None:
-                params["id_prefix"] = id_prefix
-            page = await self._call("GET", "/events", params=params)
-            out.extend(self._parse(ClaimEvent, e) for e in page.get("events", ()))
-            if not page.get("more"):
-                return out
-            since = int(page["next_since"])
+    async def events(
+        self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None
+    ) -> EventPage:
+        params: dict[str, Any] = {"since": since}
+        if id_prefix is not None:
+            params["id_prefix"] = id_prefix
+        if limit is not None:
+            params["limit"] = limit
+        return self._parse(EventPage, await self._call("GET", "/events", params=params))
 
-    async def residency(self, prefix_ids: Sequence[str]) -> Mapping[str, int]:
+    async def residency(self, prefix_ids: Sequence[PrefixId]) -> dict[PrefixId, int]:
         page = await self._call("POST", "/residency", json={"prefix_ids": list(prefix_ids)})
-        return {str(k): int(v) for k, v in page.get("residency", {}).items()}
+        return {PrefixId(str(k)): int(v) for k, v in page.get("residency", {}).items()}
 
-    async def descriptor(self) -> Mapping[str, Any]:
-        return await self._call("GET", "/descriptor")
+    async def descriptor(self) -> Descriptor:
+        """The gateway's descriptor, read once per backend and kept."""
+        if self._descriptor is None:
+            self._descriptor = await self._call("GET", "/descriptor")
+        return self._descriptor
+
+    async def cache_identity(self) -> CacheIdentity:
+        """The identity claims on this backend must carry (from the descriptor)."""
+        desc = await self.descriptor()
+        try:
+            return CacheIdentity.from_dict(desc.get("cache_identity"))
+        except UsageError as exc:
+            raise BackendError(f"backend {self.name!r}: unreadable descriptor: {exc}") from exc
+
+    # ------------------------------------------------------------------ ActiveServing
+    async def serve(self, request: ActiveRequest) -> ServeResult:
+        return self._parse(ServeResult, await self._call("POST", "/active", json=request.to_dict()))
+
+    async def block_residency(self, block_hashes: Sequence[BlockHash]) -> list[bool]:
+        body = {"block_hashes": [int(h) for h in block_hashes]}
+        resident = (await self._call("POST", "/residency", json=body)).get("resident")
+        if not isinstance(resident, list) or len(resident) != len(block_hashes):
+            raise BackendError(f"backend {self.name!r}: unreadable block residency")
+        return [bool(r) for r in resident]
+
+    # ------------------------------------------------------------------ InstanceControl
+    async def fresh_instance(self, usable_blocks: int, owner_scope: OwnerScope) -> CacheIdentity:
+        body = {"usable_blocks": usable_blocks, "owner_scope": owner_scope}
+        data = await self._call("POST", "/instance", json=body)
+        self._descriptor = None  # the instance changed
+        return self._parse(CacheIdentity, data.get("cache_identity"))
+
+    async def step(self, n: int = 1) -> None:
+        await self._call("POST", "/instance/step", json={"n": n})
 
     async def metrics(self) -> Mapping[str, Any]:
         """The gateway's counters (engine stats, pool occupancy, requests)."""

@@ -3,14 +3,29 @@
 Claims are per-instance resources: a session sticks to one backend (affinity) so its claims and
 its prefixes live in one place. On a refusal the session may be rerouted to another member,
 preferably one where its prefix is already resident.
+
+The pool speaks the claims protocol itself: a claim goes to its owner's member and every later
+operation on it to the member that holds it; events of all members come as one stream whose
+cursor is the pool's own (each event keeps its member's ``seq``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from agentclaims.backends.base import Backend
-from agentclaims.errors import UsageError
+from agentclaims.contract import (
+    BlockHash,
+    ClaimEvent,
+    ClaimId,
+    ClaimSpec,
+    OwnerScope,
+    PrefixId,
+)
+from agentclaims.errors import UnknownClaim, UsageError
+from agentclaims.protocol import ClaimDecision, ClaimView, Descriptor, EventPage
 
 __all__ = ["BackendPool"]
 
@@ -29,6 +44,9 @@ class BackendPool:
         self._by_name = {b.name: b for b in members}
         self._affinity: dict[str, str] = {}
         self._load: dict[str, int] = dict.fromkeys(names, 0)
+        self._home: dict[str, str] = {}  # claim id -> member holding it
+        self._log: list[tuple[str, ClaimEvent]] = []  # the pool's merged event stream
+        self._cursors: dict[str, int] = dict.fromkeys(names, 0)
 
     @property
     def name(self) -> str:
@@ -49,7 +67,7 @@ class BackendPool:
             self._load[name] += 1
         return self._by_name[name]
 
-    async def reroute(self, session_id: str, prefix_ids: Sequence[str] = ()) -> Backend | None:
+    async def reroute(self, session_id: str, prefix_ids: Sequence[PrefixId] = ()) -> Backend | None:
         """Move the session to another member (most of its prefix resident first, then least
         loaded); ``None`` when the pool has no other member."""
         current = self._affinity.get(session_id)
@@ -76,3 +94,92 @@ class BackendPool:
     async def aclose(self) -> None:
         for backend in self.backends:
             await backend.aclose()
+
+    # ------------------------------------------------------------------ claims protocol
+    def _holder(self, claim_id: ClaimId) -> Backend:
+        name = self._home.get(claim_id)
+        if name is None:
+            raise UnknownClaim(claim_id)
+        return self._by_name[name]
+
+    async def submit_claim(
+        self, spec: ClaimSpec, block_hashes: Sequence[BlockHash] | None = None
+    ) -> ClaimDecision:
+        """Submit on the owner's member (its affinity, else the least loaded)."""
+        member = self.assign(spec.owner_scope)
+        decision = await member.submit_claim(spec, block_hashes)
+        self._home[spec.claim_id] = member.name
+        return decision
+
+    async def get_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
+        return await self._holder(claim_id).get_claim(claim_id, owner_scope)
+
+    async def renew_claim(
+        self,
+        claim_id: ClaimId,
+        owner_scope: OwnerScope,
+        *,
+        duration_steps: int | None = None,
+        ttl_s: float | None = None,
+    ) -> ClaimView:
+        member = self._holder(claim_id)
+        return await member.renew_claim(
+            claim_id, owner_scope, duration_steps=duration_steps, ttl_s=ttl_s
+        )
+
+    async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
+        return await self._holder(claim_id).release_claim(claim_id, owner_scope)
+
+    async def events(
+        self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None
+    ) -> EventPage:
+        """The members' new events appended to the pool's stream, then the page after
+        ``since`` (a position in that stream); each event keeps its member's ``seq``."""
+        for member in self.backends:
+            page = await member.events(self._cursors[member.name])
+            self._cursors[member.name] = page.next_since
+            self._log.extend((member.name, e) for e in page.events)
+        after = [e for _, e in self._log[since:]]
+        page = EventPage.select(after, 0, len(after), limit=limit, id_prefix=id_prefix)
+        scanned = len(after) if limit is None else min(limit, len(after))
+        return dataclasses.replace(
+            page,
+            last_seq=len(self._log),
+            next_since=since + scanned,
+            more=since + scanned < len(self._log),
+            gap=False,
+        )
+
+    async def residency(self, prefix_ids: Sequence[PrefixId]) -> dict[PrefixId, int]:
+        """The most leading blocks of each prefix resident on any member."""
+        out = dict.fromkeys(prefix_ids, 0)
+        for member in self.backends:
+            for pid, n in (await member.residency(prefix_ids)).items():
+                out[pid] = max(out.get(pid, 0), n)
+        return out
+
+    async def descriptor(self) -> Descriptor:
+        """The members' descriptors; per mode the weakest class among them (fail closed)."""
+        members = {b.name: await b.descriptor() for b in self.backends}
+        order = [
+            "native_conformance",
+            "adapter_observational",
+            "adapter_policy",
+            "approximation_substrate",
+            "unknown",
+            "rejected",
+        ]
+        modes: dict[str, Any] = {}
+        for desc in members.values():
+            for mode, entry in (desc.get("modes") or {}).items():
+                cls = entry.get("lowering_class", "unknown")
+                old = modes.get(mode, {}).get("lowering_class", "native_conformance")
+                worst = max(old, cls, key=lambda c: order.index(c) if c in order else len(order))
+                modes[mode] = {"lowering_class": worst}
+        first = next(iter(members.values()))
+        return {
+            "name": self.name,
+            "cache_identity": first.get("cache_identity"),
+            "members": members,
+            "modes": modes,
+        }

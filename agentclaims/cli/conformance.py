@@ -1,6 +1,9 @@
 """``agentclaims conformance``: run levels L1-L7 and C1 on a backend and print the results.
 
-Exit status: 0 when every level passes, 1 otherwise, 2 for an unknown backend name.
+``--backend embedded`` runs them through the gateway app in-process (``EmbeddedBackend``) and
+``--backend http://HOST:PORT`` through a gateway on the network: the same scenarios over the
+same claims protocol, so the same statuses. Exit status: 0 when every level passes, 1
+otherwise, 2 for an unknown backend name.
 """
 
 from __future__ import annotations
@@ -10,14 +13,13 @@ import asyncio
 import json
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from agentclaims.conformance import (
-    EmbeddedConformanceBackend,
-    LevelResult,
-    run_suite,
-    suite_not_evaluated,
-)
+from agentclaims.conformance import LevelResult, run_suite
 from agentclaims.errors import UnknownNameError
+
+if TYPE_CHECKING:
+    from agentclaims.backends.http import HTTPBackend
 
 __all__ = ["run"]
 
@@ -27,13 +29,19 @@ _MAX_EVIDENCE_SHOWN = 4
 
 def _results_for(backend: str) -> dict[str, LevelResult]:
     if backend == "embedded":
-        return asyncio.run(run_suite(EmbeddedConformanceBackend()))
+        from agentclaims.backends.embedded import EmbeddedBackend
+
+        return asyncio.run(_run(EmbeddedBackend(1, name="embedded")))
     if backend.startswith(("http://", "https://")):
-        return suite_not_evaluated(
-            "not evaluated: the suite cannot drive a gateway over HTTP yet "
-            f"(no scenario was run against {backend})"
-        )
+        from agentclaims.backends.http import HTTPBackend
+
+        return asyncio.run(_run(HTTPBackend(backend)))
     raise UnknownNameError("backend", backend, _KNOWN_BACKENDS)
+
+
+async def _run(backend: HTTPBackend) -> dict[str, LevelResult]:
+    async with backend:
+        return await run_suite(backend)
 
 
 def _evidence_text(result: LevelResult) -> str:

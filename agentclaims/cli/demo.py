@@ -18,7 +18,7 @@ BLOCK_SIZE = 16
 
 
 def _service() -> Any:
-    from agentclaims.gateway.kv import ServiceTimes
+    from agentclaims.engine import ServiceTimes
 
     # A mid-size model on one accelerator: recomputing a 1,000-token prefix costs ~0.1 s.
     return ServiceTimes(prefill_s_per_token=100e-6, decode_s_per_token=2e-3)

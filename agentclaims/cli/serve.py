@@ -12,7 +12,8 @@ __all__ = ["run"]
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; 2 on bad arguments, 3 when uvicorn is not installed."""
-    from agentclaims.gateway import ReferenceKV, ScriptedModel, create_app
+    from agentclaims.engine import ReferenceKV
+    from agentclaims.gateway import ScriptedModel, create_app
 
     try:
         kv = ReferenceKV.create(args.blocks, args.block_size)

@@ -1,18 +1,25 @@
 """The executable conformance suite: levels L1-L7 and C1 of the Resident KV Claims contract.
 
-``run_suite(backend)`` drives any ``ConformanceBackend`` (the embedded reference engine through
-``EmbeddedConformanceBackend``; a gateway or a vLLM lowering through their own adapters) and
-returns one ``LevelResult`` per level. ``allocator_probe`` and ``capacity_sweep`` reproduce the
-contract's reference figures.
+``run_suite(backend)`` drives anything that speaks the claims protocol (the reference engine,
+the gateway in-process or over HTTP, a lowering onto vLLM, a test double) through the same
+scenarios, and returns one ``LevelResult`` per level. ``allocator_probe`` and ``capacity_sweep``
+reproduce the contract's reference figures; ``mode_classes`` turns a run into the lowering class
+of each protection mode (the evidence a descriptor states).
 """
 
-from agentclaims.conformance.backend import (
-    ConformanceBackend,
-    EmbeddedConformanceBackend,
-    ManualClock,
-    OperationNotExposed,
+from agentclaims.conformance.evidence import (
+    RunEvidence,
+    evidence_from_json,
+    no_evidence,
+    self_test,
 )
-from agentclaims.conformance.lowering import HARD_OBLIGATIONS, LoweringVerdict, check_hard_lowering
+from agentclaims.conformance.lowering import (
+    HARD_OBLIGATIONS,
+    MODE_LEVELS,
+    LoweringVerdict,
+    check_hard_lowering,
+    mode_classes,
+)
 from agentclaims.conformance.probe import (
     PROBE_ACTIVE_BLOCKS,
     PROBE_RESIDENT_BLOCKS,
@@ -27,31 +34,40 @@ from agentclaims.conformance.scenarios import (
     LEVELS,
     Evidence,
     LevelResult,
+    as_target,
     run_level,
     run_suite,
     suite_not_evaluated,
 )
+from agentclaims.conformance.target import OWNER_SCOPE, ManualClock, Target, reference_target
 
 __all__ = [
     "HARD_OBLIGATIONS",
     "LEVELS",
+    "MODE_LEVELS",
+    "OWNER_SCOPE",
     "PROBE_ACTIVE_BLOCKS",
     "PROBE_RESIDENT_BLOCKS",
     "PROBE_USABLE_BLOCKS",
     "SWEEP_USABLE_BLOCKS",
-    "ConformanceBackend",
-    "EmbeddedConformanceBackend",
     "Evidence",
     "LevelResult",
     "LoweringVerdict",
     "ManualClock",
-    "OperationNotExposed",
     "ProbeRecord",
+    "RunEvidence",
     "SweepRow",
+    "Target",
     "allocator_probe",
+    "as_target",
     "capacity_sweep",
     "check_hard_lowering",
+    "evidence_from_json",
+    "mode_classes",
+    "no_evidence",
+    "reference_target",
     "run_level",
     "run_suite",
+    "self_test",
     "suite_not_evaluated",
 ]

@@ -12,16 +12,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from agentclaims.conformance.backend import ConformanceBackend
-from agentclaims.contract import CacheIdentity, ClaimEvent, ClaimSpec, ProtectionMode
-from agentclaims.engine import (
-    ActiveOutcome,
+from agentclaims.conformance.target import OWNER_SCOPE, Target
+from agentclaims.contract import (
     BlockHash,
-    ClaimDecision,
-    ClaimView,
-    hash_token_blocks,
+    CacheIdentity,
+    ClaimEvent,
+    ClaimSpec,
+    ProtectionMode,
     prefix_id_of,
 )
+from agentclaims.engine import hash_token_blocks
+from agentclaims.protocol import ActiveOutcome, ClaimDecision, ClaimView
 
 __all__ = [
     "OWNER_SCOPE",
@@ -46,7 +47,6 @@ PROBE_RESIDENT_BLOCKS = 60
 PROBE_ACTIVE_BLOCKS = 70
 PROBE_USABLE_BLOCKS = 80
 SWEEP_USABLE_BLOCKS: tuple[int, ...] = tuple(range(80, 151, 10))
-OWNER_SCOPE = "conformance"
 PROBE_CLAIM_ID = "probe-claim"
 PROBE_ACTIVE_REQUEST = "probe-active"
 
@@ -76,20 +76,17 @@ def claim_spec(
 
 
 async def serve(
-    backend: ConformanceBackend,
+    backend: Target,
     request_id: str,
     block_hashes: Sequence[BlockHash],
     *,
     admit: bool = True,
 ) -> ActiveOutcome:
     """Run one active request to completion if it is served."""
-    outcome = await backend.begin(request_id, block_hashes, admit=admit)
-    if outcome.served:
-        await backend.finish(request_id)
-    return outcome
+    return await backend.begin(request_id, block_hashes, admit=admit)
 
 
-async def lost_blocks(backend: ConformanceBackend, block_hashes: Sequence[BlockHash]) -> int:
+async def lost_blocks(backend: Target, block_hashes: Sequence[BlockHash]) -> int:
     """How many of ``block_hashes`` are no longer resident."""
     return sum(1 for alive in await backend.survival(block_hashes) if not alive)
 
@@ -133,7 +130,7 @@ class ProbeRecord:
 
 
 async def prepare_resident(
-    backend: ConformanceBackend,
+    backend: Target,
     usable_blocks: int,
     mode: ProtectionMode | None = None,
     *,
@@ -152,7 +149,7 @@ async def prepare_resident(
 
 
 async def allocator_probe(
-    backend: ConformanceBackend,
+    backend: Target,
     usable_blocks: int = PROBE_USABLE_BLOCKS,
     mode: ProtectionMode | None = None,
     *,
@@ -203,7 +200,7 @@ class SweepRow:
 
 
 async def capacity_sweep(
-    backend: ConformanceBackend, usable: Iterable[int] = SWEEP_USABLE_BLOCKS
+    backend: Target, usable: Iterable[int] = SWEEP_USABLE_BLOCKS
 ) -> list[SweepRow]:
     """The probe at each capacity, without protection and under a hard claim."""
     rows = []

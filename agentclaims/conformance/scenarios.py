@@ -1,4 +1,4 @@
-"""The conformance levels L1-L7 and C1, each an executable scenario over a ``ConformanceBackend``.
+"""The conformance levels L1-L7 and C1, each an executable scenario over a ``Target``.
 
 Every scenario starts a fresh instance, drives it, reads the events, and returns a
 ``LevelResult``: a status, the events that decided it (``seq`` and name) and a short detail.
@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentclaims.conformance.backend import ConformanceBackend, OperationNotExposed
 from agentclaims.conformance.lowering import check_hard_lowering
 from agentclaims.conformance.probe import (
     OWNER_SCOPE,
@@ -30,6 +29,7 @@ from agentclaims.conformance.probe import (
     serve,
     synthetic_blocks,
 )
+from agentclaims.conformance.target import Target
 from agentclaims.contract import (
     SCHEMA_VERSION,
     ArbiterAction,
@@ -43,13 +43,20 @@ from agentclaims.contract import (
     leading_run,
     rebuild_claims,
 )
-from agentclaims.engine import BlockHash
-from agentclaims.errors import AgentClaimsError, BackendUnavailable, UnknownNameError
+from agentclaims.contract.ids import BlockHash
+from agentclaims.errors import (
+    AgentClaimsError,
+    BackendUnavailable,
+    OperationNotExposed,
+    UnknownNameError,
+)
+from agentclaims.protocol import ClaimsProtocol
 
 __all__ = [
     "LEVELS",
     "Evidence",
     "LevelResult",
+    "as_target",
     "run_level",
     "run_suite",
     "suite_not_evaluated",
@@ -143,7 +150,7 @@ def _single(v: _Verdict, events: list[ClaimEvent], what: str) -> ClaimEvent | No
 
 
 # ---------------------------------------------------------------------------------- L1 / L2
-async def level_l1(backend: ConformanceBackend) -> LevelResult:
+async def level_l1(backend: Target) -> LevelResult:
     """No accepted claim: evictions happen, and none of them is harm."""
     v = _Verdict("L1")
     probe = await allocator_probe(backend)
@@ -160,7 +167,7 @@ async def level_l1(backend: ConformanceBackend) -> LevelResult:
     )
 
 
-async def level_l2(backend: ConformanceBackend) -> LevelResult:
+async def level_l2(backend: Target) -> LevelResult:
     """Write no-admit denies future reuse but still allocates from the shared pool."""
     v = _Verdict("L2")
     probe = await allocator_probe(backend, admit=False)
@@ -188,7 +195,7 @@ async def level_l2(backend: ConformanceBackend) -> LevelResult:
 
 
 # ---------------------------------------------------------------------------------- L3
-async def level_l3(backend: ConformanceBackend) -> LevelResult:
+async def level_l3(backend: Target) -> LevelResult:
     """An accepted hard claim turns the 60 + 70 > 80 probe into an explicit refusal."""
     v = _Verdict("L3")
     probe = await allocator_probe(backend, mode=ProtectionMode.HARD_PROTECTED)
@@ -229,7 +236,7 @@ async def level_l3(backend: ConformanceBackend) -> LevelResult:
 # ---------------------------------------------------------------------------------- L4 / L5
 async def _ended_before_loss(
     v: _Verdict,
-    backend: ConformanceBackend,
+    backend: Target,
     events: list[ClaimEvent],
     resident: Sequence[BlockHash],
     claim_id: str,
@@ -261,7 +268,7 @@ async def _ended_before_loss(
     )
 
 
-async def level_l4(backend: ConformanceBackend) -> LevelResult:
+async def level_l4(backend: Target) -> LevelResult:
     """A demotable claim under pressure is demoted, with its event, before it loses a block."""
     v = _Verdict("L4")
     probe = await allocator_probe(backend, mode=ProtectionMode.DEMOTABLE)
@@ -271,7 +278,7 @@ async def level_l4(backend: ConformanceBackend) -> LevelResult:
     )
 
 
-async def level_l5(backend: ConformanceBackend) -> LevelResult:
+async def level_l5(backend: Target) -> LevelResult:
     """An expiring claim protects until ``duration_steps`` end, then expires before any loss."""
     v = _Verdict("L5")
     steps = 2
@@ -300,7 +307,7 @@ async def level_l5(backend: ConformanceBackend) -> LevelResult:
 
 
 # ---------------------------------------------------------------------------------- L6
-async def level_l6(backend: ConformanceBackend) -> LevelResult:
+async def level_l6(backend: Target) -> LevelResult:
     """59 of 60 blocks surviving is not materialization when block 0 is lost."""
     v = _Verdict("L6")
     n = PROBE_RESIDENT_BLOCKS
@@ -368,7 +375,7 @@ async def level_l6(backend: ConformanceBackend) -> LevelResult:
 
 
 # ---------------------------------------------------------------------------------- L7
-async def level_l7(backend: ConformanceBackend) -> LevelResult:
+async def level_l7(backend: Target) -> LevelResult:
     """Acceptance, materialization, conflict, blocking ids and the end rebuild from events."""
     v = _Verdict("L7")
     identity, resident, _ = await prepare_resident(backend, PROBE_USABLE_BLOCKS)
@@ -450,7 +457,7 @@ def _check_envelope(v: _Verdict, events: Iterable[ClaimEvent]) -> None:
 
 
 # ---------------------------------------------------------------------------------- C1
-async def level_c1(backend: ConformanceBackend) -> LevelResult:
+async def level_c1(backend: Target) -> LevelResult:
     """Lowering hard to soft_priority is classified unsound (``rejected``)."""
     v = _Verdict("C1")
     hard = await allocator_probe(backend, mode=ProtectionMode.HARD_PROTECTED)
@@ -480,7 +487,7 @@ async def level_c1(backend: ConformanceBackend) -> LevelResult:
 
 
 # ---------------------------------------------------------------------------------- running
-Scenario = Callable[[ConformanceBackend], Awaitable[LevelResult]]
+Scenario = Callable[[Target], Awaitable[LevelResult]]
 
 LEVELS: Mapping[str, Scenario] = {
     "L1": level_l1,
@@ -495,14 +502,20 @@ LEVELS: Mapping[str, Scenario] = {
 """Every level, in the order the suite runs them."""
 
 
-async def run_level(backend: ConformanceBackend, level: str) -> LevelResult:
+def as_target(backend: Target | ClaimsProtocol) -> Target:
+    """``backend`` as the scenarios drive it (a ``UsageError`` if it speaks no protocol)."""
+    return backend if isinstance(backend, Target) else Target(backend)
+
+
+async def run_level(backend: Target | ClaimsProtocol, level: str) -> LevelResult:
     """Run one level; a missing operation is ``not_exposed``, an unreachable backend
     ``not_evaluated``, and any other error ``fail`` (fail closed)."""
     scenario = LEVELS.get(level)
     if scenario is None:
         raise UnknownNameError("level", level, list(LEVELS))
+    target = as_target(backend)
     try:
-        return await scenario(backend)
+        return await scenario(target)
     except OperationNotExposed as exc:
         return LevelResult(level, ConformanceStatus.NOT_EXPOSED, detail=str(exc))
     except BackendUnavailable as exc:
@@ -512,14 +525,15 @@ async def run_level(backend: ConformanceBackend, level: str) -> LevelResult:
 
 
 async def run_suite(
-    backend: ConformanceBackend, levels: Iterable[str] | None = None
+    backend: Target | ClaimsProtocol, levels: Iterable[str] | None = None
 ) -> dict[str, LevelResult]:
     """Run the given levels (all by default) in order, each on a fresh instance."""
     chosen = list(LEVELS) if levels is None else list(levels)
     for level in chosen:
         if level not in LEVELS:
             raise UnknownNameError("level", level, list(LEVELS))
-    return {level: await run_level(backend, level) for level in chosen}
+    target = as_target(backend)
+    return {level: await run_level(target, level) for level in chosen}
 
 
 def suite_not_evaluated(reason: str) -> dict[str, LevelResult]:

@@ -1,7 +1,17 @@
-"""The Resident KV Claims contract: modes, states, decisions, actions, predicates, events."""
+"""The Resident KV Claims contract: ids, modes, states, decisions, actions, predicates, events,
+and the one wire codec they travel in."""
 
 from agentclaims.contract.claims import CacheIdentity, ClaimSpec, parse_mode
 from agentclaims.contract.events import SCHEMA_VERSION, ClaimEvent, ClaimHistory, rebuild_claims
+from agentclaims.contract.ids import (
+    BlockHash,
+    ClaimId,
+    OwnerScope,
+    PrefixId,
+    RequestId,
+    prefix_blocks,
+    prefix_id_of,
+)
 from agentclaims.contract.lifecycle import LEGAL_TRANSITIONS, check_transition
 from agentclaims.contract.names import (
     ArbiterAction,
@@ -25,9 +35,11 @@ __all__ = [
     "LEGAL_TRANSITIONS",
     "SCHEMA_VERSION",
     "ArbiterAction",
+    "BlockHash",
     "CacheIdentity",
     "ClaimEvent",
     "ClaimHistory",
+    "ClaimId",
     "ClaimSpec",
     "ClaimState",
     "ConformanceStatus",
@@ -38,10 +50,15 @@ __all__ = [
     "LeadingPrefixAtLeast",
     "LoweringClass",
     "MaterializationPredicate",
+    "OwnerScope",
+    "PrefixId",
     "ProtectionMode",
+    "RequestId",
     "check_transition",
     "leading_run",
     "parse_mode",
     "predicate_from_dict",
+    "prefix_blocks",
+    "prefix_id_of",
     "rebuild_claims",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from agentclaims.contract.names import ProtectionMode
 from agentclaims.contract.predicates import (
@@ -14,6 +14,7 @@ from agentclaims.contract.predicates import (
     MaterializationPredicate,
     predicate_from_dict,
 )
+from agentclaims.contract.wire import Wire
 from agentclaims.errors import UnknownNameError, UsageError
 
 __all__ = ["CacheIdentity", "ClaimSpec", "parse_mode"]
@@ -36,7 +37,7 @@ def _nonempty(field_name: str, value: object) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class CacheIdentity:
+class CacheIdentity(Wire):
     """What makes two blocks interchangeable: same domain, model, tokenizer, salt, block size."""
 
     cache_key_domain: str
@@ -45,6 +46,10 @@ class CacheIdentity:
     salt_namespace: str
     block_size: int
     adapter_id: str | None = None
+
+    wire_name: ClassVar[str] = "cache_identity"
+    wire_prefix: ClassVar[str] = "cache_identity"
+    wire_omit_none: ClassVar[tuple[str, ...]] = ("adapter_id",)
 
     def __post_init__(self) -> None:
         for name in ("cache_key_domain", "model_id", "tokenizer_id", "salt_namespace"):
@@ -60,42 +65,9 @@ class CacheIdentity:
         if self.adapter_id is not None:
             _nonempty("cache_identity.adapter_id", self.adapter_id)
 
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "cache_key_domain": self.cache_key_domain,
-            "model_id": self.model_id,
-            "tokenizer_id": self.tokenizer_id,
-            "salt_namespace": self.salt_namespace,
-            "block_size": self.block_size,
-        }
-        if self.adapter_id is not None:
-            data["adapter_id"] = self.adapter_id
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> CacheIdentity:
-        if not isinstance(data, Mapping):
-            raise UsageError("cache_identity", f"expected an object, got {data!r}")
-        known = {
-            "cache_key_domain",
-            "model_id",
-            "tokenizer_id",
-            "salt_namespace",
-            "block_size",
-            "adapter_id",
-        }
-        extra = set(data) - known
-        if extra:
-            raise UsageError("cache_identity", f"unknown fields {sorted(extra)}")
-        try:
-            return cls(**dict(data))
-        except TypeError:
-            missing = sorted(known - {"adapter_id"} - set(data))
-            raise UsageError("cache_identity", f"missing fields {missing}") from None
-
 
 @dataclass(frozen=True, slots=True)
-class ClaimSpec:
+class ClaimSpec(Wire):
     """A request to keep a prefix resident: what, for whom, how strongly and for how long.
 
     ``object_id`` is the claimed prefix (a ``prefix_id``). ``footprint_blocks`` is its length in
@@ -113,6 +85,9 @@ class ClaimSpec:
     materialization_predicate: MaterializationPredicate = field(default=None)  # type: ignore[assignment]
     duration_steps: int | None = None
     ttl_s: float | None = None
+
+    wire_name: ClassVar[str] = "claim"
+    wire_readers: ClassVar[Mapping[str, Any]] = {"materialization_predicate": predicate_from_dict}
 
     def __post_init__(self) -> None:
         _nonempty("claim_id", self.claim_id)
@@ -161,49 +136,3 @@ class ClaimSpec:
 
     def with_mode(self, mode: ProtectionMode | str) -> ClaimSpec:
         return replace(self, protection_mode=parse_mode(mode))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "claim_id": self.claim_id,
-            "owner_scope": self.owner_scope,
-            "object_id": self.object_id,
-            "cache_identity": self.cache_identity.to_dict(),
-            "footprint_blocks": self.footprint_blocks,
-            "protection_mode": self.protection_mode.value,
-            "materialization_predicate": self.materialization_predicate.to_dict(),
-            "duration_steps": self.duration_steps,
-            "ttl_s": self.ttl_s,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ClaimSpec:
-        """Parse the JSON form; every problem is a ``UsageError`` naming the field."""
-        if not isinstance(data, Mapping):
-            raise UsageError("claim", f"expected an object, got {data!r}")
-        required = (
-            "claim_id",
-            "owner_scope",
-            "object_id",
-            "cache_identity",
-            "footprint_blocks",
-            "protection_mode",
-        )
-        for name in required:
-            if name not in data:
-                raise UsageError(name, "missing")
-        known = {*required, "materialization_predicate", "duration_steps", "ttl_s"}
-        extra = set(data) - known
-        if extra:
-            raise UsageError("claim", f"unknown fields {sorted(extra)}")
-        pred = data.get("materialization_predicate")
-        return cls(
-            claim_id=data["claim_id"],
-            owner_scope=data["owner_scope"],
-            object_id=data["object_id"],
-            cache_identity=CacheIdentity.from_dict(data["cache_identity"]),
-            footprint_blocks=data["footprint_blocks"],
-            protection_mode=parse_mode(data["protection_mode"]),
-            materialization_predicate=None if pred is None else predicate_from_dict(pred),  # type: ignore[arg-type]
-            duration_steps=data.get("duration_steps"),
-            ttl_s=data.get("ttl_s"),
-        )

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from agentclaims.contract.ids import ClaimId, PrefixId, RequestId
 from agentclaims.contract.lifecycle import check_transition
 from agentclaims.contract.names import ClaimState, EventName, ProtectionMode
+from agentclaims.contract.wire import Wire
 from agentclaims.errors import UsageError
 
 __all__ = ["SCHEMA_VERSION", "ClaimEvent", "ClaimHistory", "rebuild_claims"]
@@ -26,30 +28,9 @@ STATE_OF_EVENT: Mapping[EventName, ClaimState] = {
     EventName.RESIDENT_CLAIM_HARMED: ClaimState.HARMED,
 }
 
-_REQUIRED = (
-    "schema_version",
-    "timestamp_ns",
-    "run_id",
-    "event",
-    "request_id",
-    "claim_id",
-    "prefix_id",
-    "policy",
-    "usable_blocks",
-    "event_sequence",
-)
-
-
-def _int_field(data: Mapping[str, Any], name: str, default: int | None = None) -> int:
-    """An integer field of an event's JSON form; anything else is a ``UsageError`` naming it."""
-    value = data.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise UsageError(f"event.{name}", f"expected an integer, got {value!r}")
-    return value
-
 
 @dataclass(frozen=True, slots=True)
-class ClaimEvent:
+class ClaimEvent(Wire):
     """One event. ``event_sequence`` increases per claim (per ``claim_id``; claimless events
     share the ``None`` sequence); ``seq`` orders the whole stream and is what a reader resumes
     from. ``data`` holds the event-specific fields (action, blocking_claim_ids, cause, ...)."""
@@ -61,56 +42,24 @@ class ClaimEvent:
     run_id: str
     policy: str
     usable_blocks: int
-    request_id: str | None = None
-    claim_id: str | None = None
-    prefix_id: str | None = None
+    request_id: RequestId | None = None
+    claim_id: ClaimId | None = None
+    prefix_id: PrefixId | None = None
     data: Mapping[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "schema_version": self.schema_version,
-            "seq": self.seq,
-            "event_sequence": self.event_sequence,
-            "timestamp_ns": self.timestamp_ns,
-            "run_id": self.run_id,
-            "event": self.event.value,
-            "request_id": self.request_id,
-            "claim_id": self.claim_id,
-            "prefix_id": self.prefix_id,
-            "policy": self.policy,
-            "usable_blocks": self.usable_blocks,
-        }
-        out.update(self.data)
-        return out
+    wire_name: ClassVar[str] = "event"
+    wire_prefix: ClassVar[str] = "event"
+    wire_open: ClassVar[str | None] = "data"
+    wire_required: ClassVar[tuple[str, ...]] = (
+        "schema_version",
+        "request_id",
+        "claim_id",
+        "prefix_id",
+    )
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ClaimEvent:
-        for name in _REQUIRED:
-            if name not in data:
-                raise UsageError(f"event.{name}", "missing")
-        try:
-            name = EventName(data["event"])
-        except ValueError:
-            raise UsageError("event.event", f"unknown event {data['event']!r}") from None
-        core = {*_REQUIRED, "seq"}
-        return cls(
-            event=name,
-            seq=_int_field(data, "seq", 0),
-            event_sequence=_int_field(data, "event_sequence"),
-            timestamp_ns=_int_field(data, "timestamp_ns"),
-            run_id=str(data["run_id"]),
-            policy=str(data["policy"]),
-            usable_blocks=_int_field(data, "usable_blocks"),
-            request_id=data["request_id"],
-            claim_id=data["claim_id"],
-            prefix_id=data["prefix_id"],
-            data={k: v for k, v in data.items() if k not in core},
-            schema_version=_int_field(data, "schema_version"),
-        )
 
     @classmethod
     def from_json(cls, line: str) -> ClaimEvent:
@@ -118,8 +67,6 @@ class ClaimEvent:
             data = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UsageError("event", f"not JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise UsageError("event", "expected a JSON object")
         return cls.from_dict(data)
 
 

@@ -15,8 +15,8 @@ import hashlib
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NewType
 
+from agentclaims.contract.ids import BlockHash, prefix_blocks, prefix_id_of
 from agentclaims.errors import UsageError
 
 __all__ = [
@@ -31,8 +31,6 @@ __all__ = [
     "prefix_id_of",
 ]
 
-BlockHash = NewType("BlockHash", int)
-"""A 64-bit chained block hash (vLLM publishes the low 64 bits of its hashes as ints too)."""
 
 HashFn = Callable[[bytes], int]
 
@@ -79,21 +77,6 @@ def hash_token_blocks(
         parent = hash_block_tokens(parent, token_ids[start : start + block_size], extra, hash_fn)
         hashes.append(parent)
     return hashes
-
-
-def prefix_id_of(block_hashes: Sequence[int]) -> str:
-    """The id of the prefix made of these blocks: its last hash names the whole chain."""
-    if not block_hashes:
-        raise UsageError("block_hashes", "a prefix needs at least one full block")
-    return f"pfx-{block_hashes[-1] & 0xFFFFFFFFFFFFFFFF:016x}-{len(block_hashes)}"
-
-
-def prefix_blocks(prefix_id: str) -> int:
-    """How many blocks the prefix named ``prefix_id`` has (the inverse of ``prefix_id_of``)."""
-    head, _, count = prefix_id.rpartition("-")
-    if not head.startswith("pfx-") or not count.isdigit():
-        raise UsageError("prefix_id", f"not a prefix id: {prefix_id!r}")
-    return int(count)
 
 
 @dataclass(slots=True, eq=False)

@@ -31,8 +31,8 @@ import math
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from agentclaims.contract import (
@@ -48,11 +48,13 @@ from agentclaims.contract import (
     ProtectionMode,
     check_transition,
 )
-from agentclaims.engine.blocks import Block, BlockHash, prefix_id_of
+from agentclaims.contract.ids import BlockHash, prefix_id_of
+from agentclaims.engine.blocks import Block
 from agentclaims.engine.eviction import EvictionPolicy, LRUPolicy
 from agentclaims.errors import ScopeViolation, UnknownClaim, UsageError
+from agentclaims.protocol.types import ActiveOutcome, ClaimDecision, ClaimView
 
-__all__ = ["ActiveOutcome", "ClaimDecision", "ClaimView", "EngineStats", "KVEngine"]
+__all__ = ["EngineStats", "KVEngine"]
 
 # Tiers of resident blocks, weakest first. ACTIVE/FREE are bookkeeping values only.
 FREE, ORDINARY, BEST_EFFORT, DEMOTABLE, OFFLOADABLE, SOFT, EXPIRY_HELD, PROTECTED = range(8)
@@ -66,162 +68,6 @@ TIER_OF_MODE = {
     ProtectionMode.EXPIRING: PROTECTED,
     ProtectionMode.HARD_PROTECTED: PROTECTED,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class ActiveOutcome:
-    """The arbiter's answer to an active request."""
-
-    request_id: str
-    action: ArbiterAction
-    feasibility: Feasibility
-    hit_blocks: int = 0
-    """Leading blocks reused from the device prefix cache."""
-    restored_blocks: int = 0
-    """Leading blocks brought back from the host tier (no recompute)."""
-    computed_blocks: int = 0
-    """Full blocks that had to be computed (recomputed prompt KV)."""
-    evicted_blocks: int = 0
-    blocking_claim_ids: tuple[str, ...] = ()
-    shortfall_blocks: int = 0
-    retry_after_s: float | None = None
-
-    @property
-    def served(self) -> bool:
-        return self.action in (
-            ArbiterAction.SERVE_ACTIVE_PRESERVE_RESIDENT,
-            ArbiterAction.SERVE_ACTIVE_EVICT_RESIDENT,
-            ArbiterAction.SERVE_ACTIVE_NO_ADMIT,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "request_id": self.request_id,
-            "action": self.action.value,
-            "feasibility": self.feasibility.value,
-            "served": self.served,
-            "hit_blocks": self.hit_blocks,
-            "restored_blocks": self.restored_blocks,
-            "computed_blocks": self.computed_blocks,
-            "evicted_blocks": self.evicted_blocks,
-            "blocking_claim_ids": list(self.blocking_claim_ids),
-            "shortfall_blocks": self.shortfall_blocks,
-            "retry_after_s": self.retry_after_s,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ActiveOutcome:
-        """Parse ``to_dict``'s form (as the gateway sends it); bad data is a ``UsageError``."""
-        try:
-            retry = data.get("retry_after_s")
-            return cls(
-                request_id=str(data["request_id"]),
-                action=ArbiterAction(data["action"]),
-                feasibility=Feasibility(data["feasibility"]),
-                hit_blocks=int(data.get("hit_blocks", 0)),
-                restored_blocks=int(data.get("restored_blocks", 0)),
-                computed_blocks=int(data.get("computed_blocks", 0)),
-                evicted_blocks=int(data.get("evicted_blocks", 0)),
-                blocking_claim_ids=tuple(str(c) for c in data.get("blocking_claim_ids", ())),
-                shortfall_blocks=int(data.get("shortfall_blocks", 0)),
-                retry_after_s=None if retry is None else float(retry),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise UsageError("outcome", f"not an active outcome: {exc!r}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimDecision:
-    """The arbiter's answer to a residency claim."""
-
-    claim_id: str
-    decision: Decision
-    state: ClaimState
-    action: ArbiterAction | None = None
-    reason: str | None = None
-    conditions: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def accepted(self) -> bool:
-        return self.decision is not Decision.REJECTED
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "claim_id": self.claim_id,
-            "decision": self.decision.value,
-            "state": self.state.value,
-            "action": None if self.action is None else self.action.value,
-            "reason": self.reason,
-            "conditions": dict(self.conditions),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ClaimDecision:
-        """Parse ``to_dict``'s form (as the gateway sends it); bad data is a ``UsageError``."""
-        try:
-            action = data.get("action")
-            return cls(
-                claim_id=str(data["claim_id"]),
-                decision=Decision(data["decision"]),
-                state=ClaimState(data["state"]),
-                action=None if action is None else ArbiterAction(action),
-                reason=data.get("reason"),
-                conditions=dict(data.get("conditions") or {}),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise UsageError("decision", f"not a claim decision: {exc!r}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimView:
-    """A snapshot of one claim, as its owner may read it."""
-
-    claim_id: str
-    owner_scope: str
-    object_id: str
-    protection_mode: ProtectionMode
-    state: ClaimState
-    footprint_blocks: int
-    present_blocks: int
-    predicate_holds: bool
-    expires_at_step: int | None
-    expires_at_ns: int | None
-    end_reason: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "claim_id": self.claim_id,
-            "owner_scope": self.owner_scope,
-            "object_id": self.object_id,
-            "protection_mode": self.protection_mode.value,
-            "state": self.state.value,
-            "footprint_blocks": self.footprint_blocks,
-            "present_blocks": self.present_blocks,
-            "predicate_holds": self.predicate_holds,
-            "expires_at_step": self.expires_at_step,
-            "expires_at_ns": self.expires_at_ns,
-            "end_reason": self.end_reason,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ClaimView:
-        """Parse ``to_dict``'s form (as the gateway sends it); bad data is a ``UsageError``."""
-        try:
-            return cls(
-                claim_id=str(data["claim_id"]),
-                owner_scope=str(data["owner_scope"]),
-                object_id=str(data["object_id"]),
-                protection_mode=ProtectionMode(data["protection_mode"]),
-                state=ClaimState(data["state"]),
-                footprint_blocks=int(data["footprint_blocks"]),
-                present_blocks=int(data["present_blocks"]),
-                predicate_holds=bool(data["predicate_holds"]),
-                expires_at_step=data.get("expires_at_step"),
-                expires_at_ns=data.get("expires_at_ns"),
-                end_reason=data.get("end_reason"),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise UsageError("claim_view", f"not a claim view: {exc!r}") from None
 
 
 @dataclass(slots=True)
@@ -329,6 +175,7 @@ class KVEngine:
         run_id: str | None = None,
         policy_name: str | None = None,
         event_buffer: int = 200_000,
+        first_seq: int = 0,
     ) -> None:
         for name, value, minimum in (
             ("num_blocks", num_blocks, 1),
@@ -404,10 +251,10 @@ class KVEngine:
         self._deadline_ns: list[tuple[int, str]] = []
         self._prefixes: OrderedDict[str, tuple[BlockHash, ...]] = OrderedDict()
 
-        self._seq = 0
+        self._seq = first_seq  # a replacement instance continues its predecessor's stream
         self._claimless_seq = -1
         self._events: deque[ClaimEvent] = deque(maxlen=event_buffer)
-        self._taken = 0  # seq of the last event handed out by take_events
+        self._taken = first_seq  # seq of the last event handed out by take_events
 
     # ------------------------------------------------------------------ accounting
     @property
@@ -1178,6 +1025,11 @@ class KVEngine:
         claim = self._owned(claim_id, owner_scope)  # check the scope before anything changes
         self._expire_due(None)
         return self._view(claim)
+
+    def live_owners(self) -> set[str]:
+        """Owner scopes with a claim that has not ended (accepted, materialized or demoted)."""
+        ended = (ClaimState.REFUSED, ClaimState.EXPIRED, ClaimState.HARMED)
+        return {c.spec.owner_scope for c in self._claims.values() if c.state not in ended}
 
     def claims_of(self, owner_scope: str) -> list[ClaimView]:
         self._expire_due(None)

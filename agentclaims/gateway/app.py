@@ -12,7 +12,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -20,15 +20,43 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from agentclaims.backends.base import EXTENSION_KEY
-from agentclaims.contract import SCHEMA_VERSION, ClaimEvent, ClaimSpec
-from agentclaims.engine import blake2b_hash
-from agentclaims.errors import AgentClaimsError, UsageError
-from agentclaims.gateway.kv import ActiveRequest, KVSide, ServeResult
-from agentclaims.gateway.protocol import error_body, exception_error, refusal_error
+from agentclaims.conformance import RunEvidence, no_evidence, self_test
+from agentclaims.contract import (
+    SCHEMA_VERSION,
+    BlockHash,
+    ClaimId,
+    ClaimSpec,
+    OwnerScope,
+    RequestId,
+)
+from agentclaims.engine import ReferenceKV, blake2b_hash
+from agentclaims.errors import AgentClaimsError, OperationNotExposed, UsageError
 from agentclaims.gateway.text import Reply, TextRequest, TextSide
+from agentclaims.protocol import (
+    EXTENSION_KEY,
+    ActiveRequest,
+    ActiveServing,
+    ClaimsProtocol,
+    InstanceControl,
+    ServeResult,
+    Tokenizer,
+    error_body,
+    exception_error,
+    refusal_error,
+)
 
-__all__ = ["Extension", "create_app"]
+__all__ = ["Extension", "KVSide", "create_app"]
+
+EvidenceSource = RunEvidence | Callable[[], Awaitable[RunEvidence]] | None
+
+
+class KVSide(ClaimsProtocol, ActiveServing, Protocol):
+    """What the gateway serves: the claims protocol with active serving, and the tokenizer
+    whose ids it hashes. ``InstanceControl`` and a ``metrics()`` method are used if present."""
+
+    tokenizer: Tokenizer
+    block_size: int
+
 
 Handler = Callable[[Request], Awaitable[Response]]
 _MAX_TOKEN_ID = 2**31
@@ -116,20 +144,21 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
     return value
 
 
-def _owner(request: Request, body: Mapping[str, Any] | None = None) -> str:
+def _owner(request: Request, body: Mapping[str, Any] | None = None) -> OwnerScope:
     owner = (body or {}).get("owner_scope") or request.query_params.get("owner_scope")
     if not isinstance(owner, str) or not owner:
         raise UsageError("owner_scope", "missing: name the claim's owner scope")
-    return owner
+    return OwnerScope(owner)
 
 
 class _Gateway:
     """The route handlers over one KV side and one text side."""
 
-    def __init__(self, kv: KVSide, text: TextSide, name: str) -> None:
+    def __init__(self, kv: KVSide, text: TextSide, name: str, evidence: EvidenceSource) -> None:
         self.kv = kv
         self.text = text
         self.name = name
+        self._evidence = evidence
         self.calls: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
 
@@ -151,7 +180,7 @@ class _Gateway:
                 "streaming is not supported by the agentclaims gateway; send stream: false",
             )
         cache_salt = _optional_str(body, "cache_salt")
-        request_id = ext.request_id or f"{id_prefix}-{uuid.uuid4().hex}"
+        request_id = RequestId(ext.request_id or f"{id_prefix}-{uuid.uuid4().hex}")
         reply = await self.text.complete(text_request)
         key = f"{blake2b_hash(json.dumps(segments).encode()):016x}"
         payload, reply_tokens = render(reply, key)
@@ -161,7 +190,7 @@ class _Gateway:
                 segments=segments,
                 reply_tokens=reply_tokens,
                 claims=ext.claims,
-                owner_scope=ext.default_owner,
+                owner_scope=None if ext.default_owner is None else OwnerScope(ext.default_owner),
                 admit=ext.admit,
                 cache_salt=cache_salt,
                 chat=text_request.kind == "chat",
@@ -263,25 +292,18 @@ class _Gateway:
         body = await _json_object(request)
         claim: Any = body.get("claim")  # from_dict names the field if it is not an object
         spec = ClaimSpec.from_dict(claim)
-        hashes = body.get("block_hashes")
-        if hashes is not None and not (
-            isinstance(hashes, list)
-            and all(
-                isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**64 for h in hashes
-            )
-        ):
-            raise UsageError("block_hashes", "must be a list of 64-bit unsigned integers")
+        hashes = _block_hashes(body) if body.get("block_hashes") is not None else None
         decision = await self.kv.submit_claim(spec, hashes)
         return JSONResponse(decision.to_dict())
 
     async def get_claim(self, request: Request) -> Response:
-        view = await self.kv.get_claim(request.path_params["claim_id"], _owner(request))
+        view = await self.kv.get_claim(ClaimId(request.path_params["claim_id"]), _owner(request))
         return JSONResponse(view.to_dict())
 
     async def renew_claim(self, request: Request) -> Response:
         body = await _json_object(request)
         view = await self.kv.renew_claim(
-            request.path_params["claim_id"],
+            ClaimId(request.path_params["claim_id"]),
             _owner(request, body),
             duration_steps=body.get("duration_steps"),
             ttl_s=body.get("ttl_s"),
@@ -290,46 +312,80 @@ class _Gateway:
 
     async def release_claim(self, request: Request) -> Response:
         body = await _json_object(request) if request.method == "POST" else {}
-        view = await self.kv.release_claim(request.path_params["claim_id"], _owner(request, body))
+        view = await self.kv.release_claim(
+            ClaimId(request.path_params["claim_id"]), _owner(request, body)
+        )
         return JSONResponse(view.to_dict())
 
     async def events(self, request: Request) -> Response:
         since = _int_param(request, "since", 0, 0, 2**62)
         limit = _int_param(request, "limit", 10_000, 1, 100_000)
         id_prefix = request.query_params.get("id_prefix") or None
-        events, last_seq = await self.kv.events(since, limit)
-        gap = events[0].seq > since + 1 if events else last_seq > since
-        scanned_to = events[-1].seq if events else since
-        if id_prefix is not None:
-            events = [e for e in events if _owned_by(e, id_prefix)]
-        return JSONResponse(
-            {
-                "events": [e.to_dict() for e in events],
-                "last_seq": last_seq,
-                "next_since": scanned_to,
-                "more": scanned_to < last_seq,
-                "gap": gap,
-            }
-        )
+        page = await self.kv.events(since, id_prefix=id_prefix, limit=limit)
+        return JSONResponse(page.to_dict())
 
     async def residency(self, request: Request) -> Response:
+        """Leading resident blocks per prefix id, or (``block_hashes``) residency per block."""
         body = await _json_object(request)
+        if "block_hashes" in body:
+            hashes = _block_hashes(body)
+            return JSONResponse({"resident": await self.kv.block_residency(hashes)})
         ids = body.get("prefix_ids")
         if not isinstance(ids, list) or not all(isinstance(p, str) for p in ids):
             raise UsageError("prefix_ids", "must be a list of prefix id strings")
         return JSONResponse({"residency": await self.kv.residency(ids)})
 
+    async def active(self, request: Request) -> Response:
+        """Serve one active request given by token ids or block hashes (no text is written):
+        the ``ServeResult``, refusals included, as data."""
+        body = await _json_object(request)
+        result = await self.kv.serve(ActiveRequest.from_dict(body, where="request"))
+        return JSONResponse(result.to_dict())
+
+    async def fresh_instance(self, request: Request) -> Response:
+        body = await _json_object(request)
+        kv = self._instance_control("fresh_instance")
+        usable: Any = body.get("usable_blocks")
+        identity = await kv.fresh_instance(usable, _owner(request, body))
+        return JSONResponse({"cache_identity": identity.to_dict()})
+
+    async def step(self, request: Request) -> Response:
+        body = await _json_object(request)
+        n = body.get("n", 1)
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1_000_000:
+            raise UsageError("n", f"must be an integer within 1..1000000, got {n!r}")
+        await self._instance_control("step").step(n)
+        return JSONResponse({"stepped": n})
+
+    def _instance_control(self, operation: str) -> InstanceControl:
+        if not isinstance(self.kv, InstanceControl):
+            raise OperationNotExposed(self.kv.name, operation)
+        return self.kv
+
     # ------------------------------------------------------------------ introspection
     async def descriptor(self, request: Request) -> Response:
+        """The KV side's facts, and per mode the lowering class its conformance evidence
+        supports (``unknown`` without evidence: never a class taken on trust)."""
+        evidence = await self.evidence()
         return JSONResponse(
             {
                 "name": self.name,
                 "schema_version": SCHEMA_VERSION,
                 "extension_key": EXTENSION_KEY,
                 "text_side": self.text.name,
-                **self.kv.descriptor(),
+                **await self.kv.descriptor(),
+                "conformance": {"source": evidence["source"], "levels": evidence["levels"]},
+                "modes": evidence["modes"],
             }
         )
+
+    async def evidence(self) -> RunEvidence:
+        """The conformance evidence (computed once: a self-test runs on a scratch engine)."""
+        if callable(self._evidence):
+            self._evidence = await self._evidence()
+        if self._evidence is None:
+            self._evidence = no_evidence(f"no conformance run for KV side {self.kv.name!r}")
+        return self._evidence
 
     async def models(self, request: Request) -> Response:
         model = {"id": self.text.name, "object": "model", "created": 0, "owned_by": self.name}
@@ -343,7 +399,8 @@ class _Gateway:
             "calls": dict(sorted(self.calls.items())),
             "errors": dict(sorted(self.errors.items())),
         }
-        return JSONResponse({"gateway": gateway, **self.kv.metrics()})
+        metrics = getattr(self.kv, "metrics", None)
+        return JSONResponse({"gateway": gateway, **(metrics() if callable(metrics) else {})})
 
     # ------------------------------------------------------------------ plumbing
     def counted(self, name: str, handler: Handler) -> Handler:
@@ -369,9 +426,26 @@ class _Gateway:
         )
 
 
-def create_app(kv: KVSide, text: TextSide, *, name: str = "agentclaims-gateway") -> Starlette:
-    """The gateway app over a KV side (e.g. ``ReferenceKV``) and a text side (``ScriptedModel``)."""
-    gw = _Gateway(kv, text, name)
+def create_app(
+    kv: KVSide,
+    text: TextSide,
+    *,
+    name: str = "agentclaims-gateway",
+    evidence: EvidenceSource = None,
+) -> Starlette:
+    """The gateway app over a KV side (e.g. ``ReferenceKV``) and a text side (``ScriptedModel``).
+
+    ``evidence`` is the conformance run the descriptor's classes rest on (or a coroutine
+    function giving it); by default a reference-engine KV side is self-tested on a scratch
+    engine, and any other KV side states ``unknown`` for every mode."""
+    if evidence is None and isinstance(kv, ReferenceKV):
+        block_size = kv.block_size
+
+        async def self_tested() -> RunEvidence:
+            return await self_test(block_size)
+
+        evidence = self_tested
+    gw = _Gateway(kv, text, name, evidence)
     table: list[tuple[str, Handler, list[str]]] = [
         ("/v1/chat/completions", gw.chat_completions, ["POST"]),
         ("/v1/completions", gw.completions, ["POST"]),
@@ -382,6 +456,9 @@ def create_app(kv: KVSide, text: TextSide, *, name: str = "agentclaims-gateway")
         ("/v1/claims/{claim_id}/release", gw.release_claim, ["POST"]),
         ("/v1/events", gw.events, ["GET"]),
         ("/v1/residency", gw.residency, ["POST"]),
+        ("/v1/active", gw.active, ["POST"]),
+        ("/v1/instance", gw.fresh_instance, ["POST"]),
+        ("/v1/instance/step", gw.step, ["POST"]),
         ("/v1/descriptor", gw.descriptor, ["GET"]),
         ("/v1/models", gw.models, ["GET"]),
         ("/health", gw.health, ["GET"]),
@@ -399,7 +476,11 @@ def create_app(kv: KVSide, text: TextSide, *, name: str = "agentclaims-gateway")
     return app
 
 
-def _owned_by(event: ClaimEvent, id_prefix: str) -> bool:
-    """Whether an event concerns ids starting with ``id_prefix`` (its claim, else its request)."""
-    key = event.claim_id if event.claim_id is not None else event.request_id
-    return key is not None and key.startswith(id_prefix)
+def _block_hashes(body: Mapping[str, Any]) -> list[BlockHash]:
+    hashes = body.get("block_hashes")
+    if not (
+        isinstance(hashes, list)
+        and all(isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**64 for h in hashes)
+    ):
+        raise UsageError("block_hashes", "must be a list of 64-bit unsigned integers")
+    return [BlockHash(h) for h in hashes]

@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
-from agentclaims.engine import blake2b_hash
+from agentclaims.engine.blocks import blake2b_hash
+from agentclaims.engine.tokenizer import content_text
 from agentclaims.errors import UsageError
-from agentclaims.gateway.tokenizer import content_text
 
 __all__ = ["Reply", "Script", "ScriptedModel", "TextRequest", "TextSide", "ToolCall"]
 

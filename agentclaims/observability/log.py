@@ -45,9 +45,17 @@ __all__ = [
     "WorkflowLog",
 ]
 
-ReactionKind = Literal["defer", "reroute", "relax", "fail"]
-#: The session's reactions to an outcome; each is logged as ``reaction_<kind>``.
-REACTION_KINDS: Final[tuple[str, ...]] = ("defer", "reroute", "relax", "fail")
+ReactionKind = Literal["defer", "reroute", "relax", "fail", "renew", "replan", "drop"]
+#: The session's reactions to an outcome or event; each is logged as ``reaction_<kind>``.
+REACTION_KINDS: Final[tuple[str, ...]] = (
+    "defer",
+    "reroute",
+    "relax",
+    "fail",
+    "renew",
+    "replan",
+    "drop",
+)
 SESSION_EVENTS: Final[tuple[str, ...]] = ("session_started", "session_ended")
 #: Fields the log itself writes on every line; callers may not pass them.
 ENVELOPE_FIELDS: Final[frozenset[str]] = frozenset(
@@ -367,6 +375,33 @@ class WorkflowLog:
                 "ste": ste,
                 "reuse_probability": reuse_probability,
                 "reason": reason,
+                **fields,
+            },
+        )
+
+    def claim_ended(
+        self,
+        claim_id: str,
+        node: str,
+        prefix_id: str,
+        mode: str | None,
+        state: str,
+        reason: str,
+        held_s: float,
+        **fields: Any,
+    ) -> None:
+        """Log that the session let a claim go: why (``superseded``, ``session_end``, ...),
+        the state the backend reported at release, and how long it was held."""
+        self._write(
+            "claim_ended",
+            {
+                "claim_id": _check_name("claim_id", claim_id),
+                "node": node,
+                "prefix_id": prefix_id,
+                "mode": mode,
+                "state": state,
+                "reason": _check_name("reason", reason),
+                "held_s": _check_seconds("held_s", held_s),
                 **fields,
             },
         )

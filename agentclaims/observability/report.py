@@ -36,6 +36,9 @@ _REACTION_COUNTERS = {
     "reaction_reroute": "reroutes",
     "reaction_relax": "relaxations",
     "reaction_fail": "fails",
+    "reaction_renew": "renewals",
+    "reaction_replan": "replans",
+    "reaction_drop": "drops",
 }
 _EVENT_COUNTERS = {
     EventName.RESIDENT_CLAIM_HARMED.value: "true_harm",
@@ -45,6 +48,9 @@ _EVENT_COUNTERS = {
     "llm_call": "llm_calls",
     "tool_call": "tool_calls",
     "claim_planned": "claims_planned",
+    "claim_ended": "claims_ended",
+    EventName.RESIDENT_CLAIM_DEMOTED.value: "claims_demoted",
+    EventName.RESIDENT_CLAIM_EXPIRED.value: "claims_expired",
     **_REACTION_COUNTERS,
 }
 #: Token and time sums, by the line field they add up.

@@ -1,7 +1,7 @@
 """The session API: claimed sessions, the decorator, reactions and the claims transport."""
 
 from agentclaims.session.decorators import ClaimedGraph, claimed_session
-from agentclaims.session.reactions import Outcome, ReactionPolicy
+from agentclaims.session.reactions import ReactionPolicy
 from agentclaims.session.session import ClaimedSession, HeldClaim, SessionStats, current_session
 from agentclaims.session.transport import ClaimsTransport
 
@@ -10,7 +10,6 @@ __all__ = [
     "ClaimedSession",
     "ClaimsTransport",
     "HeldClaim",
-    "Outcome",
     "ReactionPolicy",
     "SessionStats",
     "claimed_session",

@@ -1,7 +1,7 @@
 """Reactions to refusal outcomes: defer, reroute, relax, or fail.
 
-A refused or deferred active request comes back from the gateway as an HTTP error with a
-machine-readable body (``Outcome``). The session's ``ReactionPolicy`` decides what to do:
+A refused or deferred active request comes back from the gateway as an HTTP error whose body
+carries the arbiter's typed ``ActiveOutcome`` (``agentclaims.protocol.outcome_from_error``). The session's ``ReactionPolicy`` decides what to do:
 
 - ``defer``: wait and retry (tenacity: exponential backoff with jitter, honouring the server's
   ``Retry-After``), bounded by the policy's deadline;
@@ -11,6 +11,10 @@ machine-readable body (``Outcome``). The session's ``ReactionPolicy`` decides wh
   ``reroute``: see ``relax_claims``); for refused requests it waits like ``defer``;
 - ``fail``: raise ``ClaimRefused`` naming the claims and the outcome.
 
+Events taken after every call are reacted to as well: a held claim demoted or expired while
+its node still waits is renewed, re-planned or dropped (``on_lapsed``); a harmed one is logged
+with its cause and counted, and under ``fail`` raises ``ClaimHarmed`` (``on_harmed``).
+
 A deferral (HTTP 503) is always waited out, whatever the policy, except under ``fail``. Whatever
 the policy, a session never waits on itself: when the blocking claims are its own, it relaxes
 them at once and retries.
@@ -19,65 +23,30 @@ them at once and retries.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 import tenacity
 
 from agentclaims.errors import UnknownNameError, UsageError
+from agentclaims.protocol import ActiveOutcome
 
-__all__ = ["REACTIONS", "Outcome", "ReactionPolicy", "RetryAfterWait", "RetryRequested"]
+__all__ = [
+    "HARMS",
+    "LAPSES",
+    "REACTIONS",
+    "ReactionPolicy",
+    "RetryAfterWait",
+    "RetryRequested",
+]
 
 ReactionKind = Literal["defer", "reroute", "relax", "fail"]
 REACTIONS: tuple[ReactionKind, ...] = ("defer", "reroute", "relax", "fail")
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """A refused or deferred active request, as the gateway reported it."""
-
-    type: str
-    action: str
-    feasibility: str
-    blocking_claim_ids: tuple[str, ...]
-    shortfall_blocks: int
-    retry_after_s: float | None
-    status_code: int
-
-    @property
-    def deferred(self) -> bool:
-        return self.action == "defer_active"
-
-    @classmethod
-    def from_error_body(cls, status_code: int, body: Mapping[str, Any]) -> Outcome | None:
-        """Parse ``{"error": {...}}``; ``None`` if it is not a claim outcome."""
-        err = body.get("error") if isinstance(body, Mapping) else None
-        if not isinstance(err, Mapping) or err.get("type") not in (
-            "active_request_refused",
-            "active_request_deferred",
-        ):
-            return None
-        retry = err.get("retry_after_s")
-        return cls(
-            type=str(err["type"]),
-            action=str(err.get("action", "")),
-            feasibility=str(err.get("feasibility", "")),
-            blocking_claim_ids=tuple(err.get("blocking_claim_ids") or ()),
-            shortfall_blocks=int(err.get("shortfall_blocks") or 0),
-            retry_after_s=None if retry is None else float(retry),
-            status_code=status_code,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "action": self.action,
-            "feasibility": self.feasibility,
-            "blocking_claim_ids": list(self.blocking_claim_ids),
-            "shortfall_blocks": self.shortfall_blocks,
-            "retry_after_s": self.retry_after_s,
-        }
+LapseKind = Literal["renew", "replan", "drop"]
+LAPSES: tuple[LapseKind, ...] = ("renew", "replan", "drop")
+HarmKind = Literal["log", "fail"]
+HARMS: tuple[HarmKind, ...] = ("log", "fail")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +61,23 @@ class ReactionPolicy:
     jitter_s: float = 0.02
     relax_claims: bool = True
     """When a residency claim is refused, retry it one mode weaker (down to best_effort)."""
+    on_lapsed: LapseKind = "replan"
+    """A held claim demoted or expired while its node still waits: ``renew`` it (re-planned
+    when the backend will not), ``replan`` a new claim on the prefix, or ``drop`` it."""
+    on_harmed: HarmKind | None = None
+    """A held claim harmed (its KV lost while promised): always logged and counted; ``fail``
+    raises ``ClaimHarmed`` at the session's next call. ``None``: ``fail`` under the ``fail``
+    reaction, else ``log``."""
 
     def __post_init__(self) -> None:
         if self.on_refused not in REACTIONS:
             raise UnknownNameError("reaction", self.on_refused, REACTIONS)
+        if self.on_lapsed not in LAPSES:
+            raise UnknownNameError("reaction.on_lapsed", self.on_lapsed, LAPSES)
+        if self.on_harmed is None:
+            object.__setattr__(self, "on_harmed", "fail" if self.on_refused == "fail" else "log")
+        if self.on_harmed not in HARMS:
+            raise UnknownNameError("reaction.on_harmed", self.on_harmed, HARMS)
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name.endswith("_s") and not (isinstance(value, int | float) and value >= 0):
@@ -140,8 +122,8 @@ class ReactionPolicy:
 class RetryRequested(Exception):
     """Internal: raised inside the retry loop to wait and try again."""
 
-    def __init__(self, outcome: Outcome, retry_after_s: float | None) -> None:
-        super().__init__(outcome.action)
+    def __init__(self, outcome: ActiveOutcome, retry_after_s: float | None) -> None:
+        super().__init__(outcome.action.value)
         self.outcome = outcome
         self.retry_after_s = retry_after_s
 

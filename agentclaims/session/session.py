@@ -1,10 +1,14 @@
 """``ClaimedSession``: one workflow run's claim scope.
 
-A session follows the workflow (which node calls the LLM, which tool runs), keeps the Agent
-Execution Graph and its steps-to-execution current, plans a claim on each agent's conversation
-prefix after every LLM call, holds it across tool calls, and releases everything when the
-workflow ends, also on exceptions and cancellation. Every claim event and every reaction goes to
-the workflow's outcome log.
+A session follows the workflow (which node calls the LLM, which tool runs), plans a claim on
+each agent's conversation prefix after every LLM call, holds it across tool calls, reacts to
+what the backend says about it as it happens, and releases everything when the workflow ends,
+also on exceptions and cancellation. It is a pipeline of two parts:
+
+    what the agent did --> WorkflowModel (no I/O: graph, steps-to-execution, tool times,
+                                          planner)  --> ClaimPlan
+                       --> ClaimIO (claim round trips through the claims protocol, events
+                                    taken after every call) --> reactions --> outcome log
 """
 
 from __future__ import annotations
@@ -14,27 +18,25 @@ import contextlib
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import structlog
-
-from agentclaims.contract import CacheIdentity, ClaimSpec, ProtectionMode
-from agentclaims.engine import prefix_blocks
-from agentclaims.errors import BackendUnavailable, ClaimOutcomeError, ClaimRefused, UsageError
-from agentclaims.graph import END, START, AgentExecutionGraph, SteTracker, ToolTimeModel
-from agentclaims.planner import (
-    ClaimPlan,
-    ClaimPlanner,
-    PlannerPolicy,
-    PrefixContext,
-    relax_mode,
-    update_pressure,
+from agentclaims.contract import OwnerScope, PrefixId, prefix_blocks
+from agentclaims.errors import (
+    BackendUnavailable,
+    ClaimHarmed,
+    ClaimOutcomeError,
+    UsageError,
 )
-from agentclaims.session.reactions import Outcome, ReactionPolicy
+from agentclaims.graph import AgentExecutionGraph, ToolTimeModel
+from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_mode
+from agentclaims.protocol import ActiveOutcome, ClaimsProtocol
+from agentclaims.session.claims import ClaimIO, EventOutcomes, HeldClaim
+from agentclaims.session.reactions import ReactionPolicy
+from agentclaims.session.workflow import WorkflowModel
 
 if TYPE_CHECKING:
     from agentclaims.backends.base import Backend
@@ -43,7 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ClaimedSession", "HeldClaim", "SessionStats", "current_session"]
 
-_log = structlog.get_logger("agentclaims.session")
 _current: ContextVar[ClaimedSession | None] = ContextVar("agentclaims_session", default=None)
 _current_node: ContextVar[str | None] = ContextVar("agentclaims_node", default=None)
 
@@ -56,22 +57,6 @@ def current_session() -> ClaimedSession | None:
 
 
 @dataclass(slots=True)
-class HeldClaim:
-    """A claim this session holds on one agent node's prefix."""
-
-    claim_id: str
-    node: str
-    prefix_id: str
-    plan: ClaimPlan
-    backend: str
-    since: float
-    state: str = "accepted"
-    """The claim's state as the backend last reported it (``unknown`` if it could not say)."""
-    end_reason: str | None = None
-    """Why the session let it go: ``superseded``, ``reuse_unlikely``, ``relaxed``, ``session_end``."""
-
-
-@dataclass(slots=True)
 class SessionStats:
     llm_calls: int = 0
     prompt_tokens: int = 0
@@ -80,6 +65,11 @@ class SessionStats:
     claims_accepted: int = 0
     claims_refused: int = 0
     claims_relaxed: int = 0
+    claims_renewed: int = 0
+    claims_replanned: int = 0
+    claims_demoted: int = 0
+    claims_expired: int = 0
+    claims_harmed: int = 0
     deferrals: int = 0
     deferral_s: float = 0.0
     reroutes: int = 0
@@ -103,8 +93,6 @@ class ClaimedSession:
     ``graph`` is the workflow's Agent Execution Graph (from LangGraph, decorators, or empty:
     then it is learned online from the calls the session sees).
     """
-
-    _ids = itertools.count(1)
 
     def __init__(
         self,
@@ -162,28 +150,31 @@ class ClaimedSession:
 
         self.workflow_id = workflow_id or f"wf-{uuid.uuid4().hex[:12]}"
         self.session_id = f"s-{uuid.uuid4().hex[:12]}"
-        self.owner_scope = f"workflow:{self.workflow_id}"
+        self.owner_scope = OwnerScope(f"workflow:{self.workflow_id}")
         self.planner = planner
         self.reaction = reaction
-        self.tool_times = tool_times or ToolTimeModel(prior_mean_s=0.1)
-        self.graph = graph if graph is not None else AgentExecutionGraph()
-        self.horizon = horizon
-        self.reload_s_per_block = reload_s_per_block
-        self.queue_delay_s = queue_delay_s
         self.sleep = sleep
         self.clock = clock
         self.stats = SessionStats()
-        self.pressure = 0.0
-        """Recent share of LLM calls the backend deferred or refused (EWMA, 0..1)."""
-        self.claims: dict[str, HeldClaim] = {}  # node -> claim held for its next call
-        self.ended_claims: list[HeldClaim] = []
+        self.workflow = WorkflowModel(
+            graph if graph is not None else AgentExecutionGraph(),
+            planner,
+            tool_times or ToolTimeModel(prior_mean_s=0.1),
+            horizon=horizon,
+            reload_s_per_block=reload_s_per_block,
+            queue_delay_s=queue_delay_s,
+            clock=clock,
+        )
+        self.io = ClaimIO(
+            self.session_id,
+            self.owner_scope,
+            planner.policy,
+            reaction,
+            self.stats,
+            clock,
+            lambda: self.log,
+        )
         self._backend: Backend | None = None if self.pool is not None else backend  # type: ignore[assignment]
-        self._tracker: SteTracker | None = None
-        self._last_node: str = START
-        self._step_base: dict[str, int] = {}  # graph level -> first LangGraph step seen
-        self._last_step: int | None = None  # LangGraph step of the last call
-        self._steps: dict[str, int | None] = {}  # node -> relative step of its call in flight
-        self._waiting: dict[str, tuple[str, float]] = {}  # node -> (wait key, since)
         self._log_dir = None if log_dir is None else Path(log_dir)
         self._log_stream = log_stream
         self.log: WorkflowLog | None = None
@@ -191,13 +182,33 @@ class ClaimedSession:
         self._started = 0.0
         self._closed = False
         self._lock = asyncio.Lock()
-        self._event_cursor: dict[str, int] = {}
         self._background: asyncio.Future[None] | None = None
-        self._asked_tools: dict[str, bool] = {}  # node -> did its last reply call tools
-        self._tools_without_calls: set[str] = set()  # nodes seen running tools unasked
         self._requests = itertools.count(1)
 
-    # ------------------------------------------------------------------ lifecycle
+    # ------------------------------------------------------------------ views
+    @property
+    def graph(self) -> AgentExecutionGraph:
+        return self.workflow.graph
+
+    @property
+    def tool_times(self) -> ToolTimeModel:
+        return self.workflow.tool_times
+
+    @property
+    def pressure(self) -> float:
+        """Recent share of LLM calls the backend deferred or refused (EWMA, 0..1)."""
+        return self.workflow.pressure
+
+    @property
+    def claims(self) -> dict[str, HeldClaim]:
+        """The claims held now, by the node whose next call they are for."""
+        return self.io.held
+
+    @property
+    def ended_claims(self) -> list[HeldClaim]:
+        """The claims this session let go, each with its ``end_reason``."""
+        return self.io.ended
+
     @property
     def backend(self) -> Backend:
         """The backend this session's calls go to now (fixed, or the pool's affinity choice)."""
@@ -206,6 +217,13 @@ class ClaimedSession:
             self._backend = self.pool.assign(self.session_id)
         return self._backend
 
+    def _backends(self) -> list[ClaimsProtocol]:
+        return list(self.pool.backends) if self.pool is not None else [self.backend]
+
+    def _backend_named(self, name: str) -> Backend:
+        return self.pool.get(name) if self.pool is not None else self.backend
+
+    # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> ClaimedSession:
         if self._token is not None or self._closed:
             raise UsageError("session", "a ClaimedSession can be entered once")
@@ -241,23 +259,21 @@ class ClaimedSession:
         if cause is not None and cause is not exc:
             raise cause from exc
 
-    async def release_all(self) -> None:
-        """Release every claim this session holds (idempotent), after claim work in flight."""
+    async def release_all(self, reason: str = "session_end") -> None:
+        """Release every claim this session holds (idempotent), after claim work in flight,
+        and take the events that follow."""
         try:
             await self.settle()
         finally:
-            await self._release_held()
-
-    async def _release_held(self) -> None:
-        held = list(self.claims.values())
-        self.claims.clear()
-        for claim in held:
-            await self._release(claim, reason="session_end")
-        await self._drain_events()
+            held = list(self.io.held.values())
+            self.io.held.clear()
+            for claim in held:
+                await self.io.release(self._backend_named(claim.backend), claim, reason)
+            await self.io.take_events(self._backends())
 
     # ------------------------------------------------------------------ the workflow
     @contextlib.contextmanager
-    def node(self, name: str) -> Any:
+    def node(self, name: str) -> Iterator[None]:
         """Name the agent node making LLM calls inside this block (outside LangGraph)."""
         if not isinstance(name, str) or not name:
             raise UsageError("node", f"must be a non-empty string, got {name!r}")
@@ -279,73 +295,16 @@ class ClaimedSession:
             return ":".join([*parents, name])
         return "agent"
 
-    def _tracker_for_graph(self) -> SteTracker:
-        if self._tracker is None or self._tracker.graph is not self.graph:
-            self._tracker = SteTracker(self.graph, horizon=self.horizon)
-        return self._tracker
-
-    def _enter_node(self, node: str, kind: str = "agent") -> None:
-        graph = self.graph
-        if node not in graph:
-            graph.add_node(node, kind=kind)  # type: ignore[arg-type]
-        last = self._last_node
-        if last != node or kind == "agent":
-            if last not in graph:
-                graph.add_node(last, kind="tool")
-            via = self._tool_step_between(last, node)
-            if via is not None:
-                graph.observe_transition(last, via)
-                last = via
-            graph.observe_transition(last, node)
-        self._last_node = node
-
-    def _tool_step_between(self, source: str, target: str) -> str | None:
-        """The tool step an unseen ``source -> target`` went through, if the graph has one.
-
-        Tool steps (a ``ToolNode``) make no LLM call, so the session does not see them run; a
-        call of ``target`` right after ``source`` with no edge between them, where the graph has
-        ``source -> tool -> target``, went through that tool step.
-        """
-        graph = self.graph
-        if target not in graph or graph.has_edge(source, target):
-            return None
-        for via in graph.successors(source):
-            if graph.node_kind(via) == "tool" and graph.has_edge(via, target):
-                return via
-        return None
-
     def before_call(self, node: str, step: int | None = None) -> dict[str, Any]:
         """Bookkeeping before an LLM call by ``node``; returns the request's extension object."""
-        waited = self._waiting.pop(node, None)
-        if waited is not None:
-            key, since = waited
-            self.tool_times.observe(key, max(0.0, self.clock() - since))
-        # a call of the node that just called, unanswered or in the same LangGraph step, is a
-        # parallel task (a Send fan-out), not a transition
-        same_step = step is not None and step == self._last_step
-        if node != self._last_node or (waited is not None and not same_step):
-            self._enter_node(node)
-        self._last_step = step
-        if not self.graph.prefixes_of(node):
-            self.graph.add_node(node, kind="agent", prefixes=[f"node:{node}"])
-        self._tracker_for_graph().move({node})
-        self._steps[node] = self._relative_step(node, step)
         return {
             "session_id": self.session_id,
             "workflow_id": self.workflow_id,
             "owner_scope": self.owner_scope,
             "node": node,
-            "step": self._steps[node],
+            "step": self.workflow.before_call(node, step),
             "request_id": f"{self.session_id}-r{next(self._requests)}",
         }
-
-    def _relative_step(self, node: str, step: object) -> int | None:
-        """``step`` counted from this run's first step at ``node``'s graph level: LangGraph's
-        ``langgraph_step`` counts on across runs of one thread and restarts in subgraphs."""
-        if isinstance(step, bool) or not isinstance(step, int):
-            return None
-        base = self._step_base.setdefault(node.rpartition(":")[0], step)
-        return max(0, step - base)
 
     async def after_call(
         self,
@@ -366,8 +325,8 @@ class ClaimedSession:
         st.cached_tokens += cached
         prefix_ids = extension.get("prefix_ids") or {}
         sequence = prefix_ids.get("sequence") or prefix_ids.get("prompt")
-        tracker = self._tracker_for_graph()
-        ste = tracker.near_ste(node) if node in self.graph else float("inf")
+        ste = self.workflow.near_ste(node)
+        step = self.workflow.after_call(node, tool_names)
         if self.log is not None:
             self.log.llm_call(
                 node=node,
@@ -377,11 +336,9 @@ class ClaimedSession:
                 cached_tokens=cached,
                 recomputed_tokens=prompt - cached,
                 latency_s=round(latency_s, 6),
-                step=self._steps.pop(node, None),
+                step=step,
                 ste=ste,
             )
-        self._waiting[node] = (_wait_key(node, tool_names), self.clock())
-        self._asked_tools[node] = bool(tool_names)
         previous = self._background
 
         async def replan() -> None:
@@ -390,6 +347,7 @@ class ClaimedSession:
             async with self._lock:
                 await self._replan(node, sequence, tool_names)
                 await self._revise_others(node)
+                await self._take_events()
 
         # the claim round trips overlap with what the workflow does next (tools, other nodes);
         # the next LLM call waits for them (``settle``)
@@ -401,206 +359,104 @@ class ClaimedSession:
         if task is not None:
             await task
 
-    def _context(self, node: str, prefix_id: str, tool_names: Sequence[str]) -> PrefixContext:
-        """What we know about ``node``'s next call, seen from the step after this call."""
-        graph = self.graph
-        tracker = self._tracker_for_graph()
-        succ = [s for s in graph.successors(node) if s != END] if node in graph else []
-        footprint = prefix_blocks(prefix_id)
-        reload_s = footprint * self.reload_s_per_block
-        key = _wait_key(node, tool_names)
-        wait = self.tool_times.predict(key) if self.tool_times.count(key) else None
-        ttl = (
-            self.tool_times.ttl(key, queue_delay_s=self.queue_delay_s, reload_s=reload_s)
-            if wait is not None or tool_names
-            else None
-        )
-        if tool_names:
-            waiting = "tool"
-            if wait is None:
-                wait = self.tool_times.predict(key)  # the prior, until the tool has a history
-            reuse_p, ste = 1.0, 1.0  # the tool result comes back to this very agent
-        else:
-            # no tool was called, so no tool step comes next (unless this agent's code is seen
-            # running tools without the model asking: then anything may follow)
-            tools_next = (
-                []
-                if node in self._tools_without_calls
-                else [v for v in succ if graph.node_kind(v) == "tool"]
-            )
-            reuse_p = tracker.return_reuse(node, exclude=tools_next).probability
-            ste = tracker.near_ste(node)
-            waiting = "human" if not [v for v in succ if v not in tools_next] else "llm"
-        return PrefixContext(
-            prefix_id=prefix_id,
-            footprint_blocks=footprint,
-            ste=ste,
-            reuse_probability=reuse_p,
-            waiting_on=waiting,  # type: ignore[arg-type]
-            expected_wait_s=wait,
-            ttl_s=ttl,
-            pressure=self.pressure,
-        )
-
     def note_call(self, *, retried: bool) -> None:
-        """Record an answered LLM call; one that needed a retry (deferred or refused first)
-        met memory pressure. ``pressure`` is the recent share of such calls."""
-        self.pressure = update_pressure(self.pressure, retried)
+        """Record an answered LLM call; one that needed a retry met memory pressure."""
+        self.workflow.note_call(retried=retried)
 
     def plan_after_call(
         self, node: str, prefix_id: str, tool_names: Sequence[str] = ()
     ) -> tuple[PrefixContext, ClaimPlan]:
         """The claim to hold on ``node``'s prefix after its call (pure planning, no I/O)."""
-        ctx = self._context(node, prefix_id, tool_names)
-        return ctx, self.planner.plan(ctx)
+        return self.workflow.plan_after_call(node, prefix_id, tool_names)
 
+    # ------------------------------------------------------------------ claims
     async def _replan(self, node: str, prefix_id: str | None, tool_names: Sequence[str]) -> None:
-        old = self.claims.pop(node, None)
+        old = self.io.held.pop(node, None)
         if prefix_id:
-            ctx, plan = self.plan_after_call(node, prefix_id, tool_names)
-            if plan.mode is not None:
-                held = await self._submit(node, prefix_id, plan, ctx)
-                if held is not None:
-                    self.claims[node] = held
+            ctx, plan = self.workflow.plan_after_call(node, prefix_id, tool_names)
+            await self._hold(node, PrefixId(prefix_id), plan, ctx)
         if old is not None:
-            await self._release(old, reason="superseded")
+            await self.io.release(self._backend_named(old.backend), old, "superseded")
+
+    async def _hold(
+        self, node: str, prefix_id: PrefixId, plan: ClaimPlan, ctx: PrefixContext
+    ) -> None:
+        if plan.mode is not None:
+            held = await self.io.submit(self.backend, node, prefix_id, plan, ctx)
+            if held is not None:
+                self.io.held[node] = held
 
     async def _revise_others(self, node: str) -> None:
-        """Release or relax claims of other nodes whose reuse became unlikely."""
-        tracker = self._tracker_for_graph()
-        for other, held in list(self.claims.items()):
-            if other == node or other not in self.graph:
-                continue
-            reuse = tracker.node_reuse(other)
-            ctx = PrefixContext(
-                prefix_id=held.prefix_id,
-                footprint_blocks=prefix_blocks(held.prefix_id),
-                ste=tracker.near_ste(other),
-                reuse_probability=reuse.probability,
-                waiting_on="llm",
-            )
-            verdict = self.planner.revise(ctx, held.plan, None)
-            if verdict == "release":
-                del self.claims[other]
-                await self._release(held, reason="reuse_unlikely")
+        """Release claims of other nodes whose reuse became unlikely."""
+        held = {n: (h.prefix_id, h.plan) for n, h in self.io.held.items()}
+        for other in self.workflow.to_release(held, node):
+            claim = self.io.held.pop(other)
+            await self.io.release(self._backend_named(claim.backend), claim, "reuse_unlikely")
 
-    async def _submit(
-        self, node: str, prefix_id: str, plan: ClaimPlan, ctx: PrefixContext
-    ) -> HeldClaim | None:
-        backend = self.backend
-        mode: ProtectionMode | None = plan.mode
-        while mode is not None:
-            claim_id = f"{self.session_id}-c{next(self._ids)}"
-            ttl = (
-                plan.ttl_s
-                if mode in (ProtectionMode.EXPIRING, ProtectionMode.HARD_PROTECTED)
-                else None
-            )
-            if mode is ProtectionMode.EXPIRING and ttl is None:
-                ttl = self.planner.policy.default_ttl_s
-            spec = ClaimSpec(
-                claim_id=claim_id,
-                owner_scope=self.owner_scope,
-                object_id=prefix_id,
-                cache_identity=await self._identity(backend),
-                footprint_blocks=ctx.footprint_blocks,
-                protection_mode=mode,
-                ttl_s=ttl,
-            )
-            if self.log is not None:
-                self.log.claim_planned(
-                    claim_id=claim_id,
-                    prefix_id=prefix_id,
-                    mode=mode.value,
-                    ttl_s=ttl,
-                    ste=ctx.ste,
-                    reuse_probability=round(ctx.reuse_probability, 6),
-                    reason=plan.reason,
-                )
-            self.stats.claims_submitted += 1
-            decision = await backend.submit_claim(spec)
-            if decision.accepted:
-                self.stats.claims_accepted += 1
-                self.stats.modes[mode.value] = self.stats.modes.get(mode.value, 0) + 1
-                return HeldClaim(
-                    claim_id,
-                    node,
-                    prefix_id,
-                    ClaimPlan(mode, ttl, plan.reason),
-                    backend.name,
-                    self.clock(),
-                )
-            self.stats.claims_refused += 1
-            if self.reaction.on_refused == "fail":
+    async def _take_events(self) -> None:
+        """Take this session's new events and react to what they did to its claims."""
+        await self._react(await self.io.take_events(self._backends()))
+
+    async def _react(self, taken: EventOutcomes) -> None:
+        for held, ev in taken.harmed:
+            if self.io.held.get(held.node) is held:
+                del self.io.held[held.node]
+                held.end_reason = "harmed"
+                self.io.ended.append(held)
+            cause = ev.data.get("cause")
+            if self.reaction.on_harmed == "fail":
                 self.stats.fails += 1
-                self.log_reaction("fail", claim_id=claim_id, outcome=decision.reason)
-                raise ClaimRefused(
-                    f"claim {claim_id} on {prefix_id} refused: {decision.reason}",
-                    claim_id=claim_id,
-                    outcome=decision.reason,
+                self.log_reaction(
+                    "fail", claim_id=held.claim_id, outcome=ev.event.value, cause=cause
                 )
-            if not self.reaction.relax_claims:
-                return None
-            weaker = relax_mode(mode)
-            self.stats.claims_relaxed += 1
-            self.log_reaction(
-                "relax",
-                claim_id=claim_id,
-                outcome=decision.reason,
-                from_mode=mode.value,
-                to_mode=None if weaker is None else weaker.value,
-            )
-            mode = weaker
-        return None
+                raise ClaimHarmed(
+                    f"claim {held.claim_id} on {held.prefix_id} ({held.node}) was harmed: "
+                    f"{cause or 'its prefix lost blocks while the claim held'}",
+                    claim_id=held.claim_id,
+                    event=ev,
+                )
+        for held, ev in taken.lapsed:
+            if self.io.held.get(held.node) is not held:
+                continue  # already let go: nothing to do
+            await self._lapsed(held, ev.event.value)
 
-    async def _identity(self, backend: Backend) -> CacheIdentity:
-        ident = getattr(backend, "cache_identity", None)
-        if isinstance(ident, CacheIdentity):
-            return ident
-        desc = await backend.descriptor()
-        return CacheIdentity.from_dict(desc["cache_identity"])
-
-    async def _release(self, held: HeldClaim, reason: str) -> None:
+    async def _lapsed(self, held: HeldClaim, what: str) -> None:
+        """A held claim was demoted or expired while its node still waits on its prefix."""
         backend = self._backend_named(held.backend)
-        held.end_reason = reason
-        try:
-            view = await backend.release_claim(held.claim_id, self.owner_scope)
-            held.state = view.state.value
-        except ClaimOutcomeError:
-            raise
-        except Exception as exc:  # a backend gone away must not leak the workflow's error
-            _log.warning("claim_release_failed", claim_id=held.claim_id, error=repr(exc))
-            held.state = "unknown"
-        self.ended_claims.append(held)
-
-    def _backend_named(self, name: str) -> Backend:
-        if self.pool is not None:
-            return self.pool.get(name)
-        return self.backend
-
-    async def _drain_events(self) -> None:
-        """Copy this session's claim events from the backend(s) into the outcome log."""
-        if self.log is None:
+        policy = self.reaction.on_lapsed
+        if policy == "renew" and held.plan.ttl_s is not None:
+            if await self.io.renew(backend, held, held.plan.ttl_s):
+                return
+            policy = "replan"
+        del self.io.held[held.node]
+        reason = "demoted" if what.endswith("demoted") else "expired"
+        await self.io.release(backend, held, reason)
+        if policy == "drop":
+            self.log_reaction("drop", claim_id=held.claim_id, outcome=what, node=held.node)
             return
-        backends = self.pool.backends if self.pool is not None else [self.backend]
-        for backend in backends:
-            since = self._event_cursor.get(backend.name, 0)
-            for ev in await backend.events(since, id_prefix=self.session_id):
-                self._event_cursor[backend.name] = max(
-                    self._event_cursor.get(backend.name, 0), ev.seq
-                )
-                self.log.claim_event(ev, backend=backend.name)
+        ctx = self.workflow.context(held.node, held.prefix_id, ())
+        plan = self.planner.plan(ctx)
+        self.stats.claims_replanned += 1
+        self.log_reaction(
+            "replan",
+            claim_id=held.claim_id,
+            outcome=what,
+            node=held.node,
+            to_mode=None if plan.mode is None else plan.mode.value,
+        )
+        await self._hold(held.node, held.prefix_id, plan, ctx)
 
-    async def reroute(self, outcome: Outcome) -> bool:
+    async def reroute(self, outcome: ActiveOutcome) -> bool:
         """Move to another member of the pool (its prefixes resident there first), releasing
         this session's claims on the old one; False without a pool or another member."""
         if self.pool is None:
             return False
         old = self.backend
-        new = await self.pool.reroute(self.session_id, [h.prefix_id for h in self.claims.values()])
+        prefixes = [h.prefix_id for h in self.io.held.values()]
+        new = await self.pool.reroute(self.session_id, prefixes)
         if new is None:
             return False
-        await self.release_all()
+        await self.release_all(reason="rerouted")
         self._backend = new
         self.stats.reroutes += 1
         self.log_reaction(
@@ -612,27 +468,25 @@ class ClaimedSession:
         """Downgrade this session's claims among ``claim_ids`` one mode each; how many."""
         relaxed = 0
         async with self._lock:
-            for node, held in list(self.claims.items()):
+            for node, held in list(self.io.held.items()):
                 if held.claim_id not in claim_ids or held.plan.mode is None:
                     continue
                 weaker = relax_mode(held.plan.mode)
-                del self.claims[node]
-                await self._release(held, reason="relaxed")
+                del self.io.held[node]
+                await self.io.release(self._backend_named(held.backend), held, "relaxed")
                 self.stats.claims_relaxed += 1
                 self.log_reaction(
                     "relax",
                     claim_id=held.claim_id,
                     from_mode=held.plan.mode.value,
                     to_mode=None if weaker is None else weaker.value,
+                    node=node,
                 )
                 relaxed += 1
                 if weaker is not None:
                     ctx = PrefixContext(held.prefix_id, prefix_blocks(held.prefix_id))
-                    new = await self._submit(
-                        node, held.prefix_id, ClaimPlan(weaker, held.plan.ttl_s, "relaxed"), ctx
-                    )
-                    if new is not None:
-                        self.claims[node] = new
+                    plan = ClaimPlan(weaker, held.plan.ttl_s, "relaxed")
+                    await self._hold(node, held.prefix_id, plan, ctx)
         return relaxed
 
     # ------------------------------------------------------------------ tools
@@ -642,26 +496,19 @@ class ClaimedSession:
         if not isinstance(tool, str) or not tool:
             raise UsageError("tool", f"must be a non-empty string, got {tool!r}")
         await self.settle()
-        agent = node or (self._last_node if self._last_node not in (START, END) else "agent")
-        if not self._asked_tools.get(agent, True):
-            self._tools_without_calls.add(agent)
-        held = self.claims.get(agent)
-        predicted = self.tool_times.predict(tool)
+        agent = self.workflow.agent_of_tool(node)
+        predicted = self.workflow.tool_started(tool, agent)
+        held = self.io.held.get(agent)
         if held is not None and held.plan.ttl_s is not None:
             want = predicted * self.planner.policy.ttl_margin
             if want > held.plan.ttl_s:
-                backend = self._backend_named(held.backend)
-                with contextlib.suppress(ClaimOutcomeError, UsageError):
-                    await backend.renew_claim(held.claim_id, self.owner_scope, ttl_s=want)
-                    held.plan = ClaimPlan(held.plan.mode, want, held.plan.reason)
-        self._enter_node(f"tool:{tool}", kind="tool")
+                await self.io.renew(self._backend_named(held.backend), held, want)
         started = self.clock()
         try:
             yield
         finally:
             duration = max(0.0, self.clock() - started)
-            self.tool_times.observe(tool, duration)
-            self._waiting.pop(agent, None)  # measured here; not again as a gap at the next call
+            self.workflow.tool_finished(tool, agent, duration)
             self.stats.tool_calls += 1
             if self.log is not None:
                 self.log.tool_call(
@@ -670,6 +517,7 @@ class ClaimedSession:
                     predicted_s=round(predicted, 6),
                     ttl_s=None if held is None else held.plan.ttl_s,
                     claim_ids=[] if held is None else [held.claim_id],
+                    node=agent,
                 )
 
     # ------------------------------------------------------------------ logging
@@ -678,14 +526,8 @@ class ClaimedSession:
             self.log.session(event, **fields)
 
     def log_reaction(self, kind: str, **fields: Any) -> None:
-        """Write a reaction (defer, reroute, relax, fail) to the outcome log, if there is one."""
-        if self.log is not None:
-            self.log.reaction(kind, **fields)
-
-
-def _wait_key(node: str, tool_names: Sequence[str]) -> str:
-    """What the gap until ``node``'s next call is learned under: its tools, or the node."""
-    return "+".join(sorted(set(tool_names))) if tool_names else f"node:{node}"
+        """Write a reaction (defer, reroute, relax, fail, ...) to the outcome log, if any."""
+        self.io.log_reaction(kind, **fields)
 
 
 def _looks_like_backend(obj: object) -> bool:

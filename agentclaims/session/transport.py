@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import httpx2
 
-from agentclaims.backends.base import EXTENSION_KEY
+from agentclaims.contract import ArbiterAction
 from agentclaims.errors import BackendUnavailable, ClaimRefused, DeadlineExceeded
-from agentclaims.session.reactions import Outcome, RetryRequested
+from agentclaims.protocol import EXTENSION_KEY, ActiveOutcome, outcome_from_error
+from agentclaims.session.reactions import RetryRequested
 from agentclaims.session.session import ClaimedSession, current_session
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                             parsed = json.loads(raw)
                         except json.JSONDecodeError:
                             parsed = {}
-                        outcome = Outcome.from_error_body(response.status_code, parsed)
+                        outcome = outcome_from_error(parsed)
                         if outcome is not None:
                             await self._react(session, outcome)
                     session.note_call(retried=attempt.retry_state.attempt_number > 1)
@@ -119,31 +120,19 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             session.stats.fails += 1
             session.log_reaction("fail", outcome=exc.outcome.to_dict(), reason="deadline")
             raise DeadlineExceeded(
-                f"request of node deferred past the {session.reaction.deadline_s}s deadline",
-                outcome=exc.outcome.action,
-                blocking_claim_ids=exc.outcome.blocking_claim_ids,
-                detail=exc.outcome.to_dict(),
+                f"deferred past the {session.reaction.deadline_s}s deadline: "
+                + exc.outcome.describe(),
+                outcome=exc.outcome,
             ) from None
         raise AssertionError("unreachable: the retry loop returns or raises")
 
-    async def _react(self, session: ClaimedSession, outcome: Outcome) -> None:
+    async def _react(self, session: ClaimedSession, outcome: ActiveOutcome) -> None:
         """Decide what to do with a refusal: raise RetryRequested to try again, or fail."""
         policy = session.reaction.on_refused
-        if policy == "fail" or outcome.action == "capacity_required":
+        if policy == "fail" or outcome.action is ArbiterAction.CAPACITY_REQUIRED:
             session.stats.fails += 1
             session.log_reaction("fail", outcome=outcome.to_dict())
-            raise ClaimRefused(
-                f"active request {outcome.action}: {outcome.feasibility}"
-                + (
-                    f", blocked by {', '.join(outcome.blocking_claim_ids)}"
-                    if outcome.blocking_claim_ids
-                    else ""
-                ),
-                claim_id=outcome.blocking_claim_ids[0] if outcome.blocking_claim_ids else None,
-                outcome=outcome.action,
-                blocking_claim_ids=outcome.blocking_claim_ids,
-                detail=outcome.to_dict(),
-            )
+            raise ClaimRefused(outcome.describe(), outcome=outcome)
         own = [cid for cid in outcome.blocking_claim_ids if cid.startswith(session.session_id)]
         if own and await session.relax_claims(own):
             raise RetryRequested(outcome, 0.0)  # a session never waits on its own claims

@@ -3,76 +3,26 @@
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 
 import httpx2
 import openai
 import pytest
+from servers import free_port, gateway_process
 
 from agentclaims.backends import HTTPBackend
 from agentclaims.cli import serve
 from agentclaims.contract import ClaimState, ProtectionMode
 from agentclaims.errors import BackendUnavailable, UnknownClaim, UsageError
-from agentclaims.gateway import outcome_from_error
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from agentclaims.protocol import collect_events, outcome_from_error
 
 
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
     """`agentclaims serve` in a subprocess (64 blocks of 4 tokens), stopped by PID at the end."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agentclaims.cli.main",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--blocks",
-            "64",
-            "--block-size",
-            "4",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:  # bounded: readiness of a real server is the one thing we must wait for
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            try:
-                if httpx2.get(f"{url}/health", timeout=0.5).status_code == 200:
-                    break
-            except httpx2.TransportError:
-                pass
-            assert time.monotonic() < deadline, "gateway did not start within 20 s"
-            time.sleep(0.05)
+    with gateway_process("--blocks", "64", "--block-size", "4") as url:
         yield f"{url}/v1"
-    finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        if proc.stderr:
-            proc.stderr.close()
 
 
 def openai_client(url: str) -> openai.AsyncOpenAI:
@@ -104,7 +54,7 @@ async def test_http_backend_speaks_to_a_served_gateway(server_url: str) -> None:
         assert (await backend.release_claim("net-1", "wf")).state is ClaimState.EXPIRED
         with pytest.raises(UnknownClaim):
             await backend.get_claim("missing", "wf")
-        events = await backend.events()
+        events = await collect_events(backend)
         assert [e.claim_id for e in events if e.claim_id][:1] == ["net-1"]
         await oc.close()
 
@@ -212,7 +162,7 @@ async def test_closed_backend_refuses_calls() -> None:
     with pytest.raises(BackendUnavailable):
         backend.http_client()
     with pytest.raises(BackendUnavailable):
-        await backend.events()
+        await collect_events(backend)
 
 
 def test_base_url_is_normalised_and_checked() -> None:

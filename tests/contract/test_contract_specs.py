@@ -133,8 +133,8 @@ def test_cache_identity_round_trip_and_validation() -> None:
     assert empty.value.field == "cache_identity.model_id"
     with pytest.raises(UsageError) as missing:
         CacheIdentity.from_dict({"cache_key_domain": "d", "model_id": "m"})
-    assert missing.value.field == "cache_identity"
-    assert "tokenizer_id" in missing.value.message
+    assert missing.value.field == "cache_identity.tokenizer_id"
+    assert "missing" in missing.value.message
     with pytest.raises(UsageError) as extra:
         CacheIdentity.from_dict({**bare.to_dict(), "seed": 1})
     assert extra.value.field == "cache_identity"

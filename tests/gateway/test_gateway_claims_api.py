@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from agentclaims.backends import EmbeddedBackend
 from agentclaims.contract import ClaimSpec, ClaimState, LoweringClass, ProtectionMode
-from agentclaims.engine import ActiveOutcome, ClaimDecision, ClaimView, hash_token_blocks
+from agentclaims.engine import hash_token_blocks
 from agentclaims.errors import (
     AgentClaimsError,
     BackendError,
@@ -21,7 +21,14 @@ from agentclaims.errors import (
     UnknownClaim,
     UsageError,
 )
-from agentclaims.gateway.protocol import exception_error, raise_for_error
+from agentclaims.protocol import (
+    ActiveOutcome,
+    ClaimDecision,
+    ClaimView,
+    collect_events,
+    exception_error,
+    raise_for_error,
+)
 
 
 @pytest.fixture
@@ -126,9 +133,9 @@ async def test_events_resume_from_a_sequence(backend: EmbeddedBackend) -> None:
     """Events after ``since`` come in order; paging with ``limit`` loses none."""
     for i in range(3):
         await backend.http_client().post("/v1/completions", json={"prompt": list(range(i, i + 8))})
-    every = await backend.events()
+    every = await collect_events(backend)
     assert [e.seq for e in every] == list(range(1, backend.engine.last_seq + 1))
-    assert [e.seq for e in await backend.events(since=2)] == [e.seq for e in every[2:]]
+    assert [e.seq for e in await collect_events(backend, since=2)] == [e.seq for e in every[2:]]
     page = (await backend.http_client().get("/v1/events", params={"since": 0, "limit": 2})).json()
     assert [e["seq"] for e in page["events"]] == [1, 2]
     assert page["more"] is True
@@ -147,13 +154,17 @@ async def test_residency_counts_leading_resident_blocks(backend: EmbeddedBackend
     assert await backend.residency([pid, "pfx-unknown-3"]) == {pid: 4, "pfx-unknown-3": 0}
 
 
-async def test_descriptor_lists_every_mode(backend: EmbeddedBackend) -> None:
-    """The reference engine honours every mode natively, with its cache identity."""
+async def test_descriptor_classes_come_from_a_conformance_run(backend: EmbeddedBackend) -> None:
+    """Every mode a passing level exercises is native on the evidence of a self-test run;
+    offloadable, which no level exercises, stays unknown (never a class taken on trust)."""
     desc = await backend.descriptor()
     assert set(desc["modes"]) == {m.value for m in ProtectionMode}
-    assert {v["lowering_class"] for v in desc["modes"].values()} == {
-        LoweringClass.NATIVE_CONFORMANCE.value
-    }
+    classes = {mode: v["lowering_class"] for mode, v in desc["modes"].items()}
+    assert classes.pop(ProtectionMode.OFFLOADABLE.value) == LoweringClass.UNKNOWN.value
+    assert set(classes.values()) == {LoweringClass.NATIVE_CONFORMANCE.value}
+    assert desc["conformance"]["source"] == "self_test:reference_engine"
+    assert set(desc["conformance"]["levels"].values()) == {"pass"}
+    assert desc["modes"]["hard_protected"]["levels"] == {"L3": "pass", "L7": "pass", "C1": "pass"}
     assert desc["cache_identity"] == backend.engine.cache_identity.to_dict()
     assert desc["extension_key"] == "agentclaims"
 

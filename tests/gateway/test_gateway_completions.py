@@ -12,7 +12,8 @@ from gateway_sleeps import GatedSleep, RecordingSleep
 
 from agentclaims.backends import EmbeddedBackend
 from agentclaims.contract import EventName, rebuild_claims
-from agentclaims.gateway import Reply, outcome_from_error
+from agentclaims.gateway import Reply
+from agentclaims.protocol import collect_events, outcome_from_error
 
 SYSTEM = {"role": "system", "content": "You are a careful agent. " * 6}
 
@@ -75,7 +76,7 @@ async def test_prompt_claim_is_decided_and_materialized(backend: EmbeddedBackend
     assert view.predicate_holds
     assert view.present_blocks == view.footprint_blocks
     assert ext["events_seq"] == backend.engine.last_seq
-    history = rebuild_claims(await backend.events())["c1"]
+    history = rebuild_claims(await collect_events(backend))["c1"]
     assert history.materialized
     assert history.mode is not None
 
@@ -197,7 +198,7 @@ async def test_admit_false_denies_future_reuse(backend: EmbeddedBackend) -> None
     assert first["agentclaims"]["outcome"]["action"] == "serve_active_no_admit"
     second = (await client.post("/v1/completions", json={"prompt": list(range(40))})).json()
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    names = [e.event for e in await backend.events()]
+    names = [e.event for e in await collect_events(backend)]
     assert EventName.FUTURE_REUSE_DENIED in names
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agentclaims.backends.embedded import EmbeddedBackend
+from agentclaims.protocol import collect_events
 
 
 async def test_events_filtered_by_id_prefix_keep_order_and_skip_others():
@@ -18,8 +19,8 @@ async def test_events_filtered_by_id_prefix_keep_order_and_skip_others():
         assert (
             await client.post(f"{backend.base_url}/chat/completions", json=body)
         ).status_code == 200
-    mine = await backend.events(0, id_prefix="s-a")
-    everything = await backend.events(0)
+    mine = await collect_events(backend, 0, id_prefix="s-a")
+    everything = await collect_events(backend, 0)
     assert [e.request_id for e in mine] == [
         e.request_id for e in everything if e.request_id.startswith("s-a")
     ]

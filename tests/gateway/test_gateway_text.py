@@ -8,15 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agentclaims.engine import ByteTokenizer, WordTokenizer, tokenizer_named
 from agentclaims.errors import UnknownNameError, UsageError
-from agentclaims.gateway import (
-    ByteTokenizer,
-    Reply,
-    ScriptedModel,
-    TextRequest,
-    WordTokenizer,
-    tokenizer_named,
-)
+from agentclaims.gateway import Reply, ScriptedModel, TextRequest
 
 
 def chat(*messages: dict[str, Any], node: str | None = None) -> TextRequest:

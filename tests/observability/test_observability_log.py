@@ -161,7 +161,7 @@ def test_typed_events_and_their_fields() -> None:
         (lambda log: log.claim_planned("c", "p", None, reuse_probability=2.0), "reuse_probability"),
         (lambda log: log.session("session_paused"), "event"),
         (lambda log: log.session("session_started", ts_ns=1), "ts_ns"),
-        (lambda log: log.claim_event({"event": "resident_claim_harmed"}), "event.schema_version"),
+        (lambda log: log.claim_event({"event": "resident_claim_harmed"}), "event.seq"),
         (lambda log: log.claim_event(_refusal_events()[-1], claim_id="x"), "claim_id"),
     ],
 )

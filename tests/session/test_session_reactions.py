@@ -16,9 +16,8 @@ import agentclaims
 from agentclaims.backends.embedded import EmbeddedBackend
 from agentclaims.backends.pool import BackendPool
 from agentclaims.contract import ClaimSpec, ProtectionMode
-from agentclaims.engine import BlockHash
+from agentclaims.engine import BlockHash, ServiceTimes
 from agentclaims.errors import BackendUnavailable, ClaimRefused, DeadlineExceeded
-from agentclaims.gateway.kv import ServiceTimes
 from agentclaims.gateway.text import Reply
 from agentclaims.planner import ClaimPlan, ClaimPlanner, PrefixContext
 from agentclaims.session import ClaimedSession, ReactionPolicy
@@ -165,7 +164,7 @@ async def test_fail_names_the_blocking_claim_and_outcome(tmp_path):
             await ask(backend)
     assert info.value.blocking_claim_ids == ("blocker",)
     assert info.value.claim_id == "blocker"
-    assert info.value.outcome == "refuse_active"
+    assert info.value.outcome.action.value == "refuse_active"
     assert "blocker" in str(info.value)
     assert t.sleeps == []
     [fail] = reactions(tmp_path, session)
@@ -186,7 +185,7 @@ async def test_deadline_exceeded_after_deadline_s(tmp_path):
         ) as session:
             await ask(backend)
     assert info.value.blocking_claim_ids == ("blocker",)
-    assert info.value.outcome == "refuse_active"
+    assert info.value.outcome.action.value == "refuse_active"
     # backoff with jitter, capped at max_delay_s, until the session's clock passes deadline_s
     assert 2.0 <= sum(t.sleeps) < 2.0 + 0.5 + 0.02
     assert all(0 < d <= 0.52 for d in t.sleeps)
@@ -208,7 +207,7 @@ async def test_retry_after_beyond_the_deadline_fails_at_once(tmp_path):
             backend, reaction=ReactionPolicy(deadline_s=2.0), sleep=t.sleep, clock=t.clock_s
         ):
             await ask(backend)
-    assert info.value.outcome == "defer_active"
+    assert info.value.outcome.action.value == "defer_active"
     assert t.sleeps == []
     await backend.aclose()
 

@@ -166,7 +166,11 @@ async def test_refusal_with_fail_policy_raises_typed_error():
             if held:
                 with pytest.raises(agentclaims.ClaimRefused) as info:
                     await other()
-                assert info.value.outcome in ("refuse_active", "defer_active", "capacity_required")
+                assert info.value.outcome.action.value in (
+                    "refuse_active",
+                    "defer_active",
+                    "capacity_required",
+                )
     assert live_claims(backend) == []
     await backend.aclose()
 

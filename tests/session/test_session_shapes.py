@@ -25,7 +25,7 @@ from langgraph.types import Send
 import agentclaims
 from agentclaims.backends.embedded import EmbeddedBackend
 from agentclaims.demo.workflows import build_supervisor, script, task_for
-from agentclaims.gateway.kv import ServiceTimes
+from agentclaims.engine import ServiceTimes
 from agentclaims.gateway.text import Reply, TextRequest
 from agentclaims.graph import AgentGraphWarning
 from agentclaims.session import ClaimedSession, claimed_session, current_session

@@ -12,25 +12,16 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any
 
-from agentclaims.engine import blake2b_hash
+from agentclaims.engine.blocks import blake2b_hash
 from agentclaims.errors import UnknownNameError, UsageError
+from agentclaims.protocol import Tokenizer
 
-__all__ = ["ByteTokenizer", "Tokenizer", "WordTokenizer", "tokenizer_named"]
+__all__ = ["ByteTokenizer", "WordTokenizer", "content_text", "tokenizer_named"]
 
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 _WORD = re.compile(r"\w+|[^\w\s]")
-
-
-class Tokenizer(Protocol):
-    """Text -> token ids; ``tokenizer_id`` goes into the engine's cache identity."""
-
-    tokenizer_id: str
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def encode_message(self, message: Mapping[str, Any]) -> list[int]: ...
 
 
 class _Base:

@@ -1,7 +1,10 @@
-"""The gateway's error bodies, both ways: the server turns exceptions and refusals into HTTP
-errors, the client (``HTTPBackend``, the SDK reading an ``openai.APIStatusError``) turns them
-back. Every error body is ``{"error": {"type": ..., "message": ..., <fields>}}``; docs/gateway.md
-lists them."""
+"""The error codec of the claims protocol, both ways.
+
+A server turns exceptions and refusals into HTTP errors (``exception_error``,
+``refusal_error``); a client turns them back (``raise_for_error``, ``outcome_from_error``).
+Every error body is ``{"error": {"type": ..., "message": ..., <fields>}}``; a refusal or
+deferral carries the typed ``ActiveOutcome`` under ``outcome``. docs/gateway.md lists them.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +12,17 @@ import math
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from agentclaims.contract import ArbiterAction
-from agentclaims.engine import ActiveOutcome
 from agentclaims.errors import (
     AgentClaimsError,
     BackendError,
     ContractViolation,
     IllegalTransition,
+    OperationNotExposed,
     ScopeViolation,
     UnknownClaim,
     UsageError,
 )
+from agentclaims.protocol.types import ActiveOutcome
 
 __all__ = [
     "ACTIVE_REQUEST_DEFERRED",
@@ -33,6 +36,7 @@ __all__ = [
 
 ACTIVE_REQUEST_REFUSED = "active_request_refused"
 ACTIVE_REQUEST_DEFERRED = "active_request_deferred"
+_REFUSALS = (ACTIVE_REQUEST_REFUSED, ACTIVE_REQUEST_DEFERRED)
 
 
 def error_body(error_type: str, message: str, **fields: Any) -> dict[str, Any]:
@@ -59,6 +63,8 @@ def exception_error(exc: AgentClaimsError) -> tuple[int, dict[str, Any]]:
         )
     if isinstance(exc, ContractViolation):
         return 409, error_body("contract_violation", str(exc))
+    if isinstance(exc, OperationNotExposed):
+        return 501, error_body("not_exposed", str(exc), operation=exc.operation)
     return 500, error_body("internal_error", str(exc))
 
 
@@ -67,17 +73,10 @@ def refusal_error(
 ) -> tuple[int, dict[str, str], dict[str, Any]]:
     """Status, headers and body for an active request the arbiter did not serve: 503 with
     ``Retry-After`` when deferred (it will fit later), 409 when refused or over capacity."""
-    deferred = outcome.action is ArbiterAction.DEFER_ACTIVE
-    kind = ACTIVE_REQUEST_DEFERRED if deferred else ACTIVE_REQUEST_REFUSED
-    ids = ", ".join(outcome.blocking_claim_ids) or "none"
-    message = (
-        f"active request {outcome.request_id} not served: {outcome.action.value} "
-        f"({outcome.feasibility.value}); short by {outcome.shortfall_blocks} blocks; "
-        f"blocking claims: {ids}"
-    )
+    kind = ACTIVE_REQUEST_DEFERRED if outcome.deferred else ACTIVE_REQUEST_REFUSED
     body = error_body(
         kind,
-        message,
+        outcome.describe(),
         action=outcome.action.value,
         feasibility=outcome.feasibility.value,
         blocking_claim_ids=list(outcome.blocking_claim_ids),
@@ -87,7 +86,7 @@ def refusal_error(
         outcome=outcome.to_dict(),
         prefix_ids=dict(prefix_ids),
     )
-    if not deferred:
+    if not outcome.deferred:
         return 409, {}, body
     headers = {"Retry-After": "1"}
     if outcome.retry_after_s is not None:
@@ -98,16 +97,16 @@ def refusal_error(
 
 def outcome_from_error(body: object) -> ActiveOutcome | None:
     """The arbiter's outcome in a refusal's error body (whole body or its ``error`` object, as
-    ``openai.APIStatusError.body`` holds it); ``None`` for any other error."""
+    ``openai.APIStatusError.body`` holds it); ``None`` for any other error or a body that does
+    not parse (fail closed: an unreadable refusal is not taken for an answer)."""
     if isinstance(body, Mapping) and isinstance(body.get("error"), Mapping):
         body = body["error"]
-    if not isinstance(body, Mapping) or body.get("type") not in (
-        ACTIVE_REQUEST_REFUSED,
-        ACTIVE_REQUEST_DEFERRED,
-    ):
+    if not isinstance(body, Mapping) or body.get("type") not in _REFUSALS:
         return None
-    outcome = body.get("outcome")
-    return ActiveOutcome.from_dict(outcome) if isinstance(outcome, Mapping) else None
+    try:
+        return ActiveOutcome.from_dict(body.get("outcome"))
+    except UsageError:
+        return None
 
 
 def raise_for_error(status: int, body: object) -> NoReturn:
@@ -128,4 +127,6 @@ def raise_for_error(status: int, body: object) -> NoReturn:
         )
     if kind == "contract_violation":
         raise ContractViolation(message)
+    if kind == "not_exposed":
+        raise OperationNotExposed(str(err.get("backend", "gateway")), str(err.get("operation")))
     raise BackendError(f"HTTP {status} {kind}: {message}")

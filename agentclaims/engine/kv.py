@@ -1,16 +1,17 @@
-"""The KV half of the gateway: the reference engine, driven by the requests the gateway serves.
+"""``ReferenceKV``: the reference engine speaking the claims protocol.
 
-A request's KV life on the reference side::
+It is the KV side the gateway serves by default, the target ``agentclaims conformance
+--backend embedded`` drives, and the contract's executable model. A request's KV life::
 
     tokens of each message -> chained block hashes (full blocks) -> register every message
     boundary as a prefix -> engine.begin(prompt + reply full blocks, tail as extra blocks)
-      refused / deferred: nothing else happens, the outcome goes back as an HTTP error
+      refused / deferred: nothing else happens, the outcome goes back to the caller
       served: submit the request's claims (``@prompt`` / ``@sequence`` resolved now), hold the
       blocks for the modelled service time (prefill of the computed tokens + decode of the reply,
       slept outside the lock, so concurrent requests overlap), then finish and step the engine.
 
-A lowering onto a real runtime (vLLM) is the other KV side: same ``KVSide`` methods, with
-tokens and blocks taken from the runtime.
+It speaks every part of the protocol: the claims API, ``ActiveServing`` and
+``InstanceControl``. All engine access goes through one asyncio lock.
 """
 
 from __future__ import annotations
@@ -18,111 +19,40 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from agentclaims.contract import (
     ArbiterAction,
-    CacheIdentity,
-    ClaimEvent,
-    ClaimSpec,
-    LoweringClass,
-    ProtectionMode,
-)
-from agentclaims.engine import (
-    ActiveOutcome,
     BlockHash,
-    ClaimDecision,
-    ClaimView,
-    EvictionPolicy,
-    KVEngine,
-    hash_token_blocks,
+    CacheIdentity,
+    ClaimId,
+    ClaimSpec,
+    OwnerScope,
+    PrefixId,
     prefix_id_of,
 )
-from agentclaims.errors import UnknownClaim, UsageError
-from agentclaims.gateway.tokenizer import Tokenizer, WordTokenizer, tokenizer_named
+from agentclaims.engine.blocks import hash_token_blocks
+from agentclaims.engine.engine import KVEngine
+from agentclaims.engine.eviction import EvictionPolicy
+from agentclaims.engine.tokenizer import WordTokenizer, tokenizer_named
+from agentclaims.errors import ContractViolation, UnknownClaim, UsageError
+from agentclaims.protocol import (
+    PROMPT_OBJECT,
+    SEQUENCE_OBJECT,
+    ActiveOutcome,
+    ActiveRequest,
+    ClaimDecision,
+    ClaimView,
+    EventPage,
+    ServeResult,
+    Tokenizer,
+)
 
-__all__ = [
-    "PROMPT_OBJECT",
-    "SEQUENCE_OBJECT",
-    "ActiveRequest",
-    "KVSide",
-    "ReferenceKV",
-    "ServeResult",
-    "ServiceTimes",
-]
-
-PROMPT_OBJECT = "@prompt"
-"""A claim's ``object_id`` meaning: this request's prompt prefix (resolved after hashing)."""
-SEQUENCE_OBJECT = "@sequence"
-"""A claim's ``object_id`` meaning: this request's prompt + reply full blocks."""
+__all__ = ["ReferenceKV", "ServiceTimes"]
 
 Sleep = Callable[[float], Awaitable[None]]
-
-
-@dataclass(frozen=True, slots=True)
-class ActiveRequest:
-    """One completion request as the KV side sees it (already tokenized)."""
-
-    request_id: str
-    segments: tuple[tuple[int, ...], ...]
-    """Prompt token ids, one segment per message (one segment for a plain completion)."""
-    reply_tokens: tuple[int, ...]
-    claims: tuple[Mapping[str, Any], ...] = ()
-    """Claim dicts (``ClaimSpec.to_dict`` form) to submit once the request is served."""
-    owner_scope: str | None = None
-    """Fills a claim's missing ``owner_scope``."""
-    admit: bool = True
-    cache_salt: str | None = None
-    chat: bool = True
-    """Chat requests report a prefix id per message boundary."""
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(len(s) for s in self.segments)
-
-
-@dataclass(frozen=True, slots=True)
-class ServeResult:
-    """What the KV side did with a request."""
-
-    outcome: ActiveOutcome
-    prefix_ids: dict[str, Any]
-    decisions: tuple[ClaimDecision, ...] = ()
-    events_seq: int = 0
-    cached_tokens: int = 0
-    """Prompt tokens served from the device prefix cache (hit blocks x block size)."""
-
-
-class KVSide(Protocol):
-    """What the gateway app needs from its KV half."""
-
-    name: str
-    tokenizer: Tokenizer
-    block_size: int
-
-    async def serve(self, request: ActiveRequest) -> ServeResult: ...
-
-    async def submit_claim(
-        self, spec: ClaimSpec, block_hashes: Sequence[int] | None
-    ) -> ClaimDecision: ...
-
-    async def get_claim(self, claim_id: str, owner_scope: str) -> ClaimView: ...
-
-    async def renew_claim(
-        self, claim_id: str, owner_scope: str, *, duration_steps: int | None, ttl_s: float | None
-    ) -> ClaimView: ...
-
-    async def release_claim(self, claim_id: str, owner_scope: str) -> ClaimView: ...
-
-    async def events(self, since: int, limit: int) -> tuple[list[ClaimEvent], int]:
-        """Events with ``seq > since`` (at most ``limit``) and the last sequence number."""
-        ...
-
-    async def residency(self, prefix_ids: Sequence[str]) -> dict[str, int]: ...
-
-    def descriptor(self) -> dict[str, Any]: ...
-
-    def metrics(self) -> dict[str, Any]: ...
+EngineFactory = Callable[[int, int], KVEngine]
+"""``(usable_blocks, first_seq) -> KVEngine``: how a fresh instance is made."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +82,7 @@ class _Counters:
 
 
 class ReferenceKV:
-    """The KV side on the reference ``KVEngine``. All engine access goes through one lock."""
+    """The claims protocol over one reference ``KVEngine`` (replaced by ``fresh_instance``)."""
 
     name = "reference_engine"
 
@@ -163,6 +93,7 @@ class ReferenceKV:
         tokenizer: Tokenizer | None = None,
         service: ServiceTimes | None = None,
         sleep: Sleep = asyncio.sleep,
+        factory: EngineFactory | None = None,
     ) -> None:
         if tokenizer is None:
             tokenizer = tokenizer_named(engine.cache_identity.tokenizer_id)
@@ -177,6 +108,7 @@ class ReferenceKV:
         self.block_size = engine.block_size
         self.service = service or ServiceTimes()
         self._sleep = sleep
+        self._factory = factory or _same_as(engine)
         self._lock = asyncio.Lock()
         self._ends_ns: dict[str, int] = {}
         self.counters = _Counters()
@@ -187,7 +119,7 @@ class ReferenceKV:
         num_blocks: int,
         block_size: int = 16,
         *,
-        eviction_policy: EvictionPolicy | None = None,
+        eviction_policy: EvictionPolicy | Callable[[], EvictionPolicy] | None = None,
         host_blocks: int = 0,
         owner_cap_blocks: int | None = None,
         protected_cap_blocks: int | None = None,
@@ -195,8 +127,10 @@ class ReferenceKV:
         service: ServiceTimes | None = None,
         sleep: Sleep = asyncio.sleep,
         model_id: str = "scripted",
+        run_id: str | None = None,
     ) -> ReferenceKV:
-        """A fresh engine with the word tokenizer in its cache identity."""
+        """A fresh engine with the word tokenizer in its cache identity. ``eviction_policy``
+        may be a factory, so every fresh instance gets a policy of its own."""
         tokenizer = WordTokenizer()
         identity = CacheIdentity(
             cache_key_domain="agentclaims-gateway",
@@ -206,27 +140,46 @@ class ReferenceKV:
             block_size=block_size,
         )
         extra: dict[str, Any] = {} if clock is None else {"clock": clock}
-        engine = KVEngine(
-            num_blocks,
-            block_size,
-            eviction_policy=eviction_policy,
-            host_blocks=host_blocks,
-            owner_cap_blocks=owner_cap_blocks,
-            protected_cap_blocks=protected_cap_blocks,
-            cache_identity=identity,
-            **extra,
+        instances = iter(range(1, 1 << 62))
+
+        def factory(usable_blocks: int, first_seq: int) -> KVEngine:
+            policy = eviction_policy() if callable(eviction_policy) else eviction_policy
+            n = next(instances)
+            return KVEngine(
+                usable_blocks,
+                block_size,
+                eviction_policy=policy,
+                host_blocks=host_blocks,
+                owner_cap_blocks=owner_cap_blocks,
+                protected_cap_blocks=None
+                if protected_cap_blocks is None
+                else min(protected_cap_blocks, usable_blocks),
+                cache_identity=identity,
+                run_id=None if run_id is None else (run_id if n == 1 else f"{run_id}-{n}"),
+                first_seq=first_seq,
+                **extra,
+            )
+
+        return cls(
+            factory(num_blocks, 0),
+            tokenizer=tokenizer,
+            service=service,
+            sleep=sleep,
+            factory=factory,
         )
-        return cls(engine, tokenizer=tokenizer, service=service, sleep=sleep)
 
     # ------------------------------------------------------------------ requests
     async def serve(self, request: ActiveRequest) -> ServeResult:
-        engine, bs = self.engine, self.block_size
         prompt = [t for seg in request.segments for t in seg]
-        sequence = prompt + list(request.reply_tokens)
-        hashes = hash_token_blocks(sequence, bs, cache_salt=request.cache_salt)
-        prompt_blocks = len(prompt) // bs
-        tail = 1 if len(sequence) % bs else 0
         async with self._lock:
+            engine, bs = self.engine, self.block_size  # this request's instance, to the end
+            if request.block_hashes is not None:  # a request named by its blocks (no tokens)
+                hashes = list(request.block_hashes)
+                prompt_blocks, tail = len(hashes), 0
+            else:
+                sequence = prompt + list(request.reply_tokens)
+                hashes = hash_token_blocks(sequence, bs, cache_salt=request.cache_salt)
+                prompt_blocks, tail = len(prompt) // bs, 1 if len(sequence) % bs else 0
             specs = self._resolve_claims(request, hashes, prompt_blocks)
             prefix_ids = self._register(request, hashes, prompt_blocks)
             outcome = engine.begin(
@@ -240,7 +193,9 @@ class ReferenceKV:
             if not outcome.served:
                 if outcome.retry_after_s is None and outcome.action is ArbiterAction.DEFER_ACTIVE:
                     outcome = replace(outcome, retry_after_s=self._drain_estimate_s())
-                return ServeResult(outcome, prefix_ids, events_seq=engine.last_seq)
+                return ServeResult(
+                    outcome, prefix_ids, events_seq=engine.last_seq, block_hashes=tuple(hashes)
+                )
             decisions = tuple(engine.submit_claim(spec, blocks) for spec, blocks in specs)
             reused = (outcome.hit_blocks + outcome.restored_blocks) * bs
             hold = (
@@ -258,7 +213,12 @@ class ReferenceKV:
                 engine.step()
                 seq = engine.last_seq
         return ServeResult(
-            outcome, prefix_ids, decisions, events_seq=seq, cached_tokens=outcome.hit_blocks * bs
+            outcome,
+            prefix_ids,
+            decisions,
+            events_seq=seq,
+            cached_tokens=outcome.hit_blocks * bs,
+            block_hashes=tuple(hashes),
         )
 
     def _register(
@@ -271,7 +231,7 @@ class ReferenceKV:
 
         boundaries: list[str | None] = []
         end = 0
-        if request.chat:
+        if request.chat and request.block_hashes is None:
             for seg in request.segments:
                 end += len(seg)
                 boundaries.append(register(end // bs))
@@ -353,33 +313,43 @@ class ReferenceKV:
 
     # ------------------------------------------------------------------ claims API
     async def submit_claim(
-        self, spec: ClaimSpec, block_hashes: Sequence[int] | None
+        self, spec: ClaimSpec, block_hashes: Sequence[BlockHash] | None = None
     ) -> ClaimDecision:
         hashes = None if block_hashes is None else [BlockHash(h) for h in block_hashes]
         async with self._lock:
             return self.engine.submit_claim(spec, hashes)
 
-    async def get_claim(self, claim_id: str, owner_scope: str) -> ClaimView:
+    async def get_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
         async with self._lock:
             return self.engine.get_claim(claim_id, owner_scope)
 
     async def renew_claim(
-        self, claim_id: str, owner_scope: str, *, duration_steps: int | None, ttl_s: float | None
+        self,
+        claim_id: ClaimId,
+        owner_scope: OwnerScope,
+        *,
+        duration_steps: int | None = None,
+        ttl_s: float | None = None,
     ) -> ClaimView:
         async with self._lock:
             return self.engine.renew_claim(
                 claim_id, owner_scope, duration_steps=duration_steps, ttl_s=ttl_s
             )
 
-    async def release_claim(self, claim_id: str, owner_scope: str) -> ClaimView:
+    async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
         async with self._lock:
             return self.engine.release_claim(claim_id, owner_scope)
 
-    async def events(self, since: int, limit: int) -> tuple[list[ClaimEvent], int]:
+    async def events(
+        self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None
+    ) -> EventPage:
         async with self._lock:
-            return self.engine.events_since(since)[:limit], self.engine.last_seq
+            engine = self.engine
+            return EventPage.select(
+                engine.events_since(since), since, engine.last_seq, limit=limit, id_prefix=id_prefix
+            )
 
-    async def residency(self, prefix_ids: Sequence[str]) -> dict[str, int]:
+    async def residency(self, prefix_ids: Sequence[PrefixId]) -> dict[PrefixId, int]:
         async with self._lock:
             out = {}
             for pid in prefix_ids:
@@ -387,8 +357,9 @@ class ReferenceKV:
                 out[pid] = 0 if blocks is None else self.engine.resident_run(blocks)
             return out
 
-    # ------------------------------------------------------------------ introspection
-    def descriptor(self) -> dict[str, Any]:
+    async def descriptor(self) -> dict[str, Any]:
+        """The engine's facts. The lowering class per mode is not stated here: it comes from
+        conformance evidence, which the gateway attaches."""
         engine = self.engine
         return {
             "kv_side": self.name,
@@ -399,17 +370,41 @@ class ReferenceKV:
             "owner_cap_blocks": engine.owner_cap_blocks,
             "eviction_policy": engine.policy_name,
             "special_object_ids": [PROMPT_OBJECT, SEQUENCE_OBJECT],
-            "evidence": "the reference engine is the contract's executable model; the "
-            "conformance suite (L1-L7, C1) runs against it",
-            "modes": {
-                mode.value: {
-                    "lowering_class": LoweringClass.NATIVE_CONFORMANCE.value,
-                    "evidence_class": "reference_engine",
-                }
-                for mode in ProtectionMode
-            },
         }
 
+    # ------------------------------------------------------------------ ActiveServing
+    async def block_residency(self, block_hashes: Sequence[BlockHash]) -> list[bool]:
+        async with self._lock:
+            return [self.engine.is_cached(h) for h in block_hashes]
+
+    # ------------------------------------------------------------------ InstanceControl
+    async def fresh_instance(self, usable_blocks: int, owner_scope: OwnerScope) -> CacheIdentity:
+        """A new, empty engine of ``usable_blocks`` in place of this one; its events continue
+        the sequence. Refused while another owner holds a live claim (their claims would
+        vanish) or a request is active."""
+        if (
+            isinstance(usable_blocks, bool)
+            or not isinstance(usable_blocks, int)
+            or usable_blocks < 1
+        ):
+            raise UsageError("usable_blocks", f"must be a positive integer, got {usable_blocks!r}")
+        async with self._lock:
+            others = sorted(self.engine.live_owners() - {owner_scope})
+            active = len(self.engine.active_requests())
+            if others or active:
+                raise ContractViolation(
+                    f"a fresh instance would drop live work: claims of {others}, "
+                    f"{active} active requests"
+                )
+            self.engine = self._factory(usable_blocks, self.engine.last_seq)
+            self.block_size = self.engine.block_size
+            return self.engine.cache_identity
+
+    async def step(self, n: int = 1) -> None:
+        async with self._lock:
+            self.engine.step(n)
+
+    # ------------------------------------------------------------------ introspection
     def metrics(self) -> dict[str, Any]:
         engine, c = self.engine, self.counters
         return {
@@ -435,3 +430,21 @@ class ReferenceKV:
             },
             "events_seq": engine.last_seq,
         }
+
+
+def _same_as(engine: KVEngine) -> EngineFactory:
+    """A factory of engines configured like ``engine`` (its policy's class, fresh)."""
+
+    def factory(usable_blocks: int, first_seq: int) -> KVEngine:
+        return KVEngine(
+            usable_blocks,
+            engine.block_size,
+            eviction_policy=type(engine.policy)(),
+            host_blocks=engine.host_capacity,
+            owner_cap_blocks=engine.owner_cap_blocks,
+            cache_identity=engine.cache_identity,
+            clock=engine.clock,
+            first_seq=first_seq,
+        )
+
+    return factory

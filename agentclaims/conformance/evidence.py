@@ -1,0 +1,63 @@
+"""Conformance evidence for a descriptor: the class of each mode comes from a run, not a claim.
+
+``self_test()`` runs the suite on a scratch reference engine (about 10 ms; cached per process)
+and is what the gateway attaches to its descriptor when its KV side is the reference engine.
+``evidence_from_json`` reads a saved ``agentclaims conformance --json`` run (for a KV side
+the gateway cannot test itself, e.g. a vLLM lowering, whose operator ran the suite against it).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from agentclaims.conformance.lowering import mode_classes
+from agentclaims.errors import UsageError
+
+__all__ = ["RunEvidence", "evidence_from_json", "no_evidence", "self_test"]
+
+RunEvidence = dict[str, Any]
+"""``{"source": ..., "levels": {level: status}, "modes": {mode: {lowering_class, ...}}}``."""
+
+
+def _evidence(source: str, statuses: dict[str, str]) -> RunEvidence:
+    return {"source": source, "levels": statuses, "modes": mode_classes(statuses)}
+
+
+def no_evidence(why: str = "no conformance run") -> RunEvidence:
+    """Every mode ``unknown``: what a descriptor says before anything was shown."""
+    return {**_evidence("none", {}), "reason": why}
+
+
+async def self_test(block_size: int = 16) -> RunEvidence:
+    """Run L1-L7 and C1 on a scratch reference engine of ``block_size`` (cached)."""
+    return dict(await _self_test(block_size))
+
+
+@functools.cache
+def _cached_results() -> dict[int, RunEvidence]:
+    return {}
+
+
+async def _self_test(block_size: int) -> RunEvidence:
+    cache = _cached_results()
+    if block_size not in cache:
+        from agentclaims.conformance.scenarios import run_suite
+        from agentclaims.conformance.target import reference_target
+
+        results = await run_suite(reference_target(block_size, run_id="self-test"))
+        statuses = {level: r.status.value for level, r in results.items()}
+        cache[block_size] = _evidence("self_test:reference_engine", statuses)
+    return cache[block_size]
+
+
+def evidence_from_json(path: str | Path) -> RunEvidence:
+    """The evidence of a saved ``agentclaims conformance --json`` run."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        levels = {str(k): str(v["status"]) for k, v in doc["levels"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError("evidence", f"{path}: not a conformance run ({exc})") from None
+    return _evidence(f"conformance_run:{doc.get('backend', path)}", levels)

@@ -1,0 +1,125 @@
+"""What the conformance scenarios drive: any backend that speaks the claims protocol.
+
+``Target`` wraps one ``ClaimsProtocol`` speaker (the reference engine in-process, the gateway
+through ``EmbeddedBackend`` or over HTTP, a lowering onto vLLM, a user's test double) and gives
+the scenarios their operations. The claims API is required; an active request needs
+``ActiveServing`` and a fresh instance or a step needs ``InstanceControl``. An operation a
+backend lacks raises ``OperationNotExposed`` and the level that needed it reports
+``not_exposed``, never ``pass``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from agentclaims.contract import (
+    BlockHash,
+    CacheIdentity,
+    ClaimEvent,
+    ClaimSpec,
+    OwnerScope,
+    RequestId,
+)
+from agentclaims.errors import OperationNotExposed, UsageError
+from agentclaims.protocol import (
+    ActiveOutcome,
+    ActiveRequest,
+    ActiveServing,
+    ClaimDecision,
+    ClaimsProtocol,
+    ClaimView,
+    InstanceControl,
+    collect_events,
+)
+
+__all__ = ["OWNER_SCOPE", "ManualClock", "Target", "reference_target"]
+
+OWNER_SCOPE = OwnerScope("conformance")
+"""The owner of every claim the suite makes."""
+
+
+class ManualClock:
+    """A clock in nanoseconds that moves only when told to (injected into the engine)."""
+
+    __slots__ = ("now_ns",)
+
+    def __init__(self, start_ns: int = 1_700_000_000_000_000_000) -> None:
+        self.now_ns = start_ns
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+    def advance(self, seconds: float) -> None:
+        if not seconds >= 0:
+            raise UsageError("seconds", f"must be a non-negative number, got {seconds!r}")
+        self.now_ns += int(seconds * 1e9)
+
+
+class Target:
+    """The scenario-facing view of one backend. Every scenario starts with ``fresh``."""
+
+    def __init__(self, backend: ClaimsProtocol) -> None:
+        if not isinstance(backend, ClaimsProtocol):
+            raise UsageError("backend", f"does not speak the claims protocol: {backend!r}")
+        self.backend = backend
+        self.name = backend.name
+
+    def _need(self, capability: type, operation: str) -> None:
+        if not isinstance(self.backend, capability):
+            raise OperationNotExposed(self.name, operation)
+
+    async def fresh(self, usable_blocks: int) -> CacheIdentity:
+        """A fresh instance with ``usable_blocks`` usable KV blocks, nothing resident; returns
+        the cache identity claims on it must carry."""
+        self._need(InstanceControl, "fresh_instance")
+        assert isinstance(self.backend, InstanceControl)
+        return await self.backend.fresh_instance(usable_blocks, OWNER_SCOPE)
+
+    async def begin(
+        self, request_id: str, block_hashes: Sequence[BlockHash], *, admit: bool = True
+    ) -> ActiveOutcome:
+        """Run an active request over ``block_hashes`` (``admit=False``: write no-admit)."""
+        self._need(ActiveServing, "serve")
+        assert isinstance(self.backend, ActiveServing)
+        request = ActiveRequest(
+            RequestId(request_id), block_hashes=tuple(block_hashes), admit=admit, chat=False
+        )
+        return (await self.backend.serve(request)).outcome
+
+    async def submit_claim(
+        self, spec: ClaimSpec, block_hashes: Sequence[BlockHash]
+    ) -> ClaimDecision:
+        return await self.backend.submit_claim(spec, block_hashes)
+
+    async def release_claim(self, claim_id: str, owner_scope: str) -> ClaimView:
+        return await self.backend.release_claim(claim_id, owner_scope)  # type: ignore[arg-type]
+
+    async def get_claim(self, claim_id: str, owner_scope: str) -> ClaimView:
+        return await self.backend.get_claim(claim_id, owner_scope)  # type: ignore[arg-type]
+
+    async def step(self, n: int = 1) -> None:
+        self._need(InstanceControl, "step")
+        assert isinstance(self.backend, InstanceControl)
+        await self.backend.step(n)
+
+    async def events(self, since: int = 0) -> list[ClaimEvent]:
+        """Every event of this instance with ``seq > since``, in order."""
+        return await collect_events(self.backend, since)
+
+    async def survival(self, block_hashes: Sequence[BlockHash]) -> list[bool]:
+        """For each block hash, whether it is resident (reusable) on the device now."""
+        self._need(ActiveServing, "block_residency")
+        assert isinstance(self.backend, ActiveServing)
+        return await self.backend.block_residency(block_hashes)
+
+
+def reference_target(
+    block_size: int = 16, *, clock: Callable[[], int] | None = None, run_id: str = "conformance"
+) -> Target:
+    """The reference engine in-process, on a ``ManualClock``: deterministic runs."""
+    from agentclaims.engine import ReferenceKV
+
+    kv = ReferenceKV.create(
+        1, block_size, clock=clock or ManualClock(), run_id=run_id, model_id="conformance"
+    )
+    return Target(kv)

@@ -1,0 +1,63 @@
+"""The claims protocol: one async boundary, its wire types, the extension key, the error codec.
+
+Defined once, beside the contract; every backend speaks it (see ``api``). Nothing here does
+I/O or imports a server, an engine or a client library.
+"""
+
+from agentclaims.protocol.api import (
+    EXTENSION_KEY,
+    ActiveServing,
+    ClaimsProtocol,
+    InstanceControl,
+    Tokenizer,
+    collect_events,
+    supports,
+)
+from agentclaims.protocol.codec import (
+    ACTIVE_REQUEST_DEFERRED,
+    ACTIVE_REQUEST_REFUSED,
+    error_body,
+    exception_error,
+    outcome_from_error,
+    raise_for_error,
+    refusal_error,
+)
+from agentclaims.protocol.types import (
+    PROMPT_OBJECT,
+    SEQUENCE_OBJECT,
+    SERVED_ACTIONS,
+    ActiveOutcome,
+    ActiveRequest,
+    ClaimDecision,
+    ClaimView,
+    Descriptor,
+    EventPage,
+    ServeResult,
+)
+
+__all__ = [
+    "ACTIVE_REQUEST_DEFERRED",
+    "ACTIVE_REQUEST_REFUSED",
+    "EXTENSION_KEY",
+    "PROMPT_OBJECT",
+    "SEQUENCE_OBJECT",
+    "SERVED_ACTIONS",
+    "ActiveOutcome",
+    "ActiveRequest",
+    "ActiveServing",
+    "ClaimDecision",
+    "ClaimView",
+    "ClaimsProtocol",
+    "Descriptor",
+    "EventPage",
+    "InstanceControl",
+    "ServeResult",
+    "Tokenizer",
+    "collect_events",
+    "error_body",
+    "exception_error",
+    "outcome_from_error",
+    "raise_for_error",
+    "refusal_error",
+    "supports",
+]

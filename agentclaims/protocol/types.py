@@ -1,0 +1,218 @@
+"""The claims protocol's wire types: what every backend answers, in one codec (``Wire``)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from agentclaims.contract import (
+    ArbiterAction,
+    ClaimEvent,
+    ClaimState,
+    Decision,
+    Feasibility,
+    ProtectionMode,
+)
+from agentclaims.contract.ids import BlockHash, ClaimId, OwnerScope, PrefixId, RequestId
+from agentclaims.contract.wire import Wire
+
+__all__ = [
+    "PROMPT_OBJECT",
+    "SEQUENCE_OBJECT",
+    "SERVED_ACTIONS",
+    "ActiveOutcome",
+    "ActiveRequest",
+    "ClaimDecision",
+    "ClaimView",
+    "Descriptor",
+    "EventPage",
+    "ServeResult",
+]
+
+PROMPT_OBJECT = "@prompt"
+"""A claim's ``object_id`` meaning: this request's prompt prefix (resolved after hashing)."""
+SEQUENCE_OBJECT = "@sequence"
+"""A claim's ``object_id`` meaning: this request's prompt + reply full blocks."""
+
+SERVED_ACTIONS = frozenset(
+    {
+        ArbiterAction.SERVE_ACTIVE_PRESERVE_RESIDENT,
+        ArbiterAction.SERVE_ACTIVE_EVICT_RESIDENT,
+        ArbiterAction.SERVE_ACTIVE_NO_ADMIT,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveOutcome(Wire):
+    """The arbiter's answer to an active request (also the body of a refusal or deferral)."""
+
+    request_id: RequestId
+    action: ArbiterAction
+    feasibility: Feasibility
+    hit_blocks: int = 0
+    """Leading blocks reused from the device prefix cache."""
+    restored_blocks: int = 0
+    """Leading blocks brought back from the host tier (no recompute)."""
+    computed_blocks: int = 0
+    """Full blocks that had to be computed (recomputed prompt KV)."""
+    evicted_blocks: int = 0
+    blocking_claim_ids: tuple[ClaimId, ...] = ()
+    shortfall_blocks: int = 0
+    retry_after_s: float | None = None
+
+    wire_name: ClassVar[str] = "outcome"
+    wire_computed: ClassVar[tuple[str, ...]] = ("served",)
+
+    @property
+    def served(self) -> bool:
+        return self.action in SERVED_ACTIONS
+
+    @property
+    def deferred(self) -> bool:
+        """Not served now, but it fits once active work drains or a claim ends."""
+        return self.action is ArbiterAction.DEFER_ACTIVE
+
+    def describe(self) -> str:
+        """One line a person reads: what happened, why, by how much, and who is in the way."""
+        ids = ", ".join(self.blocking_claim_ids) or "none"
+        return (
+            f"active request {self.request_id} not served: {self.action.value} "
+            f"({self.feasibility.value}); short by {self.shortfall_blocks} blocks; "
+            f"blocking claims: {ids}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimDecision(Wire):
+    """The arbiter's answer to a residency claim."""
+
+    claim_id: ClaimId
+    decision: Decision
+    state: ClaimState
+    action: ArbiterAction | None = None
+    reason: str | None = None
+    conditions: dict[str, Any] = field(default_factory=dict)
+
+    wire_name: ClassVar[str] = "decision"
+
+    @property
+    def accepted(self) -> bool:
+        return self.decision is not Decision.REJECTED
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimView(Wire):
+    """A snapshot of one claim, as its owner may read it."""
+
+    claim_id: ClaimId
+    owner_scope: OwnerScope
+    object_id: PrefixId
+    protection_mode: ProtectionMode
+    state: ClaimState
+    footprint_blocks: int
+    present_blocks: int
+    predicate_holds: bool
+    expires_at_step: int | None
+    expires_at_ns: int | None
+    end_reason: str | None
+
+    wire_name: ClassVar[str] = "claim_view"
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveRequest(Wire):
+    """One active (LLM) request as a KV side serves it: already tokenized.
+
+    ``block_hashes`` names the request's full blocks directly, for a backend that accepts them
+    (the reference engine); a real runtime hashes the tokens itself and ignores nothing: it
+    refuses such a request as ``not_exposed``.
+    """
+
+    request_id: RequestId
+    segments: tuple[tuple[int, ...], ...] = ()
+    """Prompt token ids, one segment per message (one segment for a plain completion)."""
+    reply_tokens: tuple[int, ...] = ()
+    claims: tuple[Mapping[str, Any], ...] = ()
+    """Claim objects (``ClaimSpec`` form) to submit once the request is served; ``object_id``
+    may be ``@prompt`` or ``@sequence`` (this request's prefix, resolved after hashing)."""
+    owner_scope: OwnerScope | None = None
+    """Fills a claim's missing ``owner_scope``."""
+    admit: bool = True
+    """``False``: write no-admit (the request's KV is not kept for future reuse)."""
+    cache_salt: str | None = None
+    chat: bool = True
+    """Chat requests report a prefix id per message boundary."""
+    block_hashes: tuple[BlockHash, ...] | None = None
+
+    wire_name: ClassVar[str] = "request"
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(s) for s in self.segments)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeResult(Wire):
+    """What a KV side did with an active request."""
+
+    outcome: ActiveOutcome
+    prefix_ids: dict[str, Any] = field(default_factory=dict)
+    """``prompt``, ``sequence`` and (chat) ``messages``: the prefix id at each boundary."""
+    decisions: tuple[ClaimDecision, ...] = ()
+    events_seq: int = 0
+    """The backend's last event sequence number once the request was done."""
+    cached_tokens: int = 0
+    """Prompt tokens served from the device prefix cache."""
+    block_hashes: tuple[BlockHash, ...] = ()
+    """The request's full blocks, in order (prompt then reply)."""
+
+    wire_name: ClassVar[str] = "serve_result"
+
+
+@dataclass(frozen=True, slots=True)
+class EventPage(Wire):
+    """One page of the ordered event stream after ``since``.
+
+    ``next_since`` is where the next page starts (pass it back as ``since``); ``more`` says
+    whether events after it exist already; ``gap`` that events after ``since`` were dropped
+    from the backend's buffer before this read (a reader should say so, not guess)."""
+
+    events: tuple[ClaimEvent, ...]
+    last_seq: int
+    next_since: int
+    more: bool = False
+    gap: bool = False
+
+    wire_name: ClassVar[str] = "events"
+
+    @classmethod
+    def select(
+        cls,
+        after: Iterable[ClaimEvent],
+        since: int,
+        last_seq: int,
+        *,
+        limit: int | None = None,
+        id_prefix: str | None = None,
+    ) -> EventPage:
+        """The page of ``after`` (the buffered events with ``seq > since``, in order): at most
+        ``limit`` scanned, then those of ``id_prefix`` kept (its claim, else its request)."""
+        scanned = list(after if limit is None else itertools.islice(after, limit))
+        gap = scanned[0].seq > since + 1 if scanned else last_seq > since
+        next_since = scanned[-1].seq if scanned else max(since, last_seq)
+        if id_prefix is not None:
+            scanned = [e for e in scanned if _owned_by(e, id_prefix)]
+        return cls(tuple(scanned), last_seq, next_since, next_since < last_seq, gap)
+
+
+def _owned_by(event: ClaimEvent, id_prefix: str) -> bool:
+    key = event.claim_id if event.claim_id is not None else event.request_id
+    return key is not None and key.startswith(id_prefix)
+
+
+Descriptor = Mapping[str, Any]
+"""What a backend can honour (``GET /v1/descriptor``): its identity, block size and per mode
+the lowering class with the evidence for it."""

@@ -1,0 +1,270 @@
+"""The session's claim I/O: submit, renew, release, and the events that follow them.
+
+``ClaimIO`` holds the claims of one session (one per agent node), talks to backends only
+through the claims protocol, and takes the session's events after every call (never only at
+the end), so each lands in the outcome log as it happens and a claim's state here is the
+backend's. What to do about an event (renew, re-plan, drop, fail) is the session's reaction
+policy; ``ClaimIO`` reports which held claims lapsed or were harmed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from agentclaims.contract import (
+    CacheIdentity,
+    ClaimEvent,
+    ClaimId,
+    ClaimSpec,
+    ClaimState,
+    EventName,
+    OwnerScope,
+    PrefixId,
+    ProtectionMode,
+)
+from agentclaims.errors import BackendError, ClaimOutcomeError, ClaimRefused, UsageError
+from agentclaims.planner import ClaimPlan, PlannerPolicy, PrefixContext, relax_mode
+from agentclaims.session.reactions import ReactionPolicy
+
+if TYPE_CHECKING:
+    from agentclaims.observability import WorkflowLog
+    from agentclaims.protocol import ClaimsProtocol
+
+__all__ = ["ClaimIO", "EventOutcomes", "HeldClaim"]
+
+_log = structlog.get_logger("agentclaims.session")
+_STATE_OF = {
+    EventName.RESIDENT_CLAIM_MATERIALIZED: ClaimState.MATERIALIZED,
+    EventName.RESIDENT_CLAIM_DEMOTED: ClaimState.DEMOTED,
+    EventName.RESIDENT_CLAIM_EXPIRED: ClaimState.EXPIRED,
+    EventName.RESIDENT_CLAIM_HARMED: ClaimState.HARMED,
+}
+_TTL_MODES = (ProtectionMode.EXPIRING, ProtectionMode.HARD_PROTECTED)
+
+
+@dataclass(slots=True)
+class HeldClaim:
+    """A claim this session holds on one agent node's prefix."""
+
+    claim_id: ClaimId
+    node: str
+    prefix_id: PrefixId
+    plan: ClaimPlan
+    backend: str
+    since: float
+    state: str = "accepted"
+    """The claim's state as the backend last reported it (``unknown`` if it could not say)."""
+    end_reason: str | None = None
+    """Why the session let it go: ``superseded``, ``reuse_unlikely``, ``relaxed``,
+    ``rerouted``, ``demoted``, ``expired``, ``harmed``, ``session_end``."""
+
+
+@dataclass(slots=True)
+class EventOutcomes:
+    """What one round of taken events did to the held claims."""
+
+    events: list[ClaimEvent] = field(default_factory=list)
+    lapsed: list[tuple[HeldClaim, ClaimEvent]] = field(default_factory=list)
+    """Held claims demoted or expired while the session still wanted them."""
+    harmed: list[tuple[HeldClaim, ClaimEvent]] = field(default_factory=list)
+
+
+class ClaimIO:
+    """The claims of one session, and every claim round trip it makes."""
+
+    _ids = itertools.count(1)
+
+    def __init__(
+        self,
+        session_id: str,
+        owner_scope: OwnerScope,
+        policy: PlannerPolicy,
+        reaction: ReactionPolicy,
+        stats: Any,
+        clock: Callable[[], float],
+        log: Callable[[], WorkflowLog | None],
+    ) -> None:
+        self.session_id = session_id
+        self.owner_scope = owner_scope
+        self.policy = policy
+        self.reaction = reaction
+        self.stats = stats
+        self.clock = clock
+        self._log = log
+        self.held: dict[str, HeldClaim] = {}  # node -> claim held for its next call
+        self.ended: list[HeldClaim] = []
+        self._identities: dict[str, CacheIdentity] = {}
+        self._cursor: dict[str, int] = {}
+
+    def log_reaction(self, kind: str, **fields: Any) -> None:
+        log = self._log()
+        if log is not None:
+            log.reaction(kind, **fields)
+
+    async def identity(self, backend: ClaimsProtocol) -> CacheIdentity:
+        """The cache identity of ``backend``'s claims, from its descriptor, read once."""
+        ident = self._identities.get(backend.name)
+        if ident is None:
+            desc = await backend.descriptor()
+            try:
+                ident = CacheIdentity.from_dict(desc.get("cache_identity"))
+            except UsageError as exc:
+                raise BackendError(f"backend {backend.name!r}: bad descriptor: {exc}") from exc
+            self._identities[backend.name] = ident
+        return ident
+
+    async def submit(
+        self,
+        backend: ClaimsProtocol,
+        node: str,
+        prefix_id: PrefixId,
+        plan: ClaimPlan,
+        ctx: PrefixContext,
+    ) -> HeldClaim | None:
+        """Submit ``plan`` on ``prefix_id``; a refusal relaxes the mode one step at a time
+        (when the policy allows) or, under ``fail``, raises ``ClaimRefused``."""
+        mode: ProtectionMode | None = plan.mode
+        st = self.stats
+        while mode is not None:
+            claim_id = ClaimId(f"{self.session_id}-c{next(self._ids)}")
+            ttl = plan.ttl_s if mode in _TTL_MODES else None
+            if mode is ProtectionMode.EXPIRING and ttl is None:
+                ttl = self.policy.default_ttl_s
+            spec = ClaimSpec(
+                claim_id=claim_id,
+                owner_scope=self.owner_scope,
+                object_id=prefix_id,
+                cache_identity=await self.identity(backend),
+                footprint_blocks=ctx.footprint_blocks,
+                protection_mode=mode,
+                ttl_s=ttl,
+            )
+            log = self._log()
+            if log is not None:
+                log.claim_planned(
+                    claim_id=claim_id,
+                    prefix_id=prefix_id,
+                    mode=mode.value,
+                    ttl_s=ttl,
+                    ste=ctx.ste,
+                    reuse_probability=round(ctx.reuse_probability, 6),
+                    reason=plan.reason,
+                    node=node,
+                )
+            st.claims_submitted += 1
+            decision = await backend.submit_claim(spec)
+            if decision.accepted:
+                st.claims_accepted += 1
+                st.modes[mode.value] = st.modes.get(mode.value, 0) + 1
+                return HeldClaim(
+                    claim_id,
+                    node,
+                    prefix_id,
+                    ClaimPlan(mode, ttl, plan.reason),
+                    backend.name,
+                    self.clock(),
+                    state=decision.state.value,
+                )
+            st.claims_refused += 1
+            if self.reaction.on_refused == "fail":
+                st.fails += 1
+                self.log_reaction("fail", claim_id=claim_id, outcome=decision.reason, node=node)
+                raise ClaimRefused(
+                    f"claim {claim_id} on {prefix_id} ({mode.value}) refused: {decision.reason}",
+                    outcome=decision,
+                )
+            if not self.reaction.relax_claims:
+                return None
+            weaker = relax_mode(mode)
+            st.claims_relaxed += 1
+            self.log_reaction(
+                "relax",
+                claim_id=claim_id,
+                outcome=decision.reason,
+                from_mode=mode.value,
+                to_mode=None if weaker is None else weaker.value,
+                node=node,
+            )
+            mode = weaker
+        return None
+
+    async def renew(self, backend: ClaimsProtocol, held: HeldClaim, ttl_s: float) -> bool:
+        """Extend ``held`` to ``ttl_s``; False (and logged) when the backend will not."""
+        try:
+            view = await backend.renew_claim(held.claim_id, self.owner_scope, ttl_s=ttl_s)
+        except (ClaimOutcomeError, UsageError, BackendError) as exc:
+            self.log_reaction("renew", claim_id=held.claim_id, outcome="refused", error=str(exc))
+            return False
+        held.plan = ClaimPlan(held.plan.mode, ttl_s, held.plan.reason)
+        held.state = view.state.value
+        self.stats.claims_renewed += 1
+        self.log_reaction("renew", claim_id=held.claim_id, outcome=view.state.value, ttl_s=ttl_s)
+        return True
+
+    async def release(self, backend: ClaimsProtocol, held: HeldClaim, reason: str) -> None:
+        """Release ``held`` (its end reason recorded); a backend gone away is logged."""
+        held.end_reason = reason
+        try:
+            view = await backend.release_claim(held.claim_id, self.owner_scope)
+            held.state = view.state.value
+        except ClaimOutcomeError:
+            raise
+        except Exception as exc:  # a backend gone away must not leak the workflow's error
+            _log.warning("claim_release_failed", claim_id=held.claim_id, error=repr(exc))
+            held.state = "unknown"
+        self.ended.append(held)
+        log = self._log()
+        if log is not None:
+            log.claim_ended(
+                claim_id=held.claim_id,
+                node=held.node,
+                prefix_id=held.prefix_id,
+                mode=None if held.plan.mode is None else held.plan.mode.value,
+                state=held.state,
+                reason=reason,
+                held_s=round(max(0.0, self.clock() - held.since), 6),
+            )
+
+    async def take_events(self, backends: Sequence[ClaimsProtocol]) -> EventOutcomes:
+        """Take this session's new events from ``backends``: log each, bring the held claims'
+        states up to date, and say which held claims lapsed or were harmed."""
+        out = EventOutcomes()
+        by_id = {h.claim_id: h for h in self.held.values()}
+        log = self._log()
+        for backend in backends:
+            since = self._cursor.get(backend.name, 0)
+            while True:
+                page = await backend.events(since, id_prefix=self.session_id)
+                for ev in page.events:
+                    out.events.append(ev)
+                    if log is not None:
+                        log.claim_event(ev, backend=backend.name)
+                    self._apply(ev, by_id.get(ev.claim_id) if ev.claim_id else None, out)
+                if page.next_since <= since:
+                    break
+                since = page.next_since
+                if not page.more:
+                    break
+            self._cursor[backend.name] = since
+        return out
+
+    def _apply(self, ev: ClaimEvent, held: HeldClaim | None, out: EventOutcomes) -> None:
+        state = _STATE_OF.get(ev.event)
+        if held is None or state is None:
+            return
+        held.state = state.value
+        st = self.stats
+        if state is ClaimState.HARMED:
+            st.claims_harmed += 1
+            out.harmed.append((held, ev))
+        elif state in (ClaimState.DEMOTED, ClaimState.EXPIRED):
+            if state is ClaimState.DEMOTED:
+                st.claims_demoted += 1
+            else:
+                st.claims_expired += 1
+            out.lapsed.append((held, ev))

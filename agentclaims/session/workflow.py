@@ -1,0 +1,226 @@
+"""The session's part without I/O: what the agent did, turned into claim plans.
+
+``WorkflowModel`` keeps the Agent Execution Graph current (learning transitions and the tool
+steps it cannot see run), counts this run's steps, times the waits between an agent's calls
+(tool time, learned by ``ToolTimeModel``), builds the ``PrefixContext`` of each agent's next
+call (steps-to-execution, reuse probability, expected wait, TTL, memory pressure) and asks the
+planner. It never touches a backend, so the replay and the benchmarks drive it on a virtual
+clock exactly as a session does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from agentclaims.contract import prefix_blocks
+from agentclaims.graph import END, START, AgentExecutionGraph, SteTracker, ToolTimeModel
+from agentclaims.planner import (
+    ClaimPlan,
+    ClaimPlanner,
+    PrefixContext,
+    update_pressure,
+)
+
+__all__ = ["WorkflowModel", "wait_key"]
+
+
+def wait_key(node: str, tool_names: Sequence[str]) -> str:
+    """What the gap until ``node``'s next call is learned under: its tools, or the node."""
+    return "+".join(sorted(set(tool_names))) if tool_names else f"node:{node}"
+
+
+class WorkflowModel:
+    """The workflow as the session sees it, and the claim each agent's prefix deserves."""
+
+    def __init__(
+        self,
+        graph: AgentExecutionGraph,
+        planner: ClaimPlanner,
+        tool_times: ToolTimeModel,
+        *,
+        horizon: int,
+        reload_s_per_block: float,
+        queue_delay_s: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.graph = graph
+        self.planner = planner
+        self.tool_times = tool_times
+        self.horizon = horizon
+        self.reload_s_per_block = reload_s_per_block
+        self.queue_delay_s = queue_delay_s
+        self.clock = clock
+        self.pressure = 0.0
+        """Recent share of LLM calls the backend deferred or refused (EWMA, 0..1)."""
+        self.last_node: str = START
+        self._tracker: SteTracker | None = None
+        self._step_base: dict[str, int] = {}  # graph level -> first LangGraph step seen
+        self._last_step: int | None = None  # LangGraph step of the last call
+        self._steps: dict[str, int | None] = {}  # node -> relative step of its call in flight
+        self._waiting: dict[str, tuple[str, float]] = {}  # node -> (wait key, since)
+        self._asked_tools: dict[str, bool] = {}  # node -> did its last reply call tools
+        self._tools_without_calls: set[str] = set()  # nodes seen running tools unasked
+
+    # ------------------------------------------------------------------ the graph
+    @property
+    def tracker(self) -> SteTracker:
+        if self._tracker is None or self._tracker.graph is not self.graph:
+            self._tracker = SteTracker(self.graph, horizon=self.horizon)
+        return self._tracker
+
+    def near_ste(self, node: str) -> float:
+        return self.tracker.near_ste(node) if node in self.graph else float("inf")
+
+    def enter_node(self, node: str, kind: str = "agent") -> None:
+        graph = self.graph
+        if node not in graph:
+            graph.add_node(node, kind=kind)  # type: ignore[arg-type]
+        last = self.last_node
+        if last != node or kind == "agent":
+            if last not in graph:
+                graph.add_node(last, kind="tool")
+            via = self._tool_step_between(last, node)
+            if via is not None:
+                graph.observe_transition(last, via)
+                last = via
+            graph.observe_transition(last, node)
+        self.last_node = node
+
+    def _tool_step_between(self, source: str, target: str) -> str | None:
+        """The tool step an unseen ``source -> target`` went through, if the graph has one.
+
+        Tool steps (a ``ToolNode``) make no LLM call, so the session does not see them run; a
+        call of ``target`` right after ``source`` with no edge between them, where the graph has
+        ``source -> tool -> target``, went through that tool step.
+        """
+        graph = self.graph
+        if target not in graph or graph.has_edge(source, target):
+            return None
+        for via in graph.successors(source):
+            if graph.node_kind(via) == "tool" and graph.has_edge(via, target):
+                return via
+        return None
+
+    # ------------------------------------------------------------------ LLM calls
+    def before_call(self, node: str, step: int | None = None) -> int | None:
+        """Bookkeeping before an LLM call by ``node``; its step relative to this run."""
+        waited = self._waiting.pop(node, None)
+        if waited is not None:
+            key, since = waited
+            self.tool_times.observe(key, max(0.0, self.clock() - since))
+        # a call of the node that just called, unanswered or in the same LangGraph step, is a
+        # parallel task (a Send fan-out), not a transition
+        same_step = step is not None and step == self._last_step
+        if node != self.last_node or (waited is not None and not same_step):
+            self.enter_node(node)
+        self._last_step = step
+        if not self.graph.prefixes_of(node):
+            self.graph.add_node(node, kind="agent", prefixes=[f"node:{node}"])
+        self.tracker.move({node})
+        self._steps[node] = self._relative_step(node, step)
+        return self._steps[node]
+
+    def _relative_step(self, node: str, step: object) -> int | None:
+        """``step`` counted from this run's first step at ``node``'s graph level: LangGraph's
+        ``langgraph_step`` counts on across runs of one thread and restarts in subgraphs."""
+        if isinstance(step, bool) or not isinstance(step, int):
+            return None
+        base = self._step_base.setdefault(node.rpartition(":")[0], step)
+        return max(0, step - base)
+
+    def after_call(self, node: str, tool_names: Sequence[str]) -> int | None:
+        """An answered call: its wait until ``node``'s next call starts now. Returns the
+        call's relative step."""
+        self._waiting[node] = (wait_key(node, tool_names), self.clock())
+        self._asked_tools[node] = bool(tool_names)
+        return self._steps.pop(node, None)
+
+    def note_call(self, *, retried: bool) -> None:
+        """Record an answered LLM call; one that needed a retry (deferred or refused first)
+        met memory pressure. ``pressure`` is the recent share of such calls."""
+        self.pressure = update_pressure(self.pressure, retried)
+
+    # ------------------------------------------------------------------ tools
+    def agent_of_tool(self, node: str | None) -> str:
+        """The agent whose prefix a tool call waits on: ``node``, else the last caller."""
+        return node or (self.last_node if self.last_node not in (START, END) else "agent")
+
+    def tool_started(self, tool: str, agent: str) -> float:
+        """A tool call starts; returns its predicted duration."""
+        if not self._asked_tools.get(agent, True):
+            self._tools_without_calls.add(agent)
+        predicted = self.tool_times.predict(tool)
+        self.enter_node(f"tool:{tool}", kind="tool")
+        return predicted
+
+    def tool_finished(self, tool: str, agent: str, duration_s: float) -> None:
+        self.tool_times.observe(tool, duration_s)
+        self._waiting.pop(agent, None)  # measured here; not again as a gap at the next call
+
+    # ------------------------------------------------------------------ planning
+    def context(self, node: str, prefix_id: str, tool_names: Sequence[str]) -> PrefixContext:
+        """What we know about ``node``'s next call, seen from the step after this call."""
+        graph = self.graph
+        tracker = self.tracker
+        succ = [s for s in graph.successors(node) if s != END] if node in graph else []
+        footprint = prefix_blocks(prefix_id)
+        reload_s = footprint * self.reload_s_per_block
+        key = wait_key(node, tool_names)
+        wait = self.tool_times.predict(key) if self.tool_times.count(key) else None
+        ttl = (
+            self.tool_times.ttl(key, queue_delay_s=self.queue_delay_s, reload_s=reload_s)
+            if wait is not None or tool_names
+            else None
+        )
+        if tool_names:
+            waiting = "tool"
+            if wait is None:
+                wait = self.tool_times.predict(key)  # the prior, until the tool has a history
+            reuse_p, ste = 1.0, 1.0  # the tool result comes back to this very agent
+        else:
+            # no tool was called, so no tool step comes next (unless this agent's code is seen
+            # running tools without the model asking: then anything may follow)
+            tools_next = (
+                []
+                if node in self._tools_without_calls
+                else [v for v in succ if graph.node_kind(v) == "tool"]
+            )
+            reuse_p = tracker.return_reuse(node, exclude=tools_next).probability
+            ste = tracker.near_ste(node)
+            waiting = "human" if not [v for v in succ if v not in tools_next] else "llm"
+        return PrefixContext(
+            prefix_id=prefix_id,
+            footprint_blocks=footprint,
+            ste=ste,
+            reuse_probability=reuse_p,
+            waiting_on=waiting,  # type: ignore[arg-type]
+            expected_wait_s=wait,
+            ttl_s=ttl,
+            pressure=self.pressure,
+        )
+
+    def plan_after_call(
+        self, node: str, prefix_id: str, tool_names: Sequence[str] = ()
+    ) -> tuple[PrefixContext, ClaimPlan]:
+        """The claim to hold on ``node``'s prefix after its call."""
+        ctx = self.context(node, prefix_id, tool_names)
+        return ctx, self.planner.plan(ctx)
+
+    def to_release(self, held: Mapping[str, tuple[str, ClaimPlan]], node: str) -> list[str]:
+        """The other nodes whose held claims (``node -> (prefix_id, plan)``) became unlikely
+        to pay for themselves."""
+        tracker = self.tracker
+        out = []
+        for other, (prefix_id, plan) in held.items():
+            if other == node or other not in self.graph:
+                continue
+            ctx = PrefixContext(
+                prefix_id=prefix_id,
+                footprint_blocks=prefix_blocks(prefix_id),
+                ste=tracker.near_ste(other),
+                reuse_probability=tracker.node_reuse(other).probability,
+                waiting_on="llm",
+            )
+            if self.planner.revise(ctx, plan, None) == "release":
+                out.append(other)
+        return out

@@ -1,0 +1,98 @@
+"""Real servers on loopback for the tests: `agentclaims serve` as a process (stopped by PID),
+and an ASGI app under uvicorn in a thread. Every wait is bounded."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_healthy(url: str, alive: Any = None, timeout_s: float = 20.0) -> None:
+    """Poll ``url/health`` until it answers 200 (bounded: a real server's readiness is the one
+    thing a test must wait for)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if alive is not None:
+            alive()
+        try:
+            if httpx2.get(f"{url}/health", timeout=0.5).status_code == 200:
+                return
+        except httpx2.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"{url} did not become healthy within {timeout_s} s"
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def gateway_process(*args: str) -> Iterator[str]:
+    """`agentclaims serve ARGS` on a free loopback port; yields its root URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentclaims.cli.main",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *args,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def alive() -> None:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+
+    try:
+        wait_healthy(url, alive)
+        yield url
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        if proc.stderr:
+            proc.stderr.close()
+
+
+@contextlib.contextmanager
+def app_in_thread(app: Any) -> Iterator[str]:
+    """``app`` under uvicorn on a free loopback port in a thread; yields its root URL."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
