@@ -260,16 +260,26 @@ class ClaimedSession:
             raise cause from exc
 
     async def release_all(self, reason: str = "session_end") -> None:
-        """Release every claim this session holds (idempotent), after claim work in flight,
-        and take the events that follow."""
+        """Release every claim this session holds (idempotent), after claim work in flight.
+        Events are taken before (what happened to the claims while held: harm still counts
+        and, under ``fail``, is raised once everything is released) and after (the release
+        and any loss that follows it)."""
+        harmed: ClaimHarmed | None = None
         try:
             await self.settle()
         finally:
-            held = list(self.io.held.values())
-            self.io.held.clear()
-            for claim in held:
-                await self.io.release(self._backend_named(claim.backend), claim, reason)
-            await self.io.take_events(self._backends())
+            try:
+                await self._react(await self.io.take_events(self._backends()), lapses=False)
+            except ClaimHarmed as exc:
+                harmed = exc
+            finally:
+                held = list(self.io.held.values())
+                self.io.held.clear()
+                for claim in held:
+                    await self.io.release(self._backend_named(claim.backend), claim, reason)
+                await self.io.take_events(self._backends())
+        if harmed is not None:
+            raise harmed
 
     # ------------------------------------------------------------------ the workflow
     @contextlib.contextmanager
@@ -397,7 +407,7 @@ class ClaimedSession:
         """Take this session's new events and react to what they did to its claims."""
         await self._react(await self.io.take_events(self._backends()))
 
-    async def _react(self, taken: EventOutcomes) -> None:
+    async def _react(self, taken: EventOutcomes, *, lapses: bool = True) -> None:
         for held, ev in taken.harmed:
             if self.io.held.get(held.node) is held:
                 del self.io.held[held.node]
@@ -415,7 +425,7 @@ class ClaimedSession:
                     claim_id=held.claim_id,
                     event=ev,
                 )
-        for held, ev in taken.lapsed:
+        for held, ev in taken.lapsed if lapses else ():
             if self.io.held.get(held.node) is not held:
                 continue  # already let go: nothing to do
             await self._lapsed(held, ev.event.value)

@@ -1,0 +1,197 @@
+"""The session takes its claims' events after every call and reacts as they happen: a
+demoted or expired claim is re-planned (or dropped), a harmed one is logged, counted and,
+under ``fail``, raised. Real engine, real gateway in-process, fake time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentclaims.contract import BlockHash, EventName, ProtectionMode
+from agentclaims.errors import ClaimHarmed
+from agentclaims.planner import ClaimPlan, ClaimPlanner, PrefixContext
+from agentclaims.session import ClaimedSession, ReactionPolicy
+from test_session_reactions import FakeTime, ask, make_backend
+
+PROMPT = [{"role": "user", "content": "q " * 100}]
+
+
+class Always(ClaimPlanner):
+    """A planner that asks for one mode on every prefix."""
+
+    def __init__(self, mode: ProtectionMode, ttl_s: float | None = None) -> None:
+        super().__init__()
+        self.mode, self.ttl_s = mode, ttl_s
+
+    def plan(self, ctx: PrefixContext) -> ClaimPlan:
+        return ClaimPlan(self.mode, self.ttl_s, f"test: always {self.mode.value}")
+
+
+def lines(log_dir: Path, session: ClaimedSession) -> list[dict[str, Any]]:
+    text = (log_dir / f"{session.workflow_id}.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def pressure(backend: Any, blocks: int) -> None:
+    """Another request that needs ``blocks`` fresh blocks (evicting to make room)."""
+    hashes = [BlockHash(50_000 + i) for i in range(blocks)]
+    assert backend.engine.begin("pressure", hashes, admit=False).served
+    backend.engine.finish("pressure")
+
+
+async def test_a_demoted_claim_is_replanned_at_the_next_call(tmp_path: Path) -> None:
+    """Pressure demotes the held claim between two calls; the second call's event round logs
+    the demotion, ends the old claim with reason ``demoted`` and holds a new one."""
+    t = FakeTime()
+    backend = make_backend(t)
+    async with ClaimedSession(
+        backend,
+        planner=Always(ProtectionMode.DEMOTABLE),
+        sleep=t.sleep,
+        clock=t.clock_s,
+        log_dir=tmp_path,
+    ) as session:
+        with session.node("a"):
+            await ask(backend, PROMPT)
+        await session.settle()
+        [first] = session.claims.values()
+        pressure(backend, 60)
+        with session.node("b"):
+            await ask(backend, [{"role": "user", "content": "short"}])
+        await session.settle()
+        assert first.state == "demoted"
+        assert first.end_reason == "demoted"
+        assert session.claims["a"].claim_id != first.claim_id
+        assert session.stats.claims_demoted == 1
+        assert session.stats.claims_replanned == 1
+        written = lines(tmp_path, session)  # on disk before the session ends
+    names = [d["event"] for d in written]
+    assert EventName.RESIDENT_CLAIM_DEMOTED.value in names
+    assert "session_ended" not in names
+    [replan] = [d for d in written if d["event"] == "reaction_replan"]
+    assert replan["claim_id"] == first.claim_id
+    assert replan["node"] == "a"
+    ended = [d for d in lines(tmp_path, session) if d["event"] == "claim_ended"]
+    assert {d["claim_id"]: d["reason"] for d in ended}[first.claim_id] == "demoted"
+    await backend.aclose()
+
+
+async def test_a_lapsed_claim_is_dropped_under_drop(tmp_path: Path) -> None:
+    """With ``on_lapsed="drop"`` the demoted claim is let go and not replaced."""
+    t = FakeTime()
+    backend = make_backend(t)
+    policy = ReactionPolicy(on_lapsed="drop")
+    async with ClaimedSession(
+        backend,
+        planner=Always(ProtectionMode.DEMOTABLE),
+        reaction=policy,
+        sleep=t.sleep,
+        clock=t.clock_s,
+        log_dir=tmp_path,
+    ) as session:
+        with session.node("a"):
+            await ask(backend, PROMPT)
+        await session.settle()
+        pressure(backend, 60)
+        with session.node("b"):
+            await ask(backend, [{"role": "user", "content": "short"}])
+        await session.settle()
+        assert "a" not in session.claims
+        assert session.stats.claims_replanned == 0
+    drops = [d for d in lines(tmp_path, session) if d["event"] == "reaction_drop"]
+    assert [d["node"] for d in drops] == ["a"]
+    await backend.aclose()
+
+
+async def test_an_expired_claim_is_known_expired_and_replanned(tmp_path: Path) -> None:
+    """A claim whose TTL ran out while the node still waits is seen expired (not left
+    "accepted") at the next call and replaced."""
+    t = FakeTime()
+    backend = make_backend(t)
+    async with ClaimedSession(
+        backend,
+        planner=Always(ProtectionMode.EXPIRING, ttl_s=1.0),
+        reaction=ReactionPolicy(on_lapsed="renew"),
+        sleep=t.sleep,
+        clock=t.clock_s,
+        log_dir=tmp_path,
+    ) as session:
+        with session.node("a"):
+            await ask(backend, PROMPT)
+        await session.settle()
+        [first] = session.claims.values()
+        t.ns += 5_000_000_000  # the TTL ends
+        with session.node("b"):
+            await ask(backend, [{"role": "user", "content": "short"}])
+        await session.settle()
+        assert first.state == "expired"
+        assert session.stats.claims_expired == 1
+        assert session.claims["a"].claim_id != first.claim_id  # renew refused: replanned
+    kinds = [d["event"] for d in lines(tmp_path, session)]
+    assert EventName.RESIDENT_CLAIM_EXPIRED.value in kinds
+    assert "reaction_renew" in kinds and "reaction_replan" in kinds
+    await backend.aclose()
+
+
+async def test_harm_is_counted_logged_and_raised_under_fail(tmp_path: Path) -> None:
+    """A soft claim whose prefix loses block 0 is harm: counted, logged with its cause, and
+    under the ``fail`` reaction raised as ClaimHarmed naming the claim."""
+    t = FakeTime()
+    backend = make_backend(t)
+    with pytest.raises(ClaimHarmed) as info:
+        async with ClaimedSession(
+            backend,
+            planner=Always(ProtectionMode.SOFT_PRIORITY),
+            reaction="fail",
+            sleep=t.sleep,
+            clock=t.clock_s,
+            log_dir=tmp_path,
+        ) as session:
+            with session.node("a"):
+                await ask(backend, PROMPT)
+            await session.settle()
+            [held] = session.claims.values()
+            pressure(backend, 64)
+    assert info.value.claim_id == held.claim_id
+    assert info.value.event is not None
+    assert info.value.event.event is EventName.RESIDENT_CLAIM_HARMED
+    assert session.stats.claims_harmed == 1
+    written = lines(tmp_path, session)
+    [harm] = [d for d in written if d["event"] == EventName.RESIDENT_CLAIM_HARMED.value]
+    assert harm["claim_id"] == held.claim_id and harm.get("cause")
+    assert [d for d in written if d["event"] == "reaction_fail"]
+    await backend.aclose()
+
+
+async def test_harm_is_only_logged_by_default(tmp_path: Path) -> None:
+    """Under the default reaction a harmed claim is logged and counted, and the run goes on."""
+    t = FakeTime()
+    backend = make_backend(t)
+    async with ClaimedSession(
+        backend,
+        planner=Always(ProtectionMode.SOFT_PRIORITY),
+        sleep=t.sleep,
+        clock=t.clock_s,
+        log_dir=tmp_path,
+    ) as session:
+        with session.node("a"):
+            await ask(backend, PROMPT)
+        await session.settle()
+        pressure(backend, 64)
+    assert session.stats.claims_harmed == 1
+    [ended] = [h for h in session.ended_claims if h.end_reason == "harmed"]
+    assert ended.state == "harmed"
+    await backend.aclose()
+
+
+def test_reaction_policy_checks_its_event_reactions() -> None:
+    """Unknown lapse or harm reactions are usage errors naming the field; fail implies fail."""
+    with pytest.raises(ValueError, match="on_lapsed"):
+        ReactionPolicy(on_lapsed="pray")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="on_harmed"):
+        ReactionPolicy(on_harmed="shrug")  # type: ignore[arg-type]
+    assert ReactionPolicy.named("fail").on_harmed == "fail"
+    assert ReactionPolicy.named("defer").on_harmed == "log"
