@@ -308,3 +308,18 @@ def test_claim_materializes_when_its_blocks_arrive(chain: ChainFn, spec: SpecFn)
         E.RESIDENT_CLAIM_ACCEPTED,
         E.RESIDENT_CLAIM_MATERIALIZED,
     ]
+
+
+def test_every_soft_claim_on_an_evicted_block_is_harmed(
+    chain: ChainFn, spec: SpecFn, warmup: Warm
+) -> None:
+    """Two soft claims on one prefix both lose it when its block is evicted: both harmed."""
+    engine = KVEngine(4, 4)  # the block size of the shared cache identity
+    prefix = chain(1, 2)
+    warmup(engine, "warm", prefix)
+    for cid in ("a", "b"):
+        assert engine.submit_claim(spec(cid, prefix, "soft_priority"), prefix).accepted
+    assert engine.begin("pressure", chain(2, 4), admit=False).served
+    states = {cid: engine.get_claim(cid, "wf").state for cid in ("a", "b")}
+    assert states == {"a": ClaimState.HARMED, "b": ClaimState.HARMED}
+    assert engine.stats.true_harm == 2

@@ -1,0 +1,479 @@
+"""``ClaimArbiter``: the claim half of the arbiter, the base ``KVEngine`` is built on.
+
+It decides residency claims and keeps them through their lifecycle::
+
+    submit_claim -> accepted | conditionally accepted (durations capped) | rejected
+    accepted -> materialized (every block of the predicate's span present)
+    live -> expired (duration/TTL ended, or released) | demoted (pressure) | harmed (a loss broke
+            the predicate: true harm)
+
+and answers the pool's hooks: an evicted claimed block, a demotable or offloadable tier that must
+give, a hash that fell out of the host tier. Requests (``begin``/``finish``, serve, defer or
+refuse) are ``KVEngine``'s, in ``engine.py``; the blocks and tiers are ``BlockPool``'s.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from agentclaims.contract import (
+    ArbiterAction,
+    CacheIdentity,
+    ClaimSpec,
+    ClaimState,
+    Decision,
+    EventName,
+    ProtectionMode,
+    check_transition,
+)
+from agentclaims.contract.ids import BlockHash, prefix_id_of
+from agentclaims.engine.events import EventLog
+from agentclaims.engine.pool import PROTECTED, TIER_OF_MODE, BlockPool
+from agentclaims.engine.record import ClaimRecord
+from agentclaims.engine.stats import EngineStats
+from agentclaims.errors import ScopeViolation, UnknownClaim, UsageError
+from agentclaims.protocol.types import ClaimDecision, ClaimView
+
+__all__ = ["ClaimArbiter"]
+
+
+class ClaimArbiter:
+    """Claims: admission, deadlines, renew/release, demotion, offload, expiry and harm.
+
+    ``KVEngine`` sets the configuration, the pool and the event log declared here; this class
+    owns the claims themselves (``__init__``).
+    """
+
+    # Set by KVEngine.__init__ before it calls ClaimArbiter.__init__.
+    num_blocks: int
+    host_capacity: int
+    owner_cap_blocks: int | None
+    max_duration_steps: int | None
+    max_ttl_s: float | None
+    protected_cap_blocks: int
+    cache_identity: CacheIdentity
+    clock: Callable[[], int]
+    step_count: int
+    stats: EngineStats
+    _pool: BlockPool
+    _events: EventLog
+
+    def __init__(self) -> None:
+        self._claims: dict[str, ClaimRecord] = {}
+        self._owner_blocks: dict[str, int] = {}
+        self._deadline_steps: list[tuple[int, str]] = []
+        self._deadline_ns: list[tuple[int, str]] = []
+        self._prefixes: OrderedDict[str, tuple[BlockHash, ...]] = OrderedDict()
+
+    # ------------------------------------------------------------------ prefixes
+    def register_prefix(self, block_hashes: Sequence[BlockHash]) -> str:
+        """Remember a prefix's blocks under its ``prefix_id`` so claims can name it."""
+        pid = prefix_id_of(block_hashes)
+        self._prefixes[pid] = tuple(block_hashes)
+        self._prefixes.move_to_end(pid)
+        if len(self._prefixes) > 100_000:
+            self._prefixes.popitem(last=False)
+        return pid
+
+    def prefix_blocks(self, prefix_id: str) -> tuple[BlockHash, ...] | None:
+        return self._prefixes.get(prefix_id)
+
+    # ------------------------------------------------------------------ losses
+    def _lost(self, h: BlockHash, request_id: str) -> None:
+        """The pool evicted ``h`` (pool hook): account for every claim on it."""
+        claims = self._pool.cover.get(h)
+        if claims:
+            self.stats.evicted_claimed_blocks += 1
+            for claim in list(claims):  # harming a claim takes it off this very list
+                self._lose(claim, h, request_id, cause="evicted")
+        ended = self._pool.ended_cover.pop(h, None)
+        if ended:
+            for claim in ended:
+                if claim.mark(h, False):
+                    self.stats.blocks_lost_after_release += 1
+                    self._events.emit(
+                        EventName.RESIDENT_CLAIM_BLOCK_LOST_AFTER_RELEASE,
+                        claim=claim,
+                        request_id=request_id,
+                        position=claim.pos_of[h],
+                        blocks=1,
+                        state=claim.state.value,
+                    )
+
+    def _lose(self, claim: ClaimRecord, h: BlockHash, request_id: str | None, cause: str) -> None:
+        """A position of a live claim stopped surviving: harm if the predicate breaks."""
+        before = claim.holds
+        if not claim.mark(h, False):
+            return
+        self._events.emit(
+            EventName.ALLOCATION_VICTIM_SELECTED,
+            claim=claim,
+            request_id=request_id,
+            position=claim.pos_of[h],
+            protection_mode=claim.mode.value,
+        )
+        if before and not claim.holds and claim.mode is not ProtectionMode.BEST_EFFORT:
+            if claim.mode is ProtectionMode.HARD_PROTECTED:
+                self.stats.true_harm_hard += 1
+            self._harm(claim, request_id, cause, position=claim.pos_of[h])
+
+    def _harm(self, claim: ClaimRecord, request_id: str | None, cause: str, **data: Any) -> None:
+        """A loss broke a live claim's predicate: true harm; the claim ends harmed."""
+        self.stats.true_harm += 1
+        self._end(
+            claim,
+            ClaimState.HARMED,
+            EventName.RESIDENT_CLAIM_HARMED,
+            request_id=request_id,
+            reason=cause,
+            cause=cause,
+            predicate_before=True,
+            predicate_after=False,
+            **data,
+        )
+
+    def _demote(self, h: BlockHash, request_id: str) -> None:
+        """The pool needs the DEMOTABLE block ``h`` (pool hook): demote its demotable claims."""
+        for claim in list(self._pool.cover[h]):
+            if claim.mode is ProtectionMode.DEMOTABLE:
+                self._end(
+                    claim,
+                    ClaimState.DEMOTED,
+                    EventName.RESIDENT_CLAIM_DEMOTED,
+                    request_id=request_id,
+                    reason="pressure",
+                    action=ArbiterAction.RELAX_RESIDENT_CLAIM.value,
+                )
+
+    def _offload(self, h: BlockHash, request_id: str) -> None:
+        """The pool needs the OFFLOADABLE block ``h`` (pool hook): move each offloadable claim
+        on it to the host tier."""
+        for claim in [c for c in self._pool.cover[h] if c.mode is ProtectionMode.OFFLOADABLE]:
+            moved = self._pool.offload(claim.hashes, request_id)
+            self._events.emit(
+                EventName.RESIDENT_CLAIM_OFFLOADED,
+                claim=claim,
+                request_id=request_id,
+                action=ArbiterAction.OFFLOAD_RESIDENT.value,
+                blocks=moved,
+                host_capacity=self.host_capacity,
+            )
+
+    def _host_lost(self, h: BlockHash, request_id: str) -> None:
+        """``h`` fell out of the host tier (pool hook): a claim that needed it is harmed."""
+        for claim in list(self._pool.cover.get(h, ())):
+            before = claim.holds
+            if claim.mark(h, False) and before and not claim.holds:
+                self._events.emit(
+                    EventName.RESIDENT_CLAIM_RESTORATION_FAILED,
+                    claim=claim,
+                    request_id=request_id,
+                    position=claim.pos_of[h],
+                    cause="host_tier_full",
+                )
+                self._harm(claim, request_id, "restoration_failed")
+
+    def _arrived(self, h: BlockHash) -> None:
+        """A block hash became present: claims on it may now materialize."""
+        for claim in self._pool.cover.get(h, ()):
+            if claim.mark(h, True) and claim.holds and claim.state is ClaimState.ACCEPTED:
+                self._transition(
+                    claim, ClaimState.MATERIALIZED, EventName.RESIDENT_CLAIM_MATERIALIZED
+                )
+        ended = self._pool.ended_cover.get(h)
+        if ended:
+            for claim in ended:
+                claim.mark(h, True)
+
+    def _seconds_to_expiry(self, claims: Iterable[ClaimRecord]) -> float | None:
+        now = self.clock()
+        waits = [(c.deadline_ns - now) / 1e9 for c in claims if c.deadline_ns is not None]
+        return max(0.0, min(waits)) if waits else None
+
+    # ------------------------------------------------------------------ claims
+    def submit_claim(
+        self, spec: ClaimSpec, block_hashes: Sequence[BlockHash] | None = None
+    ) -> ClaimDecision:
+        """Decide a residency claim. ``block_hashes`` are the claimed prefix's blocks; without
+        them the engine resolves ``spec.object_id`` from the prefixes it has seen."""
+        if not isinstance(spec, ClaimSpec):
+            raise UsageError("spec", f"expected a ClaimSpec, got {type(spec).__name__}")
+        if spec.claim_id in self._claims:
+            raise UsageError("claim_id", f"claim {spec.claim_id!r} already exists")
+        if block_hashes is None:
+            block_hashes = self._prefixes.get(spec.object_id)
+            if block_hashes is None:
+                raise UsageError(
+                    "object_id", f"unknown prefix {spec.object_id!r}; pass block_hashes"
+                )
+        hashes = tuple(block_hashes)
+        if len(hashes) != spec.footprint_blocks:
+            raise UsageError(
+                "footprint_blocks",
+                f"is {spec.footprint_blocks} but the prefix has {len(hashes)} blocks",
+            )
+        if len(set(hashes)) != len(hashes):
+            raise UsageError("block_hashes", "a prefix's block hashes must be distinct")
+        self._expire_due(None)
+        claim = ClaimRecord(spec, hashes)
+        self._claims[spec.claim_id] = claim
+        self._events.emit(
+            EventName.RESIDENT_CLAIM_SUBMITTED,
+            claim=claim,
+            protection_mode=spec.protection_mode.value,
+            owner_scope=spec.owner_scope,
+            footprint_blocks=spec.footprint_blocks,
+            materialization_predicate=spec.materialization_predicate.to_dict(),
+            duration_steps=spec.duration_steps,
+            ttl_s=spec.ttl_s,
+        )
+        reason = self._admission_problem(spec, hashes)
+        if reason is not None:
+            self.stats.claims_rejected += 1
+            claim.state = ClaimState.REFUSED
+            claim.end_reason = reason
+            self._events.emit(
+                EventName.RESIDENT_CLAIM_REJECTED,
+                claim=claim,
+                action=ArbiterAction.REFUSE_RESIDENCY_CLAIM.value,
+                reason=reason,
+                decision=Decision.REJECTED.value,
+            )
+            return ClaimDecision(
+                spec.claim_id,
+                Decision.REJECTED,
+                ClaimState.REFUSED,
+                ArbiterAction.REFUSE_RESIDENCY_CLAIM,
+                reason,
+            )
+
+        conditions: dict[str, Any] = {}
+        steps, ttl = spec.duration_steps, spec.ttl_s
+        if (
+            steps is not None
+            and self.max_duration_steps is not None
+            and steps > self.max_duration_steps
+        ):
+            steps = conditions["duration_steps"] = self.max_duration_steps
+        if ttl is not None and self.max_ttl_s is not None and ttl > self.max_ttl_s:
+            ttl = conditions["ttl_s"] = self.max_ttl_s
+        decision = Decision.CONDITIONALLY_ACCEPTED if conditions else Decision.ACCEPTED
+        claim.state = ClaimState.ACCEPTED
+        self.stats.claims_accepted += 1
+        self._set_deadline(claim, steps, ttl)
+        if spec.protection_mode is not ProtectionMode.BEST_EFFORT:
+            self._owner_blocks[spec.owner_scope] = self._owner_blocks.get(
+                spec.owner_scope, 0
+            ) + len(hashes)
+        protects = TIER_OF_MODE[spec.protection_mode] == PROTECTED
+        hard = spec.protection_mode is ProtectionMode.HARD_PROTECTED
+        resident = self._pool.detach(hashes)
+        for h in hashes:
+            self._pool.cover.setdefault(h, []).append(claim)
+            if protects:
+                self._pool.protect_ref[h] = self._pool.protect_ref.get(h, 0) + 1
+                if hard:
+                    self._pool.hard_ref[h] = self._pool.hard_ref.get(h, 0) + 1
+            if h in self._pool.cached or h in self._pool.host:
+                claim.mark(h, True)
+        self._pool.attach(resident)
+        self._events.emit(
+            EventName.RESIDENT_CLAIM_ACCEPTED,
+            claim=claim,
+            decision=decision.value,
+            protection_mode=spec.protection_mode.value,
+            conditions=conditions,
+            present_blocks=sum(claim.present),
+        )
+        if claim.holds:
+            self._transition(claim, ClaimState.MATERIALIZED, EventName.RESIDENT_CLAIM_MATERIALIZED)
+        return ClaimDecision(spec.claim_id, decision, claim.state, None, None, conditions)
+
+    def _admission_problem(self, spec: ClaimSpec, hashes: tuple[BlockHash, ...]) -> str | None:
+        ident = spec.cache_identity
+        mine = self.cache_identity
+        if (ident.block_size, ident.model_id, ident.tokenizer_id, ident.adapter_id) != (
+            mine.block_size,
+            mine.model_id,
+            mine.tokenizer_id,
+            mine.adapter_id,
+        ):
+            return "cache_identity_mismatch"
+        if spec.footprint_blocks > self.num_blocks:
+            return "exceeds_capacity"
+        if (
+            spec.protection_mode is not ProtectionMode.BEST_EFFORT
+            and self.owner_cap_blocks is not None
+        ):
+            used = self._owner_blocks.get(spec.owner_scope, 0)
+            if used + spec.footprint_blocks > self.owner_cap_blocks:
+                return "owner_cap_exceeded"
+        if TIER_OF_MODE[spec.protection_mode] == PROTECTED:
+            new = sum(1 for h in hashes if h not in self._pool.protect_ref)
+            if len(self._pool.protect_ref) + new > self.protected_cap_blocks:
+                return "protected_capacity_exceeded"
+        return None
+
+    def _set_deadline(self, claim: ClaimRecord, steps: int | None, ttl: float | None) -> None:
+        claim.deadline_step = None if steps is None else self.step_count + steps
+        claim.deadline_ns = None if ttl is None else self.clock() + int(ttl * 1e9)
+        if claim.deadline_step is not None:
+            heapq.heappush(self._deadline_steps, (claim.deadline_step, claim.claim_id))
+        if claim.deadline_ns is not None:
+            heapq.heappush(self._deadline_ns, (claim.deadline_ns, claim.claim_id))
+
+    def _expire_due(self, request_id: str | None) -> None:
+        now = self.clock() if self._deadline_ns else 0
+        for heap, current, attr in (
+            (self._deadline_steps, self.step_count, "deadline_step"),
+            (self._deadline_ns, now, "deadline_ns"),
+        ):
+            while heap and heap[0][0] <= current:
+                due, cid = heapq.heappop(heap)
+                claim = self._claims[cid]
+                if claim.state.live and getattr(claim, attr) == due:
+                    self._end(
+                        claim,
+                        ClaimState.EXPIRED,
+                        EventName.RESIDENT_CLAIM_EXPIRED,
+                        request_id=request_id,
+                        reason="duration_ended" if attr == "deadline_step" else "ttl_ended",
+                    )
+
+    def _transition(
+        self, claim: ClaimRecord, target: ClaimState, name: EventName, **data: Any
+    ) -> None:
+        claim.state = check_transition(claim.claim_id, claim.state, target)
+        self._events.emit(name, claim=claim, state=target.value, **data)
+
+    def _end(
+        self,
+        claim: ClaimRecord,
+        target: ClaimState,
+        name: EventName,
+        *,
+        request_id: str | None = None,
+        reason: str,
+        **data: Any,
+    ) -> None:
+        """End a live claim: the transition is checked first, then its blocks are let go."""
+        claim.state = check_transition(claim.claim_id, claim.state, target)
+        claim.end_reason = reason
+        spec = claim.spec
+        if spec.protection_mode is not ProtectionMode.BEST_EFFORT:
+            self._owner_blocks[spec.owner_scope] -= len(claim.hashes)
+        protects = TIER_OF_MODE[spec.protection_mode] == PROTECTED
+        refs = [self._pool.protect_ref]
+        if spec.protection_mode is ProtectionMode.HARD_PROTECTED:
+            refs.append(self._pool.hard_ref)
+        resident = self._pool.detach(claim.hashes)
+        for h in claim.hashes:
+            cover = self._pool.cover[h]
+            cover.remove(claim)
+            if not cover:
+                del self._pool.cover[h]
+            if protects:
+                for ref in refs:
+                    left = ref[h] - 1
+                    if left:
+                        ref[h] = left
+                    else:
+                        del ref[h]
+            if h in self._pool.cached and target is not ClaimState.HARMED:
+                self._pool.ended_cover.setdefault(h, []).append(claim)
+        self._events.emit(
+            name, claim=claim, request_id=request_id, state=target.value, reason=reason, **data
+        )
+        self._pool.attach(resident)
+
+    def _owned(self, claim_id: str, owner_scope: str) -> ClaimRecord:
+        claim = self._claims.get(claim_id)
+        if claim is None:
+            raise UnknownClaim(claim_id)
+        if claim.spec.owner_scope != owner_scope:
+            raise ScopeViolation(claim_id, owner_scope)
+        return claim
+
+    def get_claim(self, claim_id: str, owner_scope: str) -> ClaimView:
+        claim = self._owned(claim_id, owner_scope)  # check the scope before anything changes
+        self._expire_due(None)
+        return self._view(claim)
+
+    def live_owners(self) -> set[str]:
+        """Owner scopes with a claim that has not ended (accepted, materialized or demoted)."""
+        ended = (ClaimState.REFUSED, ClaimState.EXPIRED, ClaimState.HARMED)
+        return {c.spec.owner_scope for c in self._claims.values() if c.state not in ended}
+
+    def claims_of(self, owner_scope: str) -> list[ClaimView]:
+        self._expire_due(None)
+        return [self._view(c) for c in self._claims.values() if c.spec.owner_scope == owner_scope]
+
+    def renew_claim(
+        self,
+        claim_id: str,
+        owner_scope: str,
+        *,
+        duration_steps: int | None = None,
+        ttl_s: float | None = None,
+    ) -> ClaimView:
+        """Extend a live claim's duration, counted from now."""
+        claim = self._owned(claim_id, owner_scope)
+        if duration_steps is not None and (
+            isinstance(duration_steps, bool)
+            or not isinstance(duration_steps, int)
+            or duration_steps <= 0
+        ):
+            raise UsageError(
+                "duration_steps", f"must be a positive integer, got {duration_steps!r}"
+            )
+        if ttl_s is not None and (
+            not isinstance(ttl_s, int | float) or not math.isfinite(ttl_s) or ttl_s <= 0
+        ):
+            raise UsageError("ttl_s", f"must be a positive number of seconds, got {ttl_s!r}")
+        self._expire_due(None)
+        if not claim.state.live:
+            raise UsageError("claim_id", f"claim {claim_id!r} has ended ({claim.state.value})")
+        if duration_steps is None and ttl_s is None:
+            duration_steps, ttl_s = claim.spec.duration_steps, claim.spec.ttl_s
+        if duration_steps is not None and self.max_duration_steps is not None:
+            duration_steps = min(duration_steps, self.max_duration_steps)
+        if ttl_s is not None and self.max_ttl_s is not None:
+            ttl_s = min(ttl_s, self.max_ttl_s)
+        self._set_deadline(claim, duration_steps, ttl_s)
+        return self._view(claim)
+
+    def release_claim(self, claim_id: str, owner_scope: str) -> ClaimView:
+        """End a live claim now (it ends as ``expired``, reason ``released``)."""
+        claim = self._owned(claim_id, owner_scope)
+        self._expire_due(None)
+        if claim.state.live:
+            self._end(
+                claim, ClaimState.EXPIRED, EventName.RESIDENT_CLAIM_EXPIRED, reason="released"
+            )
+        return self._view(claim)
+
+    def step(self, n: int = 1) -> None:
+        """Advance the engine's step counter (``duration_steps`` count these)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise UsageError("n", f"must be a positive integer, got {n!r}")
+        self.step_count += n
+        self._expire_due(None)
+
+    def _view(self, claim: ClaimRecord) -> ClaimView:
+        return ClaimView(
+            claim_id=claim.claim_id,
+            owner_scope=claim.spec.owner_scope,
+            object_id=claim.spec.object_id,
+            protection_mode=claim.mode,
+            state=claim.state,
+            footprint_blocks=claim.spec.footprint_blocks,
+            present_blocks=sum(claim.present),
+            predicate_holds=claim.holds and claim.state.live,
+            expires_at_step=claim.deadline_step,
+            expires_at_ns=claim.deadline_ns,
+            end_reason=claim.end_reason,
+        )
