@@ -48,7 +48,14 @@ from agentclaims.contract import (
     ProtectionMode,
     check_transition,
 )
-from agentclaims.contract.ids import BlockHash, prefix_id_of
+from agentclaims.contract.ids import (
+    BlockHash,
+    ClaimId,
+    OwnerScope,
+    PrefixId,
+    RequestId,
+    prefix_id_of,
+)
 from agentclaims.engine.blocks import Block
 from agentclaims.engine.eviction import EvictionPolicy, LRUPolicy
 from agentclaims.errors import ScopeViolation, UnknownClaim, UsageError
@@ -333,9 +340,9 @@ class KVEngine:
                 run_id=self.run_id,
                 policy=self.policy_name,
                 usable_blocks=self.num_blocks,
-                request_id=request_id,
-                claim_id=None if claim is None else claim.claim_id,
-                prefix_id=prefix_id,
+                request_id=None if request_id is None else RequestId(request_id),
+                claim_id=None if claim is None else ClaimId(claim.claim_id),
+                prefix_id=None if prefix_id is None else PrefixId(prefix_id),
                 data=data,
             )
         )
@@ -699,7 +706,7 @@ class KVEngine:
         stats.restored_blocks += restores
         stats.computed_blocks += n - hits - restores
         return ActiveOutcome(
-            request_id,
+            RequestId(request_id),
             action,
             Feasibility.FEASIBLE,
             hit_blocks=hits,
@@ -774,10 +781,10 @@ class KVEngine:
             retry_after_s=retry,
         )
         return ActiveOutcome(
-            request_id,
+            RequestId(request_id),
             action,
             feasibility,
-            blocking_claim_ids=ids,
+            blocking_claim_ids=tuple(ClaimId(i) for i in ids),
             shortfall_blocks=shortfall,
             retry_after_s=retry,
         )
@@ -869,7 +876,7 @@ class KVEngine:
                 decision=Decision.REJECTED.value,
             )
             return ClaimDecision(
-                spec.claim_id,
+                ClaimId(spec.claim_id),
                 Decision.REJECTED,
                 ClaimState.REFUSED,
                 ArbiterAction.REFUSE_RESIDENCY_CLAIM,
@@ -916,7 +923,7 @@ class KVEngine:
         )
         if claim.holds:
             self._transition(claim, ClaimState.MATERIALIZED, EventName.RESIDENT_CLAIM_MATERIALIZED)
-        return ClaimDecision(spec.claim_id, decision, claim.state, None, None, conditions)
+        return ClaimDecision(ClaimId(spec.claim_id), decision, claim.state, None, None, conditions)
 
     def _admission_problem(self, spec: ClaimSpec, hashes: tuple[BlockHash, ...]) -> str | None:
         ident = spec.cache_identity
@@ -1088,9 +1095,9 @@ class KVEngine:
 
     def _view(self, claim: _Claim) -> ClaimView:
         return ClaimView(
-            claim_id=claim.claim_id,
-            owner_scope=claim.spec.owner_scope,
-            object_id=claim.spec.object_id,
+            claim_id=ClaimId(claim.claim_id),
+            owner_scope=OwnerScope(claim.spec.owner_scope),
+            object_id=PrefixId(claim.spec.object_id),
             protection_mode=claim.mode,
             state=claim.state,
             footprint_blocks=claim.spec.footprint_blocks,
