@@ -25,15 +25,10 @@ if TYPE_CHECKING:
     from agentclaims.backends.embedded import EmbeddedBackend
     from agentclaims.backends.http import HTTPBackend
     from agentclaims.backends.pool import BackendPool
+    from agentclaims.bindings.decorators import ClaimedGraph, claimed_session
     from agentclaims.bindings.langchain import chat_model
     from agentclaims.bindings.openai import openai_client
-    from agentclaims.session import (
-        ClaimedGraph,
-        ClaimedSession,
-        ReactionPolicy,
-        claimed_session,
-        current_session,
-    )
+    from agentclaims.session import ClaimedSession, ReactionPolicy, current_session
 
 __version__ = "0.1.0"
 
@@ -66,10 +61,10 @@ _LAZY = {
     "EmbeddedBackend": "agentclaims.backends.embedded",
     "HTTPBackend": "agentclaims.backends.http",
     "BackendPool": "agentclaims.backends.pool",
-    "ClaimedGraph": "agentclaims.session",
+    "ClaimedGraph": "agentclaims.bindings.decorators",
     "ClaimedSession": "agentclaims.session",
     "ReactionPolicy": "agentclaims.session",
-    "claimed_session": "agentclaims.session",
+    "claimed_session": "agentclaims.bindings.decorators",
     "current_session": "agentclaims.session",
     "openai_client": "agentclaims.bindings.openai",
     "chat_model": "agentclaims.bindings.langchain",

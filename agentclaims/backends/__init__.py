@@ -1,8 +1,8 @@
 """Backends: where claims and LLM calls go. ``EmbeddedBackend`` (in-process gateway, the
 default) and ``HTTPBackend`` (a gateway on the network) implement the ``Backend`` protocol.
 
-They are imported on first use, so ``agentclaims.backends.base`` stays importable from the
-gateway (which the backends themselves import) without a cycle.
+They are imported on first use, so importing this package (for ``Backend``) loads neither the
+gateway nor an HTTP client.
 """
 
 from __future__ import annotations

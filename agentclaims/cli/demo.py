@@ -32,9 +32,10 @@ async def _one_mode(
     from agentclaims.backends.embedded import EmbeddedBackend
 
     SERVICE = _service()
+    from agentclaims.bindings.decorators import claimed_session
     from agentclaims.bindings.langchain import chat_model
     from agentclaims.demo.workflows import build_supervisor, script, task_for
-    from agentclaims.session import ClaimedSession, claimed_session
+    from agentclaims.session import ClaimedSession
 
     backend = EmbeddedBackend(
         num_blocks=blocks,

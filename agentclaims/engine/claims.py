@@ -23,10 +23,13 @@ from typing import Any
 from agentclaims.contract import (
     ArbiterAction,
     CacheIdentity,
+    ClaimId,
     ClaimSpec,
     ClaimState,
     Decision,
     EventName,
+    OwnerScope,
+    PrefixId,
     ProtectionMode,
     check_transition,
 )
@@ -244,7 +247,7 @@ class ClaimArbiter:
                 decision=Decision.REJECTED.value,
             )
             return ClaimDecision(
-                spec.claim_id,
+                ClaimId(spec.claim_id),
                 Decision.REJECTED,
                 ClaimState.REFUSED,
                 ArbiterAction.REFUSE_RESIDENCY_CLAIM,
@@ -291,7 +294,7 @@ class ClaimArbiter:
         )
         if claim.holds:
             self._transition(claim, ClaimState.MATERIALIZED, EventName.RESIDENT_CLAIM_MATERIALIZED)
-        return ClaimDecision(spec.claim_id, decision, claim.state, None, None, conditions)
+        return ClaimDecision(ClaimId(spec.claim_id), decision, claim.state, None, None, conditions)
 
     def _admission_problem(self, spec: ClaimSpec, hashes: tuple[BlockHash, ...]) -> str | None:
         ident = spec.cache_identity
@@ -465,9 +468,9 @@ class ClaimArbiter:
 
     def _view(self, claim: ClaimRecord) -> ClaimView:
         return ClaimView(
-            claim_id=claim.claim_id,
-            owner_scope=claim.spec.owner_scope,
-            object_id=claim.spec.object_id,
+            claim_id=ClaimId(claim.claim_id),
+            owner_scope=OwnerScope(claim.spec.owner_scope),
+            object_id=PrefixId(claim.spec.object_id),
             protection_mode=claim.mode,
             state=claim.state,
             footprint_blocks=claim.spec.footprint_blocks,

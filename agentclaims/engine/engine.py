@@ -28,9 +28,11 @@ from agentclaims.contract import (
     ArbiterAction,
     CacheIdentity,
     ClaimEvent,
+    ClaimId,
     EventName,
     Feasibility,
     ProtectionMode,
+    RequestId,
 )
 from agentclaims.contract.ids import BlockHash
 from agentclaims.engine.blocks import Block
@@ -315,7 +317,7 @@ class KVEngine(ClaimArbiter):
         stats.restored_blocks += restores
         stats.computed_blocks += n - hits - restores
         return ActiveOutcome(
-            request_id,
+            RequestId(request_id),
             action,
             Feasibility.FEASIBLE,
             hit_blocks=hits,
@@ -378,10 +380,10 @@ class KVEngine(ClaimArbiter):
             retry_after_s=retry,
         )
         return ActiveOutcome(
-            request_id,
+            RequestId(request_id),
             action,
             feasibility,
-            blocking_claim_ids=ids,
+            blocking_claim_ids=tuple(ClaimId(c) for c in ids),
             shortfall_blocks=shortfall,
             retry_after_s=retry,
         )

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from agentclaims.contract import ClaimEvent, EventName
+from agentclaims.contract import ClaimEvent, ClaimId, EventName, PrefixId, RequestId
 from agentclaims.engine.record import ClaimRecord
 
 __all__ = ["EventLog", "EventSource"]
@@ -76,9 +76,9 @@ class EventLog:
             run_id=source.run_id,
             policy=source.policy_name,
             usable_blocks=source.num_blocks,
-            request_id=request_id,
-            claim_id=None if claim is None else claim.claim_id,
-            prefix_id=prefix_id,
+            request_id=None if request_id is None else RequestId(request_id),
+            claim_id=None if claim is None else ClaimId(claim.claim_id),
+            prefix_id=None if prefix_id is None else PrefixId(prefix_id),
             data=data,
         )
         ring = self._ring

@@ -1,17 +1,19 @@
-"""The session API: claimed sessions, the decorator, reactions and the claims transport."""
+"""The session API: claimed sessions, reactions and the claims transport.
 
-from agentclaims.session.decorators import ClaimedGraph, claimed_session
+The ``@claimed_session`` decorator and ``ClaimedGraph`` sit one layer up, in
+:mod:`agentclaims.bindings.decorators` (they bind a session to a LangGraph graph); the package
+``agentclaims`` exports them.
+"""
+
 from agentclaims.session.reactions import ReactionPolicy
 from agentclaims.session.session import ClaimedSession, HeldClaim, SessionStats, current_session
 from agentclaims.session.transport import ClaimsTransport
 
 __all__ = [
-    "ClaimedGraph",
     "ClaimedSession",
     "ClaimsTransport",
     "HeldClaim",
     "ReactionPolicy",
     "SessionStats",
-    "claimed_session",
     "current_session",
 ]

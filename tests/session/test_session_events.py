@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_session_reactions import FakeTime, ask, make_backend
 
 from agentclaims.contract import BlockHash, EventName, ProtectionMode
 from agentclaims.errors import ClaimHarmed
 from agentclaims.planner import ClaimPlan, ClaimPlanner, PrefixContext
 from agentclaims.session import ClaimedSession, ReactionPolicy
-from test_session_reactions import FakeTime, ask, make_backend
 
 PROMPT = [{"role": "user", "content": "q " * 100}]
 
@@ -132,7 +132,8 @@ async def test_an_expired_claim_is_known_expired_and_replanned(tmp_path: Path) -
         assert session.claims["a"].claim_id != first.claim_id  # renew refused: replanned
     kinds = [d["event"] for d in lines(tmp_path, session)]
     assert EventName.RESIDENT_CLAIM_EXPIRED.value in kinds
-    assert "reaction_renew" in kinds and "reaction_replan" in kinds
+    assert "reaction_renew" in kinds
+    assert "reaction_replan" in kinds
     await backend.aclose()
 
 
@@ -141,7 +142,9 @@ async def test_harm_is_counted_logged_and_raised_under_fail(tmp_path: Path) -> N
     under the ``fail`` reaction raised as ClaimHarmed naming the claim."""
     t = FakeTime()
     backend = make_backend(t)
-    with pytest.raises(ClaimHarmed) as info:
+    sessions: list[ClaimedSession] = []
+
+    async def run() -> None:
         async with ClaimedSession(
             backend,
             planner=Always(ProtectionMode.SOFT_PRIORITY),
@@ -150,18 +153,24 @@ async def test_harm_is_counted_logged_and_raised_under_fail(tmp_path: Path) -> N
             clock=t.clock_s,
             log_dir=tmp_path,
         ) as session:
+            sessions.append(session)
             with session.node("a"):
                 await ask(backend, PROMPT)
             await session.settle()
-            [held] = session.claims.values()
             pressure(backend, 64)
+
+    with pytest.raises(ClaimHarmed) as info:
+        await run()
+    [session] = sessions
+    [held] = [h for h in session.ended_claims if h.end_reason == "harmed"]
     assert info.value.claim_id == held.claim_id
     assert info.value.event is not None
     assert info.value.event.event is EventName.RESIDENT_CLAIM_HARMED
     assert session.stats.claims_harmed == 1
     written = lines(tmp_path, session)
     [harm] = [d for d in written if d["event"] == EventName.RESIDENT_CLAIM_HARMED.value]
-    assert harm["claim_id"] == held.claim_id and harm.get("cause")
+    assert harm["claim_id"] == held.claim_id
+    assert harm.get("cause")
     assert [d for d in written if d["event"] == "reaction_fail"]
     await backend.aclose()
 

@@ -11,11 +11,12 @@ from langchain_core.messages import HumanMessage
 import agentclaims
 from agentclaims.backends.embedded import EmbeddedBackend
 from agentclaims.backends.pool import BackendPool
+from agentclaims.bindings.decorators import claimed_session
 from agentclaims.contract import ClaimState
 from agentclaims.demo.workflows import build_supervisor, script, task_for
 from agentclaims.errors import UnknownNameError, UsageError
 from agentclaims.gateway.text import Reply, TextRequest
-from agentclaims.session import ClaimedSession, ReactionPolicy, claimed_session, current_session
+from agentclaims.session import ClaimedSession, ReactionPolicy, current_session
 
 
 def live_claims(backend: EmbeddedBackend) -> list[str]:

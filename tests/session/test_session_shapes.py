@@ -24,11 +24,12 @@ from langgraph.types import Send
 
 import agentclaims
 from agentclaims.backends.embedded import EmbeddedBackend
+from agentclaims.bindings.decorators import claimed_session
 from agentclaims.demo.workflows import build_supervisor, script, task_for
 from agentclaims.engine import ServiceTimes
 from agentclaims.gateway.text import Reply, TextRequest
 from agentclaims.graph import AgentGraphWarning
-from agentclaims.session import ClaimedSession, claimed_session, current_session
+from agentclaims.session import ClaimedSession, current_session
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

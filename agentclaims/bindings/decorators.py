@@ -1,5 +1,9 @@
 """``@claimed_session``: run a workflow (an async function or a compiled LangGraph graph) inside
-its own ``ClaimedSession``, one per run, released when the run ends however it ends."""
+its own ``ClaimedSession``, one per run, released when the run ends however it ends.
+
+It sits above the session (it reads a LangGraph graph's structure with
+:func:`~agentclaims.bindings.langgraph.aeg_from_langgraph`); LangGraph itself loads only when a
+compiled graph is given."""
 
 from __future__ import annotations
 
@@ -9,9 +13,10 @@ import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar, overload
 
+from agentclaims.bindings.langgraph import aeg_from_langgraph
 from agentclaims.errors import UsageError
 from agentclaims.graph import ToolTimeModel
-from agentclaims.session.session import ClaimedSession
+from agentclaims.session import ClaimedSession
 
 __all__ = ["ClaimedGraph", "claimed_session"]
 
@@ -33,8 +38,6 @@ class ClaimedGraph:
     """
 
     def __init__(self, compiled: Any, options: dict[str, Any]) -> None:
-        from agentclaims.bindings.langgraph import aeg_from_langgraph
-
         self.compiled = compiled
         self.options = options
         self.aeg = aeg_from_langgraph(compiled)
