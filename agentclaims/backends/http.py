@@ -30,11 +30,13 @@ from agentclaims.contract import (
 from agentclaims.contract.wire import Wire
 from agentclaims.errors import BackendError, BackendUnavailable, UsageError
 from agentclaims.protocol import (
+    RENEW_AS_IS,
     ActiveRequest,
     ClaimDecision,
     ClaimView,
     Descriptor,
     EventPage,
+    Renewal,
     ServeResult,
     raise_for_error,
 )
@@ -148,14 +150,9 @@ class HTTPBackend:
         return self._parse(ClaimView, data)
 
     async def renew_claim(
-        self,
-        claim_id: ClaimId,
-        owner_scope: OwnerScope,
-        *,
-        duration_steps: int | None = None,
-        ttl_s: float | None = None,
+        self, claim_id: ClaimId, owner_scope: OwnerScope, renewal: Renewal = RENEW_AS_IS
     ) -> ClaimView:
-        body = {"owner_scope": owner_scope, "duration_steps": duration_steps, "ttl_s": ttl_s}
+        body = {"owner_scope": owner_scope, **renewal.to_dict()}
         data = await self._call("POST", f"/claims/{claim_id}/renew", json=body)
         return self._parse(ClaimView, data)
 

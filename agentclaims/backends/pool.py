@@ -25,7 +25,14 @@ from agentclaims.contract import (
     PrefixId,
 )
 from agentclaims.errors import UnknownClaim, UsageError
-from agentclaims.protocol import ClaimDecision, ClaimView, Descriptor, EventPage
+from agentclaims.protocol import (
+    RENEW_AS_IS,
+    ClaimDecision,
+    ClaimView,
+    Descriptor,
+    EventPage,
+    Renewal,
+)
 
 __all__ = ["BackendPool"]
 
@@ -115,17 +122,9 @@ class BackendPool:
         return await self._holder(claim_id).get_claim(claim_id, owner_scope)
 
     async def renew_claim(
-        self,
-        claim_id: ClaimId,
-        owner_scope: OwnerScope,
-        *,
-        duration_steps: int | None = None,
-        ttl_s: float | None = None,
+        self, claim_id: ClaimId, owner_scope: OwnerScope, renewal: Renewal = RENEW_AS_IS
     ) -> ClaimView:
-        member = self._holder(claim_id)
-        return await member.renew_claim(
-            claim_id, owner_scope, duration_steps=duration_steps, ttl_s=ttl_s
-        )
+        return await self._holder(claim_id).renew_claim(claim_id, owner_scope, renewal)
 
     async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
         return await self._holder(claim_id).release_claim(claim_id, owner_scope)

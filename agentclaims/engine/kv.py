@@ -38,12 +38,14 @@ from agentclaims.engine.tokenizer import WordTokenizer, tokenizer_named
 from agentclaims.errors import ContractViolation, UnknownClaim, UsageError
 from agentclaims.protocol import (
     PROMPT_OBJECT,
+    RENEW_AS_IS,
     SEQUENCE_OBJECT,
     ActiveOutcome,
     ActiveRequest,
     ClaimDecision,
     ClaimView,
     EventPage,
+    Renewal,
     ServeResult,
     Tokenizer,
 )
@@ -324,16 +326,11 @@ class ReferenceKV:
             return self.engine.get_claim(claim_id, owner_scope)
 
     async def renew_claim(
-        self,
-        claim_id: ClaimId,
-        owner_scope: OwnerScope,
-        *,
-        duration_steps: int | None = None,
-        ttl_s: float | None = None,
+        self, claim_id: ClaimId, owner_scope: OwnerScope, renewal: Renewal = RENEW_AS_IS
     ) -> ClaimView:
         async with self._lock:
             return self.engine.renew_claim(
-                claim_id, owner_scope, duration_steps=duration_steps, ttl_s=ttl_s
+                claim_id, owner_scope, duration_steps=renewal.duration_steps, ttl_s=renewal.ttl_s
             )
 
     async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:

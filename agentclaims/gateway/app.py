@@ -38,6 +38,7 @@ from agentclaims.protocol import (
     ActiveServing,
     ClaimsProtocol,
     InstanceControl,
+    Renewal,
     ServeResult,
     Tokenizer,
     error_body,
@@ -302,11 +303,10 @@ class _Gateway:
 
     async def renew_claim(self, request: Request) -> Response:
         body = await _json_object(request)
+        terms = {k: v for k, v in body.items() if k != "owner_scope"}
+        renewal = Renewal.from_dict(terms, where="renewal")
         view = await self.kv.renew_claim(
-            ClaimId(request.path_params["claim_id"]),
-            _owner(request, body),
-            duration_steps=body.get("duration_steps"),
-            ttl_s=body.get("ttl_s"),
+            ClaimId(request.path_params["claim_id"]), _owner(request, body), renewal
         )
         return JSONResponse(view.to_dict())
 

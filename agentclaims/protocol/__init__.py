@@ -24,6 +24,7 @@ from agentclaims.protocol.codec import (
 )
 from agentclaims.protocol.types import (
     PROMPT_OBJECT,
+    RENEW_AS_IS,
     SEQUENCE_OBJECT,
     SERVED_ACTIONS,
     ActiveOutcome,
@@ -32,6 +33,7 @@ from agentclaims.protocol.types import (
     ClaimView,
     Descriptor,
     EventPage,
+    Renewal,
     ServeResult,
 )
 
@@ -40,6 +42,7 @@ __all__ = [
     "ACTIVE_REQUEST_REFUSED",
     "EXTENSION_KEY",
     "PROMPT_OBJECT",
+    "RENEW_AS_IS",
     "SEQUENCE_OBJECT",
     "SERVED_ACTIONS",
     "ActiveOutcome",
@@ -51,6 +54,7 @@ __all__ = [
     "Descriptor",
     "EventPage",
     "InstanceControl",
+    "Renewal",
     "ServeResult",
     "Tokenizer",
     "collect_events",

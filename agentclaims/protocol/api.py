@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from agentclaims.protocol.types import RENEW_AS_IS, Renewal
+
 if TYPE_CHECKING:
     from agentclaims.contract import CacheIdentity, ClaimEvent, ClaimSpec
     from agentclaims.contract.ids import BlockHash, ClaimId, OwnerScope, PrefixId
@@ -63,13 +65,10 @@ class ClaimsProtocol(Protocol):
     async def get_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView: ...
 
     async def renew_claim(
-        self,
-        claim_id: ClaimId,
-        owner_scope: OwnerScope,
-        *,
-        duration_steps: int | None = None,
-        ttl_s: float | None = None,
-    ) -> ClaimView: ...
+        self, claim_id: ClaimId, owner_scope: OwnerScope, renewal: Renewal = RENEW_AS_IS
+    ) -> ClaimView:
+        """Extend a live claim (``renewal``: new ``duration_steps`` and/or ``ttl_s``)."""
+        ...
 
     async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView: ...
 

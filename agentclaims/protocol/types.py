@@ -20,6 +20,7 @@ from agentclaims.contract.wire import Wire
 
 __all__ = [
     "PROMPT_OBJECT",
+    "RENEW_AS_IS",
     "SEQUENCE_OBJECT",
     "SERVED_ACTIONS",
     "ActiveOutcome",
@@ -28,6 +29,7 @@ __all__ = [
     "ClaimView",
     "Descriptor",
     "EventPage",
+    "Renewal",
     "ServeResult",
 ]
 
@@ -101,6 +103,20 @@ class ClaimDecision(Wire):
     @property
     def accepted(self) -> bool:
         return self.decision is not Decision.REJECTED
+
+
+@dataclass(frozen=True, slots=True)
+class Renewal(Wire):
+    """New durations for a claim being renewed; ``None`` restarts the claim's own."""
+
+    duration_steps: int | None = None
+    ttl_s: float | None = None
+
+    wire_name: ClassVar[str] = "renewal"
+
+
+RENEW_AS_IS = Renewal()
+"""Renew a claim for its own durations again."""
 
 
 @dataclass(frozen=True, slots=True)

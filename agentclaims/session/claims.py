@@ -29,6 +29,7 @@ from agentclaims.contract import (
 )
 from agentclaims.errors import BackendError, ClaimOutcomeError, ClaimRefused, UsageError
 from agentclaims.planner import ClaimPlan, PlannerPolicy, PrefixContext, relax_mode
+from agentclaims.protocol import Renewal
 from agentclaims.session.reactions import ReactionPolicy
 
 if TYPE_CHECKING:
@@ -196,7 +197,7 @@ class ClaimIO:
     async def renew(self, backend: ClaimsProtocol, held: HeldClaim, ttl_s: float) -> bool:
         """Extend ``held`` to ``ttl_s``; False (and logged) when the backend will not."""
         try:
-            view = await backend.renew_claim(held.claim_id, self.owner_scope, ttl_s=ttl_s)
+            view = await backend.renew_claim(held.claim_id, self.owner_scope, Renewal(ttl_s=ttl_s))
         except (ClaimOutcomeError, UsageError, BackendError) as exc:
             self.log_reaction("renew", claim_id=held.claim_id, outcome="refused", error=str(exc))
             return False

@@ -13,6 +13,7 @@ from typing import Any
 from agentclaims.contract import BlockHash, CacheIdentity, ClaimId, ClaimSpec, OwnerScope, PrefixId
 from agentclaims.errors import OperationNotExposed
 from agentclaims.protocol import (
+    RENEW_AS_IS,
     ActiveRequest,
     ActiveServing,
     ClaimDecision,
@@ -21,6 +22,7 @@ from agentclaims.protocol import (
     Descriptor,
     EventPage,
     InstanceControl,
+    Renewal,
     ServeResult,
 )
 
@@ -51,16 +53,9 @@ class ForwardingBackend:
         return await self.inner.get_claim(claim_id, owner_scope)
 
     async def renew_claim(
-        self,
-        claim_id: ClaimId,
-        owner_scope: OwnerScope,
-        *,
-        duration_steps: int | None = None,
-        ttl_s: float | None = None,
+        self, claim_id: ClaimId, owner_scope: OwnerScope, renewal: Renewal = RENEW_AS_IS
     ) -> ClaimView:
-        return await self.inner.renew_claim(
-            claim_id, owner_scope, duration_steps=duration_steps, ttl_s=ttl_s
-        )
+        return await self.inner.renew_claim(claim_id, owner_scope, renewal)
 
     async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
         return await self.inner.release_claim(claim_id, owner_scope)

@@ -25,6 +25,7 @@ from agentclaims.protocol import (
     ActiveOutcome,
     ClaimDecision,
     ClaimView,
+    Renewal,
     collect_events,
     exception_error,
     raise_for_error,
@@ -58,7 +59,7 @@ async def test_claim_lifecycle_over_the_api(backend: EmbeddedBackend) -> None:
     view = await backend.get_claim("c", "o")
     assert view.present_blocks == 0
     assert view == backend.engine.get_claim("c", "o")
-    renewed = await backend.renew_claim("c", "o", duration_steps=5)
+    renewed = await backend.renew_claim("c", "o", Renewal(duration_steps=5))
     assert renewed.expires_at_step == backend.engine.step_count + 5
     released = await backend.release_claim("c", "o")
     assert released.state is ClaimState.EXPIRED
@@ -89,7 +90,7 @@ async def test_claim_errors_map_to_typed_exceptions(backend: EmbeddedBackend) ->
     with pytest.raises(ScopeViolation):
         await backend.release_claim("x", "intruder")
     with pytest.raises(UsageError) as info:
-        await backend.renew_claim("x", "o", duration_steps=-1)
+        await backend.renew_claim("x", "o", Renewal(duration_steps=-1))
     assert info.value.field == "duration_steps"
     with pytest.raises(UsageError) as dup:
         await backend.submit_claim(spec_for(backend, "x", 1), hash_token_blocks([9, 9, 9, 9], 4))

@@ -35,6 +35,21 @@ def lines(log_dir: Path, session: ClaimedSession) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines()]
 
 
+def claimed(
+    backend: Any, t: FakeTime, log_dir: Path, mode: ProtectionMode, **options: Any
+) -> ClaimedSession:
+    """A session on fake time whose planner always asks for ``mode``."""
+    ttl = options.pop("ttl_s", None)
+    return ClaimedSession(
+        backend,
+        planner=Always(mode, ttl),
+        sleep=t.sleep,
+        clock=t.clock_s,
+        log_dir=log_dir,
+        **options,
+    )
+
+
 def pressure(backend: Any, blocks: int) -> None:
     """Another request that needs ``blocks`` fresh blocks (evicting to make room)."""
     hashes = [BlockHash(50_000 + i) for i in range(blocks)]
@@ -47,13 +62,7 @@ async def test_a_demoted_claim_is_replanned_at_the_next_call(tmp_path: Path) -> 
     the demotion, ends the old claim with reason ``demoted`` and holds a new one."""
     t = FakeTime()
     backend = make_backend(t)
-    async with ClaimedSession(
-        backend,
-        planner=Always(ProtectionMode.DEMOTABLE),
-        sleep=t.sleep,
-        clock=t.clock_s,
-        log_dir=tmp_path,
-    ) as session:
+    async with claimed(backend, t, tmp_path, ProtectionMode.DEMOTABLE) as session:
         with session.node("a"):
             await ask(backend, PROMPT)
         await session.settle()
@@ -84,14 +93,7 @@ async def test_a_lapsed_claim_is_dropped_under_drop(tmp_path: Path) -> None:
     t = FakeTime()
     backend = make_backend(t)
     policy = ReactionPolicy(on_lapsed="drop")
-    async with ClaimedSession(
-        backend,
-        planner=Always(ProtectionMode.DEMOTABLE),
-        reaction=policy,
-        sleep=t.sleep,
-        clock=t.clock_s,
-        log_dir=tmp_path,
-    ) as session:
+    async with claimed(backend, t, tmp_path, ProtectionMode.DEMOTABLE, reaction=policy) as session:
         with session.node("a"):
             await ask(backend, PROMPT)
         await session.settle()
@@ -111,13 +113,13 @@ async def test_an_expired_claim_is_known_expired_and_replanned(tmp_path: Path) -
     "accepted") at the next call and replaced."""
     t = FakeTime()
     backend = make_backend(t)
-    async with ClaimedSession(
+    async with claimed(
         backend,
-        planner=Always(ProtectionMode.EXPIRING, ttl_s=1.0),
+        t,
+        tmp_path,
+        ProtectionMode.EXPIRING,
+        ttl_s=1.0,
         reaction=ReactionPolicy(on_lapsed="renew"),
-        sleep=t.sleep,
-        clock=t.clock_s,
-        log_dir=tmp_path,
     ) as session:
         with session.node("a"):
             await ask(backend, PROMPT)
@@ -145,13 +147,8 @@ async def test_harm_is_counted_logged_and_raised_under_fail(tmp_path: Path) -> N
     sessions: list[ClaimedSession] = []
 
     async def run() -> None:
-        async with ClaimedSession(
-            backend,
-            planner=Always(ProtectionMode.SOFT_PRIORITY),
-            reaction="fail",
-            sleep=t.sleep,
-            clock=t.clock_s,
-            log_dir=tmp_path,
+        async with claimed(
+            backend, t, tmp_path, ProtectionMode.SOFT_PRIORITY, reaction="fail"
         ) as session:
             sessions.append(session)
             with session.node("a"):
@@ -179,13 +176,7 @@ async def test_harm_is_only_logged_by_default(tmp_path: Path) -> None:
     """Under the default reaction a harmed claim is logged and counted, and the run goes on."""
     t = FakeTime()
     backend = make_backend(t)
-    async with ClaimedSession(
-        backend,
-        planner=Always(ProtectionMode.SOFT_PRIORITY),
-        sleep=t.sleep,
-        clock=t.clock_s,
-        log_dir=tmp_path,
-    ) as session:
+    async with claimed(backend, t, tmp_path, ProtectionMode.SOFT_PRIORITY) as session:
         with session.node("a"):
             await ask(backend, PROMPT)
         await session.settle()
