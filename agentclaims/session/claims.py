@@ -101,6 +101,7 @@ class ClaimIO:
         self.ended: list[HeldClaim] = []
         self._identities: dict[str, CacheIdentity] = {}
         self._cursor: dict[str, int] = {}
+        self._harmed: set[str] = set()  # claims whose harm was counted
 
     def log_reaction(self, kind: str, **fields: Any) -> None:
         log = self._log()
@@ -235,7 +236,10 @@ class ClaimIO:
         """Take this session's new events from ``backends``: log each, bring the held claims'
         states up to date, and say which held claims lapsed or were harmed."""
         out = EventOutcomes()
-        by_id = {h.claim_id: h for h in self.held.values()}
+        # ended claims too: a claim harmed while held may be let go (superseded by its node's
+        # next call) before the harm event is read; it is harm all the same
+        by_id = {h.claim_id: h for h in self.ended}
+        by_id.update((h.claim_id, h) for h in self.held.values())
         log = self._log()
         for backend in backends:
             since = self._cursor.get(backend.name, 0)
@@ -261,8 +265,12 @@ class ClaimIO:
         held.state = state.value
         st = self.stats
         if state is ClaimState.HARMED:
-            st.claims_harmed += 1
-            out.harmed.append((held, ev))
+            if held.claim_id not in self._harmed:
+                self._harmed.add(held.claim_id)
+                st.claims_harmed += 1
+                out.harmed.append((held, ev))
+        elif self.held.get(held.node) is not held:
+            return  # a lapse of a claim already let go changes nothing
         elif state in (ClaimState.DEMOTED, ClaimState.EXPIRED):
             if state is ClaimState.DEMOTED:
                 st.claims_demoted += 1

@@ -195,3 +195,36 @@ def test_reaction_policy_checks_its_event_reactions() -> None:
         ReactionPolicy(on_harmed="shrug")  # type: ignore[arg-type]
     assert ReactionPolicy.named("fail").on_harmed == "fail"
     assert ReactionPolicy.named("defer").on_harmed == "log"
+
+
+async def test_harm_during_a_tool_call_counts_after_the_node_supersedes_the_claim(
+    tmp_path: Path,
+) -> None:
+    """The claim held across a tool call is harmed; the node's next call supersedes it before
+    the harm event is read: the harm is still counted, and raised under ``fail``."""
+    from agentclaims.gateway.text import Reply
+    from agentclaims.testing import FakeBackend
+
+    backend = FakeBackend(
+        script=lambda r: Reply.tool("search") if r.turn == 0 else Reply.text("ok")
+    )
+    t = FakeTime()
+
+    async def run() -> ClaimedSession:
+        async with claimed(
+            backend, t, tmp_path, ProtectionMode.SOFT_PRIORITY, reaction="fail"
+        ) as session:
+            with session.node("agent"):
+                await ask(backend, PROMPT)
+                async with session.tool_call("search"):
+                    await session.settle()
+                    backend.kv.harm(session.claims["agent"].claim_id, cause="evicted")
+                await ask(backend, [*PROMPT, {"role": "assistant", "content": "searching"}])
+                await session.settle()
+        return session
+
+    with pytest.raises(ClaimHarmed) as info:
+        await run()
+    assert info.value.event is not None
+    assert info.value.event.data["cause"] == "evicted"
+    await backend.aclose()

@@ -21,6 +21,7 @@ from agentclaims.errors import BackendUnavailable, ClaimRefused, DeadlineExceede
 from agentclaims.gateway.text import Reply
 from agentclaims.planner import ClaimPlan, ClaimPlanner, PrefixContext
 from agentclaims.session import ClaimedSession, ReactionPolicy
+from agentclaims.testing import FakeBackend
 
 NO_WAIT = ServiceTimes(prefill_s_per_token=0.0, decode_s_per_token=0.0)
 BIG = [{"role": "user", "content": "w " * 500}]  # more than the 24 blocks left unclaimed
@@ -176,8 +177,8 @@ async def test_fail_names_the_blocking_claim_and_outcome(tmp_path):
 async def test_deadline_exceeded_after_deadline_s(tmp_path):
     """A refusal that never clears is retried with backoff until deadline_s, then fails."""
     t = FakeTime()
-    backend = make_backend(t)
-    block(backend, "hard_protected")  # no TTL: never expires, the request is refused
+    backend = FakeBackend(clock=t.clock_ns)
+    backend.kv.refuse_requests(1000, blocking=["blocker"])  # more than the deadline allows
     policy = ReactionPolicy(deadline_s=2.0, max_delay_s=0.5)
     with pytest.raises(DeadlineExceeded) as info:
         async with ClaimedSession(
@@ -193,21 +194,22 @@ async def test_deadline_exceeded_after_deadline_s(tmp_path):
         *(["reaction_defer"] * len(t.sleeps)),
         "reaction_fail",
     ]
-    assert session_live(backend, session) == []
+    assert len(backend.kv.calls_of("serve")) == len(t.sleeps) + 1
     await backend.aclose()
 
 
 async def test_retry_after_beyond_the_deadline_fails_at_once(tmp_path):
     """A deferral whose Retry-After lies past the deadline fails now instead of oversleeping."""
     t = FakeTime()
-    backend = make_backend(t)
-    block(backend, "expiring", ttl_s=1000)
+    backend = FakeBackend(clock=t.clock_ns)
+    backend.kv.defer_requests(retry_after_s=1000, blocking=["blocker"])
     with pytest.raises(DeadlineExceeded) as info:
         async with ClaimedSession(
             backend, reaction=ReactionPolicy(deadline_s=2.0), sleep=t.sleep, clock=t.clock_s
         ):
             await ask(backend)
     assert info.value.outcome.action.value == "defer_active"
+    assert info.value.blocking_claim_ids == ("blocker",)
     assert t.sleeps == []
     await backend.aclose()
 

@@ -17,6 +17,7 @@ from agentclaims.demo.workflows import build_supervisor, script, task_for
 from agentclaims.errors import UnknownNameError, UsageError
 from agentclaims.gateway.text import Reply, TextRequest
 from agentclaims.session import ClaimedSession, ReactionPolicy, current_session
+from agentclaims.testing import FakeBackend
 
 
 def live_claims(backend: EmbeddedBackend) -> list[str]:
@@ -178,23 +179,13 @@ async def test_refusal_with_fail_policy_raises_typed_error():
 
 async def test_defer_policy_waits_out_refusal_with_injected_sleep():
     """Under defer, a refused call is retried (sleeps go through the injected sleep)."""
-    backend = EmbeddedBackend(num_blocks=64, block_size=16)
-    engine = backend.engine
+    backend = FakeBackend()
+    backend.kv.refuse_requests(2, blocking=["blocker"])  # another owner's claim, twice
     client = agentclaims.openai_client(backend)
     sleeps: list[float] = []
-    from agentclaims.contract import ClaimSpec
-    from agentclaims.engine import BlockHash
-
-    hashes = [BlockHash(10_000 + i) for i in range(40)]
-    engine.begin("seed", hashes)
-    engine.finish("seed")
-    spec = ClaimSpec("blocker", "other", "pfx-blocker", engine.cache_identity, 40, "hard_protected")
-    assert engine.submit_claim(spec, hashes).accepted
 
     async def fake_sleep(seconds: float) -> None:
         sleeps.append(seconds)
-        if len(sleeps) == 2:
-            engine.release_claim("blocker", "other")
 
     async with ClaimedSession(
         backend, reaction=ReactionPolicy(deadline_s=5), sleep=fake_sleep
@@ -204,6 +195,7 @@ async def test_defer_policy_waits_out_refusal_with_injected_sleep():
         )
         assert s.stats.deferrals == 2
     assert len(sleeps) == 2
+    assert len(backend.kv.calls_of("serve")) == 3
     await backend.aclose()
 
 
