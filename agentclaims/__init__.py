@@ -9,47 +9,79 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from agentclaims.contract import CacheIdentity, ClaimSpec, ProtectionMode
+from agentclaims.contract import (
+    CacheIdentity,
+    ClaimId,
+    ClaimSpec,
+    OwnerScope,
+    PrefixId,
+    ProtectionMode,
+)
 from agentclaims.errors import (
     AgentClaimsError,
+    BackendError,
     BackendUnavailable,
     ClaimHarmed,
     ClaimOutcomeError,
     ClaimRefused,
+    ContractViolation,
     DeadlineExceeded,
+    IllegalTransition,
+    OperationNotExposed,
+    ScopeViolation,
+    UnknownClaim,
+    UnknownNameError,
     UsageError,
 )
 from agentclaims.planner import ClaimPlanner, PlannerPolicy
 
 if TYPE_CHECKING:
+    from agentclaims.backends.base import Backend
     from agentclaims.backends.embedded import EmbeddedBackend
     from agentclaims.backends.http import HTTPBackend
     from agentclaims.backends.pool import BackendPool
     from agentclaims.bindings.decorators import ClaimedGraph, claimed_session
     from agentclaims.bindings.langchain import chat_model
     from agentclaims.bindings.openai import openai_client
-    from agentclaims.session import ClaimedSession, ReactionPolicy, current_session
+    from agentclaims.session import (
+        ClaimedSession,
+        ReactionPolicy,
+        SessionOptions,
+        current_session,
+    )
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AgentClaimsError",
+    "Backend",
+    "BackendError",
     "BackendPool",
     "BackendUnavailable",
     "CacheIdentity",
     "ClaimHarmed",
+    "ClaimId",
     "ClaimOutcomeError",
     "ClaimPlanner",
     "ClaimRefused",
     "ClaimSpec",
     "ClaimedGraph",
     "ClaimedSession",
+    "ContractViolation",
     "DeadlineExceeded",
     "EmbeddedBackend",
     "HTTPBackend",
+    "IllegalTransition",
+    "OperationNotExposed",
+    "OwnerScope",
     "PlannerPolicy",
+    "PrefixId",
     "ProtectionMode",
     "ReactionPolicy",
+    "ScopeViolation",
+    "SessionOptions",
+    "UnknownClaim",
+    "UnknownNameError",
     "UsageError",
     "chat_model",
     "claimed_session",
@@ -58,12 +90,14 @@ __all__ = [
 ]
 
 _LAZY = {
+    "Backend": "agentclaims.backends.base",
     "EmbeddedBackend": "agentclaims.backends.embedded",
     "HTTPBackend": "agentclaims.backends.http",
     "BackendPool": "agentclaims.backends.pool",
     "ClaimedGraph": "agentclaims.bindings.decorators",
     "ClaimedSession": "agentclaims.session",
     "ReactionPolicy": "agentclaims.session",
+    "SessionOptions": "agentclaims.session",
     "claimed_session": "agentclaims.bindings.decorators",
     "current_session": "agentclaims.session",
     "openai_client": "agentclaims.bindings.openai",

@@ -10,7 +10,7 @@ user-facing ``fail`` reaction::
      +-- ContractViolation                     the contract forbids this
      |    +-- IllegalTransition                a claim state change the state machine forbids
      |    +-- ScopeViolation                   one owner touching another owner's claim
-     |    +-- UnknownClaim                     no claim with that id (in this scope)
+     |    +-- UnknownClaim (also KeyError)     no claim with that id (in this scope)
      +-- ClaimOutcomeError                     the session's reaction to an outcome is ``fail``;
      |    |                                    ``.outcome`` is the typed outcome that decided it
      |    +-- ClaimRefused                     a residency claim or an active request was refused

@@ -59,7 +59,7 @@ async def _one_mode(
         session = claimed.session(workflow_id=f"{mode}-wf{i:02d}")
         sessions.append(session)
         async with session:
-            await claimed.compiled.ainvoke(
+            await claimed.graph.ainvoke(
                 {"messages": [HumanMessage(task_for(i, seed))]}, {"recursion_limit": 60}
             )
         return time.monotonic() - started

@@ -5,6 +5,7 @@ The ``@claimed_session`` decorator and ``ClaimedGraph`` sit one layer up, in
 ``agentclaims`` exports them.
 """
 
+from agentclaims.session.options import SessionOptions
 from agentclaims.session.reactions import ReactionPolicy
 from agentclaims.session.session import ClaimedSession, HeldClaim, SessionStats, current_session
 from agentclaims.session.transport import ClaimsTransport
@@ -14,6 +15,7 @@ __all__ = [
     "ClaimsTransport",
     "HeldClaim",
     "ReactionPolicy",
+    "SessionOptions",
     "SessionStats",
     "current_session",
 ]
