@@ -1,0 +1,52 @@
+"""``BackendPool`` speaks the claims protocol: a claim goes to its owner's member, later
+operations to the member holding it, and the members' events come as one ordered stream."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentclaims.backends import EmbeddedBackend
+from agentclaims.backends.pool import BackendPool
+from agentclaims.contract import ClaimSpec, ClaimState, OwnerScope, ProtectionMode
+from agentclaims.errors import UnknownClaim
+from agentclaims.protocol import ClaimsProtocol, Renewal, collect_events
+
+
+async def _served_prefix(backend: EmbeddedBackend) -> str:
+    body = (
+        await backend.http_client().post("/v1/completions", json={"prompt": list(range(32))})
+    ).json()
+    return str(body["agentclaims"]["prefix_ids"]["prompt"])
+
+
+async def test_a_pool_routes_claims_to_their_members_and_merges_events() -> None:
+    """Each owner's claim lands on its own member; get, renew and release follow the claim;
+    the pool's stream holds both members' events in their order, resumable by cursor."""
+    a, b = EmbeddedBackend(16, 16, name="a"), EmbeddedBackend(16, 16, name="b")
+    pool = BackendPool([a, b])
+    assert isinstance(pool, ClaimsProtocol)
+    specs = []
+    for owner, member in (("wf-1", a), ("wf-2", b)):
+        pool.assign(owner)
+        pid = await _served_prefix(member)
+        ident = await member.cache_identity()
+        specs.append(ClaimSpec(f"{owner}-c", owner, pid, ident, 2, ProtectionMode.SOFT_PRIORITY))
+    for spec in specs:
+        assert (await pool.submit_claim(spec)).accepted
+    assert [v.claim_id for v in a.engine.claims_of("wf-1")] == ["wf-1-c"]
+    assert [v.claim_id for v in b.engine.claims_of("wf-2")] == ["wf-2-c"]
+    renewed = await pool.renew_claim("wf-2-c", OwnerScope("wf-2"), Renewal(ttl_s=30))
+    assert renewed.expires_at_ns is not None
+    assert (await pool.release_claim("wf-1-c", OwnerScope("wf-1"))).state is ClaimState.EXPIRED
+    events = await collect_events(pool)
+    mine = [e.claim_id for e in events if e.claim_id]
+    assert set(mine) == {"wf-1-c", "wf-2-c"}
+    first = await pool.events(0, limit=2)
+    rest = await collect_events(pool, first.next_since)
+    assert [e.seq for e in (*first.events, *rest)] == [e.seq for e in events]
+    with pytest.raises(UnknownClaim):
+        await pool.get_claim("nobody", OwnerScope("wf-1"))
+    desc = await pool.descriptor()
+    assert set(desc["members"]) == {"a", "b"}
+    assert desc["modes"]["hard_protected"]["lowering_class"] == "native_conformance"
+    await pool.aclose()
