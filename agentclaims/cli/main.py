@@ -1,4 +1,4 @@
-"""``agentclaims``: conformance, demo, report, bench and serve.
+"""``agentclaims``: conformance, demo, report, bench, serve and vllm.
 
 The parser lives here; each subcommand's work lives in its own module (imported only when that
 subcommand runs, so ``agentclaims --help`` stays fast) with a ``run(args) -> int`` function.
@@ -44,6 +44,33 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--blocks", type=int, default=4096, help="usable KV blocks")
     serve.add_argument("--block-size", type=int, default=16, help="tokens per block")
     serve.set_defaults(module="serve")
+
+    vllm = sub.add_parser("vllm", help="a real vLLM server with the agentclaims connector")
+    vllm_sub = vllm.add_subparsers(dest="vllm", required=True, metavar="ACTION")
+    tiny = vllm_sub.add_parser("tiny-model", help="build the tiny random-weight model (no hub)")
+    tiny.add_argument("directory", metavar="DIR")
+    tiny.add_argument("--python", default=None, help="the vLLM environment's Python")
+    tiny.set_defaults(module="vllm")
+    vserve = vllm_sub.add_parser(
+        "serve", help="start vLLM with the connector (vLLM's own arguments after --)"
+    )
+    vserve.add_argument("--model", required=True, metavar="DIR")
+    vserve.add_argument("--host", default="127.0.0.1")
+    vserve.add_argument("--port", type=int, default=8000)
+    vserve.add_argument("--blocks", type=int, default=41, help="KV blocks in the pool")
+    vserve.add_argument("--block-size", type=int, default=32, help="tokens per block")
+    vserve.add_argument("--max-model-len", type=int, default=256)
+    vserve.add_argument("--max-ttl-s", type=float, default=600.0, help="longest claim TTL")
+    vserve.add_argument(
+        "--max-defer-s", type=float, default=30.0, help="longest wait before a refusal"
+    )
+    vserve.add_argument(
+        "--claims-key", default=None, help="HMAC key for claim operations ($AGENTCLAIMS_CLAIMS_KEY)"
+    )
+    vserve.add_argument("--no-connector", action="store_true", help="stock vLLM, for comparison")
+    vserve.add_argument("--python", default=None, help="the vLLM environment's Python")
+    vserve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then vLLM's arguments")
+    vserve.set_defaults(module="vllm")
 
     bench = sub.add_parser("bench", help="benchmarks that print their figures")
     bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")

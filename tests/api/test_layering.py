@@ -23,6 +23,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "planner": frozenset({"contract", "graph"}),
     "observability": frozenset({"contract"}),
     "engine": frozenset({"contract", "protocol"}),
+    # The gateway's half of the vLLM lowering (launch + the connector's signed operations).
+    "vllm": frozenset({"contract", "protocol"}),
     "conformance": frozenset({"contract", "protocol", "engine"}),
     "gateway": frozenset({"contract", "protocol", "engine", "conformance"}),
     # Only backends/embedded.py needs the gateway and the engine: it runs the gateway in-process.

@@ -1,0 +1,60 @@
+"""``agentclaims vllm tiny-model DIR`` and ``agentclaims vllm serve --model DIR --port N``.
+
+Both run in the vLLM server's own environment (found by ``agentclaims.vllm.vllm_python``).
+``serve`` replaces this process by vLLM's (``exec``): its PID is the server's, SIGTERM stops
+it and its engine. Exit status 2 on bad arguments or a missing environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from agentclaims.errors import UsageError
+
+__all__ = ["run"]
+
+
+def run(args: argparse.Namespace) -> int:  # noqa: RET503 - serve execs vLLM
+    from agentclaims.vllm.launch import new_claims_key, serve_argv, server_env, vllm_python
+
+    try:
+        python = vllm_python(args.python)
+        if args.vllm == "tiny-model":
+            cmd = [python, "-m", "agentclaims_vllm.tiny_model", args.directory]
+            return subprocess.run(cmd, check=False).returncode
+        key = None
+        if not args.no_connector:
+            key = args.claims_key or os.environ.get("AGENTCLAIMS_CLAIMS_KEY")
+            if not key:
+                key = new_claims_key()
+                print(
+                    f"agentclaims vllm: claims key {key} (pass it to the gateway)", file=sys.stderr
+                )
+        extra = list(args.vllm_args)
+        if extra[:1] == ["--"]:
+            extra = extra[1:]
+        argv = serve_argv(
+            args.model,
+            python=python,
+            port=args.port,
+            host=args.host,
+            claims_key=key,
+            num_blocks=args.blocks,
+            block_size=args.block_size,
+            max_model_len=args.max_model_len,
+            max_ttl_s=args.max_ttl_s,
+            max_defer_s=args.max_defer_s,
+            connector=not args.no_connector,
+            extra=extra,
+        )
+    except UsageError as exc:
+        print(f"agentclaims vllm: {exc}", file=sys.stderr)
+        return 2
+    env = server_env()
+    if key:
+        env["AGENTCLAIMS_CLAIMS_KEY"] = key
+    sys.stderr.flush()
+    os.execve(argv[0], argv, env)

@@ -1,0 +1,169 @@
+"""Talk to the agentclaims connector inside a vLLM server: signed claim operations riding on
+requests to vLLM's own OpenAI API, and the connector's answers read back.
+
+This is the gateway's half of the lowering (the connector is the engine's half): token-id
+prompts on ``/v1/completions``, ``kv_transfer_params["agentclaims"]`` signed with the key the
+connector was started with, the decisions and claim events from the response's
+``kv_transfer_params``. A refused request comes back finished as ``abort`` with the refusal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+
+from agentclaims.errors import BackendError, BackendUnavailable, UsageError
+
+__all__ = ["ConnectorAnswer", "ConnectorClient"]
+
+EXTENSION_KEY = "agentclaims"
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorAnswer:
+    """One request's outcome as vLLM and the connector report it."""
+
+    request_id: str
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    results: tuple[Mapping[str, Any], ...] = ()
+    events: tuple[Mapping[str, Any], ...] = ()
+    last_seq: int = 0
+    held_blocks: int = 0
+    refused: Mapping[str, Any] | None = None
+    text: str = ""
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def served(self) -> bool:
+        return self.refused is None and self.finish_reason != "abort"
+
+    def result_of(self, claim_id: str) -> Mapping[str, Any]:
+        for r in self.results:
+            if r.get("claim_id") == claim_id:
+                return r
+        raise KeyError(claim_id)
+
+
+class ConnectorClient:
+    """Signed claim operations against one vLLM server running the connector."""
+
+    def __init__(
+        self,
+        base_url: str,
+        claims_key: str,
+        *,
+        model: str,
+        tenant: str = "default",
+        timeout_s: float = 60.0,
+        client: httpx2.AsyncClient | None = None,
+    ) -> None:
+        if not claims_key:
+            raise UsageError("claims_key", "must be the key the connector was started with")
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.model = model
+        self.tenant = tenant
+        self._key = claims_key
+        self._client = client or httpx2.AsyncClient(timeout=timeout_s)
+        self.cursor = 0
+        """The last connector event sequence number read (events are asked for after it)."""
+        self.seen: list[Mapping[str, Any]] = []
+        """Every connector event read so far, in order (each once)."""
+
+    def envelope(self, ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The signed ``kv_transfer_params["agentclaims"]`` object for ``ops``."""
+        from agentclaims_vllm.signing import sign
+
+        body = {
+            "v": 1,
+            "tenant": self.tenant,
+            "nonce": uuid.uuid4().hex,
+            "since": self.cursor,
+            "ops": [dict(op) for op in ops],
+        }
+        signed: dict[str, Any] = sign(body, self._key)
+        return signed
+
+    async def complete(
+        self,
+        prompt: Sequence[int],
+        ops: Sequence[Mapping[str, Any]] = (),
+        *,
+        max_tokens: int = 4,
+        kv_transfer_params: Mapping[str, Any] | None = None,
+    ) -> ConnectorAnswer:
+        """One completion over token ids, carrying ``ops`` (signed), temperature 0."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": list(prompt),
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        if kv_transfer_params is not None:
+            body["kv_transfer_params"] = dict(kv_transfer_params)
+        else:  # always signed: the answer then carries the events after the cursor
+            body["kv_transfer_params"] = {EXTENSION_KEY: self.envelope(ops)}
+        url = f"{self.base_url}/v1/completions"
+        try:
+            response = await self._client.post(url, json=body)
+        except httpx2.TransportError as exc:
+            raise BackendUnavailable(f"vLLM at {self.base_url} unreachable: {exc!r}") from exc
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        if response.status_code != 200 or not isinstance(data, dict):
+            raise BackendError(f"vLLM answered HTTP {response.status_code}: {response.text[:300]}")
+        return self._answer(data)
+
+    def _answer(self, data: Mapping[str, Any]) -> ConnectorAnswer:
+        choice = (data.get("choices") or [{}])[0]
+        usage = data.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        answer = (data.get("kv_transfer_params") or {}).get(EXTENSION_KEY) or {}
+        events = tuple(e for e in answer.get("events") or () if int(e.get("seq", 0)) > self.cursor)
+        if events:
+            self.seen.extend(events)
+            self.cursor = int(events[-1].get("seq", 0))
+        return ConnectorAnswer(
+            request_id=str(data.get("id")),
+            finish_reason=choice.get("finish_reason"),
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            cached_tokens=int(details.get("cached_tokens") or 0),
+            results=tuple(answer.get("results") or ()),
+            events=events,
+            last_seq=int(answer.get("last_seq") or 0),
+            held_blocks=int(answer.get("held_blocks") or 0),
+            refused=answer.get("refused"),
+            text=str(choice.get("text") or ""),
+            raw=data,
+        )
+
+    async def operate(self, ops: Sequence[Mapping[str, Any]]) -> ConnectorAnswer:
+        """Apply ``ops`` (release, renew) between turns: a one-token request carries them.
+        The answer holds every event after the cursor (further pages are fetched while the
+        connector has more than one answer carries)."""
+        answer = await self.complete([1], ops, max_tokens=1)
+        events = list(answer.events)
+        while events and self.cursor < answer.last_seq:
+            more = await self.complete([1], (), max_tokens=1)
+            if not more.events:
+                break
+            events.extend(more.events)
+            answer = more
+        return dataclasses.replace(answer, events=tuple(events))
+
+    def skip_events(self, last_seq: int) -> None:
+        """Read only events after ``last_seq`` from now on (and forget those before)."""
+        self.cursor = max(self.cursor, last_seq)
+        self.seen = [e for e in self.seen if int(e.get("seq", 0)) > last_seq]
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

