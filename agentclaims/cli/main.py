@@ -38,11 +38,20 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="one JSON object on stdout")
     report.set_defaults(module="report")
 
-    serve = sub.add_parser("serve", help="serve the gateway (reference engine) on a port")
+    serve = sub.add_parser("serve", help="serve the gateway (reference engine or vLLM) on a port")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8099)
-    serve.add_argument("--blocks", type=int, default=4096, help="usable KV blocks")
-    serve.add_argument("--block-size", type=int, default=16, help="tokens per block")
+    serve.add_argument("--blocks", type=int, default=4096, help="usable KV blocks (reference)")
+    serve.add_argument(
+        "--block-size", type=int, default=None, help="tokens per block (16; vLLM's: 32)"
+    )
+    serve.add_argument(
+        "--kv", choices=("reference", "vllm"), default="reference", help="the KV side"
+    )
+    serve.add_argument("--upstream", default=None, help="the vLLM server's URL (--kv vllm)")
+    serve.add_argument(
+        "--claims-key", default=None, help="the connector's key ($AGENTCLAIMS_CLAIMS_KEY)"
+    )
     serve.set_defaults(module="serve")
 
     vllm = sub.add_parser("vllm", help="a real vLLM server with the agentclaims connector")

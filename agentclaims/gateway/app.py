@@ -10,9 +10,9 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -46,9 +46,25 @@ from agentclaims.protocol import (
     refusal_error,
 )
 
-__all__ = ["Extension", "KVSide", "create_app"]
+__all__ = ["Extension", "KVSide", "UpstreamKV", "create_app"]
 
 EvidenceSource = RunEvidence | Callable[[], Awaitable[RunEvidence]] | None
+
+
+@runtime_checkable
+class UpstreamKV(Protocol):
+    """A KV side that is also the text side: a real engine writes the replies (``VllmKV``).
+    The gateway hands it the whole completion; it answers the upstream payload and the KV
+    life (``agentclaims.vllm.kv.UpstreamResult``)."""
+
+    async def complete(
+        self,
+        kind: str,
+        body: Mapping[str, Any],
+        claims: Sequence[Mapping[str, Any]],
+        owner: str | None,
+        cache_salt: str | None,
+    ) -> Any: ...
 
 
 class KVSide(ClaimsProtocol, ActiveServing, Protocol):
@@ -222,9 +238,31 @@ class _Gateway:
             },
         }
 
+    async def _upstream(self, kind: str, body: Mapping[str, Any], ext: Extension) -> Response:
+        """The completion on an upstream engine (its own replies), with the claims."""
+        assert isinstance(self.kv, UpstreamKV)
+        cache_salt = _optional_str(body, "cache_salt")
+        up = await self.kv.complete(kind, body, ext.claims, ext.default_owner, cache_salt)
+        result: ServeResult = up.result
+        if not result.outcome.served:
+            status, headers, err = refusal_error(result.outcome, result.prefix_ids)
+            self.errors[err["error"]["type"]] += 1
+            return JSONResponse(err, status_code=status, headers=headers)
+        payload = dict(up.payload)
+        payload[EXTENSION_KEY] = {
+            "request_id": result.outcome.request_id,
+            "outcome": result.outcome.to_dict(),
+            "prefix_ids": result.prefix_ids,
+            "decisions": [d.to_dict() for d in result.decisions],
+            "events_seq": result.events_seq,
+        }
+        return JSONResponse(payload)
+
     async def chat_completions(self, request: Request) -> Response:
         body = await _json_object(request)
         ext = Extension.parse(body)
+        if isinstance(self.kv, UpstreamKV):
+            return await self._upstream("chat", body, ext)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise UsageError("messages", "must be a non-empty list of messages")
@@ -255,6 +293,8 @@ class _Gateway:
     async def completions(self, request: Request) -> Response:
         body = await _json_object(request)
         ext = Extension.parse(body)
+        if isinstance(self.kv, UpstreamKV):
+            return await self._upstream("completion", body, ext)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]

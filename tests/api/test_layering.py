@@ -24,7 +24,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "observability": frozenset({"contract"}),
     "engine": frozenset({"contract", "protocol"}),
     # The gateway's half of the vLLM lowering (launch + the connector's signed operations).
-    "vllm": frozenset({"contract", "protocol"}),
+    "vllm": frozenset({"contract", "protocol", "engine"}),
     "conformance": frozenset({"contract", "protocol", "engine"}),
     "gateway": frozenset({"contract", "protocol", "engine", "conformance"}),
     # Only backends/embedded.py needs the gateway and the engine: it runs the gateway in-process.

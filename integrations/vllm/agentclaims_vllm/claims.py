@@ -210,6 +210,10 @@ class ClaimBook:
             return refuse(f"ttl_s must be within (0, {self.max_ttl_s}], got {ttl_s!r}")
         if mode == "expiring" and ttl_s is None:
             return refuse("an expiring claim needs ttl_s")
+        if next_use_s is not None and not (
+            isinstance(next_use_s, int | float) and not math.isnan(next_use_s)
+        ):
+            return refuse(f"next_use_s must be a number of seconds, got {next_use_s!r}")
         run = list(blocks)
         footprint = len(run) if wanted_blocks is None else wanted_blocks
         if footprint <= 0:
@@ -309,12 +313,13 @@ class ClaimBook:
 
     def revoke_all(self, reason: str) -> int:
         """End every hold (shutdown, reset): each with an event; how many."""
-        for hold in list(self.holds.values()):
+        ended = list(self.holds.values())
+        for hold in ended:
             self._give_back(hold)
             self.emit(
                 "resident_claim_expired", hold.claim_id, reason=reason, blocks=len(hold.blocks)
             )
-        return len(self._refs)
+        return len(ended)
 
     def expire_due(self) -> None:
         """End the holds whose TTL has passed, each with its event."""
@@ -353,6 +358,7 @@ class ClaimBook:
                 return Verdict("serve")
         blocking = [h for h in self.holds.values() if h.mode in HARD_MODES]
         if not blocking or needed_blocks > free + self.held_blocks:
+            self._judged.pop(request_id, None)
             return Verdict("serve")  # not the claims' doing: the scheduler queues it
         ids = tuple(sorted(h.claim_id for h in blocking))
         shortfall = needed_blocks - free

@@ -1,0 +1,571 @@
+"""``VllmKV``: the gateway's KV side on a real vLLM server running the agentclaims connector.
+
+The gateway stays the one server implementation; with ``--kv vllm`` its KV side is this class,
+which is also the text side (vLLM writes the replies). For each completion it::
+
+    strips any client kv_transfer_params (only the gateway may speak to the connector)
+    -> tokens from vLLM's /tokenize (the chat template applied by vLLM itself)
+    -> its own chained block hashes and prefix ids (never vLLM's hashes: they are seeded per
+       process), the prompt prefix registered for later claims by id
+    -> the request's claims as signed ``hold`` operations, forwarded with the request
+    -> the connector's answer: decisions, claim events (re-sequenced into the gateway's
+       stream), or a refusal (finish reason ``abort``) turned into the claim-scoped outcome
+
+A claim on an already served prefix (``POST /v1/claims``) re-runs that prefix for one token
+with a ``hold``: its blocks are prefix-cache hits, held when the request finishes. Release and
+renew ride on a one-token request. Residency is known only for held claims (an unheld prefix
+reports 0: fail closed). It has no instance control and no per-block residency, so the
+conformance levels that need them report ``not_exposed`` on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+
+from agentclaims.contract import (
+    ArbiterAction,
+    BlockHash,
+    CacheIdentity,
+    ClaimEvent,
+    ClaimId,
+    ClaimSpec,
+    ClaimState,
+    Decision,
+    EventName,
+    Feasibility,
+    OwnerScope,
+    PrefixId,
+    RequestId,
+    prefix_id_of,
+)
+from agentclaims.errors import (
+    BackendError,
+    BackendUnavailable,
+    OperationNotExposed,
+    ScopeViolation,
+    UnknownClaim,
+    UsageError,
+)
+from agentclaims.protocol import (
+    PROMPT_OBJECT,
+    RENEW_AS_IS,
+    ActiveOutcome,
+    ActiveRequest,
+    ClaimDecision,
+    ClaimView,
+    EventPage,
+    Renewal,
+    ServeResult,
+)
+from agentclaims.vllm.client import ConnectorAnswer, ConnectorClient
+
+__all__ = ["UpstreamResult", "UpstreamText", "VllmKV"]
+
+_CONTRACT_EVENTS = {e.value for e in EventName}
+_KINDS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamResult:
+    """What the upstream engine answered (the client's payload) and its KV life."""
+
+    payload: dict[str, Any]
+    result: ServeResult
+
+
+@dataclass(slots=True)
+class _Claim:
+    spec: ClaimSpec
+    state: ClaimState
+    held_blocks: int
+    end_reason: str | None = None
+    expires_at_ns: int | None = None
+
+
+def _blocks(prompt_tokens: int, block_size: int) -> int:
+    return prompt_tokens // block_size
+
+
+class VllmKV:
+    """The claims protocol (and serving) on vLLM + the agentclaims connector."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        upstream: str,
+        claims_key: str,
+        *,
+        model: str | None = None,
+        block_size: int = 32,
+        timeout_s: float = 120.0,
+        max_prefixes: int = 100_000,
+    ) -> None:
+        if not upstream.startswith(("http://", "https://")):
+            raise UsageError("upstream", f"must be the vLLM server's http(s) URL, got {upstream!r}")
+        self.upstream = upstream.rstrip("/").removesuffix("/v1")
+        self.block_size = block_size
+        self._http = httpx2.AsyncClient(timeout=timeout_s)
+        self._model = model
+        self._key = claims_key
+        self._clients: dict[str, ConnectorClient] = {}
+        self._prefixes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._max_prefixes = max_prefixes
+        self._claims: dict[str, _Claim] = {}
+        self._events: list[ClaimEvent] = []
+        self._seq = 0
+        self._per_claim: dict[str | None, int] = {}
+        self._run_id = uuid.uuid4().hex[:12]
+        self._lock = asyncio.Lock()
+        self._requests = itertools.count(1)
+        self.tokenizer = None  # tokens come from vLLM's /tokenize, not a local tokenizer
+
+    # ------------------------------------------------------------------ upstream plumbing
+    async def model(self) -> str:
+        if self._model is None:
+            data = await self._get("/v1/models")
+            models = data.get("data") or []
+            if not models:
+                raise BackendError(f"vLLM at {self.upstream} serves no model")
+            self._model = str(models[0]["id"])
+        return self._model
+
+    async def _get(self, path: str) -> dict[str, Any]:
+        try:
+            response = await self._http.get(self.upstream + path)
+        except httpx2.TransportError as exc:
+            raise BackendUnavailable(f"vLLM at {self.upstream} unreachable: {exc!r}") from exc
+        if response.status_code != 200:
+            raise BackendError(f"vLLM {path}: HTTP {response.status_code}")
+        data: dict[str, Any] = response.json()
+        return data
+
+    async def _post(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
+        try:
+            response = await self._http.post(self.upstream + path, json=dict(body))
+        except httpx2.TransportError as exc:
+            raise BackendUnavailable(f"vLLM at {self.upstream} unreachable: {exc!r}") from exc
+        try:
+            return response.status_code, response.json()
+        except ValueError:
+            return response.status_code, {"error": {"message": response.text[:500]}}
+
+    def _client(self, tenant: str) -> ConnectorClient:
+        client = self._clients.get(tenant)
+        if client is None:
+            client = ConnectorClient(
+                self.upstream, self._key, model=self._model or "", tenant=tenant, client=self._http
+            )
+            self._clients[tenant] = client
+        return client
+
+    async def tokenize(self, kind: str, body: Mapping[str, Any]) -> list[int]:
+        """The prompt's token ids as vLLM will see them."""
+        request: dict[str, Any] = {"model": await self.model()}
+        if kind == "chat":
+            request["messages"] = body.get("messages")
+            request["add_generation_prompt"] = True
+            if body.get("tools"):
+                request["tools"] = body["tools"]
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+                return list(prompt)
+            request["prompt"] = prompt
+        status, data = await self._post("/tokenize", request)
+        if status != 200 or not isinstance(data, dict) or not isinstance(data.get("tokens"), list):
+            message = (data.get("error") or {}).get("message") if isinstance(data, dict) else data
+            raise UsageError(
+                "messages" if kind == "chat" else "prompt", f"vLLM cannot tokenize it: {message}"
+            )
+        return [int(t) for t in data["tokens"]]
+
+    # ------------------------------------------------------------------ prefixes and events
+    def _register(
+        self, tokens: Sequence[int], salt: str | None
+    ) -> tuple[list[BlockHash], str | None]:
+        from agentclaims.engine.blocks import hash_token_blocks
+
+        hashes = hash_token_blocks(list(tokens), self.block_size, cache_salt=salt)
+        if not hashes:
+            return hashes, None
+        pid = prefix_id_of(hashes)
+        self._prefixes[pid] = tuple(tokens[: len(hashes) * self.block_size])
+        self._prefixes.move_to_end(pid)
+        while len(self._prefixes) > self._max_prefixes:
+            self._prefixes.popitem(last=False)
+        return hashes, pid
+
+    def _emit(
+        self, name: EventName, claim_id: str | None, request_id: str | None, **data: Any
+    ) -> None:
+        self._seq += 1
+        n = self._per_claim.get(claim_id, -1) + 1
+        self._per_claim[claim_id] = n
+        claim = self._claims.get(claim_id) if claim_id else None
+        self._events.append(
+            ClaimEvent(
+                event=name,
+                seq=self._seq,
+                event_sequence=n,
+                timestamp_ns=time.time_ns(),
+                run_id=self._run_id,
+                policy="vllm+agentclaims",
+                usable_blocks=0,
+                request_id=None if request_id is None else RequestId(request_id),
+                claim_id=None if claim_id is None else ClaimId(claim_id),
+                prefix_id=None if claim is None else PrefixId(claim.spec.object_id),
+                data=data,
+            )
+        )
+
+    def _absorb(self, answer: ConnectorAnswer) -> None:
+        """The connector's new events, in the gateway's stream; claim states follow them."""
+        for raw in answer.events:
+            name = raw.get("event")
+            if name not in _CONTRACT_EVENTS:
+                continue
+            cid = raw.get("claim_id")
+            data = {
+                k: v
+                for k, v in raw.items()
+                if k not in ("seq", "event", "claim_id", "timestamp_ns", "request_id")
+            }
+            claim = self._claims.get(cid) if cid else None
+            if claim is not None:
+                if name == EventName.RESIDENT_CLAIM_EXPIRED.value:
+                    claim.state, claim.end_reason = ClaimState.EXPIRED, str(raw.get("reason"))
+                    claim.held_blocks = 0
+                elif name == EventName.RESIDENT_CLAIM_DEMOTED.value:
+                    claim.state, claim.held_blocks = ClaimState.DEMOTED, 0
+            self._emit(EventName(name), cid, raw.get("request_id"), **data)
+
+    # ------------------------------------------------------------------ completions
+    async def complete(
+        self,
+        kind: str,
+        body: Mapping[str, Any],
+        claims: Sequence[Mapping[str, Any]],
+        owner: str | None,
+        cache_salt: str | None,
+    ) -> UpstreamResult:
+        """Forward one completion with its claims; the upstream payload and the KV life."""
+        if kind not in _KINDS:
+            raise UsageError("kind", f"unknown completion kind {kind!r}")
+        if body.get("stream"):
+            raise UsageError(
+                "stream",
+                "streaming through the vLLM KV side is not supported yet; send stream: false",
+            )
+        tokens = await self.tokenize(kind, body)
+        async with self._lock:
+            hashes, prompt_pid = self._register(tokens, cache_salt)
+            specs = self._resolve(claims, owner, prompt_pid, len(hashes))
+        tenant = owner or "default"
+        client = self._client(tenant)
+        client.model = await self.model()
+        forwarded = {
+            k: v
+            for k, v in body.items()
+            if k not in ("kv_transfer_params", "agentclaims", "cache_salt")
+        }
+        forwarded["model"] = client.model
+        ops = [self._hold_op(spec) for spec in specs]
+        forwarded["kv_transfer_params"] = {"agentclaims": client.envelope(ops)}
+        status, data = await self._post(_KINDS[kind], forwarded)
+        if status != 200 or not isinstance(data, dict):
+            message = (data.get("error") or {}).get("message") if isinstance(data, dict) else data
+            if status >= 500:
+                raise BackendUnavailable(f"vLLM answered HTTP {status}: {message}")
+            raise UsageError("body", f"vLLM refused the request: {message}")
+        answer = client._answer(data)
+        payload = {k: v for k, v in data.items() if k != "kv_transfer_params"}
+        async with self._lock:
+            self._absorb(answer)
+            result = self._result(answer, specs, prompt_pid, hashes)
+        return UpstreamResult(payload, result)
+
+    def _hold_op(self, spec: ClaimSpec) -> dict[str, Any]:
+        return {
+            "op": "hold",
+            "claim_id": spec.claim_id,
+            "mode": spec.protection_mode.value,
+            "blocks": spec.footprint_blocks,
+            "ttl_s": spec.ttl_s,
+        }
+
+    def _resolve(
+        self,
+        claims: Sequence[Mapping[str, Any]],
+        owner: str | None,
+        prompt_pid: str | None,
+        prompt_blocks: int,
+    ) -> list[ClaimSpec]:
+        """Each claim of the request, checked before anything is sent (fail closed)."""
+        out = []
+        for i, raw in enumerate(claims):
+            where = f"agentclaims.claims[{i}]"
+            if not isinstance(raw, Mapping):
+                raise UsageError(where, f"expected a claim object, got {raw!r}")
+            data = dict(raw)
+            if owner is not None:
+                data.setdefault("owner_scope", owner)
+            data.setdefault("cache_identity", self.identity().to_dict())
+            if data.get("object_id") == PROMPT_OBJECT:
+                if prompt_pid is None:
+                    raise UsageError(f"{where}.object_id", "@prompt has no full block to claim")
+                data["object_id"] = prompt_pid
+                data.setdefault("footprint_blocks", prompt_blocks)
+            elif data.get("object_id") != prompt_pid:
+                raise UsageError(
+                    f"{where}.object_id",
+                    "on vLLM a claim sent with a request names that request's prompt (@prompt)",
+                )
+            try:
+                spec = ClaimSpec.from_dict(data)
+            except UsageError as exc:
+                raise UsageError(f"{where}.{exc.field}", exc.message) from None
+            if spec.claim_id in self._claims:
+                raise UsageError(f"{where}.claim_id", f"claim {spec.claim_id!r} already exists")
+            out.append(spec)
+        return out
+
+    def _result(
+        self,
+        answer: ConnectorAnswer,
+        specs: Sequence[ClaimSpec],
+        prompt_pid: str | None,
+        hashes: Sequence[BlockHash],
+    ) -> ServeResult:
+        bs = self.block_size
+        rid = RequestId(answer.request_id)
+        if answer.refused is not None or answer.finish_reason == "abort":
+            refused = answer.refused or {}
+            outcome = ActiveOutcome(
+                rid,
+                ArbiterAction.REFUSE_ACTIVE,
+                Feasibility.INFEASIBLE_PRESERVE_RESIDENT_AND_ACTIVE,
+                blocking_claim_ids=tuple(ClaimId(c) for c in refused.get("blocking_claim_ids", ())),
+                shortfall_blocks=int(refused.get("shortfall_blocks") or 0),
+                retry_after_s=refused.get("retry_after_s"),
+            )
+            return ServeResult(
+                outcome, {"prompt": prompt_pid}, events_seq=self._seq, block_hashes=tuple(hashes)
+            )
+        hit = answer.cached_tokens // bs
+        outcome = ActiveOutcome(
+            rid,
+            ArbiterAction.SERVE_ACTIVE_PRESERVE_RESIDENT,
+            Feasibility.FEASIBLE,
+            hit_blocks=hit,
+            computed_blocks=max(0, len(hashes) - hit),
+        )
+        decisions = tuple(self._decide(spec, answer) for spec in specs)
+        return ServeResult(
+            outcome,
+            {"prompt": prompt_pid, "sequence": None, "messages": []},
+            decisions,
+            events_seq=self._seq,
+            cached_tokens=answer.cached_tokens,
+            block_hashes=tuple(hashes),
+        )
+
+    def _decide(self, spec: ClaimSpec, answer: ConnectorAnswer) -> ClaimDecision:
+        try:
+            result = answer.result_of(spec.claim_id)
+        except KeyError:
+            result = {
+                "decision": "rejected",
+                "reason": "the connector did not answer for this claim",
+            }
+        accepted = result.get("decision") == "accepted"
+        state = ClaimState(result.get("state", "refused")) if accepted else ClaimState.REFUSED
+        self._claims[spec.claim_id] = _Claim(spec, state, int(result.get("blocks") or 0))
+        return ClaimDecision(
+            ClaimId(spec.claim_id),
+            Decision.ACCEPTED if accepted else Decision.REJECTED,
+            state,
+            None if accepted else ArbiterAction.REFUSE_RESIDENCY_CLAIM,
+            None if accepted else str(result.get("reason")),
+        )
+
+    # ------------------------------------------------------------------ claims protocol
+    def identity(self) -> CacheIdentity:
+        return CacheIdentity(
+            cache_key_domain=f"vllm:{self.upstream}",
+            model_id=self._model or "vllm",
+            tokenizer_id=f"vllm:{self._model or 'served-model'}",
+            salt_namespace="default",
+            block_size=self.block_size,
+        )
+
+    async def submit_claim(
+        self, spec: ClaimSpec, block_hashes: Sequence[BlockHash] | None = None
+    ) -> ClaimDecision:
+        """Claim an already served prefix: re-run it for one token with a ``hold``."""
+        if block_hashes is not None:
+            raise OperationNotExposed(self.name, "claims by block hashes (vLLM's are its own)")
+        tokens = self._prefixes.get(spec.object_id)
+        if tokens is None:
+            raise UsageError("object_id", f"unknown prefix {spec.object_id!r}: serve it first")
+        if spec.claim_id in self._claims:
+            raise UsageError("claim_id", f"claim {spec.claim_id!r} already exists")
+        await self.model()
+        if spec.cache_identity != self.identity():
+            return ClaimDecision(
+                ClaimId(spec.claim_id),
+                Decision.REJECTED,
+                ClaimState.REFUSED,
+                ArbiterAction.REFUSE_RESIDENCY_CLAIM,
+                "cache identity mismatch: the claim names another engine's blocks",
+            )
+        client = self._client(spec.owner_scope)
+        client.model = await self.model()
+        answer = await client.complete(tokens, [self._hold_op(spec)], max_tokens=1)
+        async with self._lock:
+            self._absorb(answer)
+            return self._decide(spec, answer)
+
+    def _owned(self, claim_id: str, owner_scope: str) -> _Claim:
+        claim = self._claims.get(claim_id)
+        if claim is None:
+            raise UnknownClaim(claim_id)
+        if claim.spec.owner_scope != owner_scope:
+            raise ScopeViolation(claim_id, owner_scope)
+        return claim
+
+    @staticmethod
+    def _end(claim: _Claim) -> None:
+        """A released claim the connector did not hold (demoted, best effort) ends here."""
+        if claim.end_reason is None:
+            claim.state, claim.end_reason, claim.held_blocks = ClaimState.EXPIRED, "released", 0
+
+    def _view(self, claim: _Claim) -> ClaimView:
+        held = claim.held_blocks
+        return ClaimView(
+            ClaimId(claim.spec.claim_id),
+            OwnerScope(claim.spec.owner_scope),
+            PrefixId(claim.spec.object_id),
+            claim.spec.protection_mode,
+            claim.state,
+            claim.spec.footprint_blocks,
+            held,
+            claim.state is ClaimState.MATERIALIZED and held >= claim.spec.footprint_blocks,
+            None,
+            claim.expires_at_ns,
+            claim.end_reason,
+        )
+
+    async def get_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
+        return self._view(self._owned(claim_id, owner_scope))
+
+    async def renew_claim(
+        self, claim_id: ClaimId, owner_scope: OwnerScope, renewal: Renewal = RENEW_AS_IS
+    ) -> ClaimView:
+        claim = self._owned(claim_id, owner_scope)
+        ttl = renewal.ttl_s if renewal.ttl_s is not None else claim.spec.ttl_s
+        if renewal.duration_steps is not None:
+            raise UsageError(
+                "duration_steps", "vLLM claims count seconds (ttl_s), not engine steps"
+            )
+        answer = await self._client(owner_scope).operate(
+            [{"op": "renew", "claim_id": claim_id, "ttl_s": ttl}]
+        )
+        async with self._lock:
+            self._absorb(answer)
+        if not answer.results or not answer.results[0].get("ok"):
+            reason = answer.results[0].get("reason") if answer.results else "no answer"
+            raise UsageError("claim_id", f"claim {claim_id!r} cannot be renewed: {reason}")
+        return self._view(claim)
+
+    async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
+        claim = self._owned(claim_id, owner_scope)
+        if claim.state in (ClaimState.MATERIALIZED, ClaimState.ACCEPTED, ClaimState.DEMOTED):
+            answer = await self._client(owner_scope).operate(
+                [{"op": "release", "claim_id": claim_id}]
+            )
+            async with self._lock:
+                self._absorb(answer)  # the connector's resident_claim_expired, when it held it
+                self._end(claim)
+        return self._view(claim)
+
+    async def events(
+        self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None
+    ) -> EventPage:
+        async with self._lock:
+            start = max(0, since - (self._events[0].seq if self._events else 1) + 1)
+            return EventPage.select(
+                self._events[start:], since, self._seq, limit=limit, id_prefix=id_prefix
+            )
+
+    async def residency(self, prefix_ids: Sequence[PrefixId]) -> dict[PrefixId, int]:
+        """Leading blocks known resident: those of held claims (unknown is 0: fail closed)."""
+        out = dict.fromkeys(prefix_ids, 0)
+        for claim in self._claims.values():
+            pid = PrefixId(claim.spec.object_id)
+            if pid in out and claim.state is ClaimState.MATERIALIZED:
+                out[pid] = max(out[pid], claim.held_blocks)
+        return out
+
+    async def descriptor(self) -> dict[str, Any]:
+        await self.model()
+        return {
+            "kv_side": self.name,
+            "upstream": self.upstream,
+            "cache_identity": self.identity().to_dict(),
+            "block_size": self.block_size,
+            "lowering": "agentclaims connector (integrations/vllm)",
+            "limits": [
+                "running requests can be preempted (their blocks recomputed)",
+                "the partial last block is never held",
+                "one engine core's pool: data-parallel ranks each have their own",
+                "claims are lost on a vLLM restart, sleep or prefix-cache reset",
+            ],
+        }
+
+    async def serve(self, request: ActiveRequest) -> ServeResult:
+        if request.block_hashes is not None:
+            raise OperationNotExposed(
+                self.name, "serve by block hashes (vLLM hashes its own tokens)"
+            )
+        tokens = [t for seg in request.segments for t in seg]
+        body = {
+            "prompt": tokens,
+            "max_tokens": max(1, len(request.reply_tokens)),
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        upstream = await self.complete(
+            "completion", body, request.claims, request.owner_scope, request.cache_salt
+        )
+        return upstream.result
+
+    async def block_residency(self, block_hashes: Sequence[BlockHash]) -> list[bool]:
+        raise OperationNotExposed(self.name, "block_residency (needs the KV-events observer)")
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+class UpstreamText:
+    """The text side when the KV side is vLLM: the upstream writes every reply (the gateway
+    hands the whole completion to ``VllmKV.complete``); this names the model."""
+
+    def __init__(self, kv: VllmKV) -> None:
+        self.kv = kv
+
+    @property
+    def name(self) -> str:
+        return self.kv._model or "vllm"
+
+    async def complete(self, request: Any) -> Any:
+        raise AssertionError("the upstream engine writes the replies: VllmKV.complete")

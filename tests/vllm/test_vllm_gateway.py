@@ -1,0 +1,147 @@
+"""The gateway in front of the real vLLM server (`agentclaims serve --kv vllm`, a real process
+on loopback): the OpenAI API proxied with claims, the claims API and event stream, client
+kv_transfer_params stripped, refusals as claim-scoped outcomes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+import pytest
+from conftest import VllmServer
+from servers import gateway_process
+
+from agentclaims.backends import HTTPBackend
+from agentclaims.contract import CacheIdentity, ClaimSpec, ClaimState, ProtectionMode
+from agentclaims.protocol import collect_events
+
+pytestmark = pytest.mark.vllm
+BS = 32
+
+
+@pytest.fixture(scope="module")
+def gateway(vllm_server: VllmServer) -> Iterator[str]:
+    """`agentclaims serve --kv vllm` on a free port, in front of the session's vLLM."""
+    args = ("--kv", "vllm", "--upstream", vllm_server.url, "--claims-key", vllm_server.key)
+    with gateway_process(*args) as url:
+        yield url
+
+
+def chat(content: str, **agentclaims: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    if agentclaims:
+        body["agentclaims"] = agentclaims
+    return body
+
+
+def words(tag: str, n: int) -> str:
+    return " ".join(f"{tag}{i}" for i in range(n))
+
+
+async def test_a_claim_sent_with_a_chat_request_holds_its_prompt_on_vllm(gateway: str) -> None:
+    """A chat request through the gateway with a claim on @prompt: accepted and materialized
+    on vLLM, its prompt survives pressure (cached on the next turn), released through the
+    claims API with the events in the stream."""
+    async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
+        prompt = words("keep", 40)
+        claim = {
+            "claim_id": "gw-1",
+            "object_id": "@prompt",
+            "protection_mode": "hard_protected",
+            "ttl_s": 60,
+        }
+        first = (
+            await http.post(
+                "/v1/chat/completions", json=chat(prompt, owner_scope="wf-gw", claims=[claim])
+            )
+        ).json()
+        [decision] = first["agentclaims"]["decisions"]
+        assert decision["decision"] == "accepted", decision
+        assert decision["state"] == "materialized"
+        for k in range(12):
+            await http.post("/v1/chat/completions", json=chat(words(f"press{k}x", 40)))
+        again = (await http.post("/v1/chat/completions", json=chat(prompt))).json()
+        blocks = again["usage"]["prompt_tokens"] // BS
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == blocks * BS
+        released = (
+            await http.post("/v1/claims/gw-1/release", json={"owner_scope": "wf-gw"})
+        ).json()
+        assert released["state"] == "expired"
+        assert released["end_reason"] == "released"
+    async with HTTPBackend(gateway) as backend:
+        names = [e.event.value for e in await collect_events(backend, id_prefix="gw-1")]
+    assert names[:2] == ["resident_claim_accepted", "resident_claim_materialized"]
+    assert names[-1] == "resident_claim_expired"
+
+
+async def test_a_claim_on_a_served_prefix_through_the_claims_api(gateway: str) -> None:
+    """`POST /v1/claims` on the prompt prefix of an earlier request holds it (re-run for one
+    token); a claim with another engine's cache identity is refused."""
+    async with HTTPBackend(gateway) as backend, httpx2.AsyncClient(base_url=gateway) as http:
+        body = (await http.post("/v1/chat/completions", json=chat(words("later", 40)))).json()
+        assert "agentclaims" in body, body
+        pid = body["agentclaims"]["prefix_ids"]["prompt"]
+        identity = await backend.cache_identity()
+        blocks = int(pid.rsplit("-", 1)[1])
+        spec = ClaimSpec(
+            "gw-2", "wf-api", pid, identity, blocks, ProtectionMode.SOFT_PRIORITY, ttl_s=30
+        )
+        decision = await backend.submit_claim(spec)
+        assert decision.accepted
+        assert (await backend.get_claim("gw-2", "wf-api")).state is ClaimState.MATERIALIZED
+        assert (await backend.residency([pid]))[pid] == blocks
+        other = CacheIdentity("elsewhere", "m", "t", "default", BS)
+        wrong = ClaimSpec("gw-3", "wf-api", pid, other, blocks, ProtectionMode.SOFT_PRIORITY)
+        assert not (await backend.submit_claim(wrong)).accepted
+        assert (await backend.release_claim("gw-2", "wf-api")).state is ClaimState.EXPIRED
+
+
+async def test_client_kv_transfer_params_never_reach_the_connector(
+    gateway: str, vllm_server: VllmServer
+) -> None:
+    """Claim operations a client puts in kv_transfer_params are stripped by the gateway:
+    another owner's claim stays held."""
+    from agentclaims.vllm import ConnectorClient
+
+    async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
+        prompt = words("strip", 40)
+        claim = {
+            "claim_id": "gw-4",
+            "object_id": "@prompt",
+            "protection_mode": "hard_protected",
+            "ttl_s": 60,
+        }
+        await http.post(
+            "/v1/chat/completions", json=chat(prompt, owner_scope="wf-owner", claims=[claim])
+        )
+        # a well-formed, correctly signed release, but sent by a client through the gateway
+        direct = ConnectorClient(vllm_server.url, vllm_server.key, model="x", tenant="wf-owner")
+        forged = {"agentclaims": direct.envelope([{"op": "release", "claim_id": "gw-4"}])}
+        await direct.aclose()
+        body = {**chat(words("other", 10)), "kv_transfer_params": forged}
+        await http.post("/v1/chat/completions", json=body)
+        view = (await http.get("/v1/claims/gw-4", params={"owner_scope": "wf-owner"})).json()
+        assert view["state"] == "materialized"
+        for k in range(12):
+            await http.post("/v1/chat/completions", json=chat(words(f"strp{k}x", 40)))
+        again = (await http.post("/v1/chat/completions", json=chat(prompt))).json()
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        await http.post("/v1/claims/gw-4/release", json={"owner_scope": "wf-owner"})
+
+
+async def test_the_descriptor_says_what_vllm_lowering_is_and_claims_no_class_unproven(
+    gateway: str,
+) -> None:
+    """The vLLM side's descriptor names the lowering and its limits, and states no mode's
+    class without a conformance run (unknown: fail closed)."""
+    async with HTTPBackend(gateway) as backend:
+        desc = await backend.descriptor()
+    assert desc["kv_side"] == "vllm"
+    assert any("preempted" in limit for limit in desc["limits"])
+    assert {m["lowering_class"] for m in desc["modes"].values()} == {"unknown"}
