@@ -76,13 +76,16 @@ class ConnectorClient:
         self.seen: list[Mapping[str, Any]] = []
         """Every connector event read so far, in order (each once)."""
 
-    def envelope(self, ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """The signed ``kv_transfer_params["agentclaims"]`` object for ``ops``."""
+    def envelope(
+        self, ops: Sequence[Mapping[str, Any]], tenant: str | None = None
+    ) -> dict[str, Any]:
+        """The signed ``kv_transfer_params["agentclaims"]`` object for ``ops`` (of ``tenant``,
+        by default the client's)."""
         from agentclaims_vllm.signing import sign
 
         body = {
             "v": 1,
-            "tenant": self.tenant,
+            "tenant": tenant or self.tenant,
             "nonce": uuid.uuid4().hex,
             "since": self.cursor,
             "ops": [dict(op) for op in ops],
@@ -97,6 +100,7 @@ class ConnectorClient:
         *,
         max_tokens: int = 4,
         kv_transfer_params: Mapping[str, Any] | None = None,
+        tenant: str | None = None,
     ) -> ConnectorAnswer:
         """One completion over token ids, carrying ``ops`` (signed), temperature 0."""
         body: dict[str, Any] = {
@@ -109,7 +113,7 @@ class ConnectorClient:
         if kv_transfer_params is not None:
             body["kv_transfer_params"] = dict(kv_transfer_params)
         else:  # always signed: the answer then carries the events after the cursor
-            body["kv_transfer_params"] = {EXTENSION_KEY: self.envelope(ops)}
+            body["kv_transfer_params"] = {EXTENSION_KEY: self.envelope(ops, tenant)}
         url = f"{self.base_url}/v1/completions"
         try:
             response = await self._client.post(url, json=body)
@@ -146,11 +150,13 @@ class ConnectorClient:
             raw=data,
         )
 
-    async def operate(self, ops: Sequence[Mapping[str, Any]]) -> ConnectorAnswer:
+    async def operate(
+        self, ops: Sequence[Mapping[str, Any]], tenant: str | None = None
+    ) -> ConnectorAnswer:
         """Apply ``ops`` (release, renew) between turns: a one-token request carries them.
         The answer holds every event after the cursor (further pages are fetched while the
         connector has more than one answer carries)."""
-        answer = await self.complete([1], ops, max_tokens=1)
+        answer = await self.complete([1], ops, max_tokens=1, tenant=tenant)
         events = list(answer.events)
         while events and self.cursor < answer.last_seq:
             more = await self.complete([1], (), max_tokens=1)

@@ -117,7 +117,8 @@ class VllmKV:
         self._http = httpx2.AsyncClient(timeout=timeout_s)
         self._model = model
         self._key = claims_key
-        self._clients: dict[str, ConnectorClient] = {}
+        self._connector = ConnectorClient(self.upstream, claims_key, model="", client=self._http)
+        """One client, one cursor on the connector's event stream, whatever the tenant."""
         self._prefixes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._max_prefixes = max_prefixes
         self._claims: dict[str, _Claim] = {}
@@ -128,6 +129,23 @@ class VllmKV:
         self._lock = asyncio.Lock()
         self._requests = itertools.count(1)
         self.tokenizer = None  # tokens come from vLLM's /tokenize, not a local tokenizer
+        self._started: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Once, before anything else: end every hold the connector still has from an earlier
+        gateway (this one has no record of them: a restart, a crash). Each ends with its
+        ``resident_claim_expired`` (reason ``revoked: gateway_restart``), read into this
+        gateway's stream: no claim disappears silently."""
+        if self._started is None:
+            self._started = asyncio.ensure_future(self._revoke_orphans())
+        await asyncio.shield(self._started)
+
+    async def _revoke_orphans(self) -> None:
+        client = await self._connector_ready()
+        client.skip_events((await client.complete([1], max_tokens=1)).last_seq)  # history before
+        answer = await client.operate([{"op": "revoke_all", "reason": "gateway_restart"}])
+        async with self._lock:
+            self._absorb(answer)
 
     # ------------------------------------------------------------------ upstream plumbing
     async def model(self) -> str:
@@ -159,14 +177,9 @@ class VllmKV:
         except ValueError:
             return response.status_code, {"error": {"message": response.text[:500]}}
 
-    def _client(self, tenant: str) -> ConnectorClient:
-        client = self._clients.get(tenant)
-        if client is None:
-            client = ConnectorClient(
-                self.upstream, self._key, model=self._model or "", tenant=tenant, client=self._http
-            )
-            self._clients[tenant] = client
-        return client
+    async def _connector_ready(self) -> ConnectorClient:
+        self._connector.model = await self.model()
+        return self._connector
 
     async def tokenize(self, kind: str, body: Mapping[str, Any]) -> list[int]:
         """The prompt's token ids as vLLM will see them."""
@@ -261,6 +274,7 @@ class VllmKV:
         """Forward one completion with its claims; the upstream payload and the KV life."""
         if kind not in _KINDS:
             raise UsageError("kind", f"unknown completion kind {kind!r}")
+        await self.start()
         if body.get("stream"):
             raise UsageError(
                 "stream",
@@ -271,8 +285,7 @@ class VllmKV:
             hashes, prompt_pid = self._register(tokens, cache_salt)
             specs = self._resolve(claims, owner, prompt_pid, len(hashes))
         tenant = owner or "default"
-        client = self._client(tenant)
-        client.model = await self.model()
+        client = await self._connector_ready()
         forwarded = {
             k: v
             for k, v in body.items()
@@ -280,7 +293,7 @@ class VllmKV:
         }
         forwarded["model"] = client.model
         ops = [self._hold_op(spec) for spec in specs]
-        forwarded["kv_transfer_params"] = {"agentclaims": client.envelope(ops)}
+        forwarded["kv_transfer_params"] = {"agentclaims": client.envelope(ops, tenant)}
         status, data = await self._post(_KINDS[kind], forwarded)
         if status != 200 or not isinstance(data, dict):
             message = (data.get("error") or {}).get("message") if isinstance(data, dict) else data
@@ -412,6 +425,7 @@ class VllmKV:
         self, spec: ClaimSpec, block_hashes: Sequence[BlockHash] | None = None
     ) -> ClaimDecision:
         """Claim an already served prefix: re-run it for one token with a ``hold``."""
+        await self.start()
         if block_hashes is not None:
             raise OperationNotExposed(self.name, "claims by block hashes (vLLM's are its own)")
         tokens = self._prefixes.get(spec.object_id)
@@ -428,9 +442,10 @@ class VllmKV:
                 ArbiterAction.REFUSE_RESIDENCY_CLAIM,
                 "cache identity mismatch: the claim names another engine's blocks",
             )
-        client = self._client(spec.owner_scope)
-        client.model = await self.model()
-        answer = await client.complete(tokens, [self._hold_op(spec)], max_tokens=1)
+        client = await self._connector_ready()
+        answer = await client.complete(
+            tokens, [self._hold_op(spec)], max_tokens=1, tenant=spec.owner_scope
+        )
         async with self._lock:
             self._absorb(answer)
             return self._decide(spec, answer)
@@ -471,14 +486,16 @@ class VllmKV:
     async def renew_claim(
         self, claim_id: ClaimId, owner_scope: OwnerScope, renewal: Renewal = RENEW_AS_IS
     ) -> ClaimView:
+        await self.start()
         claim = self._owned(claim_id, owner_scope)
         ttl = renewal.ttl_s if renewal.ttl_s is not None else claim.spec.ttl_s
         if renewal.duration_steps is not None:
             raise UsageError(
                 "duration_steps", "vLLM claims count seconds (ttl_s), not engine steps"
             )
-        answer = await self._client(owner_scope).operate(
-            [{"op": "renew", "claim_id": claim_id, "ttl_s": ttl}]
+        client = await self._connector_ready()
+        answer = await client.operate(
+            [{"op": "renew", "claim_id": claim_id, "ttl_s": ttl}], owner_scope
         )
         async with self._lock:
             self._absorb(answer)
@@ -488,11 +505,11 @@ class VllmKV:
         return self._view(claim)
 
     async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
+        await self.start()
         claim = self._owned(claim_id, owner_scope)
         if claim.state in (ClaimState.MATERIALIZED, ClaimState.ACCEPTED, ClaimState.DEMOTED):
-            answer = await self._client(owner_scope).operate(
-                [{"op": "release", "claim_id": claim_id}]
-            )
+            client = await self._connector_ready()
+            answer = await client.operate([{"op": "release", "claim_id": claim_id}], owner_scope)
             async with self._lock:
                 self._absorb(answer)  # the connector's resident_claim_expired, when it held it
                 self._end(claim)
@@ -501,6 +518,7 @@ class VllmKV:
     async def events(
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None
     ) -> EventPage:
+        await self.start()
         async with self._lock:
             start = max(0, since - (self._events[0].seq if self._events else 1) + 1)
             return EventPage.select(
@@ -517,6 +535,7 @@ class VllmKV:
         return out
 
     async def descriptor(self) -> dict[str, Any]:
+        await self.start()
         await self.model()
         return {
             "kv_side": self.name,

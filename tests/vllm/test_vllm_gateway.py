@@ -4,13 +4,17 @@ kv_transfer_params stripped, refusals as claim-scoped outcomes."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import httpx2
 import pytest
 from conftest import VllmServer
-from servers import gateway_process
+from servers import free_port, gateway_process, wait_healthy
 
 from agentclaims.backends import HTTPBackend
 from agentclaims.contract import CacheIdentity, ClaimSpec, ClaimState, ProtectionMode
@@ -145,3 +149,47 @@ async def test_the_descriptor_says_what_vllm_lowering_is_and_claims_no_class_unp
     assert desc["kv_side"] == "vllm"
     assert any("preempted" in limit for limit in desc["limits"])
     assert {m["lowering_class"] for m in desc["modes"].values()} == {"unknown"}
+
+
+def _start_gateway(vllm_server: VllmServer) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentclaims.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port), "--kv", "vllm", "--upstream", vllm_server.url, "--claims-key", vllm_server.key],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url)
+    return proc, url
+
+
+async def test_a_gateway_killed_mid_workflow_loses_no_claim_silently(
+    vllm_server: VllmServer, gateway: str
+) -> None:
+    """kill -9 of the gateway while its claim is held: the next gateway on that vLLM revokes
+    the orphaned hold with an explicit event (its blocks handed back), never silently."""
+    first, url = _start_gateway(vllm_server)
+    try:
+        async with httpx2.AsyncClient(base_url=url, timeout=60) as http:
+            claim = {
+                "claim_id": "kill-1",
+                "object_id": "@prompt",
+                "protection_mode": "hard_protected",
+                "ttl_s": 100,
+            }
+            body = chat(words("orphan", 40), owner_scope="wf-kill", claims=[claim])
+            answer = (await http.post("/v1/chat/completions", json=body)).json()
+            assert answer["agentclaims"]["decisions"][0]["decision"] == "accepted"
+    finally:
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=10)
+    second, url = _start_gateway(vllm_server)
+    try:
+        async with HTTPBackend(url) as backend:
+            events = await collect_events(backend, id_prefix="kill-1")
+        [ended] = [e for e in events if e.event.value == "resident_claim_expired"]
+        assert ended.data["reason"] == "revoked: gateway_restart"
+        assert ended.data["blocks"] > 0
+    finally:
+        os.kill(second.pid, signal.SIGTERM)
+        second.wait(timeout=10)

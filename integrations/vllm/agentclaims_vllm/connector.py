@@ -16,7 +16,8 @@ or defer a request that would need held blocks. Claim operations ride on request
     {"v": 1, "tenant": "t1", "nonce": "...", "since": 17,
      "ops": [{"op": "hold", "claim_id": "c1", "mode": "hard_protected", "blocks": 6,
               "ttl_s": 30, "next_use_s": 2.5},
-             {"op": "release", "claim_id": "c0"}, {"op": "renew", "claim_id": "c2", "ttl_s": 9}],
+             {"op": "release", "claim_id": "c0"}, {"op": "renew", "claim_id": "c2", "ttl_s": 9},
+             {"op": "revoke_all", "reason": "gateway_restart"}],
      "sig": "<hmac-sha256>"}
 
 ``release`` and ``renew`` apply when the request arrives; ``hold`` when it finishes, on its own
@@ -162,6 +163,9 @@ class AgentClaimsConnector(KVConnectorBase_V1):
                 results.append(self.book.release(str(op.get("claim_id")), tenant))
             elif kind == "renew":
                 results.append(self.book.renew(str(op.get("claim_id")), tenant, op.get("ttl_s")))
+            elif kind == "revoke_all":  # a gateway restarting without a ledger: end them all
+                ended = self.book.revoke_all(f"revoked: {op.get('reason') or 'gateway_restart'}")
+                results.append({"op": kind, "ok": True, "revoked": ended})
             elif kind != "hold":
                 results.append({"op": kind, "ok": False, "reason": f"unknown operation {kind!r}"})
         self._receipts[rid] = results
