@@ -582,8 +582,8 @@ def test_an_event_carries_its_seq_name_claim_and_wall_time() -> None:
 
 
 # ---------------------------------------------------------------------- stateful
-TOTAL, RESERVE, MAX_DEFER_S = 16, 4, 40.0
-QUOTAS = {"t1": 7}
+TOTAL, RESERVE, MAX_DEFER_S = 12, 4, 40.0
+QUOTAS = {"t1": 5}
 TENANTS = ("t1", "t2")
 CLAIMS = tuple(f"c{i}" for i in range(6))
 REQUESTS = ("r1", "r2", "r3")
@@ -622,8 +622,8 @@ class ClaimBookMachine(RuleBasedStateMachine):
         claim=st.sampled_from(CLAIMS),
         tenant=st.sampled_from(TENANTS),
         mode=MODES,
-        ids=st.lists(st.integers(0, TOTAL - 1), unique=True, min_size=1, max_size=6),
-        wanted=st.one_of(st.none(), st.integers(0, 6)),
+        ids=st.lists(st.integers(0, TOTAL - 1), unique=True, min_size=1, max_size=5),
+        wanted=st.one_of(st.none(), st.integers(0, 5)),
         ttl=TTLS,
         next_use=st.one_of(st.none(), st.floats(0, 100)),
     )
@@ -685,6 +685,7 @@ class ClaimBookMachine(RuleBasedStateMachine):
         next_use = {c: h.next_use_s for c, h in self.book.holds.items()}
         seq = self.book.seq
         verdict = self.book.admit(request, needed)
+        assert all(h.expires_at > self.clock.now for h in self.book.holds.values())
         free = self.pool.num_free()
         hard = sorted(c for c, h in self.book.holds.items() if h.mode in HARD)
         shed = [
