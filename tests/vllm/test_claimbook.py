@@ -419,15 +419,18 @@ def test_soft_holds_are_shed_farthest_next_use_first_until_it_fits() -> None:
     assert pool.num_free() == 12
 
 
-def test_hard_holds_are_never_shed() -> None:
-    """Hard holds stay when a request needs their blocks; soft ones are shed first."""
+def test_hard_holds_are_never_shed_and_soft_ones_not_in_vain() -> None:
+    """Hard holds stay when a request needs their blocks; a soft hold whose shedding could
+    not make the request fit is kept (no demotion for nothing)."""
     book, pool, _ = make(total=20, reserve=2, max_defer_s=30)
     book.hold("hard", "t1", "hard_protected", pool.run(0, 8), ttl_s=10)
     book.hold("soft", "t1", "soft_priority", pool.run(8, 4), ttl_s=30)
+    seq = book.seq
     verdict = book.admit("r1", 16)
     assert verdict.action == "defer"
-    assert list(book.holds) == ["hard"]
+    assert list(book.holds) == ["hard", "soft"]
     assert verdict.blocking_claim_ids == ("hard",)
+    assert [e["event"] for e in book.events_since(seq)] == ["active_request_deferred"]
 
 
 def test_a_request_blocked_by_hard_holds_ending_soon_is_deferred_naming_them() -> None:
@@ -588,7 +591,7 @@ TENANTS = ("t1", "t2")
 CLAIMS = tuple(f"c{i}" for i in range(6))
 REQUESTS = ("r1", "r2", "r3")
 MODES = st.sampled_from((*HELD_MODES * 3, "best_effort", "offloadable", "bogus"))
-TTLS = st.one_of(st.floats(1, 45), st.sampled_from([None, 0, 5, 10, 30, 60, 61]))
+TTLS = st.one_of(st.sampled_from([None, 0, 1, 5, 10, 30, 60, 61]), st.floats(1, 45))
 
 
 class ClaimBookMachine(RuleBasedStateMachine):
@@ -650,6 +653,21 @@ class ClaimBookMachine(RuleBasedStateMachine):
         else:
             assert self._snapshot() == before
 
+    @rule(
+        claim=st.sampled_from(CLAIMS),
+        tenant=st.sampled_from(TENANTS),
+        mode=st.sampled_from(HELD_MODES),
+        n=st.integers(1, 5),
+        ttl=st.sampled_from([1, 5, 10, 30]),
+        next_use=st.one_of(st.none(), st.floats(0, 100)),
+    )
+    def hold_fresh(
+        self, claim: str, tenant: str, mode: str, n: int, ttl: float, next_use: float | None
+    ) -> None:
+        """A hold on blocks not held yet (a finished request's own), pushing toward the cap."""
+        ids = [b.block_id for b in list(self.pool.free)[:n]]
+        self.hold(claim, tenant, mode, ids, None, ttl, next_use)
+
     @rule(claim=st.sampled_from(CLAIMS), tenant=st.sampled_from(TENANTS))
     def release(self, claim: str, tenant: str) -> None:
         held = self.book.holds.get(claim)
@@ -676,7 +694,7 @@ class ClaimBookMachine(RuleBasedStateMachine):
         self.book.expire_due()
         assert all(h.expires_at > self.clock.now for h in self.book.holds.values())
 
-    @rule(seconds=st.one_of(st.sampled_from([0.0, 1.0, 5.0, 10.0, 30.0]), st.floats(0, 45)))
+    @rule(seconds=st.one_of(st.sampled_from([0.5, 1.0, 5.0, 10.0, 30.0]), st.floats(0, 45)))
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
 

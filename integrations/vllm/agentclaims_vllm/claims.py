@@ -341,9 +341,14 @@ class ClaimBook:
         if needed_blocks <= free:
             self._judged.pop(request_id, None)
             return Verdict("serve")
-        for hold in sorted(
-            (h for h in self.holds.values() if h.mode in SOFT_MODES), key=lambda h: -h.next_use_s
-        ):
+        soft = [h for h in self.holds.values() if h.mode in SOFT_MODES]
+        # shed only where shedding can make it fit: blocks only soft holds keep come free
+        only_soft = {id(b) for h in soft for b in h.blocks} - {
+            id(b) for h in self.holds.values() if h.mode not in SOFT_MODES for b in h.blocks
+        }
+        if needed_blocks > free + len(only_soft):
+            soft = []
+        for hold in sorted(soft, key=lambda h: -h.next_use_s):
             self._give_back(hold)
             self.emit(
                 "resident_claim_demoted",

@@ -226,6 +226,18 @@ class AgentClaimsConnector(KVConnectorBase_V1):
                 if not isinstance(op, dict) or op.get("op") != "hold":
                     continue
                 wanted = op.get("blocks")
+                if wanted not in (None, "all") and (
+                    isinstance(wanted, bool) or not isinstance(wanted, int)
+                ):
+                    results.append(
+                        {
+                            "claim_id": op.get("claim_id"),
+                            "decision": "rejected",
+                            "state": "refused",
+                            "reason": f"blocks must be an integer or 'all', got {wanted!r}",
+                        }
+                    )
+                    continue
                 results.append(
                     book.hold(
                         str(op.get("claim_id") or ""),
