@@ -154,7 +154,22 @@ async def test_the_descriptor_says_what_vllm_lowering_is_and_claims_no_class_unp
 def _start_gateway(vllm_server: VllmServer) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentclaims.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port), "--kv", "vllm", "--upstream", vllm_server.url, "--claims-key", vllm_server.key],
+        [
+            sys.executable,
+            "-m",
+            "agentclaims.cli.main",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--kv",
+            "vllm",
+            "--upstream",
+            vllm_server.url,
+            "--claims-key",
+            vllm_server.key,
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
