@@ -3,38 +3,45 @@ refused (held claims would block it longer than the connector may defer) is fini
 aborted at once, with the refusal (blocking claim ids, shortfall, retry hint) in its
 ``kv_transfer_params``, instead of waiting without end. Loaded with vLLM's own flag::
 
-    --scheduler-cls agentclaims_vllm.scheduler.ClaimsScheduler
+    --scheduler-cls agentclaims_vllm.scheduler.ClaimsScheduler       # async scheduling (default)
+    --scheduler-cls agentclaims_vllm.scheduler.ClaimsSyncScheduler   # with --no-async-scheduling
+
+vLLM picks ``AsyncScheduler`` by default; a subclass of the plain ``Scheduler`` would turn
+async scheduling off and cost throughput, so ``ClaimsScheduler`` derives from the async one.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import RequestStatus
 
 from agentclaims_vllm.connector import AgentClaimsConnector
 
-__all__ = ["ClaimsScheduler"]
+__all__ = ["ClaimsScheduler", "ClaimsSyncScheduler"]
 
 REFUSED = "agentclaims_refused"
 
 
-class ClaimsScheduler(Scheduler):
+class _Refusals:
     """Turns the connector's refusals into finished requests the client hears about."""
 
+    # mixed in before vLLM's scheduler class: ``self`` is that scheduler
+
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        outputs: dict[int, EngineCoreOutputs] = super().update_from_output(
+        outputs: dict[int, EngineCoreOutputs] = super().update_from_output(  # type: ignore[misc]
             scheduler_output, model_runner_output
         )
-        connector = self.connector
+        connector = self.connector  # type: ignore[attr-defined]
         if not isinstance(connector, AgentClaimsConnector):
             return outputs
         refused = connector.take_refusals()
         if not refused:
             return outputs
-        for request in self.finish_requests(refused, RequestStatus.FINISHED_ABORTED):
+        for request in self.finish_requests(refused, RequestStatus.FINISHED_ABORTED):  # type: ignore[attr-defined]
             eco = outputs.get(request.client_index)
             if eco is None:
                 eco = outputs[request.client_index] = EngineCoreOutputs()
@@ -50,3 +57,11 @@ class ClaimsScheduler(Scheduler):
                 )
             )
         return outputs
+
+
+class ClaimsScheduler(_Refusals, AsyncScheduler):
+    """vLLM's async scheduler with the connector's refusals (the default)."""
+
+
+class ClaimsSyncScheduler(_Refusals, Scheduler):
+    """vLLM's synchronous scheduler with the connector's refusals (async scheduling off)."""
