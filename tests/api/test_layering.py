@@ -24,6 +24,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "observability": frozenset({"contract"}),
     "engine": frozenset({"contract", "protocol"}),
     "conformance": frozenset({"contract", "protocol", "engine"}),
+    "lowering": frozenset({"contract", "protocol", "conformance"}),
     "gateway": frozenset({"contract", "protocol", "engine", "conformance"}),
     # Only backends/embedded.py needs the gateway and the engine: it runs the gateway in-process.
     "backends": frozenset({"contract", "protocol", "engine", "gateway"}),

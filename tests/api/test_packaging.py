@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DISTRIBUTION_OF = {
     "langchain_core": "langchain-core",
     "langchain_openai": "langchain-openai",
+    "yaml": "pyyaml",
 }
 
 
