@@ -25,13 +25,22 @@ ALLOWED: dict[str, frozenset[str]] = {
     "engine": frozenset({"contract", "protocol"}),
     "conformance": frozenset({"contract", "protocol", "engine"}),
     "lowering": frozenset({"contract", "protocol", "conformance"}),
-    "gateway": frozenset({"contract", "protocol", "engine", "conformance"}),
+    "gateway": frozenset({"contract", "protocol", "engine", "conformance", "lowering"}),
     # Only backends/embedded.py needs the gateway and the engine: it runs the gateway in-process.
     "backends": frozenset({"contract", "protocol", "engine", "gateway"}),
     "session": frozenset({"contract", "protocol", "graph", "planner", "observability", "backends"}),
     "bindings": frozenset({"contract", "protocol", "graph", "session", "backends"}),
     "testing": frozenset(
-        {"contract", "protocol", "engine", "gateway", "backends", "session", "observability"}
+        {
+            "contract",
+            "protocol",
+            "engine",
+            "gateway",
+            "backends",
+            "session",
+            "observability",
+            "lowering",
+        }
     ),
     "replay": frozenset(
         {
