@@ -28,7 +28,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "gateway": frozenset({"contract", "protocol", "engine", "conformance", "lowering"}),
     # Only backends/embedded.py needs the gateway and the engine: it runs the gateway in-process.
     "backends": frozenset({"contract", "protocol", "engine", "gateway"}),
-    "session": frozenset({"contract", "protocol", "graph", "planner", "observability", "backends"}),
+    "session": frozenset(
+        {"contract", "protocol", "graph", "planner", "observability", "backends", "lowering"}
+    ),
     "bindings": frozenset({"contract", "protocol", "graph", "session", "backends"}),
     "testing": frozenset(
         {
