@@ -7,6 +7,8 @@ user-facing ``fail`` reaction::
     AgentClaimsError
      +-- UsageError (also ValueError)          bad input: names the field that is wrong
      |    +-- UnknownNameError                 an unknown mode, policy, backend, ... name
+     |    +-- DescriptorError                  a lowering descriptor that does not parse:
+     |                                         names the file and each field that is wrong
      +-- ContractViolation                     the contract forbids this
      |    +-- IllegalTransition                a claim state change the state machine forbids
      |    +-- ScopeViolation                   one owner touching another owner's claim
@@ -41,6 +43,7 @@ __all__ = [
     "ClaimRefused",
     "ContractViolation",
     "DeadlineExceeded",
+    "DescriptorError",
     "IllegalTransition",
     "OperationNotExposed",
     "ScopeViolation",
@@ -70,6 +73,20 @@ class UnknownNameError(UsageError):
         super().__init__(field, f"unknown value {value!r}; expected one of {', '.join(known)}")
         self.value = value
         self.known = tuple(known)
+
+
+class DescriptorError(UsageError):
+    """A lowering descriptor that did not parse (bad YAML, a wrong type, an unknown version or
+    field). ``file`` names it; ``problems`` is every ``(field, message)`` found, the first also
+    being ``field`` and ``message``. Its text is one ``FILE: FIELD: message`` line per problem."""
+
+    def __init__(self, file: str, problems: Sequence[tuple[str, str]]) -> None:
+        if not problems:
+            raise ValueError("a DescriptorError needs at least one problem")
+        super().__init__(*problems[0])
+        self.file = file
+        self.problems = tuple(problems)
+        self.args = ("\n".join(f"{file}: {field}: {why}" for field, why in self.problems),)
 
 
 class ContractViolation(AgentClaimsError):

@@ -23,6 +23,7 @@ from agentclaims.contract import (
     ClaimSpec,
     OwnerScope,
     PrefixId,
+    ProtectionMode,
 )
 from agentclaims.errors import UnknownClaim, UsageError
 from agentclaims.protocol import (
@@ -32,6 +33,7 @@ from agentclaims.protocol import (
     Descriptor,
     EventPage,
     Renewal,
+    stated_class,
 )
 
 __all__ = ["BackendPool"]
@@ -160,21 +162,12 @@ class BackendPool:
     async def descriptor(self) -> Descriptor:
         """The members' descriptors; per mode the weakest class among them (fail closed)."""
         members = {b.name: await b.descriptor() for b in self.backends}
-        order = [
-            "native_conformance",
-            "adapter_observational",
-            "adapter_policy",
-            "approximation_substrate",
-            "unknown",
-            "rejected",
-        ]
         modes: dict[str, Any] = {}
-        for desc in members.values():
-            for mode, entry in (desc.get("modes") or {}).items():
-                cls = entry.get("lowering_class", "unknown")
-                old = modes.get(mode, {}).get("lowering_class", "native_conformance")
-                worst = max(old, cls, key=lambda c: order.index(c) if c in order else len(order))
-                modes[mode] = {"lowering_class": worst}
+        for mode in ProtectionMode:
+            worst = min(
+                (stated_class(desc, mode) for desc in members.values()), key=lambda c: c.rank
+            )
+            modes[mode.value] = {"lowering_class": worst.value}
         first = next(iter(members.values()))
         return {
             "name": self.name,

@@ -1,4 +1,4 @@
-"""``agentclaims``: conformance, demo, report, bench, serve and vllm.
+"""``agentclaims``: conformance, lowering, demo, report, bench, serve and vllm.
 
 The parser lives here; each subcommand's work lives in its own module (imported only when that
 subcommand runs, so ``agentclaims --help`` stays fast) with a ``run(args) -> int`` function.
@@ -25,6 +25,15 @@ def build_parser() -> argparse.ArgumentParser:
     conf.add_argument("--backend", default="embedded", help="embedded (default) or a gateway URL")
     conf.add_argument("--json", action="store_true", help="one JSON object on stdout")
     conf.set_defaults(module="conformance")
+
+    lowering = sub.add_parser("lowering", help="lowering descriptors: how runtimes carry claims")
+    lowering_sub = lowering.add_subparsers(dest="lowering", required=True, metavar="ACTION")
+    check = lowering_sub.add_parser(
+        "check", help="classify each runtime x mode mapping of descriptors, failing closed"
+    )
+    check.add_argument("files", nargs="+", metavar="FILE", help="descriptor files or folders")
+    check.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    check.set_defaults(module="lowering")
 
     demo = sub.add_parser("demo", help="concurrent supervisor workflows: claims vs stock LRU")
     demo.add_argument("--json", action="store_true", help="one JSON object on stdout")

@@ -3,14 +3,13 @@
 ``run_suite(backend)`` drives anything that speaks the claims protocol (the reference engine,
 the gateway in-process or over HTTP, a lowering onto vLLM, a test double) through the same
 scenarios, and returns one ``LevelResult`` per level. ``allocator_probe`` and ``capacity_sweep``
-reproduce the contract's reference figures; ``mode_classes`` turns a run into the lowering class
-of each protection mode (the evidence a descriptor states).
+reproduce the contract's reference figures; ``MODE_LEVELS`` says which levels exercise each
+protection mode: what a run can support in a lowering descriptor (``agentclaims.lowering``).
 """
 
 from agentclaims.conformance.evidence import (
     RunEvidence,
     evidence_from_json,
-    no_evidence,
     self_test,
 )
 from agentclaims.conformance.lowering import (
@@ -18,7 +17,6 @@ from agentclaims.conformance.lowering import (
     MODE_LEVELS,
     LoweringVerdict,
     check_hard_lowering,
-    mode_classes,
 )
 from agentclaims.conformance.probe import (
     PROBE_ACTIVE_BLOCKS,
@@ -63,8 +61,6 @@ __all__ = [
     "capacity_sweep",
     "check_hard_lowering",
     "evidence_from_json",
-    "mode_classes",
-    "no_evidence",
     "reference_target",
     "run_level",
     "run_suite",

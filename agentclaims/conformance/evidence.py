@@ -1,9 +1,10 @@
-"""Conformance evidence for a descriptor: the class of each mode comes from a run, not a claim.
+"""Conformance runs as evidence for a lowering descriptor's ``conformance_run`` anchors.
 
-``self_test()`` runs the suite on a scratch reference engine (about 10 ms; cached per process)
-and is what the gateway attaches to its descriptor when its KV side is the reference engine.
+``self_test()`` runs the suite on a scratch reference engine (about 10 ms; cached per process):
+what the reference engine's descriptor cites as ``self_test:reference_engine``.
 ``evidence_from_json`` reads a saved ``agentclaims conformance --json`` run (for a KV side
-the gateway cannot test itself, e.g. a vLLM lowering, whose operator ran the suite against it).
+the checker cannot test itself, e.g. a vLLM lowering, whose operator ran the suite against it).
+The lowering checker (``agentclaims.lowering``) decides what a run supports.
 """
 
 from __future__ import annotations
@@ -13,22 +14,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentclaims.conformance.lowering import mode_classes
 from agentclaims.errors import UsageError
 
-__all__ = ["RunEvidence", "evidence_from_json", "no_evidence", "self_test"]
+__all__ = ["RunEvidence", "evidence_from_json", "self_test"]
 
 RunEvidence = dict[str, Any]
-"""``{"source": ..., "levels": {level: status}, "modes": {mode: {lowering_class, ...}}}``."""
-
-
-def _evidence(source: str, statuses: dict[str, str]) -> RunEvidence:
-    return {"source": source, "levels": statuses, "modes": mode_classes(statuses)}
-
-
-def no_evidence(why: str = "no conformance run") -> RunEvidence:
-    """Every mode ``unknown``: what a descriptor says before anything was shown."""
-    return {**_evidence("none", {}), "reason": why}
+"""``{"source": ..., "levels": {level: status}}``."""
 
 
 async def self_test(block_size: int = 16) -> RunEvidence:
@@ -49,7 +40,7 @@ async def _self_test(block_size: int) -> RunEvidence:
 
         results = await run_suite(reference_target(block_size, run_id="self-test"))
         statuses = {level: r.status.value for level, r in results.items()}
-        cache[block_size] = _evidence("self_test:reference_engine", statuses)
+        cache[block_size] = {"source": "self_test:reference_engine", "levels": statuses}
     return cache[block_size]
 
 
@@ -60,4 +51,4 @@ def evidence_from_json(path: str | Path) -> RunEvidence:
         levels = {str(k): str(v["status"]) for k, v in doc["levels"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError("evidence", f"{path}: not a conformance run ({exc})") from None
-    return _evidence(f"conformance_run:{doc.get('backend', path)}", levels)
+    return {"source": f"conformance_run:{doc.get('backend', path)}", "levels": levels}

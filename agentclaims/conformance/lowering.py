@@ -9,12 +9,10 @@ closed), and an observed run that breaks one is ``rejected`` with a counterexamp
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from agentclaims.conformance.probe import ProbeRecord
-from agentclaims.contract import ConformanceStatus, EventName, LoweringClass, ProtectionMode
+from agentclaims.contract import EventName, LoweringClass, ProtectionMode
 from agentclaims.errors import UsageError
 
 __all__ = [
@@ -22,7 +20,6 @@ __all__ = [
     "MODE_LEVELS",
     "LoweringVerdict",
     "check_hard_lowering",
-    "mode_classes",
 ]
 
 HARD_OBLIGATIONS = (
@@ -98,26 +95,6 @@ MODE_LEVELS: dict[ProtectionMode, tuple[str, ...]] = {
     ProtectionMode.BEST_EFFORT: ("L1", "L2"),
     ProtectionMode.OFFLOADABLE: (),
 }
-"""The levels whose scenarios exercise each mode's obligations (none exercises offload yet)."""
-
-
-def mode_classes(statuses: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """The lowering class each mode has on the evidence of one conformance run
-    (``level -> status``), failing closed: every level of a mode must pass for
-    ``native_conformance``; a failed one makes it ``rejected``; anything else (not run, not
-    exposed, not evaluated, no level covers the mode) leaves it ``unknown``."""
-    out: dict[str, dict[str, Any]] = {}
-    for mode, levels in MODE_LEVELS.items():
-        got = {lvl: statuses.get(lvl, ConformanceStatus.NOT_EVALUATED.value) for lvl in levels}
-        if not levels:
-            cls, why = LoweringClass.UNKNOWN, "no conformance level exercises this mode"
-        elif any(s == ConformanceStatus.FAIL.value for s in got.values()):
-            failed = sorted(lvl for lvl, s in got.items() if s == ConformanceStatus.FAIL.value)
-            cls, why = LoweringClass.REJECTED, f"failed {', '.join(failed)}"
-        elif all(s == ConformanceStatus.PASS.value for s in got.values()):
-            cls, why = LoweringClass.NATIVE_CONFORMANCE, f"passed {', '.join(levels)}"
-        else:
-            open_ = sorted(lvl for lvl, s in got.items() if s != ConformanceStatus.PASS.value)
-            cls, why = LoweringClass.UNKNOWN, f"no passing evidence for {', '.join(open_)}"
-        out[mode.value] = {"lowering_class": cls.value, "levels": got, "reason": why}
-    return out
+"""The levels whose scenarios exercise each mode's obligations (none exercises offload yet). A
+conformance run supports a lowering descriptor's obligations of a mode only when every one of
+the mode's levels passed in it (``agentclaims.lowering``)."""

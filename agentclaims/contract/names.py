@@ -128,11 +128,42 @@ class ConformanceStatus(StrEnum):
 
 
 class LoweringClass(StrEnum):
-    """How a runtime x mode mapping is classified (fail closed: unknown and rejected never count)."""
+    """How a runtime x mode mapping is classified (fail closed: unknown and rejected never count).
+
+    Ranked by what the evidence shows (``rank``, strongest highest): ``unknown`` is the bottom,
+    because taking every piece of evidence away from any mapping leaves ``unknown``; ``rejected``
+    sits above it, since rejecting takes knowing the mapping is unsound. Neither is honoured.
+    """
 
     NATIVE_CONFORMANCE = "native_conformance"
+    """The runtime itself carries every obligation of the mode, and that was shown."""
     ADAPTER_OBSERVATIONAL = "adapter_observational"
+    """An adapter joins the runtime's events to claims, but nothing enforces them."""
     ADAPTER_POLICY = "adapter_policy"
+    """An adapter enforces the mode, shown under controlled pressure."""
     APPROXIMATION_SUBSTRATE = "approximation_substrate"
+    """A useful primitive without the obligations."""
     REJECTED = "rejected"
+    """Unsound (e.g. hard -> soft priority)."""
     UNKNOWN = "unknown"
+    """No anchored evidence."""
+
+    @property
+    def rank(self) -> int:
+        """0 (``unknown``) .. 5 (``native_conformance``): a lower rank is a weaker class."""
+        return _LOWERING_RANK[self]
+
+
+_LOWERING_RANK = {
+    cls: rank
+    for rank, cls in enumerate(
+        (
+            LoweringClass.UNKNOWN,
+            LoweringClass.REJECTED,
+            LoweringClass.APPROXIMATION_SUBSTRATE,
+            LoweringClass.ADAPTER_OBSERVATIONAL,
+            LoweringClass.ADAPTER_POLICY,
+            LoweringClass.NATIVE_CONFORMANCE,
+        )
+    )
+}

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from agentclaims.conformance import RunEvidence, no_evidence, self_test
+from agentclaims.conformance import self_test
 from agentclaims.contract import (
     SCHEMA_VERSION,
     BlockHash,
@@ -32,6 +32,13 @@ from agentclaims.contract import (
 from agentclaims.engine import ReferenceKV, blake2b_hash
 from agentclaims.errors import AgentClaimsError, OperationNotExposed, UsageError
 from agentclaims.gateway.text import Reply, TextRequest, TextSide
+from agentclaims.lowering import (
+    SELF_TEST,
+    LoweringSource,
+    ServedLowering,
+    reference_descriptor,
+    serve_lowering,
+)
 from agentclaims.protocol import (
     EXTENSION_KEY,
     ActiveRequest,
@@ -47,8 +54,6 @@ from agentclaims.protocol import (
 )
 
 __all__ = ["Extension", "KVSide", "UpstreamKV", "create_app"]
-
-EvidenceSource = RunEvidence | Callable[[], Awaitable[RunEvidence]] | None
 
 
 @runtime_checkable
@@ -69,7 +74,9 @@ class UpstreamKV(Protocol):
 
 class KVSide(ClaimsProtocol, ActiveServing, Protocol):
     """What the gateway serves: the claims protocol with active serving, and the tokenizer
-    whose ids it hashes. ``InstanceControl`` and a ``metrics()`` method are used if present."""
+    whose ids it hashes. ``InstanceControl`` and a ``metrics()`` method are used if present,
+    and so are a ``lowering`` attribute (its lowering descriptor: a document or a file) and a
+    ``runtime_version`` one (the version of the runtime it lowers onto)."""
 
     tokenizer: Tokenizer
     block_size: int
@@ -171,11 +178,14 @@ def _owner(request: Request, body: Mapping[str, Any] | None = None) -> OwnerScop
 class _Gateway:
     """The route handlers over one KV side and one text side."""
 
-    def __init__(self, kv: KVSide, text: TextSide, name: str, evidence: EvidenceSource) -> None:
+    def __init__(
+        self, kv: KVSide, text: TextSide, name: str, lowering: LoweringSource | None
+    ) -> None:
         self.kv = kv
         self.text = text
         self.name = name
-        self._evidence = evidence
+        self._lowering_source = lowering
+        self._lowering: ServedLowering | None = None
         self.calls: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
 
@@ -404,9 +414,10 @@ class _Gateway:
 
     # ------------------------------------------------------------------ introspection
     async def descriptor(self, request: Request) -> Response:
-        """The KV side's facts, and per mode the lowering class its conformance evidence
-        supports (``unknown`` without evidence: never a class taken on trust)."""
-        evidence = await self.evidence()
+        """The KV side's facts, its lowering descriptor and the runs it read (``lowering``),
+        and per mode the class the lowering checker gave it (``modes``): never a class taken
+        on trust, ``unknown`` for every mode of a KV side without a descriptor."""
+        lowering = await self.lowering()
         return JSONResponse(
             {
                 "name": self.name,
@@ -414,18 +425,31 @@ class _Gateway:
                 "extension_key": EXTENSION_KEY,
                 "text_side": self.text.name,
                 **await self.kv.descriptor(),
-                "conformance": {"source": evidence["source"], "levels": evidence["levels"]},
-                "modes": evidence["modes"],
+                "lowering": lowering.section,
+                "modes": lowering.modes,
             }
         )
 
-    async def evidence(self) -> RunEvidence:
-        """The conformance evidence (computed once: a self-test runs on a scratch engine)."""
-        if callable(self._evidence):
-            self._evidence = await self._evidence()
-        if self._evidence is None:
-            self._evidence = no_evidence(f"no conformance run for KV side {self.kv.name!r}")
-        return self._evidence
+    async def lowering(self) -> ServedLowering:
+        """The KV side's descriptor, checked once. The reference engine's is the one shipped
+        with it, its ``self_test:reference_engine`` run made on a scratch engine of the same
+        block size (about 10 ms, once per process)."""
+        if self._lowering is None:
+            kv = self.kv
+            source = self._lowering_source
+            if source is None:
+                source = getattr(kv, "lowering", None)
+            runs: dict[str, dict[str, str]] = {}
+            if source is None and isinstance(kv, ReferenceKV):
+                source = reference_descriptor()
+                runs[SELF_TEST] = dict((await self_test(kv.block_size))["levels"])
+            self._lowering = serve_lowering(
+                source,
+                name=kv.name,
+                runs=runs,
+                runtime_version=getattr(kv, "runtime_version", None),
+            )
+        return self._lowering
 
     async def models(self, request: Request) -> Response:
         model = {"id": self.text.name, "object": "model", "created": 0, "owned_by": self.name}
@@ -471,21 +495,15 @@ def create_app(
     text: TextSide,
     *,
     name: str = "agentclaims-gateway",
-    evidence: EvidenceSource = None,
+    lowering: LoweringSource | None = None,
 ) -> Starlette:
     """The gateway app over a KV side (e.g. ``ReferenceKV``) and a text side (``ScriptedModel``).
 
-    ``evidence`` is the conformance run the descriptor's classes rest on (or a coroutine
-    function giving it); by default a reference-engine KV side is self-tested on a scratch
-    engine, and any other KV side states ``unknown`` for every mode."""
-    if evidence is None and isinstance(kv, ReferenceKV):
-        block_size = kv.block_size
-
-        async def self_tested() -> RunEvidence:
-            return await self_test(block_size)
-
-        evidence = self_tested
-    gw = _Gateway(kv, text, name, evidence)
+    ``lowering`` is the KV side's lowering descriptor (a document, or a YAML or JSON file whose
+    ``conformance_run`` anchors are read beside it), checked once for ``/v1/descriptor``; by
+    default the KV side's own ``lowering`` attribute, the shipped one for the reference engine,
+    and else none: every mode ``unknown``."""
+    gw = _Gateway(kv, text, name, lowering)
     table: list[tuple[str, Handler, list[str]]] = [
         ("/v1/chat/completions", gw.chat_completions, ["POST"]),
         ("/v1/completions", gw.completions, ["POST"]),

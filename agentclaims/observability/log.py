@@ -45,13 +45,14 @@ __all__ = [
     "WorkflowLog",
 ]
 
-ReactionKind = Literal["defer", "reroute", "relax", "fail", "renew", "replan", "drop"]
+ReactionKind = Literal["defer", "reroute", "relax", "fail", "refuse", "renew", "replan", "drop"]
 #: The session's reactions to an outcome or event; each is logged as ``reaction_<kind>``.
 REACTION_KINDS: Final[tuple[str, ...]] = (
     "defer",
     "reroute",
     "relax",
     "fail",
+    "refuse",
     "renew",
     "replan",
     "drop",
@@ -275,7 +276,8 @@ class WorkflowLog:
         """Log the session's reaction to an outcome as ``reaction_<kind>``.
 
         Typical fields: defer ``delay_s``, ``attempt``; reroute ``from_backend``,
-        ``to_backend``; relax ``from_mode``, ``to_mode``; fail ``error``.
+        ``to_backend``; relax ``from_mode``, ``to_mode``; refuse (a claim refused locally)
+        ``mode``, ``lowering_class``, ``reason``; fail ``error``.
         """
         if kind not in REACTION_KINDS:
             raise UnknownNameError("kind", kind, REACTION_KINDS)

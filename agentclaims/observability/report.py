@@ -35,6 +35,7 @@ _REACTION_COUNTERS = {
     "reaction_defer": "deferrals",
     "reaction_reroute": "reroutes",
     "reaction_relax": "relaxations",
+    "reaction_refuse": "local_refusals",
     "reaction_fail": "fails",
     "reaction_renew": "renewals",
     "reaction_replan": "replans",
@@ -142,7 +143,9 @@ class _Workflow:
 def _totals(counts: Counter[str], seconds: dict[str, float]) -> dict[str, Any]:
     out: dict[str, Any] = {name: counts[name] for name in _COUNTS}
     out.update({name: seconds[name] for name in _SECONDS})
-    out["refusals"] = counts["requests_refused"] + counts["claims_rejected"]
+    out["refusals"] = (
+        counts["requests_refused"] + counts["claims_rejected"] + counts["local_refusals"]
+    )
     prompt = counts["prompt_tokens"]
     out["hit_ratio"] = counts["cached_tokens"] / prompt if prompt else None
     return out

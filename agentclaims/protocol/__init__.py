@@ -35,6 +35,7 @@ from agentclaims.protocol.types import (
     EventPage,
     Renewal,
     ServeResult,
+    stated_class,
 )
 
 __all__ = [
@@ -63,5 +64,6 @@ __all__ = [
     "outcome_from_error",
     "raise_for_error",
     "refusal_error",
+    "stated_class",
     "supports",
 ]

@@ -13,6 +13,7 @@ from agentclaims.contract import (
     ClaimState,
     Decision,
     Feasibility,
+    LoweringClass,
     ProtectionMode,
 )
 from agentclaims.contract.ids import BlockHash, ClaimId, OwnerScope, PrefixId, RequestId
@@ -31,6 +32,7 @@ __all__ = [
     "EventPage",
     "Renewal",
     "ServeResult",
+    "stated_class",
 ]
 
 PROMPT_OBJECT = "@prompt"
@@ -230,5 +232,17 @@ def _owned_by(event: ClaimEvent, id_prefix: str) -> bool:
 
 
 Descriptor = Mapping[str, Any]
-"""What a backend can honour (``GET /v1/descriptor``): its identity, block size and per mode
-the lowering class with the evidence for it."""
+"""What a backend can honour (``GET /v1/descriptor``): its identity, block size, the lowering
+descriptor it was checked on, and per mode (``modes``) the class the checker gave it."""
+
+
+def stated_class(descriptor: Descriptor, mode: ProtectionMode) -> LoweringClass:
+    """The class ``descriptor`` states for ``mode``, read fail closed: a mode it does not
+    state, or states in a shape or a name this version does not know, is ``unknown``."""
+    modes = descriptor.get("modes")
+    entry = modes.get(mode.value) if isinstance(modes, Mapping) else None
+    name = entry.get("lowering_class") if isinstance(entry, Mapping) else None
+    try:
+        return LoweringClass(str(name))
+    except ValueError:
+        return LoweringClass.UNKNOWN

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from agentclaims.contract import (
+    ArbiterAction,
     CacheIdentity,
     ClaimEvent,
     ClaimId,
@@ -28,6 +29,7 @@ from agentclaims.contract import (
     ProtectionMode,
 )
 from agentclaims.errors import BackendError, ClaimOutcomeError, ClaimRefused, UsageError
+from agentclaims.lowering import MappingResult, honours, trusted_modes
 from agentclaims.planner import ClaimPlan, PlannerPolicy, PrefixContext, relax_mode
 from agentclaims.protocol import Renewal
 from agentclaims.session.reactions import ReactionPolicy
@@ -99,7 +101,7 @@ class ClaimIO:
         self._log = log
         self.held: dict[str, HeldClaim] = {}  # node -> claim held for its next call
         self.ended: list[HeldClaim] = []
-        self._identities: dict[str, CacheIdentity] = {}
+        self._backend_facts: dict[str, tuple[CacheIdentity, dict[ProtectionMode, Any]]] = {}
         self._cursor: dict[str, int] = {}
         self._harmed: set[str] = set()  # claims whose harm was counted
 
@@ -108,17 +110,64 @@ class ClaimIO:
         if log is not None:
             log.reaction(kind, **fields)
 
-    async def identity(self, backend: ClaimsProtocol) -> CacheIdentity:
-        """The cache identity of ``backend``'s claims, from its descriptor, read once."""
-        ident = self._identities.get(backend.name)
-        if ident is None:
+    async def _facts(
+        self, backend: ClaimsProtocol
+    ) -> tuple[CacheIdentity, dict[ProtectionMode, MappingResult]]:
+        """``backend``'s cache identity and what it honours per mode, from its descriptor,
+        read once (and its lowering checked again: ``agentclaims.lowering.trusted_modes``)."""
+        facts = self._backend_facts.get(backend.name)
+        if facts is None:
             desc = await backend.descriptor()
             try:
                 ident = CacheIdentity.from_dict(desc.get("cache_identity"))
             except UsageError as exc:
                 raise BackendError(f"backend {backend.name!r}: bad descriptor: {exc}") from exc
-            self._identities[backend.name] = ident
-        return ident
+            facts = self._backend_facts[backend.name] = (ident, trusted_modes(desc))
+        return facts
+
+    async def identity(self, backend: ClaimsProtocol) -> CacheIdentity:
+        """The cache identity of ``backend``'s claims, from its descriptor, read once."""
+        return (await self._facts(backend))[0]
+
+    async def lowering(self, backend: ClaimsProtocol) -> dict[ProtectionMode, MappingResult]:
+        """Per mode, the checker's verdict on ``backend``'s lowering (read once)."""
+        return (await self._facts(backend))[1]
+
+    def _unproven(
+        self,
+        backend: ClaimsProtocol,
+        mode: ProtectionMode,
+        verdicts: dict[ProtectionMode, MappingResult],
+        node: str,
+        prefix_id: PrefixId,
+    ) -> ProtectionMode | None:
+        """Refuse locally a claim in ``mode``, which ``backend`` does not honour: counted as
+        refused and logged with the reason, then (``on_unproven="relax"``) the strongest
+        weaker mode the backend honours, or (``"refuse"``, or none honoured) no claim."""
+        verdict = verdicts[mode]
+        self.stats.claims_refused += 1
+        why = f"{mode.value} is {verdict.lowering_class.value} on backend {backend.name!r}"
+        fields: dict[str, Any] = {
+            "outcome": ArbiterAction.REFUSE_RESIDENCY_CLAIM.value,
+            "lowering_class": verdict.lowering_class.value,
+            "reason": f"{why}: {'; '.join(verdict.reasons)}",
+            "prefix_id": prefix_id,
+            "node": node,
+        }
+        if self.reaction.on_unproven == "refuse":
+            self.log_reaction("refuse", mode=mode.value, **fields)
+            return None
+        weaker = relax_mode(mode)
+        while weaker is not None and not honours(verdicts[weaker].lowering_class):
+            weaker = relax_mode(weaker)
+        self.stats.claims_relaxed += 1
+        self.log_reaction(
+            "relax",
+            from_mode=mode.value,
+            to_mode=None if weaker is None else weaker.value,
+            **fields,
+        )
+        return weaker
 
     async def submit(
         self,
@@ -129,10 +178,15 @@ class ClaimIO:
         ctx: PrefixContext,
     ) -> HeldClaim | None:
         """Submit ``plan`` on ``prefix_id``; a refusal relaxes the mode one step at a time
-        (when the policy allows) or, under ``fail``, raises ``ClaimRefused``."""
+        (when the policy allows) or, under ``fail``, raises ``ClaimRefused``. A mode the
+        backend does not honour (its lowering's class) is never submitted: see ``_unproven``."""
         mode: ProtectionMode | None = plan.mode
         st = self.stats
+        verdicts = await self.lowering(backend)
         while mode is not None:
+            if not honours(verdicts[mode].lowering_class):
+                mode = self._unproven(backend, mode, verdicts, node, prefix_id)
+                continue
             claim_id = ClaimId(f"{self.session_id}-c{next(self._ids)}")
             ttl = plan.ttl_s if mode in _TTL_MODES else None
             if mode is ProtectionMode.EXPIRING and ttl is None:

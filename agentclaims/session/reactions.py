@@ -36,6 +36,7 @@ __all__ = [
     "HARMS",
     "LAPSES",
     "REACTIONS",
+    "UNPROVEN",
     "ReactionPolicy",
     "RetryAfterWait",
     "RetryRequested",
@@ -47,6 +48,8 @@ LapseKind = Literal["renew", "replan", "drop"]
 LAPSES: tuple[LapseKind, ...] = ("renew", "replan", "drop")
 HarmKind = Literal["log", "fail"]
 HARMS: tuple[HarmKind, ...] = ("log", "fail")
+UnprovenKind = Literal["relax", "refuse"]
+UNPROVEN: tuple[UnprovenKind, ...] = ("relax", "refuse")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,12 @@ class ReactionPolicy:
     """A held claim harmed (its KV lost while promised): always logged and counted; ``fail``
     raises ``ClaimHarmed`` at the session's next call. ``None``: ``fail`` under the ``fail``
     reaction, else ``log``."""
+    on_unproven: UnprovenKind = "relax"
+    """A claim in a mode the backend does not honour (its lowering descriptor, as checked, is
+    below ``adapter_policy`` for the mode: an approximation, an observer, rejected or unknown)
+    is never submitted: it is refused locally (``refuse_residency_claim``, counted as refused,
+    logged with the reason), then ``relax``: planned again in the strongest weaker mode the
+    backend honours (logged ``reaction_relax``), or ``refuse``: no claim (``reaction_refuse``)."""
 
     def __post_init__(self) -> None:
         if self.on_refused not in REACTIONS:
@@ -78,6 +87,8 @@ class ReactionPolicy:
             object.__setattr__(self, "on_harmed", "fail" if self.on_refused == "fail" else "log")
         if self.on_harmed not in HARMS:
             raise UnknownNameError("reaction.on_harmed", self.on_harmed, HARMS)
+        if self.on_unproven not in UNPROVEN:
+            raise UnknownNameError("reaction.on_unproven", self.on_unproven, UNPROVEN)
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name.endswith("_s") and not (isinstance(value, int | float) and value >= 0):

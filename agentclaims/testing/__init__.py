@@ -16,6 +16,9 @@ imports this package.
       kv.defer_requests(n=1, retry_after_s=0.5)   # also refuse_requests, demote, expire, harm
       backend = FakeBackend(kv=kv)
 
+  Its lowering descriptor (``fake_descriptor()``) honours every mode but ``offloadable``; give
+  ``FakeKV(lowering=...)`` another to test agent code on a runtime that honours less.
+
 - ``Call``: one recorded call, its ``operation`` and ``args``::
 
       [call] = backend.kv.calls_of("release_claim")
@@ -38,7 +41,7 @@ imports this package.
 """
 
 from agentclaims.testing.capture import OutcomeLog
-from agentclaims.testing.fake import Call, FakeBackend, FakeKV
+from agentclaims.testing.fake import Call, FakeBackend, FakeKV, fake_descriptor
 from agentclaims.testing.forwarding import ForwardingBackend
 
-__all__ = ["Call", "FakeBackend", "FakeKV", "ForwardingBackend", "OutcomeLog"]
+__all__ = ["Call", "FakeBackend", "FakeKV", "ForwardingBackend", "OutcomeLog", "fake_descriptor"]

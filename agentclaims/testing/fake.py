@@ -53,6 +53,7 @@ from agentclaims.contract import (
 from agentclaims.engine import WordTokenizer, hash_token_blocks
 from agentclaims.errors import ScopeViolation, UnknownClaim, UsageError
 from agentclaims.gateway import Script
+from agentclaims.lowering import IDENTITY_FIELDS, LoweringSource
 from agentclaims.protocol import (
     PROMPT_OBJECT,
     RENEW_AS_IS,
@@ -67,7 +68,7 @@ from agentclaims.protocol import (
     Tokenizer,
 )
 
-__all__ = ["Call", "FakeBackend", "FakeKV"]
+__all__ = ["Call", "FakeBackend", "FakeKV", "fake_descriptor"]
 
 _PENDING = RequestId("?")
 """Request id of a scripted outcome until a request takes it."""
@@ -129,8 +130,63 @@ def _positive_count(name: str, value: object) -> int:
     return value
 
 
+def fake_descriptor() -> dict[str, Any]:
+    """``FakeKV``'s lowering descriptor: a claims speaker deciding each claim itself (as the
+    test says) in every mode but ``offloadable``, which it has no tier for (``unknown``)."""
+    evidence = [
+        {"kind": "source", "where": "agentclaims/testing/fake.py: FakeKV"},
+        {"kind": "test", "where": "tests/testing/test_fake.py"},
+    ]
+    mapping = {
+        "primitive": {
+            "kind": "claim_arbiter",
+            "provider": "runtime",
+            "name": "FakeKV: every claim accepted, refused, demoted or harmed as the test says",
+        },
+        "obligations": {
+            "claim_identity": {"met": True, "bound_at": "submission", "evidence": evidence},
+            "materialization_predicate": {
+                "met": True,
+                "predicates": ["leading_prefix_at_least"],
+                "evidence": evidence,
+            },
+            "ordered_lifecycle_events": {
+                "met": True,
+                "ordering": "per_claim_sequence",
+                "evidence": evidence,
+            },
+            "claim_scoped_outcomes": {
+                "met": True,
+                "source": "claim_events",
+                "attribution": "claim_id",
+                "evidence": evidence,
+            },
+        },
+        "limits": ["nothing happens by itself: no eviction, no TTL runs out"],
+        "claimed": "native_conformance",
+    }
+    return {
+        "descriptor_version": 1,
+        "runtime": "agentclaims-fake-kv",
+        "versions": "*",
+        "title": "agentclaims.testing.FakeKV (a test double)",
+        "facts": {
+            "cache_identity": {
+                "fields": [*IDENTITY_FIELDS, "adapter_id"],
+                "evidence": evidence,
+            },
+            "token_map": {"kind": "shared_tokenizer", "evidence": evidence},
+        },
+        "modes": {
+            mode.value: mapping for mode in ProtectionMode if mode is not ProtectionMode.OFFLOADABLE
+        },
+    }
+
+
 class FakeKV:
-    """A KV side that does what the test says. ``clock() -> ns`` stamps the events."""
+    """A KV side that does what the test says. ``clock() -> ns`` stamps the events.
+    ``lowering`` is the lowering descriptor the gateway serves for it (``fake_descriptor()``
+    unless given: give another to stand in for a runtime that honours less)."""
 
     name = "fake"
 
@@ -143,8 +199,10 @@ class FakeKV:
         model_id: str = "scripted",
         run_id: str = "fake",
         clock: Callable[[], int] = time.time_ns,
+        lowering: LoweringSource | None = None,
     ) -> None:
         self.num_blocks = _positive_count("num_blocks", num_blocks)
+        self.lowering: LoweringSource = fake_descriptor() if lowering is None else lowering
         self.block_size = _positive_count("block_size", block_size)
         self.tokenizer: Tokenizer = tokenizer or WordTokenizer()
         self.cache_identity = CacheIdentity(

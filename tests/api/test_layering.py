@@ -26,13 +26,25 @@ ALLOWED: dict[str, frozenset[str]] = {
     # The gateway's half of the vLLM lowering (launch + the connector's signed operations).
     "vllm": frozenset({"contract", "protocol", "engine"}),
     "conformance": frozenset({"contract", "protocol", "engine"}),
-    "gateway": frozenset({"contract", "protocol", "engine", "conformance"}),
+    "lowering": frozenset({"contract", "protocol", "conformance"}),
+    "gateway": frozenset({"contract", "protocol", "engine", "conformance", "lowering"}),
     # Only backends/embedded.py needs the gateway and the engine: it runs the gateway in-process.
     "backends": frozenset({"contract", "protocol", "engine", "gateway"}),
-    "session": frozenset({"contract", "protocol", "graph", "planner", "observability", "backends"}),
+    "session": frozenset(
+        {"contract", "protocol", "graph", "planner", "observability", "backends", "lowering"}
+    ),
     "bindings": frozenset({"contract", "protocol", "graph", "session", "backends"}),
     "testing": frozenset(
-        {"contract", "protocol", "engine", "gateway", "backends", "session", "observability"}
+        {
+            "contract",
+            "protocol",
+            "engine",
+            "gateway",
+            "backends",
+            "session",
+            "observability",
+            "lowering",
+        }
     ),
     "replay": frozenset(
         {

@@ -16,6 +16,7 @@ DISTRIBUTION_OF = {
     "langchain_core": "langchain-core",
     "langchain_openai": "langchain-openai",
     "agentclaims_vllm": "agentclaims-vllm",
+    "yaml": "pyyaml",
 }
 
 

@@ -35,13 +35,15 @@ HEAVY = (
     "matplotlib",
     "uvicorn",
     "httpx2",
+    "yaml",
+    "jsonschema",
 )
 
 
 @pytest.mark.parametrize("module", ["agentclaims", "agentclaims.bindings"])
 def test_import_does_not_load_heavy_dependencies(module: str):
     """Importing it in a fresh interpreter loads none of HEAVY (no LangGraph, LangChain, OpenAI,
-    gateway, server, HTTP client, networkx or matplotlib)."""
+    gateway, server, HTTP client, networkx, matplotlib, PyYAML or jsonschema)."""
     code = f"import sys, {module}; print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT

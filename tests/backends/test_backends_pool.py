@@ -3,6 +3,8 @@ operations to the member holding it, and the members' events come as one ordered
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from agentclaims.backends import EmbeddedBackend
@@ -49,4 +51,31 @@ async def test_a_pool_routes_claims_to_their_members_and_merges_events() -> None
     desc = await pool.descriptor()
     assert set(desc["members"]) == {"a", "b"}
     assert desc["modes"]["hard_protected"]["lowering_class"] == "native_conformance"
+    await pool.aclose()
+
+
+class Stating(EmbeddedBackend):
+    """A member whose descriptor states the given classes (and nothing of other modes)."""
+
+    def __init__(self, name: str, **classes: str) -> None:
+        super().__init__(16, 16, name=name)
+        self.classes = classes
+
+    async def descriptor(self) -> dict[str, Any]:
+        desc = dict(await super().descriptor())
+        desc["modes"] = {mode: {"lowering_class": cls} for mode, cls in self.classes.items()}
+        return desc
+
+
+async def test_a_pool_states_per_mode_the_weakest_class_of_its_members() -> None:
+    """Per mode the lowest rank among the members; a mode a member does not state is
+    unknown, below even rejected."""
+    a = Stating("a", hard_protected="native_conformance", expiring="rejected")
+    b = Stating("b", hard_protected="adapter_policy", best_effort="native_conformance")
+    pool = BackendPool([a, b])
+    modes = {m: v["lowering_class"] for m, v in (await pool.descriptor())["modes"].items()}
+    assert modes["hard_protected"] == "adapter_policy"
+    assert modes["expiring"] == "unknown"
+    assert modes["best_effort"] == "unknown"
+    assert set(modes) == {m.value for m in ProtectionMode}
     await pool.aclose()

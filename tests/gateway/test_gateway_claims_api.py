@@ -155,17 +155,18 @@ async def test_residency_counts_leading_resident_blocks(backend: EmbeddedBackend
     assert await backend.residency([pid, "pfx-unknown-3"]) == {pid: 4, "pfx-unknown-3": 0}
 
 
-async def test_descriptor_classes_come_from_a_conformance_run(backend: EmbeddedBackend) -> None:
-    """Every mode a passing level exercises is native on the evidence of a self-test run;
-    offloadable, which no level exercises, stays unknown (never a class taken on trust)."""
+async def test_descriptor_classes_come_from_the_lowering_checker(backend: EmbeddedBackend) -> None:
+    """The reference engine's shipped descriptor, checked with a self-test run, is native in
+    every mode; the descriptor and the run it read are served for clients to check again."""
     desc = await backend.descriptor()
     assert set(desc["modes"]) == {m.value for m in ProtectionMode}
     classes = {mode: v["lowering_class"] for mode, v in desc["modes"].items()}
-    assert classes.pop(ProtectionMode.OFFLOADABLE.value) == LoweringClass.UNKNOWN.value
     assert set(classes.values()) == {LoweringClass.NATIVE_CONFORMANCE.value}
-    assert desc["conformance"]["source"] == "self_test:reference_engine"
-    assert set(desc["conformance"]["levels"].values()) == {"pass"}
-    assert desc["modes"]["hard_protected"]["levels"] == {"L3": "pass", "L7": "pass", "C1": "pass"}
+    assert all(v["reasons"] for v in desc["modes"].values())
+    lowering = desc["lowering"]
+    assert lowering["source"] == "agentclaims/lowering/descriptors/reference-engine.yaml"
+    assert lowering["descriptor"]["runtime"] == lowering["runtime"]
+    assert set(lowering["runs"]["self_test:reference_engine"].values()) == {"pass"}
     assert desc["cache_identity"] == backend.engine.cache_identity.to_dict()
     assert desc["extension_key"] == "agentclaims"
 

@@ -331,3 +331,13 @@ def test_report_totals_equal_what_was_logged(calls: list[tuple[str, Any]]) -> No
     assert (s["prompt_tokens"], s["cached_tokens"]) == (prompt, cached)
     assert s["hit_ratio"] == (cached / prompt if prompt else None)
     assert s["duration_s"] is None  # started, never ended
+
+
+def test_local_refusals_are_counted_as_refusals(tmp_path: Path) -> None:
+    """A claim the session refused itself (``reaction_refuse``: its backend does not honour
+    the mode) counts in ``local_refusals`` and in ``refusals``."""
+    with WorkflowLog("wf", "s", directory=tmp_path) as log:
+        log.reaction("refuse", outcome="refuse_residency_claim", mode="hard_protected")
+        log.reaction("refuse", outcome="refuse_residency_claim", mode="expiring")
+    s = summarise([tmp_path])["workflows"]["wf"]
+    assert (s["local_refusals"], s["refusals"]) == (2, 2)

@@ -81,7 +81,7 @@ async def test_a_request_that_needs_held_blocks_is_deferred_naming_them_then_run
 ) -> None:
     """Holds that end within the deferral window make a request that needs their blocks
     wait, with an explicit deferral naming them; it runs once room returns."""
-    ids = await _fill(connector, prompts, "defer", "hard_protected", ttl_s=2)
+    ids = await _fill(connector, prompts, "defer", "hard_protected", ttl_s=8)
     long, blocked = await _long_and_blocked(connector, prompts)
     assert long.served
     assert blocked.served
