@@ -436,6 +436,9 @@ class _Gateway:
         block size (about 10 ms, once per process)."""
         if self._lowering is None:
             kv = self.kv
+            start = getattr(kv, "start", None)
+            if callable(start):  # a KV side on a real runtime learns its version first
+                await start()
             source = self._lowering_source
             if source is None:
                 source = getattr(kv, "lowering", None)

@@ -34,6 +34,7 @@ from agentclaims.lowering.document import (
     version_in_range,
 )
 from agentclaims.lowering.served import (
+    CONNECTOR_DESCRIPTOR,
     REFERENCE_DESCRIPTOR,
     LoweringSource,
     ServedLowering,
@@ -43,6 +44,7 @@ from agentclaims.lowering.served import (
 )
 
 __all__ = [
+    "CONNECTOR_DESCRIPTOR",
     "DESCRIPTOR_VERSION",
     "HONOURED",
     "IDENTITY_FIELDS",

@@ -30,6 +30,7 @@ from agentclaims.protocol import Descriptor as BackendDescriptor
 from agentclaims.protocol import stated_class
 
 __all__ = [
+    "CONNECTOR_DESCRIPTOR",
     "REFERENCE_DESCRIPTOR",
     "LoweringSource",
     "ServedLowering",
@@ -39,6 +40,8 @@ __all__ = [
 ]
 
 REFERENCE_DESCRIPTOR = Path(__file__).with_name("descriptors") / "reference-engine.yaml"
+CONNECTOR_DESCRIPTOR = Path(__file__).with_name("descriptors") / "vllm-agentclaims-connector.yaml"
+"""vLLM 0.32 / 0.33 with the agentclaims connector (the vLLM KV side's ``lowering``)."""
 """The reference engine's descriptor, shipped with the engine it describes."""
 
 LoweringSource = Descriptor | Mapping[str, Any] | str | Path

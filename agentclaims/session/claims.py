@@ -48,6 +48,15 @@ _STATE_OF = {
     EventName.RESIDENT_CLAIM_HARMED: ClaimState.HARMED,
 }
 _TTL_MODES = (ProtectionMode.EXPIRING, ProtectionMode.HARD_PROTECTED)
+_FALLBACK = (
+    ProtectionMode.HARD_PROTECTED,
+    ProtectionMode.EXPIRING,
+    ProtectionMode.SOFT_PRIORITY,
+    ProtectionMode.DEMOTABLE,
+    ProtectionMode.BEST_EFFORT,
+)
+"""Strongest first: a mode the backend does not honour falls back to the next it does (a soft
+claim to demotable: kept under pressure until demoted, with the event, instead of dropped)."""
 
 
 @dataclass(slots=True)
@@ -157,9 +166,18 @@ class ClaimIO:
         if self.reaction.on_unproven == "refuse":
             self.log_reaction("refuse", mode=mode.value, **fields)
             return None
-        weaker = relax_mode(mode)
-        while weaker is not None and not honours(verdicts[weaker].lowering_class):
-            weaker = relax_mode(weaker)
+        weaker = (
+            next(
+                (
+                    m
+                    for m in _FALLBACK[_FALLBACK.index(mode) + 1 :]
+                    if m in verdicts and honours(verdicts[m].lowering_class)
+                ),
+                None,
+            )
+            if mode in _FALLBACK
+            else None
+        )
         self.stats.claims_relaxed += 1
         self.log_reaction(
             "relax",

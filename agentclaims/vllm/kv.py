@@ -55,6 +55,7 @@ from agentclaims.errors import (
     UnknownClaim,
     UsageError,
 )
+from agentclaims.lowering.served import CONNECTOR_DESCRIPTOR
 from agentclaims.protocol import (
     PROMPT_OBJECT,
     RENEW_AS_IS,
@@ -130,6 +131,10 @@ class VllmKV:
         self._requests = itertools.count(1)
         self.tokenizer = None  # tokens come from vLLM's /tokenize, not a local tokenizer
         self._started: asyncio.Task[None] | None = None
+        self.runtime_version: str | None = None
+        """vLLM's version (from its /version), known once started."""
+        self.lowering = CONNECTOR_DESCRIPTOR
+        """What the gateway checks and serves as this KV side's lowering."""
 
     async def start(self) -> None:
         """Once, before anything else: end every hold the connector still has from an earlier
@@ -141,6 +146,8 @@ class VllmKV:
         await asyncio.shield(self._started)
 
     async def _revoke_orphans(self) -> None:
+        version = (await self._get("/version")).get("version")
+        self.runtime_version = str(version) if version else None
         client = await self._connector_ready()
         client.skip_events((await client.complete([1], max_tokens=1)).last_seq)  # history before
         answer = await client.operate([{"op": "revoke_all", "reason": "gateway_restart"}])

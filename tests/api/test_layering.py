@@ -24,7 +24,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "observability": frozenset({"contract"}),
     "engine": frozenset({"contract", "protocol"}),
     # The gateway's half of the vLLM lowering (launch + the connector's signed operations).
-    "vllm": frozenset({"contract", "protocol", "engine"}),
+    "vllm": frozenset({"contract", "protocol", "engine", "lowering"}),
     "conformance": frozenset({"contract", "protocol", "engine"}),
     "lowering": frozenset({"contract", "protocol", "conformance"}),
     "gateway": frozenset({"contract", "protocol", "engine", "conformance", "lowering"}),

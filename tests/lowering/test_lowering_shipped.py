@@ -8,17 +8,18 @@ import re
 import pytest
 from lowering_fixtures import ROOT, SHIPPED, check_file
 
-from agentclaims.contract import LoweringClass, ProtectionMode
-from agentclaims.lowering import REFERENCE_DESCRIPTOR
+from agentclaims.contract import ProtectionMode
+from agentclaims.lowering import CONNECTOR_DESCRIPTOR, REFERENCE_DESCRIPTOR
 
 N, A, R = "native_conformance", "approximation_substrate", "rejected"
+P, OBS = "adapter_policy", "adapter_observational"
 MODES = [m.value for m in ProtectionMode]
 # file -> class per mode, in ProtectionMode order (hard, expiring, soft, offloadable,
 # demotable, best_effort); None where the descriptor does not describe the mode
 EXPECTED: dict[str, list[str | None]] = {
     "reference-engine.yaml": [N, N, N, N, N, N],
     "vllm-stock.yaml": [R, R, R, R, R, A],
-    "vllm-agentclaims-connector.yaml": [A, A, None, None, A, A],
+    "vllm-agentclaims-connector.yaml": [P, P, None, None, P, OBS],
     "sglang.yaml": [A, A, A, R, A, A],
     "tensorrt-llm.yaml": [R, R, A, R, A, A],
     "lmcache.yaml": [R, R, None, R, None, A],
@@ -45,29 +46,27 @@ def test_every_shipped_descriptor_is_expected() -> None:
     assert {p.name for p in SHIPPED.glob("*.yaml")} == set(EXPECTED)
 
 
-def test_only_the_connector_is_below_its_claim_until_its_evidence_lands() -> None:
-    """Every shipped descriptor claims what it shows but the connector's, whose own source,
-    tests and conformance run are not anchored yet: each of its obligations says so."""
+def test_every_shipped_descriptor_shows_what_it_claims() -> None:
+    """No shipped descriptor is below the class it claims (the connector's obligations are
+    anchored in its source and in the tests that run it inside a real vLLM)."""
     below = {n: check_file(SHIPPED / n).below_claimed for n in EXPECTED}
-    assert {n for n, mappings in below.items() if mappings} == {"vllm-agentclaims-connector.yaml"}
-    for mapping in below["vllm-agentclaims-connector.yaml"]:
-        assert "claim_scoped_outcomes: met, but no evidence anchor counts" in mapping.reasons
-        assert mapping.claimed in (
-            LoweringClass.ADAPTER_POLICY,
-            LoweringClass.ADAPTER_OBSERVATIONAL,
-        )
+    assert {n for n, mappings in below.items() if mappings} == set()
 
 
 def test_no_stock_runtime_backs_a_hard_claim() -> None:
-    """hard_protected is rejected or only approximated on every runtime but the reference
-    engine: none is honoured."""
-    for name in set(EXPECTED) - {"reference-engine.yaml"}:
+    """hard_protected is rejected or only approximated on every stock runtime: only the
+    reference engine and vLLM with the agentclaims connector honour it."""
+    honouring = {"reference-engine.yaml", "vllm-agentclaims-connector.yaml"}
+    for name in set(EXPECTED) - honouring:
         assert EXPECTED[name][0] in (R, A), name
+    assert EXPECTED["vllm-agentclaims-connector.yaml"][0] == P
 
 
-def test_the_shipped_reference_descriptor_is_the_packaged_one() -> None:
-    """integrations/descriptors/reference-engine.yaml is the file the gateway serves."""
+def test_the_shipped_reference_and_connector_descriptors_are_the_packaged_ones() -> None:
+    """integrations/descriptors/ holds the very files the gateway serves for the reference
+    engine and for vLLM with the connector."""
     assert (SHIPPED / "reference-engine.yaml").resolve() == REFERENCE_DESCRIPTOR.resolve()
+    assert (SHIPPED / "vllm-agentclaims-connector.yaml").resolve() == CONNECTOR_DESCRIPTOR.resolve()
 
 
 def test_the_docs_table_is_the_checkers() -> None:

@@ -139,16 +139,23 @@ async def test_client_kv_transfer_params_never_reach_the_connector(
         await http.post("/v1/claims/gw-4/release", json={"owner_scope": "wf-owner"})
 
 
-async def test_the_descriptor_says_what_vllm_lowering_is_and_claims_no_class_unproven(
-    gateway: str,
-) -> None:
-    """The vLLM side's descriptor names the lowering and its limits, and states no mode's
-    class without a conformance run (unknown: fail closed)."""
+async def test_the_descriptor_is_the_checked_connector_lowering_for_this_vllm(gateway: str) -> None:
+    """The vLLM side's descriptor names its limits and serves the checker's classes for the
+    connector's descriptor at this vLLM's version: hard, expiring and demotable adapter_policy,
+    best effort observational, soft priority and offloadable not offered (unknown)."""
     async with HTTPBackend(gateway) as backend:
         desc = await backend.descriptor()
     assert desc["kv_side"] == "vllm"
     assert any("preempted" in limit for limit in desc["limits"])
-    assert {m["lowering_class"] for m in desc["modes"].values()} == {"unknown"}
+    classes = {mode: entry["lowering_class"] for mode, entry in desc["modes"].items()}
+    assert classes == {
+        "hard_protected": "adapter_policy",
+        "expiring": "adapter_policy",
+        "demotable": "adapter_policy",
+        "best_effort": "adapter_observational",
+        "soft_priority": "unknown",
+        "offloadable": "unknown",
+    }
 
 
 def _start_gateway(vllm_server: VllmServer) -> tuple[subprocess.Popen[bytes], str]:
@@ -208,3 +215,57 @@ async def test_a_gateway_killed_mid_workflow_loses_no_claim_silently(
     finally:
         os.kill(second.pid, signal.SIGTERM)
         second.wait(timeout=10)
+
+
+async def test_a_session_through_the_gateway_holds_its_claims_on_vllm(
+    gateway: str, tmp_path: Any
+) -> None:
+    """A ClaimedSession on the gateway in front of vLLM: the planner's hard claim after each
+    call is accepted and materialized by the connector, a soft one is relaxed locally to
+    demotable (the descriptor says soft priority is not offered), and the session's end
+    releases them, every step in the outcome log."""
+    import json
+
+    import agentclaims
+    from agentclaims.contract import ProtectionMode
+    from agentclaims.planner import ClaimPlan, ClaimPlanner, PrefixContext
+
+    class Planned(ClaimPlanner):
+        def __init__(self, *modes: ProtectionMode) -> None:
+            super().__init__()
+            self.modes = list(modes)
+
+        def plan(self, ctx: PrefixContext) -> ClaimPlan:
+            return ClaimPlan(self.modes.pop(0) if self.modes else None, 30.0, "test")
+
+    backend = agentclaims.HTTPBackend(gateway, timeout_s=120)
+    client = agentclaims.openai_client(backend)
+    model = (await client.models.list()).data[0].id
+    messages = [{"role": "user", "content": words("session", 30)}]
+    planner = Planned(ProtectionMode.HARD_PROTECTED, ProtectionMode.SOFT_PRIORITY)
+    async with agentclaims.ClaimedSession(backend, planner=planner, log_dir=tmp_path) as session:
+        with session.node("agent"):
+            reply = await client.chat.completions.create(
+                model=model, messages=messages, max_tokens=4
+            )
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content or "ok"}]
+            async with session.tool_call("search"):
+                await session.settle()
+                [held] = session.claims.values()
+                assert held.plan.mode is ProtectionMode.HARD_PROTECTED
+                assert held.state == "materialized"
+            messages += [{"role": "user", "content": "and then"}]
+            await client.chat.completions.create(model=model, messages=messages, max_tokens=4)
+            await session.settle()
+            [second] = session.claims.values()
+            assert second.plan.mode is ProtectionMode.DEMOTABLE
+    await backend.aclose()
+    assert session.stats.claims_accepted == 2
+    lines = [
+        json.loads(x) for x in (tmp_path / f"{session.workflow_id}.jsonl").read_text().splitlines()
+    ]
+    names = [d["event"] for d in lines]
+    assert "resident_claim_materialized" in names
+    assert "reaction_relax" in names
+    ended = {d["claim_id"]: d["reason"] for d in lines if d["event"] == "claim_ended"}
+    assert sorted(ended.values()) == ["session_end", "superseded"]
