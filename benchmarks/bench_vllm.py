@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,7 +35,7 @@ import httpx2
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from servers import free_port, wait_healthy  # noqa: E402
+from servers import free_port, stop, wait_healthy  # noqa: E402
 
 KEY = "bench-claims-key"
 SERVER = ("--blocks", "97", "--max-model-len", "1024")
@@ -57,15 +55,6 @@ def start(argv: list[str], url: str, timeout_s: float = 300) -> subprocess.Popen
         except AssertionError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"{argv[3:6]} did not start") from None
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
 
 
 def cli(*args: str) -> list[str]:
@@ -263,9 +252,9 @@ def main() -> None:
             try:
                 out.update(asyncio.run(measure(vurl, gurl, model_dir, connector, args)))
             finally:
-                stop(gateway)
+                stop(gateway, group=True, timeout_s=30)
         finally:
-            stop(vllm)
+            stop(vllm, group=True, timeout_s=30)
     report(out, args)
 
 

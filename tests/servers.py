@@ -40,9 +40,8 @@ def wait_healthy(url: str, alive: Any = None, timeout_s: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-@contextlib.contextmanager
-def gateway_process(*args: str) -> Iterator[str]:
-    """`agentclaims serve ARGS` on a free loopback port; yields its root URL."""
+def start_gateway(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+    """`agentclaims serve ARGS` on a free loopback port, healthy; the process and its URL."""
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -66,16 +65,35 @@ def gateway_process(*args: str) -> Iterator[str]:
 
     try:
         wait_healthy(url, alive)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc, url
+
+
+def stop(proc: subprocess.Popen[bytes], *, group: bool = False, timeout_s: float = 10) -> None:
+    """SIGTERM (to its whole process group with ``group``: a server started in a session of
+    its own, with children), then SIGKILL if it does not go within ``timeout_s``."""
+    kill = os.killpg if group else os.kill
+    if proc.poll() is None:
+        kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout_s)
+    if proc.stderr:
+        proc.stderr.close()
+
+
+@contextlib.contextmanager
+def gateway_process(*args: str) -> Iterator[str]:
+    """`agentclaims serve ARGS` on a free loopback port; yields its root URL."""
+    proc, url = start_gateway(*args)
+    try:
         yield url
     finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        if proc.stderr:
-            proc.stderr.close()
+        stop(proc)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,6 @@ stopped by PID. Without the vLLM environment the tests skip, except under `make 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 
 import httpx2
 import pytest
-from servers import free_port
+from servers import free_port, stop
 
 KEY = "test-claims-key"
 MAX_DEFER_S = 10.0
@@ -94,12 +93,7 @@ def vllm_server(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> It
             time.sleep(0.5)
         yield VllmServer(url, tiny_model, KEY, proc.pid)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        stop(proc, group=True, timeout_s=30)
 
 
 class Prompts:

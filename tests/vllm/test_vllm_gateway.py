@@ -7,14 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import httpx2
 import pytest
 from conftest import VllmServer
-from servers import free_port, gateway_process, wait_healthy
+from servers import gateway_process, start_gateway, stop
 
 from agentclaims.backends import HTTPBackend
 from agentclaims.contract import CacheIdentity, ClaimSpec, ClaimState, ProtectionMode
@@ -159,30 +158,9 @@ async def test_the_descriptor_is_the_checked_connector_lowering_for_this_vllm(ga
 
 
 def _start_gateway(vllm_server: VllmServer) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agentclaims.cli.main",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--kv",
-            "vllm",
-            "--upstream",
-            vllm_server.url,
-            "--claims-key",
-            vllm_server.key,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    return start_gateway(
+        "--kv", "vllm", "--upstream", vllm_server.url, "--claims-key", vllm_server.key
     )
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(url)
-    return proc, url
 
 
 async def test_a_gateway_killed_mid_workflow_loses_no_claim_silently(
@@ -213,8 +191,7 @@ async def test_a_gateway_killed_mid_workflow_loses_no_claim_silently(
         assert ended.data["reason"] == "revoked: gateway_restart"
         assert ended.data["blocks"] > 0
     finally:
-        os.kill(second.pid, signal.SIGTERM)
-        second.wait(timeout=10)
+        stop(second)
 
 
 async def test_a_session_through_the_gateway_holds_its_claims_on_vllm(
