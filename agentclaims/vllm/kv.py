@@ -92,8 +92,27 @@ class _Claim:
     expires_at_ns: int | None = None
 
 
-def _blocks(prompt_tokens: int, block_size: int) -> int:
-    return prompt_tokens // block_size
+def _prompt_ids(data: Mapping[str, Any]) -> list[int] | None:
+    """The prompt's token ids in a vLLM answer asked for them (``return_token_ids``)."""
+    ids = data.get("prompt_token_ids")
+    if ids is None:
+        ids = (data.get("choices") or [{}])[0].get("prompt_token_ids")
+    if isinstance(ids, list) and all(isinstance(t, int) for t in ids):
+        return ids
+    return None
+
+
+def _client_payload(data: Mapping[str, Any], *, keep_token_ids: bool) -> dict[str, Any]:
+    """The answer as the client sees it: never the connector's receipt; token ids only when
+    the client asked for them."""
+    out = {k: v for k, v in data.items() if k != "kv_transfer_params"}
+    if not keep_token_ids:
+        out.pop("prompt_token_ids", None)
+        out["choices"] = [
+            {k: v for k, v in c.items() if k not in ("token_ids", "prompt_token_ids")}
+            for c in out.get("choices") or []
+        ]
+    return out
 
 
 class VllmKV:
@@ -287,10 +306,17 @@ class VllmKV:
                 "stream",
                 "streaming through the vLLM KV side is not supported yet; send stream: false",
             )
-        tokens = await self.tokenize(kind, body)
-        async with self._lock:
-            hashes, prompt_pid = self._register(tokens, cache_salt)
-            specs = self._resolve(claims, owner, prompt_pid, len(hashes))
+        # Claims sent with the request need its prompt's blocks now: tokenize first. Without
+        # claims (the SDK's usual request: it claims after the answer), vLLM returns the prompt
+        # token ids with the answer, and one round trip is saved.
+        tokens = await self.tokenize(kind, body) if claims else None
+        hashes: list[BlockHash] = []
+        prompt_pid: str | None = None
+        specs: list[ClaimSpec] = []
+        if tokens is not None:
+            async with self._lock:
+                hashes, prompt_pid = self._register(tokens, cache_salt)
+                specs = self._resolve(claims, owner, prompt_pid, len(hashes))
         tenant = owner or "default"
         client = await self._connector_ready()
         forwarded = {
@@ -299,6 +325,9 @@ class VllmKV:
             if k not in ("kv_transfer_params", "agentclaims", "cache_salt")
         }
         forwarded["model"] = client.model
+        wants_ids = bool(body.get("return_token_ids"))
+        if tokens is None:
+            forwarded["return_token_ids"] = True
         ops = [self._hold_op(spec) for spec in specs]
         forwarded["kv_transfer_params"] = {"agentclaims": client.envelope(ops, tenant)}
         status, data = await self._post(_KINDS[kind], forwarded)
@@ -308,8 +337,12 @@ class VllmKV:
                 raise BackendUnavailable(f"vLLM answered HTTP {status}: {message}")
             raise UsageError("body", f"vLLM refused the request: {message}")
         answer = client._answer(data)
-        payload = {k: v for k, v in data.items() if k != "kv_transfer_params"}
+        if tokens is None:
+            tokens = _prompt_ids(data)
+        payload = _client_payload(data, keep_token_ids=wants_ids)
         async with self._lock:
+            if tokens is not None and prompt_pid is None:
+                hashes, prompt_pid = self._register(tokens, cache_salt)
             self._absorb(answer)
             result = self._result(answer, specs, prompt_pid, hashes)
         return UpstreamResult(payload, result)

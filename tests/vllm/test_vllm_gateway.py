@@ -84,11 +84,13 @@ async def test_a_claim_sent_with_a_chat_request_holds_its_prompt_on_vllm(gateway
 
 
 async def test_a_claim_on_a_served_prefix_through_the_claims_api(gateway: str) -> None:
-    """`POST /v1/claims` on the prompt prefix of an earlier request holds it (re-run for one
-    token); a claim with another engine's cache identity is refused."""
+    """A request without claims still names its prompt prefix (from the token ids vLLM
+    returns with the answer); `POST /v1/claims` on it holds it (re-run for one token); a claim
+    with another engine's cache identity is refused."""
     async with HTTPBackend(gateway) as backend, httpx2.AsyncClient(base_url=gateway) as http:
         body = (await http.post("/v1/chat/completions", json=chat(words("later", 40)))).json()
         assert "agentclaims" in body, body
+        assert "prompt_token_ids" not in body  # asked of vLLM for the prefix ids, not shown
         pid = body["agentclaims"]["prefix_ids"]["prompt"]
         identity = await backend.cache_identity()
         blocks = int(pid.rsplit("-", 1)[1])
