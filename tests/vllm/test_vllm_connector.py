@@ -54,14 +54,15 @@ async def test_a_claimed_prefix_survives_pressure_that_evicts_an_unclaimed_one(
     ]
 
 
-async def _long_and_blocked(
-    connector: ConnectorClient, prompts: Any
-) -> tuple[ConnectorAnswer, ConnectorAnswer]:
-    """One request that decodes a while, and one that cannot fit next to it and the holds."""
-    long = asyncio.create_task(connector.complete(prompts(100), max_tokens=150))
-    await asyncio.sleep(0.05)
-    blocked = asyncio.create_task(connector.complete(prompts(220)))
-    return await long, await blocked
+async def _burst(
+    connector: ConnectorClient, prompts: Any, n: int = 3
+) -> tuple[list[list[int]], list[ConnectorAnswer]]:
+    """``n`` requests at once, each decoding a while: with 30 of the 40 blocks held, 10 are
+    left and each needs 4 to start, so whatever their order one of them cannot fit next to
+    the others and the holds (no timing assumed)."""
+    batch = [prompts(100) for _ in range(n)]
+    answers = await asyncio.gather(*(connector.complete(p, max_tokens=150) for p in batch))
+    return batch, list(answers)
 
 
 async def _fill(
@@ -82,9 +83,8 @@ async def test_a_request_that_needs_held_blocks_is_deferred_naming_them_then_run
     """Holds that end within the deferral window make a request that needs their blocks
     wait, with an explicit deferral naming them; it runs once room returns."""
     ids = await _fill(connector, prompts, "defer", "hard_protected", ttl_s=8)
-    long, blocked = await _long_and_blocked(connector, prompts)
-    assert long.served
-    assert blocked.served
+    _, answers = await _burst(connector, prompts)
+    assert all(a.served for a in answers)
     await release_all(connector, *ids)
     [deferral, *_] = events_named(connector, "active_request_deferred")
     assert set(deferral["blocking_claim_ids"]) <= set(ids)
@@ -98,17 +98,16 @@ async def test_a_hopeless_wait_is_refused_naming_the_claims_and_served_after_rel
     """Holds that outlast the deferral window turn the blocked request into a refusal (an
     abort with the blocking claims, not an HTTP 500); after the release it is served."""
     ids = await _fill(connector, prompts, "refuse", "hard_protected", ttl_s=100)
-    long = asyncio.create_task(connector.complete(prompts(100), max_tokens=150))
-    await asyncio.sleep(0.05)
-    retry_prompt = prompts(220)
-    refused = await connector.complete(retry_prompt)
-    await long
-    assert refused.finish_reason == "abort"
-    assert refused.refused is not None
-    assert set(refused.refused["blocking_claim_ids"]) <= set(ids)
-    assert refused.refused["shortfall_blocks"] > 0
+    batch, answers = await _burst(connector, prompts)
+    refused = [(p, a) for p, a in zip(batch, answers, strict=True) if not a.served]
+    assert refused, "nothing was refused"
+    prompt, answer = refused[0]
+    assert answer.finish_reason == "abort"
+    assert answer.refused is not None
+    assert set(answer.refused["blocking_claim_ids"]) <= set(ids)
+    assert answer.refused["shortfall_blocks"] > 0
     await release_all(connector, *ids)
-    served = await connector.complete(retry_prompt)
+    served = await connector.complete(prompt)
     assert served.served
 
 
@@ -125,10 +124,9 @@ async def test_soft_holds_are_shed_under_pressure_each_with_a_demotion(
         )
         assert answer.result_of(cid)["state"] == "materialized"
         ids.append(cid)
-    long, blocked = await _long_and_blocked(connector, prompts)
-    assert long.served
-    assert blocked.served
-    answer = await release_all(connector, *ids)
+    _, answers = await _burst(connector, prompts)
+    assert all(a.served for a in answers)
+    await release_all(connector, *ids)
     demoted = [e["claim_id"] for e in events_named(connector, "resident_claim_demoted")]
     assert demoted, "no soft hold was shed"
     assert demoted == sorted(demoted, reverse=True)  # farthest predicted next use first
