@@ -248,3 +248,17 @@ async def test_a_session_through_the_gateway_holds_its_claims_on_vllm(
     assert "reaction_relax" in names
     ended = {d["claim_id"]: d["reason"] for d in lines if d["event"] == "claim_ended"}
     assert sorted(ended.values()) == ["session_end", "superseded"]
+
+
+async def test_conformance_over_the_gateway_on_vllm_is_not_exposed_never_a_pass(
+    gateway: str,
+) -> None:
+    """The suite over the gateway on vLLM: the vLLM KV side offers no fresh instance yet, so
+    every level is not_exposed, naming what is missing, never pass."""
+    from agentclaims.conformance import run_suite
+    from agentclaims.contract import ConformanceStatus
+
+    async with HTTPBackend(gateway) as backend:
+        results = await run_suite(backend)
+    assert {r.status for r in results.values()} == {ConformanceStatus.NOT_EXPOSED}
+    assert all("fresh_instance" in r.detail for r in results.values())
