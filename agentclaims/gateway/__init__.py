@@ -11,11 +11,13 @@
 """
 
 from agentclaims.gateway.app import Extension, KVSide, create_app
+from agentclaims.gateway.limits import Limits
 from agentclaims.gateway.text import Reply, Script, ScriptedModel, TextRequest, TextSide, ToolCall
 
 __all__ = [
     "Extension",
     "KVSide",
+    "Limits",
     "Reply",
     "Script",
     "ScriptedModel",

@@ -31,6 +31,7 @@ from agentclaims.contract import (
 )
 from agentclaims.engine import ReferenceKV, blake2b_hash
 from agentclaims.errors import AgentClaimsError, OperationNotExposed, UsageError
+from agentclaims.gateway.limits import BodyTooLarge, Limits, parse_body
 from agentclaims.gateway.text import Reply, TextRequest, TextSide
 from agentclaims.lowering import (
     SELF_TEST,
@@ -139,13 +140,12 @@ class Extension:
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body() or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError("body", f"not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise UsageError("body", "expected a JSON object")
-    return body
+    """The body as a JSON object, within the gateway's limits (``limits.parse_body``)."""
+    limits: Limits = getattr(request.app.state, "limits", None) or Limits()
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
+        raise BodyTooLarge("body", f"{length} bytes; at most {limits.max_body_bytes}")
+    return parse_body(await request.body(), limits)
 
 
 def _optional_str(body: Mapping[str, Any], name: str) -> str | None:
@@ -480,6 +480,8 @@ class _Gateway:
     async def on_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, AgentClaimsError)
         status, body = exception_error(exc)
+        if isinstance(exc, BodyTooLarge):
+            status = 413
         self.errors[body["error"]["type"]] += 1
         return JSONResponse(body, status_code=status)
 
@@ -499,6 +501,7 @@ def create_app(
     *,
     name: str = "agentclaims-gateway",
     lowering: LoweringSource | None = None,
+    limits: Limits | None = None,
 ) -> Starlette:
     """The gateway app over a KV side (e.g. ``ReferenceKV``) and a text side (``ScriptedModel``).
 
@@ -534,6 +537,7 @@ def create_app(
         exception_handlers={AgentClaimsError: gw.on_error, HTTPException: gw.on_http_error},
     )
     app.state.gateway = gw
+    app.state.limits = limits or Limits()
     return app
 
 
