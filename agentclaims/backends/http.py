@@ -47,7 +47,7 @@ W = TypeVar("W", bound=Wire)
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
-_ROOT_PATHS = ("/health", "/metrics")
+_ROOT_PATHS = ("/health",)
 """Served beside ``/v1``, not under it."""
 
 
@@ -212,7 +212,7 @@ class HTTPBackend:
 
     async def metrics(self) -> Mapping[str, Any]:
         """The gateway's counters (engine stats, pool occupancy, requests)."""
-        return await self._call("GET", "/metrics")
+        return await self._call("GET", "/stats")
 
     async def health(self) -> bool:
         """True when the gateway answers ``/health``; False when it cannot be reached."""

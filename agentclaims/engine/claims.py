@@ -411,6 +411,14 @@ class ClaimArbiter:
         ended = (ClaimState.REFUSED, ClaimState.EXPIRED, ClaimState.HARMED)
         return {c.spec.owner_scope for c in self._claims.values() if c.state not in ended}
 
+    def claim_counts(self) -> dict[str, int]:
+        """Claims by ``mode/state`` (all the engine still tracks)."""
+        out: dict[str, int] = {}
+        for c in self._claims.values():
+            key = f"{c.spec.protection_mode.value}/{c.state.value}"
+            out[key] = out.get(key, 0) + 1
+        return dict(sorted(out.items()))
+
     def claims_of(self, owner_scope: str) -> list[ClaimView]:
         self._expire_due(None)
         return [self._view(c) for c in self._claims.values() if c.spec.owner_scope == owner_scope]

@@ -425,6 +425,7 @@ class ReferenceKV:
                 "modelled_hold_s": round(c.hold_s, 6),
                 "by_action": dict(sorted(c.by_action.items())),
             },
+            "claims": engine.claim_counts(),
             "events_seq": engine.last_seq,
         }
 

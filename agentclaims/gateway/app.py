@@ -32,6 +32,7 @@ from agentclaims.contract import (
 from agentclaims.engine import ReferenceKV, blake2b_hash
 from agentclaims.errors import AgentClaimsError, OperationNotExposed, UsageError
 from agentclaims.gateway.limits import BodyTooLarge, Limits, parse_body
+from agentclaims.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from agentclaims.gateway.text import Reply, TextRequest, TextSide
 from agentclaims.lowering import (
     SELF_TEST,
@@ -188,6 +189,7 @@ class _Gateway:
         self._lowering: ServedLowering | None = None
         self.calls: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
+        self.prometheus = GatewayMetrics(self.stats)
 
     # ------------------------------------------------------------------ completions
     async def _complete(
@@ -461,19 +463,31 @@ class _Gateway:
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "kv_side": self.kv.name, "text_side": self.text.name})
 
-    async def metrics(self, request: Request) -> Response:
+    def stats(self) -> dict[str, Any]:
+        """The gateway's counters and its KV side's figures, as one JSON object."""
         gateway = {
             "calls": dict(sorted(self.calls.items())),
             "errors": dict(sorted(self.errors.items())),
         }
         metrics = getattr(self.kv, "metrics", None)
-        return JSONResponse({"gateway": gateway, **(metrics() if callable(metrics) else {})})
+        return {"gateway": gateway, **(metrics() if callable(metrics) else {})}
+
+    async def stats_route(self, request: Request) -> Response:
+        return JSONResponse(self.stats())
+
+    async def metrics(self, request: Request) -> Response:
+        """The same figures in the Prometheus text format (prometheus-client)."""
+        return Response(self.prometheus.render(), media_type=CONTENT_TYPE)
 
     # ------------------------------------------------------------------ plumbing
     def counted(self, name: str, handler: Handler) -> Handler:
         async def run(request: Request) -> Response:
             self.calls[name] += 1
-            return await handler(request)
+            started = time.perf_counter()
+            try:
+                return await handler(request)
+            finally:
+                self.prometheus.observe(name, time.perf_counter() - started)
 
         return run
 
@@ -527,6 +541,7 @@ def create_app(
         ("/v1/models", gw.models, ["GET"]),
         ("/health", gw.health, ["GET"]),
         ("/metrics", gw.metrics, ["GET"]),
+        ("/v1/stats", gw.stats_route, ["GET"]),
     ]
     routes = [
         Route(path, gw.counted(f"{methods[0]} {path}", handler), methods=methods)

@@ -8,6 +8,7 @@ import pytest
 from gateway_sleeps import RecordingSleep
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from agentclaims.backends import EmbeddedBackend
 from agentclaims.contract import ClaimSpec, ClaimState, LoweringClass, ProtectionMode
@@ -172,7 +173,9 @@ async def test_descriptor_classes_come_from_the_lowering_checker(backend: Embedd
 
 
 async def test_health_metrics_and_unknown_routes(backend: EmbeddedBackend) -> None:
-    """Health is ok; metrics count calls and pool state; unknown paths answer JSON 404."""
+    """Health is ok; /v1/stats (JSON) and /metrics (Prometheus text, read back with
+    prometheus-client's own parser) count calls, latency and pool state; unknown paths answer
+    JSON 404."""
     assert await backend.health() is True
     await backend.http_client().post("/v1/completions", json={"prompt": [1, 2, 3, 4, 5]})
     metrics = await backend.metrics()
@@ -180,6 +183,18 @@ async def test_health_metrics_and_unknown_routes(backend: EmbeddedBackend) -> No
     assert metrics["requests"]["total"] == 1
     assert metrics["pool"]["usable_blocks"] == 32
     assert metrics["engine"]["requests_served"] == 1
+    text = (await backend.http_client().get("/metrics")).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    [served] = families["agentclaims_engine_requests_served"].samples
+    assert served.value == 1
+    calls = {s.labels["route"]: s.value for s in families["agentclaims_gateway_calls"].samples}
+    assert calls["POST /v1/completions"] == 1
+    latency = [
+        s for s in families["agentclaims_request_seconds"].samples if s.name.endswith("_count")
+    ]
+    assert {s.labels["route"] for s in latency} >= {"POST /v1/completions"}
+    pool = {s.labels["kind"]: s.value for s in families["agentclaims_pool_blocks"].samples}
+    assert pool["usable_blocks"] == 32
     missing = await backend.http_client().get("/v1/nothing")
     assert missing.status_code == 404
     assert missing.json()["error"]["type"] == "not_found"

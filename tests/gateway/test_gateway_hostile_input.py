@@ -24,6 +24,13 @@ IDENT = {
     "block_size": 16,
 }
 
+
+def claim(**fields: Any) -> dict[str, Any]:
+    """A well-formed claim object, with ``fields`` changed."""
+    base = {"claim_id": "c", "owner_scope": "o", "object_id": "p", "cache_identity": IDENT}
+    return {**base, "footprint_blocks": 1, "protection_mode": "hard_protected", **fields}
+
+
 # (method, path, raw body or JSON, expected status, what the error names)
 CASES: list[tuple[str, str, Any, int, str]] = [
     ("POST", "/v1/chat/completions", DEEP, 400, "body.depth"),
@@ -107,32 +114,14 @@ CASES: list[tuple[str, str, Any, int, str]] = [
     (
         "POST",
         "/v1/claims",
-        {
-            "claim": {
-                "claim_id": "c",
-                "owner_scope": "o",
-                "object_id": "p",
-                "cache_identity": IDENT,
-                "footprint_blocks": 0,
-                "protection_mode": "hard_protected",
-            }
-        },
+        {"claim": claim(footprint_blocks=0)},
         400,
         "footprint_blocks",
     ),
     (
         "POST",
         "/v1/claims",
-        {
-            "claim": {
-                "claim_id": "c",
-                "owner_scope": "o",
-                "object_id": "p",
-                "cache_identity": IDENT,
-                "footprint_blocks": 1,
-                "protection_mode": "granite",
-            }
-        },
+        {"claim": claim(protection_mode="granite")},
         400,
         "protection_mode",
     ),
@@ -140,14 +129,7 @@ CASES: list[tuple[str, str, Any, int, str]] = [
         "POST",
         "/v1/claims",
         {
-            "claim": {
-                "claim_id": "c",
-                "owner_scope": "o",
-                "object_id": "p",
-                "cache_identity": IDENT,
-                "footprint_blocks": 1,
-                "protection_mode": "hard_protected",
-            },
+            "claim": claim(),
             "block_hashes": [-5],
         },
         400,
@@ -156,17 +138,7 @@ CASES: list[tuple[str, str, Any, int, str]] = [
     (
         "POST",
         "/v1/claims",
-        {
-            "claim": {
-                "claim_id": "c",
-                "owner_scope": "o",
-                "object_id": "p",
-                "cache_identity": IDENT,
-                "footprint_blocks": 1,
-                "protection_mode": "hard_protected",
-                "extra": 1,
-            }
-        },
+        {"claim": claim(extra=1)},
         400,
         "claim",
     ),

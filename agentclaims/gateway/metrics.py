@@ -1,0 +1,96 @@
+"""``/metrics`` in the Prometheus text format (prometheus-client), read at scrape time.
+
+The gateway's own counters (calls per route, errors per type) and request latency histogram,
+and whatever its KV side reports: the engine's counters (requests served, deferred, refused;
+blocks hit, computed, evicted; claims accepted and rejected; true harm), the pool's occupancy,
+the prefix hit ratio of served prompts, and live claims by mode and state. The same figures as
+JSON are at ``GET /v1/stats``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["CONTENT_TYPE", "GatewayMetrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _Snapshot(Collector):
+    """Families built from a ``stats()`` snapshot at each scrape."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.stats()
+        gw = snap.get("gateway", {})
+        calls = CounterMetricFamily(
+            "agentclaims_gateway_calls", "Requests per route", labels=["route"]
+        )
+        for route, n in gw.get("calls", {}).items():
+            calls.add_metric([route], n)
+        yield calls
+        errors = CounterMetricFamily(
+            "agentclaims_gateway_errors", "Error answers per type", labels=["type"]
+        )
+        for kind, n in gw.get("errors", {}).items():
+            errors.add_metric([kind], n)
+        yield errors
+        for name, value in (snap.get("engine") or {}).items():
+            yield CounterMetricFamily(
+                f"agentclaims_engine_{name}", f"Engine counter {name}", value=value
+            )
+        pool = GaugeMetricFamily(
+            "agentclaims_pool_blocks", "KV pool blocks by kind", labels=["kind"]
+        )
+        for kind, value in (snap.get("pool") or {}).items():
+            pool.add_metric([kind], value)
+        yield pool
+        requests = snap.get("requests") or {}
+        prompt, cached = requests.get("prompt_tokens", 0), requests.get("cached_tokens", 0)
+        yield GaugeMetricFamily(
+            "agentclaims_prefix_hit_ratio",
+            "Share of served prompt tokens found in the prefix cache",
+            value=cached / prompt if prompt else 0.0,
+        )
+        actions = CounterMetricFamily(
+            "agentclaims_active_requests", "Active requests by arbiter action", labels=["action"]
+        )
+        for action, n in (requests.get("by_action") or {}).items():
+            actions.add_metric([action], n)
+        yield actions
+        claims = GaugeMetricFamily(
+            "agentclaims_claims", "Claims by protection mode and state", labels=["mode", "state"]
+        )
+        for key, n in (snap.get("claims") or {}).items():
+            mode, _, state = key.partition("/")
+            claims.add_metric([mode, state], n)
+        yield claims
+
+
+class GatewayMetrics:
+    """The gateway's registry: a latency histogram it observes and the snapshot collector."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram(
+            "agentclaims_request_seconds",
+            "Time to answer, per route",
+            ["route"],
+            registry=self.registry,
+            buckets=_BUCKETS,
+        )
+        self.registry.register(_Snapshot(stats))
+
+    def observe(self, route: str, seconds: float) -> None:
+        self.latency.labels(route).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
