@@ -278,3 +278,24 @@ def test_wire_types_reject_garbage(kind: Any) -> None:
     """Parsing a dict that is not the type's form is a UsageError."""
     with pytest.raises(UsageError):
         kind.from_dict({"action": "fly"})
+
+
+async def test_openapi_describes_every_route(backend: EmbeddedBackend) -> None:
+    """GET /openapi.json lists every route of the app with its methods, a summary, its path
+    parameters and the error responses."""
+    from starlette.routing import Route
+
+    doc = (await backend.http_client().get("/openapi.json")).json()
+    assert doc["openapi"].startswith("3.")
+    served = {
+        (method.lower(), route.path)
+        for route in backend.app.routes
+        if isinstance(route, Route)
+        for method in (route.methods or ()) - {"HEAD"}
+    }
+    described = {(m, path) for path, ops in doc["paths"].items() for m in ops}
+    assert described == served
+    renew = doc["paths"]["/v1/claims/{claim_id}/renew"]["post"]
+    assert renew["parameters"][0]["name"] == "claim_id"
+    assert {"400", "404", "409"} <= set(renew["responses"])
+    assert all(op["summary"] != path for path, ops in doc["paths"].items() for op in ops.values())
