@@ -1,7 +1,7 @@
 """The Resident KV Claims contract: ids, modes, states, decisions, actions, predicates, events,
 and the one wire codec they travel in."""
 
-from agentclaims.contract.claims import CacheIdentity, ClaimSpec, parse_mode
+from agentclaims.contract.claims import CacheIdentity, ClaimSpec, owned_claim, parse_mode
 from agentclaims.contract.events import SCHEMA_VERSION, ClaimEvent, ClaimHistory, rebuild_claims
 from agentclaims.contract.ids import (
     BlockHash,
@@ -56,6 +56,7 @@ __all__ = [
     "RequestId",
     "check_transition",
     "leading_run",
+    "owned_claim",
     "parse_mode",
     "predicate_from_dict",
     "prefix_blocks",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Protocol, TypeVar, cast
 
 from agentclaims.contract.names import ProtectionMode
 from agentclaims.contract.predicates import (
@@ -15,9 +15,9 @@ from agentclaims.contract.predicates import (
     predicate_from_dict,
 )
 from agentclaims.contract.wire import Wire
-from agentclaims.errors import UnknownNameError, UsageError
+from agentclaims.errors import ScopeViolation, UnknownClaim, UnknownNameError, UsageError
 
-__all__ = ["CacheIdentity", "ClaimSpec", "parse_mode"]
+__all__ = ["CacheIdentity", "ClaimSpec", "owned_claim", "parse_mode"]
 
 
 def parse_mode(value: ProtectionMode | str, field_name: str = "protection_mode") -> ProtectionMode:
@@ -136,3 +136,23 @@ class ClaimSpec(Wire):
 
     def with_mode(self, mode: ProtectionMode | str) -> ClaimSpec:
         return replace(self, protection_mode=parse_mode(mode))
+
+
+class _HasSpec(Protocol):
+    @property
+    def spec(self) -> ClaimSpec: ...
+
+
+C = TypeVar("C", bound=_HasSpec)
+
+
+def owned_claim(claims: Mapping[str, C], claim_id: str, owner_scope: str) -> C:
+    """The claim ``claim_id`` of ``owner_scope``: ``UnknownClaim`` if there is none,
+    ``ScopeViolation`` if it is another owner's (the contract's scope rule, for every
+    backend's claim table)."""
+    claim = claims.get(claim_id)
+    if claim is None:
+        raise UnknownClaim(claim_id)
+    if claim.spec.owner_scope != owner_scope:
+        raise ScopeViolation(claim_id, owner_scope)
+    return claim

@@ -32,13 +32,14 @@ from agentclaims.contract import (
     PrefixId,
     ProtectionMode,
     check_transition,
+    owned_claim,
 )
 from agentclaims.contract.ids import BlockHash, prefix_id_of
 from agentclaims.engine.events import EventLog
 from agentclaims.engine.pool import PROTECTED, TIER_OF_MODE, BlockPool
 from agentclaims.engine.record import ClaimRecord
 from agentclaims.engine.stats import EngineStats
-from agentclaims.errors import ScopeViolation, UnknownClaim, UsageError
+from agentclaims.errors import UsageError
 from agentclaims.protocol.types import ClaimDecision, ClaimView
 
 __all__ = ["ClaimArbiter"]
@@ -394,12 +395,7 @@ class ClaimArbiter:
         self._pool.attach(resident)
 
     def _owned(self, claim_id: str, owner_scope: str) -> ClaimRecord:
-        claim = self._claims.get(claim_id)
-        if claim is None:
-            raise UnknownClaim(claim_id)
-        if claim.spec.owner_scope != owner_scope:
-            raise ScopeViolation(claim_id, owner_scope)
-        return claim
+        return owned_claim(self._claims, claim_id, owner_scope)
 
     def get_claim(self, claim_id: str, owner_scope: str) -> ClaimView:
         claim = self._owned(claim_id, owner_scope)  # check the scope before anything changes

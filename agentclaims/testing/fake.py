@@ -47,11 +47,12 @@ from agentclaims.contract import (
     ProtectionMode,
     RequestId,
     check_transition,
+    owned_claim,
     parse_mode,
     prefix_id_of,
 )
 from agentclaims.engine import WordTokenizer, hash_token_blocks
-from agentclaims.errors import ScopeViolation, UnknownClaim, UsageError
+from agentclaims.errors import UnknownClaim, UsageError
 from agentclaims.gateway import Script
 from agentclaims.lowering import IDENTITY_FIELDS, LoweringSource
 from agentclaims.protocol import (
@@ -653,10 +654,7 @@ class FakeKV:
         return claim
 
     def _owned(self, claim_id: str, owner_scope: str) -> _Claim:
-        claim = self._claim(claim_id)
-        if claim.spec.owner_scope != owner_scope:
-            raise ScopeViolation(claim_id, owner_scope)
-        return claim
+        return owned_claim(self._claims, claim_id, owner_scope)
 
     def _transition(self, claim: _Claim, target: ClaimState, name: EventName, **data: Any) -> None:
         """Move ``claim`` to ``target`` (an illegal move raises before anything changes)."""

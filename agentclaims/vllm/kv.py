@@ -45,14 +45,13 @@ from agentclaims.contract import (
     OwnerScope,
     PrefixId,
     RequestId,
+    owned_claim,
     prefix_id_of,
 )
 from agentclaims.errors import (
     BackendError,
     BackendUnavailable,
     OperationNotExposed,
-    ScopeViolation,
-    UnknownClaim,
     UsageError,
 )
 from agentclaims.lowering.served import CONNECTOR_DESCRIPTOR
@@ -491,12 +490,7 @@ class VllmKV:
             return self._decide(spec, answer)
 
     def _owned(self, claim_id: str, owner_scope: str) -> _Claim:
-        claim = self._claims.get(claim_id)
-        if claim is None:
-            raise UnknownClaim(claim_id)
-        if claim.spec.owner_scope != owner_scope:
-            raise ScopeViolation(claim_id, owner_scope)
-        return claim
+        return owned_claim(self._claims, claim_id, owner_scope)
 
     @staticmethod
     def _end(claim: _Claim) -> None:
