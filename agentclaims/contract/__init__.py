@@ -2,6 +2,7 @@
 and the one wire codec they travel in."""
 
 from agentclaims.contract.claims import CacheIdentity, ClaimSpec, owned_claim, parse_mode
+from agentclaims.contract.hints import SESSION_STATES, WAIT_CLASSES, ReuseHint, hint_owner
 from agentclaims.contract.events import SCHEMA_VERSION, ClaimEvent, ClaimHistory, rebuild_claims
 from agentclaims.contract.ids import (
     BlockHash,
@@ -34,6 +35,8 @@ from agentclaims.contract.predicates import (
 __all__ = [
     "LEGAL_TRANSITIONS",
     "SCHEMA_VERSION",
+    "SESSION_STATES",
+    "WAIT_CLASSES",
     "ArbiterAction",
     "BlockHash",
     "CacheIdentity",
@@ -54,7 +57,9 @@ __all__ = [
     "PrefixId",
     "ProtectionMode",
     "RequestId",
+    "ReuseHint",
     "check_transition",
+    "hint_owner",
     "leading_run",
     "owned_claim",
     "parse_mode",

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol, TypeVar, cast
 
+from agentclaims.contract.hints import ReuseHint
 from agentclaims.contract.names import ProtectionMode
 from agentclaims.contract.predicates import (
     ContiguousRange,
@@ -85,8 +86,11 @@ class ClaimSpec(Wire):
     materialization_predicate: MaterializationPredicate = field(default=None)  # type: ignore[assignment]
     duration_steps: int | None = None
     ttl_s: float | None = None
+    reuse_hint: ReuseHint | None = None
+    """What the agent knows about the prefix's next use (``agentclaims.contract.hints``)."""
 
     wire_name: ClassVar[str] = "claim"
+    wire_omit_none: ClassVar[tuple[str, ...]] = ("reuse_hint",)
     wire_readers: ClassVar[Mapping[str, Any]] = {"materialization_predicate": predicate_from_dict}
 
     def __post_init__(self) -> None:
@@ -127,6 +131,8 @@ class ClaimSpec(Wire):
                 or t <= 0
             ):
                 raise UsageError("ttl_s", f"must be a positive number of seconds, got {t!r}")
+        if self.reuse_hint is not None and not isinstance(self.reuse_hint, ReuseHint):
+            raise UsageError("reuse_hint", f"expected a ReuseHint, got {self.reuse_hint!r}")
         if (
             self.protection_mode is ProtectionMode.EXPIRING
             and self.duration_steps is None

@@ -57,26 +57,48 @@ class Wire:
         return from_wire(cls, data, where=where)
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+@functools.cache
+def _layout(
+    cls: type,
+) -> tuple[tuple[str, ...], str | None, frozenset[str], tuple[str, ...]] | None:
+    """How a class is written: its fields, open field, fields omitted while ``None`` and
+    computed properties (``None``: not a dataclass). Read once per class."""
+    if not dataclasses.is_dataclass(cls):
+        return None
+    return (
+        tuple(f.name for f in dataclasses.fields(cls)),
+        getattr(cls, "wire_open", None),
+        frozenset(getattr(cls, "wire_omit_none", ())),
+        tuple(getattr(cls, "wire_computed", ())),
+    )
+
+
 def to_wire(obj: Any) -> Any:
     """The JSON form of a wire value (dataclass, enum, tuple, mapping or scalar)."""
+    cls = type(obj)
+    if cls in _SCALARS:
+        return obj
     if isinstance(obj, enum.Enum):
         return obj.value
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    layout = None if isinstance(obj, type) else _layout(cls)
+    if layout is not None:
+        names, open_field, omit, computed = layout
         out: dict[str, Any] = {}
-        open_field = getattr(obj, "wire_open", None)
-        omit = getattr(obj, "wire_omit_none", ())
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            if f.name == open_field or (value is None and f.name in omit):
+        for name in names:
+            value = getattr(obj, name)
+            if name == open_field or (value is None and name in omit):
                 continue
-            out[f.name] = to_wire(value)
-        for name in getattr(obj, "wire_computed", ()):
+            out[name] = value if type(value) in _SCALARS else to_wire(value)
+        for name in computed:
             out[name] = to_wire(getattr(obj, name))
         if open_field is not None:
             out.update({k: to_wire(v) for k, v in getattr(obj, open_field).items()})
         return out
     if isinstance(obj, list | tuple):
-        return [to_wire(v) for v in obj]
+        return [v if type(v) in _SCALARS else to_wire(v) for v in obj]
     if isinstance(obj, Mapping):
         return {str(k): to_wire(v) for k, v in obj.items()}
     return obj

@@ -10,8 +10,9 @@ from agentclaims.engine.blocks import (
     hash_token_blocks,
 )
 from agentclaims.engine.engine import EngineStats, KVEngine
-from agentclaims.engine.eviction import EvictionPolicy, LRUPolicy, PriorityPolicy
+from agentclaims.engine.eviction import EvictionPolicy, LRUPolicy, PriorityPolicy, RankingPolicy
 from agentclaims.engine.kv import ReferenceKV, ServiceTimes
+from agentclaims.engine.nextuse import NextUsePolicy, WaitModel
 from agentclaims.engine.tokenizer import ByteTokenizer, WordTokenizer, tokenizer_named
 
 __all__ = [
@@ -23,9 +24,12 @@ __all__ = [
     "EvictionPolicy",
     "KVEngine",
     "LRUPolicy",
+    "NextUsePolicy",
     "PriorityPolicy",
+    "RankingPolicy",
     "ReferenceKV",
     "ServiceTimes",
+    "WaitModel",
     "WordTokenizer",
     "blake2b_hash",
     "hash_block_tokens",

@@ -34,7 +34,9 @@ from agentclaims.contract import (
     check_transition,
     owned_claim,
 )
+from agentclaims.contract.hints import ReuseHint, hint_owner
 from agentclaims.contract.ids import BlockHash, prefix_id_of
+from agentclaims.engine.eviction import RankingPolicy
 from agentclaims.engine.events import EventLog
 from agentclaims.engine.pool import PROTECTED, TIER_OF_MODE, BlockPool
 from agentclaims.engine.record import ClaimRecord
@@ -53,6 +55,7 @@ class ClaimArbiter:
     """
 
     # Set by KVEngine.__init__ before it calls ClaimArbiter.__init__.
+    _ranking: RankingPolicy | None
     num_blocks: int
     host_capacity: int
     owner_cap_blocks: int | None
@@ -295,7 +298,14 @@ class ClaimArbiter:
         )
         if claim.holds:
             self._transition(claim, ClaimState.MATERIALIZED, EventName.RESIDENT_CLAIM_MATERIALIZED)
+        if spec.reuse_hint is not None:
+            self._hint(spec.owner_scope, spec.reuse_hint)
         return ClaimDecision(ClaimId(spec.claim_id), decision, claim.state, None, None, conditions)
+
+    def _hint(self, owner_scope: str, hint: ReuseHint) -> None:
+        """Hand a claim's reuse hint to a ranking policy (others ignore hints)."""
+        if self._ranking is not None:
+            self._ranking.note_hint(hint_owner(owner_scope, hint.agent), hint, self.clock() / 1e9)
 
     def _admission_problem(self, spec: ClaimSpec, hashes: tuple[BlockHash, ...]) -> str | None:
         ident = spec.cache_identity
@@ -426,8 +436,10 @@ class ClaimArbiter:
         *,
         duration_steps: int | None = None,
         ttl_s: float | None = None,
+        reuse_hint: ReuseHint | None = None,
     ) -> ClaimView:
-        """Extend a live claim's duration, counted from now."""
+        """Extend a live claim's duration, counted from now; a ``reuse_hint`` updates what the
+        engine knows about the claimed prefix's next use (no durations: only the hint)."""
         claim = self._owned(claim_id, owner_scope)
         if duration_steps is not None and (
             isinstance(duration_steps, bool)
@@ -444,6 +456,12 @@ class ClaimArbiter:
         self._expire_due(None)
         if not claim.state.live:
             raise UsageError("claim_id", f"claim {claim_id!r} has ended ({claim.state.value})")
+        if reuse_hint is not None:
+            if not isinstance(reuse_hint, ReuseHint):
+                raise UsageError("reuse_hint", f"expected a ReuseHint, got {reuse_hint!r}")
+            self._hint(claim.spec.owner_scope, reuse_hint)
+            if duration_steps is None and ttl_s is None:
+                return self._view(claim)
         if duration_steps is None and ttl_s is None:
             duration_steps, ttl_s = claim.spec.duration_steps, claim.spec.ttl_s
         if duration_steps is not None and self.max_duration_steps is not None:

@@ -38,7 +38,7 @@ from agentclaims.contract.ids import BlockHash
 from agentclaims.engine.blocks import Block
 from agentclaims.engine.claims import ClaimArbiter
 from agentclaims.engine.events import EventLog
-from agentclaims.engine.eviction import EvictionPolicy, LRUPolicy
+from agentclaims.engine.eviction import EvictionPolicy, LRUPolicy, RankingPolicy
 from agentclaims.engine.pool import EXPIRY_HELD, ORDINARY, BlockPool
 from agentclaims.engine.record import ClaimRecord
 from agentclaims.engine.stats import EngineStats
@@ -137,7 +137,13 @@ class KVEngine(ClaimArbiter):
         )
         # a replacement instance continues its predecessor's stream from first_seq
         self._events = EventLog(self, event_buffer, first_seq)
-        self._requests: dict[str, tuple[list[Block], bool]] = {}
+        self._requests: dict[str, tuple[list[Block], bool, str | None]] = {}
+        self._ranking: RankingPolicy | None = (
+            policy if isinstance(policy, RankingPolicy) else None
+        )
+        """The policy, when it ranks by reuse hints (best-effort claims are then ranked by it
+        with everything else instead of waiting in a tier of their own)."""
+        self._pool.ranked = self._ranking is not None
         super().__init__()
 
     # ------------------------------------------------------------------ the pool's settings
@@ -211,11 +217,14 @@ class KVEngine(ClaimArbiter):
         prompt_blocks: int | None = None,
         extra_blocks: int = 0,
         admit: bool = True,
+        owner: str | None = None,
     ) -> ActiveOutcome:
         """Start an active request over the full blocks ``block_hashes`` (plus ``extra_blocks``
         unhashed ones: the partial tail and generated tokens). Only the first ``prompt_blocks``
         (default all) can be prefix-cache hits. ``admit=False`` denies future reuse of the new
-        KV (write no-admit), which does not stop this request from evicting residents."""
+        KV (write no-admit), which does not stop this request from evicting residents.
+        ``owner`` names the agent the request is for (``hint_owner``): a ranking policy groups
+        the blocks it leaves resident under it and learns its waits."""
         if not isinstance(request_id, str) or not request_id:
             raise UsageError("request_id", f"must be a non-empty string, got {request_id!r}")
         if request_id in self._requests:
@@ -302,7 +311,9 @@ class KVEngine(ClaimArbiter):
         pool.active += n - hits + extra_blocks
         for claim in restored_claims.values():
             self._events.emit(EventName.RESIDENT_CLAIM_RESTORED, claim=claim, request_id=request_id)
-        self._requests[request_id] = (blocks, admit)
+        self._requests[request_id] = (blocks, admit, owner)
+        if self._ranking is not None and owner is not None:
+            self._ranking.note_begin(owner, self.clock() / 1e9)
 
         evicted = self.stats.evicted_blocks - evicted_before
         if not admit:
@@ -396,9 +407,15 @@ class KVEngine(ClaimArbiter):
         entry = self._requests.pop(request_id, None)
         if entry is None:
             raise UsageError("request_id", f"no active request {request_id!r}")
-        blocks, admit = entry
+        blocks, admit, owner = entry
         pool = self._pool
         cover, free, insert = pool.cover, pool.free, pool.policy.insert
+        ranking = self._ranking if owner is not None else None
+        parked: list[Block] = []
+        if ranking is not None:  # the owner's blocks go to the ranking policy in one call
+            assert owner is not None
+            ranking.note_finish(owner, self.clock() / 1e9)
+            insert = parked.append
         released = 0
         for block in reversed(blocks):
             block.ref_cnt -= 1
@@ -408,10 +425,17 @@ class KVEngine(ClaimArbiter):
                 if h is None:
                     free.append(block)
                 elif h in cover:  # claimed (protected hashes are covered too): find its tier
-                    pool.park(block)
+                    if ranking is not None and pool.tier_for(h) == ORDINARY:
+                        block.tier = ORDINARY
+                        insert(block)
+                    else:
+                        pool.park(block)
                 else:  # unclaimed: ordinary, inlined from BlockPool.park
                     block.tier = ORDINARY
                     insert(block)
+        if ranking is not None:
+            ranking.insert_many(parked)
+            ranking.note_parked()
         pool.active -= released
         self._events.emit(
             EventName.FUTURE_REUSE_ADMITTED if admit else EventName.FUTURE_REUSE_DENIED,

@@ -14,9 +14,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Protocol, runtime_checkable
 
+from agentclaims.contract.hints import ReuseHint
 from agentclaims.engine.blocks import Block, BlockHash
 
-__all__ = ["EvictionPolicy", "LRUPolicy", "PriorityPolicy"]
+__all__ = ["EvictionPolicy", "LRUPolicy", "PriorityPolicy", "RankingPolicy"]
 
 
 @runtime_checkable
@@ -35,6 +36,24 @@ class EvictionPolicy(Protocol):
         """Remove and return the next victim, or ``None`` if there is no candidate."""
 
     def __len__(self) -> int: ...
+
+
+@runtime_checkable
+class RankingPolicy(EvictionPolicy, Protocol):
+    """An eviction policy that ranks by what claims' reuse hints say (``NextUsePolicy``).
+
+    The engine tells it when an owner's request starts (``note_begin``) and ends
+    (``note_finish``: the blocks parked until ``note_parked`` are that owner's), and every hint
+    a claim or a renewal carries. It then also ranks best-effort claimed blocks (a hint only)
+    with the ordinary ones.
+    """
+
+    def note_begin(self, owner: str, now_s: float) -> None: ...
+    def note_finish(self, owner: str, now_s: float) -> None: ...
+    def note_parked(self) -> None: ...
+    def insert_many(self, blocks: list[Block]) -> None:
+        """``insert`` each of ``blocks`` in order (one call for a finishing request's blocks)."""
+    def note_hint(self, owner: str, hint: ReuseHint, now_s: float) -> None: ...
 
 
 class LRUPolicy:

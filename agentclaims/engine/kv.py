@@ -330,7 +330,11 @@ class ReferenceKV:
     ) -> ClaimView:
         async with self._lock:
             return self.engine.renew_claim(
-                claim_id, owner_scope, duration_steps=renewal.duration_steps, ttl_s=renewal.ttl_s
+                claim_id,
+                owner_scope,
+                duration_steps=renewal.duration_steps,
+                ttl_s=renewal.ttl_s,
+                reuse_hint=renewal.reuse_hint,
             )
 
     async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:

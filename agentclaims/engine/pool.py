@@ -7,7 +7,8 @@ Where blocks wait::
     ref_cnt == 0, no hash               free
     ref_cnt == 0, hashed                resident reusable KV, in one tier:
         ORDINARY     unclaimed / released claims: the pluggable EvictionPolicy (LRU by default)
-        BEST_EFFORT  hint only, evicted next; losses are ordinary
+        BEST_EFFORT  hint only, evicted next; losses are ordinary (with a ranking policy,
+                     ``ranked``, these wait in ORDINARY, ranked by their hints)
         DEMOTABLE    the claim is demoted (event first), then its blocks become ORDINARY
         OFFLOADABLE  the claim moves to the host tier (bounded), restored on reuse
         SOFT         evicted last; a loss that breaks the predicate is true harm
@@ -92,6 +93,7 @@ class BlockPool:
         "num_blocks",
         "policy",
         "protect_ref",
+        "ranked",
         "stats",
         "tiers",
     )
@@ -132,6 +134,8 @@ class BlockPool:
         self.protect_ref: dict[BlockHash, int] = {}  # hard/expiring claims per hash
         self.hard_ref: dict[BlockHash, int] = {}  # hard_protected claims per hash
         self.blockers: dict[str, ClaimRecord] = {}  # hard/expiring claims with held blocks
+        self.ranked = False
+        """The policy ranks by reuse hints: best-effort claimed blocks wait in it too."""
 
     # ------------------------------------------------------------------ accounting
     @property
@@ -177,7 +181,8 @@ class BlockPool:
         claims = self.cover.get(h)
         if not claims:
             return ORDINARY
-        return max(TIER_OF_MODE[c.mode] for c in claims)
+        tier = max(TIER_OF_MODE[c.mode] for c in claims)
+        return ORDINARY if tier == BEST_EFFORT and self.ranked else tier
 
     def park(self, block: Block) -> None:
         """A hashed block lost its last active user: it becomes resident in its tier."""

@@ -26,6 +26,9 @@ from agentclaims.errors import UnknownNameError, UsageError
 
 __all__ = ["ToolTimeModel"]
 
+_TTL_CANDIDATES = 64
+"""Most candidate TTLs ``ToolTimeModel.ttl`` evaluates (order statistics of the history)."""
+
 
 class ToolTimeModel:
     """Per-tool duration history, empirical CDF, prediction and Continuum TTL."""
@@ -68,8 +71,13 @@ class ToolTimeModel:
         samples = self._samples.get(tool)
         if samples is None:
             samples = self._samples[tool] = deque(maxlen=self._history)
-        samples.append(float(seconds))
-        self._sorted.pop(tool, None)
+        ordered = self._sorted.get(tool)
+        value = float(seconds)
+        if ordered is not None:  # kept sorted as it goes: no sort per prediction
+            if len(samples) == self._history:
+                del ordered[bisect.bisect_left(ordered, samples[0])]
+            bisect.insort(ordered, value)
+        samples.append(value)
 
     def observe_many(self, tool: str, durations: Iterable[float]) -> None:
         """Record several durations of ``tool`` (all are checked before any is recorded)."""
@@ -146,10 +154,14 @@ class ToolTimeModel:
         n = len(ordered)
         best_tau = 0.0
         best = bisect.bisect_right(ordered, 0.0) / n * benefit  # tau = 0
-        for i, tau in enumerate(ordered):
-            if i + 1 < n and ordered[i + 1] == tau:
-                continue  # F jumps at the last copy of a repeated value
-            value = (i + 1) / n * benefit - tau
+        # candidates: every observed duration up to _TTL_CANDIDATES of them, else that many
+        # evenly spaced order statistics (F is exact at each; the argmax is then within
+        # benefit / _TTL_CANDIDATES of the exact one), so a call costs the same at any history
+        step = max(1, n // _TTL_CANDIDATES)
+        right = bisect.bisect_right
+        for i in range(step - 1, n, step):
+            tau = ordered[i]
+            value = right(ordered, tau) / n * benefit - tau
             if value > best:
                 best, best_tau = value, tau
         return best_tau

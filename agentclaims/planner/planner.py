@@ -165,6 +165,11 @@ class PlannerPolicy:
     demoted (not harmed) when the memory is needed."""
     renew_fraction: float = 0.2
     """Renew when less than this fraction of the TTL is left and reuse is still likely."""
+    ranked: bool = False
+    """The backend ranks resident blocks by predicted next use from the claims' reuse hints
+    (``NextUsePolicy``): every prefix is claimed ``best_effort`` with its hint (ranked, never
+    harmed), and ``hard_protected`` only where the agent is sure of a short tool wait and the
+    pool has room (pressure at most ``pin_max_pressure``)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -201,6 +206,8 @@ _PRESETS: dict[str, PlannerPolicy] = {
     ),
     "off": PlannerPolicy(name="off", enabled=False),
     "priority": PlannerPolicy(name="priority", allow_pins=False),
+    "ranked": PlannerPolicy(name="ranked", ranked=True, allow_hard=False),
+    "ranked-hard": PlannerPolicy(name="ranked-hard", ranked=True, hard_max_wait_s=5.0),
 }
 
 
@@ -217,6 +224,8 @@ class ClaimPlanner:
             return ClaimPlan(None, reason="planner off")
         if ctx.footprint_blocks < pol.min_blocks:
             return ClaimPlan(None, reason="prefix too small")
+        if pol.ranked:
+            return self._ranked(ctx)
         if p < pol.best_effort_min_p or math.isinf(ctx.ste):
             return ClaimPlan(None, reason="reuse unlikely")
         if ctx.waiting_on == "human":
@@ -249,6 +258,26 @@ class ClaimPlanner:
         if pol.use_soft and p >= pol.soft_min_p and ctx.ste <= pol.soft_max_ste:
             return ClaimPlan(ProtectionMode.SOFT_PRIORITY, reason="likely reuse, no pin")
         return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="possible reuse")
+
+    def _ranked(self, ctx: PrefixContext) -> ClaimPlan:
+        """Soft by default (a ranked hint), hard only when sure of a short wait and room."""
+        pol = self.policy
+        wait = ctx.expected_wait_s
+        if (
+            pol.allow_hard
+            and ctx.waiting_on == "tool"
+            and ctx.reuse_probability >= pol.hard_min_p
+            and ctx.ste <= pol.hard_max_ste
+            and wait is not None
+            and wait <= pol.hard_max_wait_s
+            and ctx.pressure <= pol.pin_max_pressure
+        ):
+            return ClaimPlan(
+                ProtectionMode.HARD_PROTECTED,
+                self._ttl(wait * pol.ttl_margin),
+                "sure of a short wait, room in the pool",
+            )
+        return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="ranked by predicted next use")
 
     def revise(self, ctx: PrefixContext, held: ClaimPlan, remaining_s: float | None) -> Revision:
         """What to do with a claim already held: keep it, renew its TTL, relax it, release it."""

@@ -15,6 +15,7 @@ from agentclaims.contract import (
     Feasibility,
     LoweringClass,
     ProtectionMode,
+    ReuseHint,
 )
 from agentclaims.contract.ids import BlockHash, ClaimId, OwnerScope, PrefixId, RequestId
 from agentclaims.contract.wire import Wire
@@ -113,8 +114,11 @@ class Renewal(Wire):
 
     duration_steps: int | None = None
     ttl_s: float | None = None
+    reuse_hint: ReuseHint | None = None
+    """An updated reuse hint; with no durations the renewal only updates the hint."""
 
     wire_name: ClassVar[str] = "renewal"
+    wire_omit_none: ClassVar[tuple[str, ...]] = ("reuse_hint",)
 
 
 RENEW_AS_IS = Renewal()

@@ -308,7 +308,12 @@ class _Replay:
                 self.result.oversize += 1
                 rid = None
             else:
-                out = engine.begin(rid, req.block_hashes, extra_blocks=extra)  # type: ignore[arg-type]
+                out = engine.begin(
+                    rid,
+                    req.block_hashes,  # type: ignore[arg-type]
+                    extra_blocks=extra,
+                    owner=self.policy.owner_of(s) if self.policy is not None else None,
+                )
                 if not out.served:
                     return self._blocked(out.action, out.retry_after_s)
                 hits = out.hit_blocks

@@ -89,6 +89,7 @@ class ReplayPolicy(EvictionPolicy, Protocol):
     ) -> None: ...
     def on_wait(self, session: SessionState, now: float) -> None: ...
     def on_session_end(self, session: SessionState, now: float) -> None: ...
+    def owner_of(self, session: SessionState) -> str | None: ...
 
 
 class PolicyHooks:
@@ -129,4 +130,8 @@ class PolicyHooks:
         return None
 
     def on_session_end(self, session: SessionState, now: float) -> None:
+        return None
+
+    def owner_of(self, session: SessionState) -> str | None:
+        """The owner the engine groups the session's blocks under (``None``: not told)."""
         return None

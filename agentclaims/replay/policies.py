@@ -20,10 +20,21 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from agentclaims.engine import Block, BlockHash, KVEngine, LRUPolicy, PriorityPolicy, prefix_id_of
+from agentclaims.contract import ClaimSpec, ProtectionMode, ReuseHint, hint_owner
+from agentclaims.engine import (
+    Block,
+    BlockHash,
+    KVEngine,
+    LRUPolicy,
+    NextUsePolicy,
+    PriorityPolicy,
+    WaitModel,
+    prefix_id_of,
+)
 from agentclaims.errors import UnknownNameError
-from agentclaims.graph import ToolTimeModel
-from agentclaims.planner import update_pressure
+from agentclaims.graph import AgentExecutionGraph, ToolTimeModel
+from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_mode
+from agentclaims.session.workflow import WorkflowModel, renews_claim
 from agentclaims.replay.model import PolicyHooks, ReplayPolicy, ServiceModel, SessionState
 
 if TYPE_CHECKING:
@@ -594,108 +605,208 @@ def make_policy(
 
 
 # ---------------------------------------------------------------------------- agentclaims
-class AgentClaimsPolicy(PolicyHooks, LRUPolicy):
-    """The SDK's :class:`~agentclaims.planner.ClaimPlanner` issuing claims, as in production.
+def _shared(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """Leading blocks ``a`` and ``b`` share. Block ids are chained (a block's id depends on
+    every block before it), so equal ids at a position mean equal prefixes up to it: a binary
+    search finds the shared run."""
+    lo, hi = 0, min(len(a), len(b))
+    if hi and a[hi - 1] == b[hi - 1]:
+        return hi
+    while lo < hi:  # invariant: a[:lo] == b[:lo]; a[hi] != b[hi] (or hi is the end)
+        mid = (lo + hi) // 2
+        if a[mid] == b[mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
-    When a request finishes, the session plans a claim on its context prefix from what it knows
-    then: STE (tool_use 1, unknown 2, end_turn 3), the reuse probability learned online per
-    (agent kind, stop reason), what it waits on (tool / human / unknown), the predicted tool
-    time and Continuum's tau* (:class:`ToolTimeModel`). The claim is submitted to the engine
-    (``submit_claim``); a rejected claim is resubmitted one step down the relax ladder. The
-    claim is released when the next turn starts (its use) or the sub-agent returns; expiring
-    and hard claims also end with their TTL. Unclaimed blocks are evicted LRU (stock engine);
-    active requests the claims block are deferred by the engine and retried by the harness.
+
+class _Held:
+    __slots__ = ("claim_id", "hashes")
+
+    def __init__(self, claim_id: str, hashes: tuple[int, ...]) -> None:
+        self.claim_id = claim_id
+        self.hashes = hashes
+
+
+class _TraceWorkflow:
+    """One trace's run as the SDK sees it: its ``WorkflowModel`` and the claims it holds."""
+
+    __slots__ = ("held", "model", "scope")
+
+    def __init__(self, model: WorkflowModel, scope: str) -> None:
+        self.model = model
+        self.scope = scope
+        self.held: dict[str, _Held] = {}  # node -> claim on its context
+
+
+class AgentClaimsPolicy(PolicyHooks, NextUsePolicy):
+    """The SDK's session pipeline against an engine that ranks by predicted next use.
+
+    Engine side: :class:`~agentclaims.engine.NextUsePolicy` (dead blocks first, then the agent
+    whose next use is farthest, from waits conditioned on the time already waited).
+
+    Agent side, per trace: the SDK's own :class:`~agentclaims.session.workflow.WorkflowModel`
+    (its Agent Execution Graph, steps-to-execution, the shared :class:`ToolTimeModel`) and
+    :class:`~agentclaims.planner.ClaimPlanner` on the replay's virtual clock, driven as a
+    ``ClaimedSession`` drives them: ``before_call`` when a request arrives, ``after_call`` and
+    ``plan_after_call`` when it finishes. Each plan becomes a claim (``ClaimSpec`` with the
+    workflow's :class:`~agentclaims.contract.ReuseHint`) submitted to the engine, or, while the
+    held claim still covers the context (``renews_claim``), a renewal carrying the new hint.
+    Session signals go the same way: sub-agents launched, an agent done (``closed``), a context
+    rewritten keeping N blocks (seen when the next request arrives). The traces name no tools,
+    so the tool an agent waits on is its kind.
     """
 
     def __init__(
-        self, service: ServiceModel | None = None, block_size: int = 64, planner: object = None
+        self,
+        service: ServiceModel | None = None,
+        block_size: int = 64,
+        planner: ClaimPlanner | None = None,
+        waits: WaitModel | None = None,
     ) -> None:
-        from agentclaims.planner import ClaimPlanner
-
-        LRUPolicy.__init__(self)
-        self.name = "agentclaims"
+        NextUsePolicy.__init__(self, waits, name="agentclaims")
         self.service = service or ServiceModel()
         self.block_size = block_size
-        self.planner = planner if isinstance(planner, ClaimPlanner) else ClaimPlanner()
-        self.tools = ToolTimeModel(prior_mean_s=10.0)
+        self.planner = planner or ClaimPlanner(PlannerPolicy.named("ranked"))
+        self.tool_times = ToolTimeModel(prior_mean_s=10.0)
         self._engine: KVEngine | None = None
-        self._claims: dict[int, str] = {}
-        self._edges: dict[tuple[str, str], list[int]] = {}
+        self._workflows: dict[int, _TraceWorkflow] = {}
         self._count = 0
         self._arrived: dict[int, float] = {}
-        self._queue_delay = 0.0
-        self._pressure = 0.0  # share of recent requests that waited for memory (EWMA)
+        self.plans: dict[str, int] = {}
+        """Claims planned, by mode (``renewed`` counts hint renewals)."""
 
     def attach(self, engine: KVEngine) -> None:
         self._engine = engine
 
-    def reuse_probability(self, s: SessionState) -> float:
-        cont, ended = self._edges.get((s.kind, s.last_stop), (1, 0))
-        return (cont + 1) / (cont + ended + 2)
+    def advance(self, now: float) -> None:
+        self.note_time(now)
 
-    def _release(self, s: SessionState) -> None:
-        cid = self._claims.pop(s.sid, None)
-        if cid is not None and self._engine is not None:
-            self._engine.release_claim(cid, f"s{s.sid}")
+    @staticmethod
+    def node_of(s: SessionState) -> str:
+        return "main" if s.parent is None else f"sub:{s.name}"
 
-    def on_arrive(self, session: SessionState, request: TraceRequest, now: float) -> None:
-        if session.turn:
-            self._edges.setdefault((session.kind, session.last_stop), [0, 0])[0] += 1
-            if session.last_stop == "tool_use":
-                self.tools.observe(session.kind, max(0.0, now - session.last_finish))
-        self._arrived[session.sid] = now
+    def owner_of(self, session: SessionState) -> str | None:
+        return hint_owner(f"t{session.ordinal}", self.node_of(session))
 
-    def on_begin(self, session: SessionState, request: TraceRequest, now: float) -> None:
-        wait = now - self._arrived.pop(session.sid, now)
-        self._queue_delay = 0.9 * self._queue_delay + 0.1 * wait
-        self._pressure = update_pressure(self._pressure, wait > 0)  # as ClaimedSession does
-        self._release(session)
-
-    def on_session_end(self, session: SessionState, now: float) -> None:
-        self._edges.setdefault((session.kind, session.last_stop), [0, 0])[1] += 1
-        self._release(session)
-
-    def on_finish(
-        self, session: SessionState, request: TraceRequest, now: float, next_seq: int
-    ) -> None:
-        from agentclaims.contract import ClaimSpec
-        from agentclaims.planner import PrefixContext, relax_mode
-
-        engine = self._engine
-        hashes = request.block_hashes
-        if engine is None or not hashes or len(set(hashes)) != len(hashes):
-            return
-        stop = request.stop
-        waiting = {"tool_use": "tool", "end_turn": "human"}.get(stop, "unknown")
-        reload_s = self.service.prefill_s(len(hashes) * self.block_size)
-        tool = waiting == "tool"
-        ctx = PrefixContext(
-            prefix_id=prefix_id_of(hashes),
-            footprint_blocks=len(hashes),
-            ste={"tool_use": 1, "end_turn": 3}.get(stop, 2),
-            reuse_probability=self.reuse_probability(session),
-            waiting_on=waiting,  # type: ignore[arg-type]
-            expected_wait_s=self.tools.predict(session.kind) if tool else None,
-            ttl_s=self.tools.ttl(session.kind, queue_delay_s=self._queue_delay, reload_s=reload_s)
-            if tool
-            else None,
-            pressure=self._pressure,
+    def on_trace(self, trace: Trace, ordinal: int) -> None:
+        model = WorkflowModel(
+            AgentExecutionGraph(),
+            self.planner,
+            self.tool_times,
+            horizon=4,
+            reload_s_per_block=self.block_size / self.service.prefill_tokens_per_s,
+            queue_delay_s=0.0,
+            clock=lambda: self.now,
         )
-        plan = self.planner.plan(ctx)
+        self._workflows[ordinal] = _TraceWorkflow(model, f"t{ordinal}")
+
+    # ------------------------------------------------------------------ claims round trips
+    def _renew(self, wf: _TraceWorkflow, node: str, hint: ReuseHint) -> bool:
+        held = wf.held.get(node)
+        if held is None or self._engine is None:
+            return False
+        self._engine.renew_claim(held.claim_id, wf.scope, reuse_hint=hint)
+        self.plans["renewed"] = self.plans.get("renewed", 0) + 1
+        return True
+
+    def _release(self, wf: _TraceWorkflow, node: str) -> None:
+        held = wf.held.pop(node, None)
+        if held is not None and self._engine is not None:
+            self._engine.release_claim(held.claim_id, wf.scope)
+
+    def _claim(
+        self,
+        wf: _TraceWorkflow,
+        node: str,
+        hashes: tuple[int, ...],
+        plan: ClaimPlan,
+        ctx: PrefixContext,
+        hint: ReuseHint,
+    ) -> None:
+        engine = self._engine
+        assert engine is not None
+        held = wf.held.get(node)
+        if (
+            held is not None
+            and plan.mode is ProtectionMode.BEST_EFFORT
+            and renews_claim(len(held.hashes), _shared(held.hashes, hashes))
+        ):
+            self._renew(wf, node, hint)
+            return
+        self._release(wf, node)
         mode = plan.mode
         while mode is not None:
             self._count += 1
             cid = f"c{self._count}"
             spec = ClaimSpec(
                 claim_id=cid,
-                owner_scope=f"s{session.sid}",
+                owner_scope=wf.scope,
                 object_id=ctx.prefix_id,
                 cache_identity=engine.cache_identity,
                 footprint_blocks=len(hashes),
                 protection_mode=mode,
-                ttl_s=plan.ttl_s,
+                ttl_s=plan.ttl_s if mode is not ProtectionMode.BEST_EFFORT else None,
+                reuse_hint=hint,
             )
             if engine.submit_claim(spec, hashes).accepted:  # type: ignore[arg-type]
-                self._claims[session.sid] = cid
+                self.plans[mode.value] = self.plans.get(mode.value, 0) + 1
+                wf.held[node] = _Held(cid, hashes)
                 return
             mode = relax_mode(mode)
+
+    # ------------------------------------------------------------------ the session's calls
+    def on_arrive(self, session: SessionState, request: TraceRequest, now: float) -> None:
+        wf = self._workflows[session.ordinal]
+        node = self.node_of(session)
+        wf.model.before_call(node)
+        self._arrived[session.sid] = now
+        old = session.hashes
+        if old:
+            keep = _shared(old, request.block_hashes)
+            if keep < len(old):  # the context was rewritten: say what is kept
+                self._renew(wf, node, wf.model.rewrite_hint(node, keep))
+
+    def on_begin(self, session: SessionState, request: TraceRequest, now: float) -> None:
+        wait = now - self._arrived.pop(session.sid, now)
+        self._workflows[session.ordinal].model.note_call(retried=wait > 0)
+
+    def on_finish(
+        self, session: SessionState, request: TraceRequest, now: float, next_seq: int
+    ) -> None:
+        hashes = request.block_hashes
+        wf = self._workflows[session.ordinal]
+        node = self.node_of(session)
+        tools = (session.kind,) if request.stop == "tool_use" else ()
+        wf.model.after_call(node, tools)
+        if not hashes or len(set(hashes)) != len(hashes):
+            return
+        # the claim covers the stable leading run (system prompt and tool definitions); the
+        # hint, naming the agent, ranks all of its blocks
+        lead = hashes[: max(1, min(len(hashes), session.script.system_tokens // self.block_size))]
+        ctx, plan = wf.model.plan_after_call(node, prefix_id_of(lead), tools)  # type: ignore[arg-type]
+        hint = wf.model.reuse_hint(node, ctx, tool=tools[0] if tools else None)
+        if plan.mode is None:
+            self._release(wf, node)
+            return
+        self._claim(wf, node, lead, plan, ctx, hint)
+
+    def on_wait(self, session: SessionState, now: float) -> None:
+        wf = self._workflows[session.ordinal]
+        node = self.node_of(session)
+        ctx = PrefixContext(prefix_id=node, footprint_blocks=0, waiting_on="subagent")
+        self._renew(wf, node, wf.model.reuse_hint(node, ctx, subagents=session.waiting_subagents))
+
+    def _close(self, wf: _TraceWorkflow, node: str) -> None:
+        self._renew(wf, node, wf.model.closed_hint(node))
+        self._release(wf, node)
+
+    def on_session_end(self, session: SessionState, now: float) -> None:
+        self._close(self._workflows[session.ordinal], self.node_of(session))
+
+    def on_trace_end(self, ordinal: int) -> None:
+        wf = self._workflows.pop(ordinal)
+        self._close(wf, "main")
+        for node in list(wf.held):
+            self._release(wf, node)

@@ -80,6 +80,8 @@ class SessionScript:
     kind: str
     """``main`` for a trace's root, else the sub-agent's type."""
     steps: tuple[TraceRequest | SubAgentGroup, ...]
+    system_tokens: int = 0
+    """Tokens of the session's system prompt and tool definitions (its stable leading run)."""
 
     def requests(self) -> Iterator[TraceRequest]:
         """Every request of this session and its sub-agents, depth first."""
@@ -119,7 +121,18 @@ def _req_fields(raw: Mapping[str, Any], ns: int, delay: float) -> TraceRequest:
     )
 
 
-def _session(name: str, kind: str, entries: Sequence[Mapping[str, Any]], ns: int) -> SessionScript:
+def _system_tokens(raw: Mapping[str, Any]) -> int:
+    total = 0
+    for key in ("system_tokens", "tool_tokens"):
+        value = raw.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            total += value
+    return total
+
+
+def _session(
+    name: str, kind: str, entries: Sequence[Mapping[str, Any]], ns: int, system_tokens: int = 0
+) -> SessionScript:
     steps: list[TraceRequest | SubAgentGroup] = []
     prev_end: float | None = None  # trace time the previous parent response ended
     group: list[Mapping[str, Any]] = []
@@ -132,7 +145,11 @@ def _session(name: str, kind: str, entries: Sequence[Mapping[str, Any]], ns: int
             end = float(sub["t"])
             agents.append(
                 _session(
-                    f"{name}/{sub['agent_id']}", str(sub["subagent_type"]), sub["requests"], ns
+                    f"{name}/{sub['agent_id']}",
+                    str(sub["subagent_type"]),
+                    sub["requests"],
+                    ns,
+                    _system_tokens(sub),
                 )
             )
             delays.append(max(0.0, end - dur - base))
@@ -160,7 +177,7 @@ def _session(name: str, kind: str, entries: Sequence[Mapping[str, Any]], ns: int
         prev_end = t + float(raw.get("api_time") or 0.0)
     if group:
         close_group()
-    return SessionScript(name, kind, tuple(steps))
+    return SessionScript(name, kind, tuple(steps), system_tokens)
 
 
 def parse_trace(data: Mapping[str, Any], ordinal: int, source: str = "") -> Trace:
@@ -168,7 +185,7 @@ def parse_trace(data: Mapping[str, Any], ordinal: int, source: str = "") -> Trac
     scope = data.get("hash_id_scope", "local")
     ns = (ordinal + 1) << _NAMESPACE_SHIFT if scope == "local" else 0
     trace_id = str(data["id"])
-    root = _session(trace_id, "main", data["requests"], ns)
+    root = _session(trace_id, "main", data["requests"], ns, _system_tokens(data))
     return Trace(trace_id, int(data["block_size"]), root, source)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from agentclaims.contract import prefix_blocks
+from agentclaims.contract import ReuseHint, prefix_blocks
 from agentclaims.graph import END, START, AgentExecutionGraph, SteTracker, ToolTimeModel
 from agentclaims.planner import (
     ClaimPlan,
@@ -21,12 +21,23 @@ from agentclaims.planner import (
     update_pressure,
 )
 
-__all__ = ["WorkflowModel", "wait_key"]
+__all__ = ["WorkflowModel", "renews_claim", "wait_key"]
 
 
 def wait_key(node: str, tool_names: Sequence[str]) -> str:
     """What the gap until ``node``'s next call is learned under: its tools, or the node."""
     return "+".join(sorted(set(tool_names))) if tool_names else f"node:{node}"
+
+
+def renews_claim(held_blocks: int, shared_blocks: int) -> bool:
+    """Whether a claim held on ``held_blocks`` leading blocks of an agent's context still
+    serves its new context (``shared_blocks`` in common with them): renew it with the new
+    reuse hint (one round trip, nothing per block) instead of claiming the new context.
+
+    It does while the held prefix is wholly kept: the claim then covers the stable leading run
+    (system prompt and early history) that every later call reuses, and the hint, which names
+    the agent, ranks all the agent's blocks. A rewrite that cuts into it takes a new claim."""
+    return 0 < held_blocks <= shared_blocks
 
 
 class WorkflowModel:
@@ -205,6 +216,32 @@ class WorkflowModel:
         """The claim to hold on ``node``'s prefix after its call."""
         ctx = self.context(node, prefix_id, tool_names)
         return ctx, self.planner.plan(ctx)
+
+    # ------------------------------------------------------------------ reuse hints
+    def reuse_hint(
+        self, node: str, ctx: PrefixContext, *, subagents: int = 0, tool: str | None = None
+    ) -> ReuseHint:
+        """What the engine should know about ``node``'s next call, from the context just
+        planned: the wait class (a tool, sub-agents launched, the human, another agent), the
+        tool's predicted duration."""
+        if subagents:
+            return ReuseHint(agent=node, wait_class="subagents", subagents=subagents)
+        if ctx.waiting_on == "tool":
+            return ReuseHint(
+                agent=node, wait_class="tool", tool=tool, expected_s=ctx.expected_wait_s
+            )
+        wait_class = {"human": "user", "llm": "llm"}.get(ctx.waiting_on, "unknown")
+        return ReuseHint(agent=node, wait_class=wait_class, expected_s=ctx.expected_wait_s)
+
+    @staticmethod
+    def closed_hint(node: str) -> ReuseHint:
+        """``node`` is done (it returned, or the session closed): its prefix is dead."""
+        return ReuseHint(agent=node, session="closed")
+
+    @staticmethod
+    def rewrite_hint(node: str, keep_blocks: int) -> ReuseHint:
+        """``node``'s next call rewrote its context, keeping ``keep_blocks`` leading blocks."""
+        return ReuseHint(agent=node, wait_class="llm", keep_blocks=keep_blocks)
 
     def to_release(self, held: Mapping[str, tuple[str, ClaimPlan]], node: str) -> list[str]:
         """The other nodes whose held claims (``node -> (prefix_id, plan)``) became unlikely
