@@ -30,7 +30,7 @@ __all__ = ["run"]
 SWEEP_FRACS = (0.1, 0.25, 0.5)
 
 _COLUMNS = (
-    ("policy", "{:<10}"),
+    ("policy", "{:<12}"),
     ("hit_ratio", "{:>9.4f}"),
     ("gap_closed", "{:>10}"),
     ("recomputed_tokens", "{:>17,}"),
@@ -39,6 +39,7 @@ _COLUMNS = (
     ("deferrals", "{:>9}"),
     ("true_harm", "{:>9}"),
     ("peak_protected_blocks", "{:>21}"),
+    ("wall_s", "{:>8.1f}"),
 )
 
 
@@ -93,9 +94,11 @@ def _table(comp: Comparison, out: TextIO) -> None:
     )
     for name, row in data["policies"].items():
         gap = row["gap_closed"]
-        cells = [name, row["hit_ratio"], "n/a" if gap is None else f"{gap:.3f}"]
+        label = f"{name}*" if row["uses_future"] else name
+        cells = [label, row["hit_ratio"], "n/a" if gap is None else f"{gap:.3f}"]
         cells += [row[c] for c, _ in _COLUMNS[3:]]
         out.write(" ".join(fmt for _, fmt in _COLUMNS).format(*cells) + "\n")
+    out.write("* uses information from the future (a ceiling, not an online policy)\n")
 
 
 def _plot(points: list[Comparison], path: str) -> None:

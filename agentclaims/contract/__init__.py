@@ -2,8 +2,8 @@
 and the one wire codec they travel in."""
 
 from agentclaims.contract.claims import CacheIdentity, ClaimSpec, owned_claim, parse_mode
-from agentclaims.contract.hints import SESSION_STATES, WAIT_CLASSES, ReuseHint, hint_owner
 from agentclaims.contract.events import SCHEMA_VERSION, ClaimEvent, ClaimHistory, rebuild_claims
+from agentclaims.contract.hints import SESSION_STATES, WAIT_CLASSES, ReuseHint, hint_owner
 from agentclaims.contract.ids import (
     BlockHash,
     ClaimId,

@@ -83,7 +83,7 @@ def to_wire(obj: Any) -> Any:
         return obj
     if isinstance(obj, enum.Enum):
         return obj.value
-    layout = None if isinstance(obj, type) else _layout(cls)
+    layout = None if isinstance(obj, type) else _layout(cls)  # type: ignore[arg-type]
     if layout is not None:
         names, open_field, omit, computed = layout
         out: dict[str, Any] = {}

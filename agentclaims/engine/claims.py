@@ -36,8 +36,8 @@ from agentclaims.contract import (
 )
 from agentclaims.contract.hints import ReuseHint, hint_owner
 from agentclaims.contract.ids import BlockHash, prefix_id_of
-from agentclaims.engine.eviction import RankingPolicy
 from agentclaims.engine.events import EventLog
+from agentclaims.engine.eviction import RankingPolicy
 from agentclaims.engine.pool import PROTECTED, TIER_OF_MODE, BlockPool
 from agentclaims.engine.record import ClaimRecord
 from agentclaims.engine.stats import EngineStats

@@ -138,9 +138,7 @@ class KVEngine(ClaimArbiter):
         # a replacement instance continues its predecessor's stream from first_seq
         self._events = EventLog(self, event_buffer, first_seq)
         self._requests: dict[str, tuple[list[Block], bool, str | None]] = {}
-        self._ranking: RankingPolicy | None = (
-            policy if isinstance(policy, RankingPolicy) else None
-        )
+        self._ranking: RankingPolicy | None = policy if isinstance(policy, RankingPolicy) else None
         """The policy, when it ranks by reuse hints (best-effort claims are then ranked by it
         with everything else instead of waiting in a tier of their own)."""
         self._pool.ranked = self._ranking is not None
@@ -279,6 +277,9 @@ class KVEngine(ClaimArbiter):
             block.ref_cnt += 1
             blocks.append(block)
         pool.active += repinned
+        if self._ranking is not None and owner is not None:
+            # its hits left the policy: a rewrite's dead tail goes before anything is evicted
+            self._ranking.note_begin(owner, self.clock() / 1e9)
         restored_claims: dict[str, ClaimRecord] = {}
         cover, ended_cover, allocate = pool.cover, pool.ended_cover, pool.allocate
         for i in range(hits, n):
@@ -312,8 +313,6 @@ class KVEngine(ClaimArbiter):
         for claim in restored_claims.values():
             self._events.emit(EventName.RESIDENT_CLAIM_RESTORED, claim=claim, request_id=request_id)
         self._requests[request_id] = (blocks, admit, owner)
-        if self._ranking is not None and owner is not None:
-            self._ranking.note_begin(owner, self.clock() / 1e9)
 
         evicted = self.stats.evicted_blocks - evicted_before
         if not admit:
@@ -409,7 +408,8 @@ class KVEngine(ClaimArbiter):
             raise UsageError("request_id", f"no active request {request_id!r}")
         blocks, admit, owner = entry
         pool = self._pool
-        cover, free, insert = pool.cover, pool.free, pool.policy.insert
+        cover, free = pool.cover, pool.free
+        insert: Callable[[Block], None] = pool.policy.insert
         ranking = self._ranking if owner is not None else None
         parked: list[Block] = []
         if ranking is not None:  # the owner's blocks go to the ranking policy in one call

@@ -53,6 +53,7 @@ class RankingPolicy(EvictionPolicy, Protocol):
     def note_parked(self) -> None: ...
     def insert_many(self, blocks: list[Block]) -> None:
         """``insert`` each of ``blocks`` in order (one call for a finishing request's blocks)."""
+
     def note_hint(self, owner: str, hint: ReuseHint, now_s: float) -> None: ...
 
 

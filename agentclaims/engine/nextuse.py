@@ -179,7 +179,9 @@ class NextUsePolicy:
             return
         agent.key = wait_class_key(hint)
         agent.score_key = (
-            agent.key if self.waits.samples(agent.key) >= self.waits.min_samples else hint.wait_class
+            agent.key
+            if self.waits.samples(agent.key) >= self.waits.min_samples
+            else hint.wait_class
         )
         if hint.closed and not agent.closed:
             agent.closed = True

@@ -6,7 +6,9 @@ from agentclaims.replay.bench import Comparison, compare_policies, gap_closed, r
 from agentclaims.replay.harness import ReplayResult, Schedule, run_replay, working_set_blocks
 from agentclaims.replay.model import PolicyHooks, ReplayPolicy, ServiceModel, SessionState
 from agentclaims.replay.policies import (
+    FUTURE_POLICIES,
     POLICY_NAMES,
+    AgentClaimsPolicy,
     ContinuumPolicy,
     KVFlowPolicy,
     LruReplayPolicy,
@@ -26,7 +28,9 @@ from agentclaims.replay.traces import (
 )
 
 __all__ = [
+    "FUTURE_POLICIES",
     "POLICY_NAMES",
+    "AgentClaimsPolicy",
     "Comparison",
     "ContinuumPolicy",
     "KVFlowPolicy",

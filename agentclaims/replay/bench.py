@@ -10,7 +10,7 @@ from typing import Any
 from agentclaims.errors import UsageError
 from agentclaims.replay.harness import ReplayResult, TraceInput, run_replay, working_set_blocks
 from agentclaims.replay.model import ServiceModel
-from agentclaims.replay.policies import POLICY_NAMES, make_policy
+from agentclaims.replay.policies import FUTURE_POLICIES, POLICY_NAMES, make_policy
 
 __all__ = ["Comparison", "compare_policies", "gap_closed", "resolve_policies"]
 
@@ -50,6 +50,7 @@ class Comparison:
         for name, res in self.results.items():
             data = res.to_dict()
             data["gap_closed"] = gap_closed(res.hit_ratio, lru, opt)
+            data["uses_future"] = name in FUTURE_POLICIES
             policies[name] = data
         return {
             "capacity_blocks": self.capacity_blocks,

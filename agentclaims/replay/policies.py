@@ -34,14 +34,15 @@ from agentclaims.engine import (
 from agentclaims.errors import UnknownNameError
 from agentclaims.graph import AgentExecutionGraph, ToolTimeModel
 from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_mode
-from agentclaims.session.workflow import WorkflowModel, renews_claim
 from agentclaims.replay.model import PolicyHooks, ReplayPolicy, ServiceModel, SessionState
+from agentclaims.session.workflow import WorkflowModel, renews_claim
 
 if TYPE_CHECKING:
     from agentclaims.replay.harness import Schedule
     from agentclaims.replay.traces import Trace, TraceRequest
 
 __all__ = [
+    "FUTURE_POLICIES",
     "ONLINE_POLICIES",
     "POLICY_NAMES",
     "AgentClaimsPolicy",
@@ -584,6 +585,8 @@ ONLINE_POLICIES: dict[str, Callable[[ServiceModel, int], ReplayPolicy]] = {
     "agentclaims": lambda service, bs: AgentClaimsPolicy(service, bs),
 }
 POLICY_NAMES = (*ONLINE_POLICIES, "opt")
+FUTURE_POLICIES = frozenset({"opt"})
+"""Policies that read the future (the recorded schedule): reported, labelled, as ceilings."""
 
 
 def make_policy(
@@ -785,7 +788,7 @@ class AgentClaimsPolicy(PolicyHooks, NextUsePolicy):
         # the claim covers the stable leading run (system prompt and tool definitions); the
         # hint, naming the agent, ranks all of its blocks
         lead = hashes[: max(1, min(len(hashes), session.script.system_tokens // self.block_size))]
-        ctx, plan = wf.model.plan_after_call(node, prefix_id_of(lead), tools)  # type: ignore[arg-type]
+        ctx, plan = wf.model.plan_after_call(node, prefix_id_of(lead), tools)
         hint = wf.model.reuse_hint(node, ctx, tool=tools[0] if tools else None)
         if plan.mode is None:
             self._release(wf, node)
