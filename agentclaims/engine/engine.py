@@ -264,7 +264,11 @@ class KVEngine(ClaimArbiter):
 
         evicted_before = self.stats.evicted_blocks
         blocks: list[Block] = []
-        policy_remove = pool.policy.remove
+        ranking = self._ranking
+        unparked: list[Block] = []
+        policy_remove: Callable[[Block], None] = (
+            pool.policy.remove if ranking is None else unparked.append
+        )
         repinned = 0
         for i in range(hits):
             block = cached[block_hashes[i]]
@@ -277,9 +281,11 @@ class KVEngine(ClaimArbiter):
             block.ref_cnt += 1
             blocks.append(block)
         pool.active += repinned
-        if self._ranking is not None and owner is not None:
-            # its hits left the policy: a rewrite's dead tail goes before anything is evicted
-            self._ranking.note_begin(owner, self.clock() / 1e9)
+        if ranking is not None:
+            ranking.remove_many(unparked)
+            if owner is not None:
+                # its hits left the policy: a rewrite's dead tail goes before any eviction
+                ranking.note_begin(owner, self.clock() / 1e9)
         restored_claims: dict[str, ClaimRecord] = {}
         cover, ended_cover, allocate = pool.cover, pool.ended_cover, pool.allocate
         for i in range(hits, n):

@@ -54,6 +54,9 @@ class RankingPolicy(EvictionPolicy, Protocol):
     def insert_many(self, blocks: list[Block]) -> None:
         """``insert`` each of ``blocks`` in order (one call for a finishing request's blocks)."""
 
+    def remove_many(self, blocks: list[Block]) -> None:
+        """``remove`` each of ``blocks`` (one call for a starting request's hits)."""
+
     def note_hint(self, owner: str, hint: ReuseHint, now_s: float) -> None: ...
 
 

@@ -227,6 +227,13 @@ class NextUsePolicy:
             queue[bid] = block
         self._size += len(blocks)
 
+    def remove_many(self, blocks: list[Block]) -> None:
+        home = self._home
+        for block in blocks:
+            bid = block.block_id
+            del home[bid].blocks[bid]
+        self._size -= len(blocks)
+
     def remove(self, block: Block) -> None:
         del self._home[block.block_id].blocks[block.block_id]
         self._size -= 1

@@ -181,7 +181,10 @@ class BlockPool:
         claims = self.cover.get(h)
         if not claims:
             return ORDINARY
-        tier = max(TIER_OF_MODE[c.mode] for c in claims)
+        if len(claims) == 1:
+            tier = TIER_OF_MODE[claims[0].mode]
+        else:
+            tier = max(TIER_OF_MODE[c.mode] for c in claims)
         return ORDINARY if tier == BEST_EFFORT and self.ranked else tier
 
     def park(self, block: Block) -> None:
