@@ -625,11 +625,12 @@ def _shared(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 
 
 class _Held:
-    __slots__ = ("claim_id", "hashes")
+    __slots__ = ("claim_id", "hashes", "mode")
 
-    def __init__(self, claim_id: str, hashes: tuple[int, ...]) -> None:
+    def __init__(self, claim_id: str, hashes: tuple[int, ...], mode: ProtectionMode) -> None:
         self.claim_id = claim_id
         self.hashes = hashes
+        self.mode = mode
 
 
 class _TraceWorkflow:
@@ -707,11 +708,18 @@ class AgentClaimsPolicy(PolicyHooks, NextUsePolicy):
 
     # ------------------------------------------------------------------ claims round trips
     def _renew(self, wf: _TraceWorkflow, node: str, hint: ReuseHint) -> bool:
+        """Send ``hint`` on ``node``'s held claim; a claim that ended by its TTL (a hard
+        claim) is replaced by a best-effort one carrying the hint."""
         held = wf.held.get(node)
-        if held is None or self._engine is None:
+        engine = self._engine
+        if held is None or engine is None:
             return False
-        self._engine.renew_claim(held.claim_id, wf.scope, reuse_hint=hint)
-        self.plans["renewed"] = self.plans.get("renewed", 0) + 1
+        if held.mode is ProtectionMode.BEST_EFFORT:
+            engine.renew_claim(held.claim_id, wf.scope, reuse_hint=hint)
+            self.plans["renewed"] = self.plans.get("renewed", 0) + 1
+            return True
+        self._release(wf, node)
+        self._submit(wf, node, held.hashes, ProtectionMode.BEST_EFFORT, None, hint)
         return True
 
     def _release(self, wf: _TraceWorkflow, node: str) -> None:
@@ -734,28 +742,42 @@ class AgentClaimsPolicy(PolicyHooks, NextUsePolicy):
         if (
             held is not None
             and plan.mode is ProtectionMode.BEST_EFFORT
+            and held.mode is ProtectionMode.BEST_EFFORT
             and renews_claim(len(held.hashes), _shared(held.hashes, hashes))
         ):
             self._renew(wf, node, hint)
             return
         self._release(wf, node)
-        mode = plan.mode
+        self._submit(wf, node, hashes, plan.mode, plan.ttl_s, hint)
+
+    def _submit(
+        self,
+        wf: _TraceWorkflow,
+        node: str,
+        hashes: tuple[int, ...],
+        mode: ProtectionMode | None,
+        ttl_s: float | None,
+        hint: ReuseHint,
+    ) -> None:
+        """Claim ``hashes`` for ``node``, one mode weaker after each rejection."""
+        engine = self._engine
+        assert engine is not None
         while mode is not None:
             self._count += 1
             cid = f"c{self._count}"
             spec = ClaimSpec(
                 claim_id=cid,
                 owner_scope=wf.scope,
-                object_id=ctx.prefix_id,
+                object_id=prefix_id_of(hashes),
                 cache_identity=engine.cache_identity,
                 footprint_blocks=len(hashes),
                 protection_mode=mode,
-                ttl_s=plan.ttl_s if mode is not ProtectionMode.BEST_EFFORT else None,
+                ttl_s=ttl_s if mode is not ProtectionMode.BEST_EFFORT else None,
                 reuse_hint=hint,
             )
             if engine.submit_claim(spec, hashes).accepted:  # type: ignore[arg-type]
                 self.plans[mode.value] = self.plans.get(mode.value, 0) + 1
-                wf.held[node] = _Held(cid, hashes)
+                wf.held[node] = _Held(cid, hashes, mode)
                 return
             mode = relax_mode(mode)
 

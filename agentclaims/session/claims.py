@@ -27,6 +27,7 @@ from agentclaims.contract import (
     OwnerScope,
     PrefixId,
     ProtectionMode,
+    ReuseHint,
 )
 from agentclaims.errors import BackendError, ClaimOutcomeError, ClaimRefused, UsageError
 from agentclaims.lowering import MappingResult, honours, trusted_modes
@@ -194,9 +195,11 @@ class ClaimIO:
         prefix_id: PrefixId,
         plan: ClaimPlan,
         ctx: PrefixContext,
+        reuse_hint: ReuseHint | None = None,
     ) -> HeldClaim | None:
         """Submit ``plan`` on ``prefix_id``; a refusal relaxes the mode one step at a time
-        (when the policy allows) or, under ``fail``, raises ``ClaimRefused``. A mode the
+        (when the policy allows) or, under ``fail``, raises ``ClaimRefused``. ``reuse_hint``
+        (what the workflow knows about the next use) travels on the claim. A mode the
         backend does not honour (its lowering's class) is never submitted: see ``_unproven``."""
         mode: ProtectionMode | None = plan.mode
         st = self.stats
@@ -217,6 +220,7 @@ class ClaimIO:
                 footprint_blocks=ctx.footprint_blocks,
                 protection_mode=mode,
                 ttl_s=ttl,
+                reuse_hint=reuse_hint,
             )
             log = self._log()
             if log is not None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from agentclaims.contract import OwnerScope, PrefixId, prefix_blocks
+from agentclaims.contract import OwnerScope, PrefixId, ReuseHint, prefix_blocks
 from agentclaims.errors import (
     BackendUnavailable,
     ClaimHarmed,
@@ -36,7 +36,7 @@ from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixCo
 from agentclaims.protocol import ActiveOutcome, ClaimsProtocol
 from agentclaims.session.claims import ClaimIO, EventOutcomes, HeldClaim
 from agentclaims.session.reactions import ReactionPolicy
-from agentclaims.session.workflow import WorkflowModel
+from agentclaims.session.workflow import WorkflowModel, wait_key
 
 if TYPE_CHECKING:
     from agentclaims.backends.base import Backend
@@ -384,15 +384,21 @@ class ClaimedSession:
         old = self.io.held.pop(node, None)
         if prefix_id:
             ctx, plan = self.workflow.plan_after_call(node, prefix_id, tool_names)
-            await self._hold(node, PrefixId(prefix_id), plan, ctx)
+            hint = self.workflow.reuse_hint(node, ctx, tool=wait_key(node, tool_names))
+            await self._hold(node, PrefixId(prefix_id), plan, ctx, hint)
         if old is not None:
             await self.io.release(self._backend_named(old.backend), old, "superseded")
 
     async def _hold(
-        self, node: str, prefix_id: PrefixId, plan: ClaimPlan, ctx: PrefixContext
+        self,
+        node: str,
+        prefix_id: PrefixId,
+        plan: ClaimPlan,
+        ctx: PrefixContext,
+        hint: ReuseHint | None = None,
     ) -> None:
         if plan.mode is not None:
-            held = await self.io.submit(self.backend, node, prefix_id, plan, ctx)
+            held = await self.io.submit(self.backend, node, prefix_id, plan, ctx, hint)
             if held is not None:
                 self.io.held[node] = held
 

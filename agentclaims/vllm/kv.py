@@ -74,6 +74,10 @@ _CONTRACT_EVENTS = {e.value for e in EventName}
 _KINDS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
 
+_NEVER_S = 1e9
+"""``next_use_s`` of a closed agent's hold (finite: the op travels as JSON)."""
+
+
 @dataclass(frozen=True, slots=True)
 class UpstreamResult:
     """What the upstream engine answered (the client's payload) and its KV life."""
@@ -347,13 +351,18 @@ class VllmKV:
         return UpstreamResult(payload, result)
 
     def _hold_op(self, spec: ClaimSpec) -> dict[str, Any]:
-        return {
+        op: dict[str, Any] = {
             "op": "hold",
             "claim_id": spec.claim_id,
             "mode": spec.protection_mode.value,
             "blocks": spec.footprint_blocks,
             "ttl_s": spec.ttl_s,
         }
+        hint = spec.reuse_hint
+        if hint is not None and (hint.expected_s is not None or hint.closed):
+            # the connector sheds soft holds farthest predicted next use first
+            op["next_use_s"] = _NEVER_S if hint.closed else hint.expected_s
+        return op
 
     def _resolve(
         self,
