@@ -668,8 +668,13 @@ class AgentClaimsPolicy(PolicyHooks, NextUsePolicy):
         block_size: int = 64,
         planner: ClaimPlanner | None = None,
         waits: WaitModel | None = None,
+        *,
+        close_root: bool = True,
     ) -> None:
         NextUsePolicy.__init__(self, waits, name="agentclaims")
+        self.close_root = close_root
+        """Send ``closed`` when a trace's root ends (its session ends then); ``False`` keeps
+        only the sub-agent returns (for measuring what the signal is worth)."""
         self.service = service or ServiceModel()
         self.block_size = block_size
         self.planner = planner or ClaimPlanner(PlannerPolicy.named("ranked"))
@@ -832,6 +837,7 @@ class AgentClaimsPolicy(PolicyHooks, NextUsePolicy):
 
     def on_trace_end(self, ordinal: int) -> None:
         wf = self._workflows.pop(ordinal)
-        self._close(wf, "main")
+        if self.close_root:
+            self._close(wf, "main")
         for node in list(wf.held):
             self._release(wf, node)

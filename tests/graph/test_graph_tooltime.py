@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentclaims.errors import UsageError
 from agentclaims.graph import ToolTimeModel
@@ -92,3 +94,33 @@ def test_observe_many_is_all_or_nothing() -> None:
     with pytest.raises(UsageError, match="durations"):
         m.observe_many("t", [1.0, -2.0])
     assert m.count("t") == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(0.0, 100.0, allow_nan=False), min_size=101, max_size=400),
+    st.floats(0.1, 200.0),
+    st.integers(101, 300),
+)
+def test_ttl_is_near_the_exact_argmax_and_history_stays_sorted(
+    durations: list[float], benefit: float, history: int
+) -> None:
+    """Past the cold start ``ttl`` weighs at most 64 candidates: its value F(tau) * B - tau is
+    within B / 64 of the exact optimum over the kept durations; the kept durations stay the
+    last ``history`` ones, sorted for the CDF."""
+    m = ToolTimeModel(history=history)
+    m.cdf("t", 0.0)  # the sorted view exists before the samples arrive: kept up to date
+    m.observe_many("t", durations)
+    kept = sorted(durations[-history:])
+    assert sorted(m.samples("t")) == kept
+    assert m.cdf("t", kept[len(kept) // 2]) == sum(
+        1 for d in kept if d <= kept[len(kept) // 2]
+    ) / len(kept)
+
+    def value(tau: float) -> float:
+        return sum(1 for d in kept if d <= tau) / len(kept) * benefit - tau
+
+    exact = max([0.0, *kept], key=value)
+    tau = m.ttl("t", queue_delay_s=benefit)
+    if len(kept) > 100:
+        assert value(tau) >= value(exact) - benefit / 64 - 1e-9

@@ -60,8 +60,11 @@ class Hold:
     blocks: list[Any]
     expires_at: float
     next_use_s: float
-    """Predicted seconds to the prefix's next use: soft holds with the farthest go first."""
+    """Predicted seconds to the prefix's next use when held: soft holds whose next use is
+    farthest *now* (``next_use_s`` less the time held) go first, as the engine ranks."""
     request_id: str | None = None
+    since: float = 0.0
+    """When the hold was taken (the book's clock)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +256,7 @@ class ClaimBook:
             self.clock() + ttl,
             math.inf if next_use_s is None else float(next_use_s),
             request_id,
+            self.clock(),
         )
         self._take(hold)
         self.emit(
@@ -348,7 +352,8 @@ class ClaimBook:
         }
         if needed_blocks > free + len(only_soft):
             soft = []
-        for hold in sorted(soft, key=lambda h: -h.next_use_s):
+        now = self.clock()
+        for hold in sorted(soft, key=lambda h: now - h.since - h.next_use_s):
             self._give_back(hold)
             self.emit(
                 "resident_claim_demoted",
