@@ -283,9 +283,12 @@ class KVEngine(ClaimArbiter):
         pool.active += repinned
         if ranking is not None:
             ranking.remove_many(unparked)
+            now_s = self.clock() / 1e9
             if owner is not None:
                 # its hits left the policy: a rewrite's dead tail goes before any eviction
-                ranking.note_begin(owner, self.clock() / 1e9)
+                ranking.note_begin(owner, now_s)
+            else:
+                ranking.note_time(now_s)
         restored_claims: dict[str, ClaimRecord] = {}
         cover, ended_cover, allocate = pool.cover, pool.ended_cover, pool.allocate
         for i in range(hits, n):

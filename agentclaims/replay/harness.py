@@ -443,7 +443,7 @@ def run_replay(
     engine = engine_factory(
         capacity_blocks,
         block_size,
-        eviction_policy=policy,
+        eviction_policy=policy.engine_policy(),
         clock=clock,
         policy_name=policy.name,
         event_buffer=64,

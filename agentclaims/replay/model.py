@@ -73,10 +73,14 @@ class SessionState:
     children: list[SessionState] = field(default_factory=list)
 
 
-class ReplayPolicy(EvictionPolicy, Protocol):
-    """An eviction policy that also hears the replay's events (see :class:`PolicyHooks`)."""
+class ReplayPolicy(Protocol):
+    """What a replay runs: the engine's eviction policy (``engine_policy``; an anchor policy is
+    one itself) and what hears the replay's events (see :class:`PolicyHooks`)."""
 
+    name: str
     protected_blocks: int
+
+    def engine_policy(self) -> EvictionPolicy: ...
 
     def attach(self, engine: KVEngine) -> None: ...
     def on_trace(self, trace: Trace, ordinal: int) -> None: ...
@@ -102,6 +106,11 @@ class PolicyHooks:
 
     protected_blocks: int = 0
     """Blocks the policy currently shields from eviction (pins), for the report."""
+
+    def engine_policy(self) -> EvictionPolicy:
+        """The engine's eviction policy: the policy itself (the anchors are engine policies)."""
+        assert isinstance(self, EvictionPolicy)
+        return self
 
     def attach(self, engine: KVEngine) -> None:
         return None

@@ -644,11 +644,13 @@ class _TraceWorkflow:
         self.held: dict[str, _Held] = {}  # node -> claim on its context
 
 
-class AgentClaimsPolicy(PolicyHooks, NextUsePolicy):
+class AgentClaimsPolicy(PolicyHooks):
     """The SDK's session pipeline against an engine that ranks by predicted next use.
 
-    Engine side: :class:`~agentclaims.engine.NextUsePolicy` (dead blocks first, then the agent
-    whose next use is farthest, from waits conditioned on the time already waited).
+    Engine side (``engine_policy``, the engine's own and nothing else): a
+    :class:`~agentclaims.engine.NextUsePolicy` (dead blocks first, then the agent whose next
+    use is farthest, from waits conditioned on the time already waited). The agent side below
+    reaches it only through the engine's claims API.
 
     Agent side, per trace: the SDK's own :class:`~agentclaims.session.workflow.WorkflowModel`
     (its Agent Execution Graph, steps-to-execution, the shared :class:`ToolTimeModel`) and
@@ -671,7 +673,11 @@ class AgentClaimsPolicy(PolicyHooks, NextUsePolicy):
         *,
         close_root: bool = True,
     ) -> None:
-        NextUsePolicy.__init__(self, waits, name="agentclaims")
+        self.name = "agentclaims"
+        self.ranking = NextUsePolicy(waits, name=self.name)
+        """The engine's eviction policy."""
+        self.now = 0.0
+        """The replay's virtual clock, which the sessions read."""
         self.close_root = close_root
         """Send ``closed`` when a trace's root ends (its session ends then); ``False`` keeps
         only the sub-agent returns (for measuring what the signal is worth)."""
@@ -686,11 +692,14 @@ class AgentClaimsPolicy(PolicyHooks, NextUsePolicy):
         self.plans: dict[str, int] = {}
         """Claims planned, by mode (``renewed`` counts hint renewals)."""
 
+    def engine_policy(self) -> NextUsePolicy:
+        return self.ranking
+
     def attach(self, engine: KVEngine) -> None:
         self._engine = engine
 
     def advance(self, now: float) -> None:
-        self.note_time(now)
+        self.now = now
 
     @staticmethod
     def node_of(s: SessionState) -> str:

@@ -206,10 +206,14 @@ class RecordingAgentClaims(AgentClaimsPolicy):
         super().__init__(ServiceModel(), BS)
         self.hints: list[tuple[str, ReuseHint, float]] = []
         self.models: dict[int, WorkflowModel] = {}
+        ranking = self.ranking
+        note_hint = ranking.note_hint
 
-    def note_hint(self, owner: str, hint: ReuseHint, now_s: float) -> None:
-        self.hints.append((owner, hint, now_s))
-        super().note_hint(owner, hint, now_s)
+        def recorded(owner: str, hint: ReuseHint, now_s: float) -> None:
+            self.hints.append((owner, hint, now_s))  # what reached the engine's policy
+            note_hint(owner, hint, now_s)
+
+        ranking.note_hint = recorded  # type: ignore[method-assign]
 
     def on_trace(self, trace: Trace, ordinal: int) -> None:
         super().on_trace(trace, ordinal)
