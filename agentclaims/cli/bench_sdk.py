@@ -38,7 +38,7 @@ from agentclaims.planner import ClaimPlan
 from agentclaims.protocol import SEQUENCE_OBJECT
 from agentclaims.session import ClaimedSession
 
-__all__ = ["GOAL_P99_US", "bench_sdk", "random_graph", "run"]
+__all__ = ["GOAL_P99_US", "bench_sdk", "bench_sdk_runs", "random_graph", "run"]
 
 GOAL_P99_US = 100.0
 _TOOLS = ("search", "fetch", "code", "draft")
@@ -149,9 +149,22 @@ def bench_sdk(nodes: int = 1_000, calls: int = 20_000, *, seed: int = 0) -> dict
     }
 
 
+def bench_sdk_runs(runs: int = 5, **kwargs: Any) -> dict[str, Any]:
+    """``bench_sdk`` ``runs`` times; each figure is the median over the runs (the goal is
+    judged on the median run's CPU p99), with every run's CPU p99 listed."""
+    results = [bench_sdk(**kwargs) for _ in range(runs)]
+    out = dict(results[0])
+    for key in ("median_us", "p99_us", "cpu_median_us", "cpu_p99_us", "max_us"):
+        out[key] = round(statistics.median(r[key] for r in results), 2)
+    out["runs"] = runs
+    out["cpu_p99_us_runs"] = [r["cpu_p99_us"] for r in results]
+    out["meets_goal"] = out["cpu_p99_us"] <= GOAL_P99_US
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``agentclaims bench sdk``: print the figures (``--json``: as JSON)."""
-    result = bench_sdk()
+    result = bench_sdk_runs()
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2))
         return 0
@@ -159,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         f"SDK overhead per LLM call (before, request JSON, after, STE, re-plan, held claims; "
         f"no I/O): "
         f"{result['graph_nodes']:,}-node graph, {result['graph_edges']:,} edges, "
-        f"{result['calls']:,} calls on a random walk"
+        f"{result['calls']:,} calls on a random walk, median of {result['runs']} runs"
     )
     print(f"  {'':<6}{'median':>10}{'p99':>10}   goal p99 <= {GOAL_P99_US:g} µs (CPU time)")
     print(f"  {'wall':<6}{result['median_us']:>10.1f}{result['p99_us']:>10.1f}")
@@ -167,5 +180,6 @@ def run(args: argparse.Namespace) -> int:
         f"  {'cpu':<6}{result['cpu_median_us']:>10.1f}{result['cpu_p99_us']:>10.1f}"
         f"   {'meets' if result['meets_goal'] else 'MISSES'} the goal"
     )
+    print(f"  cpu p99 of each run: {', '.join(f'{v:.1f}' for v in result['cpu_p99_us_runs'])}")
     print(f"  plans: {', '.join(f'{k} {v:,}' for k, v in result['plans'].items())}")
     return 0

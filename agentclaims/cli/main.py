@@ -96,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--json", action="store_true")
     eng.add_argument("--quick", action="store_true", help="smaller sizes, for smoke tests")
     eng.set_defaults(module="bench_engine")
-    sdk = bench_sub.add_parser("sdk", help="SDK overhead per LLM call on a 1,000-node graph")
+    sdk = bench_sub.add_parser(
+        "sdk", help="SDK time per LLM call (the whole path, no I/O) on a 1,000-node graph"
+    )
     sdk.add_argument("--json", action="store_true")
     sdk.set_defaults(module="bench_sdk")
     replay = bench_sub.add_parser("replay", help="replay agentic traces under each policy")
