@@ -44,9 +44,12 @@ __all__ = [
     "ContractViolation",
     "DeadlineExceeded",
     "DescriptorError",
+    "Forbidden",
     "IllegalTransition",
     "OperationNotExposed",
     "ScopeViolation",
+    "ServiceUnavailable",
+    "Unauthorized",
     "UnknownClaim",
     "UnknownNameError",
     "UsageError",
@@ -185,3 +188,16 @@ class OperationNotExposed(BackendError):
         super().__init__(f"backend {backend!r} does not expose {operation}")
         self.backend = backend
         self.operation = operation
+
+
+class Unauthorized(AgentClaimsError):
+    """The request carries no valid API key (the gateway has keys configured)."""
+
+
+class Forbidden(AgentClaimsError):
+    """The caller's key does not allow this: another tenant's owner scope, or an operator
+    route (metrics, instance control) asked for with a tenant's key."""
+
+
+class ServiceUnavailable(BackendUnavailable):
+    """The gateway is shutting down or its claim ledger is unusable: nothing was changed."""

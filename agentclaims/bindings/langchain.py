@@ -19,7 +19,7 @@ __all__ = ["chat_model"]
 
 def chat_model(backend: Backend, *, model: str = "scripted", **kwargs: Any) -> ChatOpenAI:
     """A ``ChatOpenAI`` whose calls go to ``backend`` with claims (retries owned by the session)."""
-    kwargs.setdefault("api_key", "agentclaims")
+    kwargs.setdefault("api_key", getattr(backend, "api_key", None) or "agentclaims")
     kwargs.setdefault("max_retries", 0)
     return ChatOpenAI(
         model=model,

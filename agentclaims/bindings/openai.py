@@ -28,7 +28,7 @@ def claims_http_client(backend: Backend) -> httpx2.AsyncClient:
 
 def openai_client(backend: Backend, **kwargs: Any) -> openai.AsyncOpenAI:
     """``openai.AsyncOpenAI`` for ``backend`` (extra keyword arguments go to the client)."""
-    kwargs.setdefault("api_key", "agentclaims")
+    kwargs.setdefault("api_key", getattr(backend, "api_key", None) or "agentclaims")
     kwargs.setdefault("max_retries", 0)
     return openai.AsyncOpenAI(
         base_url=backend.base_url, http_client=claims_http_client(backend), **kwargs

@@ -61,6 +61,26 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--claims-key", default=None, help="the connector's key ($AGENTCLAIMS_CLAIMS_KEY)"
     )
+    serve.add_argument(
+        "--api-keys", default=None, metavar="FILE", help="tenants' API keys (TOML; see docs)"
+    )
+    serve.add_argument(
+        "--ledger", default=None, metavar="FILE", help="durable claim ledger (SQLite, WAL)"
+    )
+    serve.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve without --api-keys on a non-loopback host",
+    )
+    serve.add_argument(
+        "--grace-s", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
+    )
+    serve.add_argument(
+        "--decode-ms",
+        type=float,
+        default=None,
+        help="modelled decode time per reply token, ms (reference engine; 0.5)",
+    )
     serve.set_defaults(module="serve")
 
     vllm = sub.add_parser("vllm", help="a real vLLM server with the agentclaims connector")

@@ -16,9 +16,12 @@ from agentclaims.errors import (
     AgentClaimsError,
     BackendError,
     ContractViolation,
+    Forbidden,
     IllegalTransition,
     OperationNotExposed,
     ScopeViolation,
+    ServiceUnavailable,
+    Unauthorized,
     UnknownClaim,
     UsageError,
 )
@@ -65,6 +68,12 @@ def exception_error(exc: AgentClaimsError) -> tuple[int, dict[str, Any]]:
         return 409, error_body("contract_violation", str(exc))
     if isinstance(exc, OperationNotExposed):
         return 501, error_body("not_exposed", str(exc), operation=exc.operation)
+    if isinstance(exc, Unauthorized):
+        return 401, error_body("unauthorized", str(exc))
+    if isinstance(exc, Forbidden):
+        return 403, error_body("forbidden", str(exc))
+    if isinstance(exc, ServiceUnavailable):
+        return 503, error_body("unavailable", str(exc))
     return 500, error_body("internal_error", str(exc))
 
 
@@ -129,4 +138,10 @@ def raise_for_error(status: int, body: object) -> NoReturn:
         raise ContractViolation(message)
     if kind == "not_exposed":
         raise OperationNotExposed(str(err.get("backend", "gateway")), str(err.get("operation")))
+    if kind == "unauthorized":
+        raise Unauthorized(message)
+    if kind == "forbidden":
+        raise Forbidden(message)
+    if kind == "unavailable":
+        raise ServiceUnavailable(message)
     raise BackendError(f"HTTP {status} {kind}: {message}")

@@ -152,14 +152,20 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
     ) -> httpx2.Response:
         client = backend.http_client()
         url = httpx2.URL(backend.base_url.rstrip("/") + suffix).copy_with(query=request.url.query)
-        headers = [
-            (k, v)
-            for k, v in request.headers.items()
-            if k.lower() not in ("host", "content-length")
-        ]
+        # a backend with its own API key sends it, not the caller's
+        key = _api_key(backend)
+        drop = {"host", "content-length"} | ({"authorization"} if key else set())
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in drop]
+        if key:
+            headers.append(("authorization", f"Bearer {key}"))
         content = json.dumps(body).encode() if body is not None else await request.aread()
         outgoing = client.build_request(request.method, url, headers=headers, content=content)
         try:
             return await client.send(outgoing)
         except httpx2.TransportError as exc:
             raise BackendUnavailable(f"backend {backend.name!r} unreachable: {exc!r}") from exc
+
+
+def _api_key(backend: Backend) -> str | None:
+    key = getattr(backend, "api_key", None)
+    return key if isinstance(key, str) and key else None
