@@ -18,8 +18,11 @@ user-facing ``fail`` reaction::
      |    +-- ClaimRefused                     a residency claim or an active request was refused
      |    +-- ClaimHarmed                      an accepted claim lost its blocks (true harm)
      |    +-- DeadlineExceeded                 deferral ran past the session's deadline
+     +-- Unauthorized                          no valid API key (a gateway with tenants): 401
+     +-- Forbidden                             another tenant's owner scope, an operator route
      +-- BackendError                          the backend could not be reached or answered badly
           +-- BackendUnavailable               connection refused, server down, closed backend
+          |    +-- ServiceUnavailable          the gateway is stopping or its ledger is unusable
           +-- OperationNotExposed              the backend does not offer an operation
 
 Every error raised on bad input changes no state: the check happens before the change.
