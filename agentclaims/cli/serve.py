@@ -8,8 +8,10 @@ stop on SIGTERM (new requests get an explicit 503, the ones in flight finish wit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 from agentclaims.errors import AgentClaimsError, UsageError
@@ -53,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
         if args.kv == "vllm":
             kv, text = _vllm_side(args)
         else:
-            service = None if args.decode_ms is None else ServiceTimes(
-                decode_s_per_token=args.decode_ms / 1000
+            service = (
+                None
+                if args.decode_ms is None
+                else ServiceTimes(decode_s_per_token=args.decode_ms / 1000)
             )
             kv = ReferenceKV.create(args.blocks, args.block_size or 16, service=service)
             text = ScriptedModel()
@@ -90,6 +94,15 @@ def run(args: argparse.Namespace) -> int:
         else "no --ledger: claims live in memory only; a restart forgets them"
     )
     gateway = app.state.gateway
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        async with inner(app):
+            yield
+        _say("stopped" + ("; ledger flushed" if ledger is not None else ""))
+
+    app.router.lifespan_context = lifespan
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
@@ -106,8 +119,7 @@ def run(args: argparse.Namespace) -> int:
         access_log=False,
         timeout_graceful_shutdown=args.grace_s,
     )
-    Server(config).run()
-    _say("stopped" + ("; ledger flushed" if ledger is not None else ""))
+    Server(config).run()  # uvicorn re-raises the signal that stopped it once it is done
     return 0
 
 

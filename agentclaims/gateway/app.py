@@ -179,7 +179,8 @@ def _owner(request: Request, body: Mapping[str, Any] | None = None) -> OwnerScop
     if not isinstance(owner, str) or not owner:
         raise UsageError("owner_scope", "missing: name the claim's owner scope")
     service: Service = request.app.state.gateway.service
-    return OwnerScope(service.owner(owner, _tenant(request)) or owner)
+    bind = request.method != "GET"
+    return OwnerScope(service.owner(owner, _tenant(request), bind=bind) or owner)
 
 
 def _tenant(request: Request) -> Tenant | None:

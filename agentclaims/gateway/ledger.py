@@ -14,7 +14,7 @@ from __future__ import annotations
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -201,10 +201,13 @@ class Ledger:
 
     # ------------------------------------------------------------------ events
     def ingest(
-        self, events: Sequence[ClaimEvent], tenant_of_request: Mapping[str, str] | None = None
+        self,
+        events: Sequence[ClaimEvent],
+        tenant_of: Callable[[ClaimEvent], str | None] | None = None,
     ) -> list[ClaimEvent]:
         """Append the KV side's new events with the ledger's own ``seq``, and follow their
-        claims' states; one transaction. Returns them as served."""
+        claims' states; one transaction. Returns them as served. An event belongs to its
+        claim's tenant, else to the one ``tenant_of`` names."""
         if not events:
             return []
         out: list[ClaimEvent] = []
@@ -216,8 +219,8 @@ class Ledger:
             served = replace(ev, seq=seq)
             claim = self.claims.get(ev.claim_id) if ev.claim_id else None
             tenant = claim.tenant if claim is not None else None
-            if tenant is None and ev.request_id and tenant_of_request:
-                tenant = tenant_of_request.get(ev.request_id)
+            if tenant is None and tenant_of is not None:
+                tenant = tenant_of(ev)
             if claim is not None:
                 target = STATE_OF_EVENT.get(ev.event)
                 if target is not None and target is not ClaimState.SUBMITTED:

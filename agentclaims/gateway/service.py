@@ -57,7 +57,8 @@ class Service:
         self._inner: list[int] = []
         self._outer: list[int] = []
         self._reserved: dict[str, tuple[str, int, bool]] = {}
-        self._request_tenant: OrderedDict[str, str] = OrderedDict()
+        self._tenant_of_id: OrderedDict[str, str] = OrderedDict()
+        """Request and claim ids of this process -> tenant (events of claims never accepted)."""
         self._secret = b"" if ledger is None else ledger.secret().encode()
         self.counts: Counter[tuple[str, str]] = Counter()
         """(tenant, what) -> n: requests, refused, deferred, claims_refused, per tenant."""
@@ -104,13 +105,15 @@ class Service:
     def tenant(self, authorization: str | None) -> Tenant | None:
         return None if self.keys is None else self.keys.authenticate(authorization)
 
-    def owner(self, owner: str | None, tenant: Tenant | None) -> str | None:
-        """``owner`` checked for ``tenant``: bound to it on first use, 403 if it is another's."""
+    def owner(self, owner: str | None, tenant: Tenant | None, *, bind: bool = True) -> str | None:
+        """``owner`` checked for ``tenant``: bound to it on first use (unless ``bind`` is
+        false: a read), 403 if it is another's."""
         if owner is None or tenant is None or self.ledger is None:
             return owner
         bound = self.ledger.owners.get(owner)
         if bound is None:
-            self.ledger.bind_owner(owner, tenant.name)
+            if bind:
+                self.ledger.bind_owner(owner, tenant.name)
         elif bound != tenant.name:
             raise Forbidden(f"owner scope {owner!r} belongs to another tenant")
         return owner
@@ -138,6 +141,8 @@ class Service:
                     item["owner_scope"] = owner
                 if tenant.max_ttl_s is not None and item.get("ttl_s") is None:
                     item["ttl_s"] = tenant.max_ttl_s
+                if isinstance(item.get("claim_id"), str):
+                    self._remember(item["claim_id"], tenant)
             out.append(item)
         return tuple(out)
 
@@ -146,6 +151,7 @@ class Service:
         if tenant is None:
             return spec
         self.owner(spec.owner_scope, tenant)
+        self._remember(spec.claim_id, tenant)
         if tenant.max_ttl_s is not None and spec.ttl_s is None:
             return ClaimSpec.from_dict({**spec.to_dict(), "ttl_s": tenant.max_ttl_s})
         return spec
@@ -238,9 +244,7 @@ class Service:
             outcome = result.outcome
             if not outcome.served:
                 self.counts[tenant.name, "deferred" if outcome.deferred else "refused"] += 1
-            self._request_tenant[outcome.request_id] = tenant.name
-            while len(self._request_tenant) > _REMEMBERED:
-                self._request_tenant.popitem(last=False)
+            self._remember(outcome.request_id, tenant)
         if self.ledger is None:
             return result
         await self.decided(result.decisions, owners, tenant)
@@ -259,7 +263,7 @@ class Service:
             if page.gap:
                 self.gaps += 1  # the KV side dropped events before the ledger read them
             if page.events:
-                served = self.ledger.ingest(page.events, self._request_tenant)
+                served = self.ledger.ingest(page.events, self._event_tenant)
                 for inner, outer in zip(page.events, served, strict=True):
                     self._inner.append(inner.seq)
                     self._outer.append(outer.seq)
@@ -269,6 +273,15 @@ class Service:
             self._cursor = page.next_since
             if not page.more:
                 return
+
+    def _remember(self, id_: str, tenant: Tenant) -> None:
+        self._tenant_of_id[id_] = tenant.name
+        while len(self._tenant_of_id) > _REMEMBERED:
+            self._tenant_of_id.popitem(last=False)
+
+    def _event_tenant(self, event: ClaimEvent) -> str | None:
+        key = event.claim_id if event.claim_id is not None else event.request_id
+        return None if key is None else self._tenant_of_id.get(key)
 
     def _absorb(self, served: Sequence[ClaimEvent]) -> None:
         assert self.ledger is not None
