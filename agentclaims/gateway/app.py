@@ -179,8 +179,7 @@ def _owner(request: Request, body: Mapping[str, Any] | None = None) -> OwnerScop
     if not isinstance(owner, str) or not owner:
         raise UsageError("owner_scope", "missing: name the claim's owner scope")
     service: Service = request.app.state.gateway.service
-    bind = request.method != "GET"
-    return OwnerScope(service.owner(owner, _tenant(request), bind=bind) or owner)
+    return OwnerScope(service.owner(owner, _tenant(request)) or owner)
 
 
 def _tenant(request: Request) -> Tenant | None:
@@ -258,7 +257,7 @@ class _Gateway:
                 chat=text_request.kind == "chat",
             )
         )
-        result = await self.service.served(result, _claim_owners(claims, owner), tenant)
+        result = await self.service.served(result, _claim_owners(claims, owner), tenant, owner)
         if not result.outcome.served:
             status, headers, err = refusal_error(result.outcome, result.prefix_ids)
             self.errors[err["error"]["type"]] += 1
@@ -295,7 +294,7 @@ class _Gateway:
         cache_salt = self.service.salt(_optional_str(body, "cache_salt"), tenant)
         up = await self.kv.complete(kind, body, claims, owner, cache_salt)
         result: ServeResult = await self.service.served(
-            up.result, _claim_owners(claims, owner), tenant
+            up.result, _claim_owners(claims, owner), tenant, owner
         )
         if not result.outcome.served:
             status, headers, err = refusal_error(result.outcome, result.prefix_ids)
@@ -452,7 +451,7 @@ class _Gateway:
             )
         result = await self.kv.serve(active)
         result = await self.service.served(
-            result, _claim_owners(active.claims, active.owner_scope), tenant
+            result, _claim_owners(active.claims, active.owner_scope), tenant, active.owner_scope
         )
         return JSONResponse(result.to_dict())
 

@@ -23,7 +23,7 @@ import hashlib
 import hmac
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -105,18 +105,24 @@ class Service:
     def tenant(self, authorization: str | None) -> Tenant | None:
         return None if self.keys is None else self.keys.authenticate(authorization)
 
-    def owner(self, owner: str | None, tenant: Tenant | None, *, bind: bool = True) -> str | None:
-        """``owner`` checked for ``tenant``: bound to it on first use (unless ``bind`` is
-        false: a read), 403 if it is another's."""
+    def owner(self, owner: str | None, tenant: Tenant | None) -> str | None:
+        """``owner`` checked for ``tenant``: 403 if it is bound to another tenant. It is
+        bound to this one once an operation naming it succeeds (``bind``): a request that
+        fails leaves no trace."""
         if owner is None or tenant is None or self.ledger is None:
             return owner
         bound = self.ledger.owners.get(owner)
-        if bound is None:
-            if bind:
-                self.ledger.bind_owner(owner, tenant.name)
-        elif bound != tenant.name:
+        if bound is not None and bound != tenant.name:
             raise Forbidden(f"owner scope {owner!r} belongs to another tenant")
         return owner
+
+    def bind(self, owners: Iterable[str | None], tenant: Tenant | None) -> None:
+        """Bind the owner scopes a successful operation named to its tenant (first one wins)."""
+        if tenant is None or self.ledger is None:
+            return
+        for owner in owners:
+            if owner is not None and owner not in self.ledger.owners:
+                self.ledger.bind_owner(owner, tenant.name)
 
     def salt(self, cache_salt: str | None, tenant: Tenant | None) -> str | None:
         """The tenant's own salt (the client's, if any, inside it)."""
@@ -172,7 +178,7 @@ class Service:
         claim; a claim let through is reserved until its decision is recorded."""
         if self.keys is None or self.ledger is None:
             return None
-        name = self.ledger.owners.get(spec.owner_scope)
+        name = self._tenant_of_id.get(spec.claim_id) or self.ledger.owners.get(spec.owner_scope)
         tenant = self.keys.tenants.get(name) if name is not None else None
         if tenant is None:
             return None
@@ -211,9 +217,11 @@ class Service:
     async def decided(
         self, decisions: Sequence[ClaimDecision], owners: Mapping[str, str], tenant: Tenant | None
     ) -> None:
-        """Record the claims the KV side accepted, then take in its events."""
+        """Bind the owners to the tenant, record the claims the KV side accepted, then take
+        in its events."""
         if self.ledger is None:
             return
+        self.bind(owners.values(), tenant)
         new = []
         for d in decisions:
             self._reserved.pop(d.claim_id, None)
@@ -235,7 +243,11 @@ class Service:
         await self.sync()
 
     async def served(
-        self, result: ServeResult, owners: Mapping[str, str], tenant: Tenant | None
+        self,
+        result: ServeResult,
+        owners: Mapping[str, str],
+        tenant: Tenant | None,
+        owner: str | None = None,
     ) -> ServeResult:
         """After a completion: its tenant's counts, its claims recorded, its events in the
         ledger, and its ``events_seq`` in the ledger's numbering."""
@@ -247,6 +259,7 @@ class Service:
             self._remember(outcome.request_id, tenant)
         if self.ledger is None:
             return result
+        self.bind([owner], tenant)
         await self.decided(result.decisions, owners, tenant)
         return replace(result, events_seq=self.outer_seq(result.events_seq))
 
