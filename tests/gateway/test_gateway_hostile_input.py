@@ -208,7 +208,7 @@ def test_a_real_gateway_process_survives_the_table(tmp_path: Path) -> None:
     """Over real HTTP on loopback, with a tenant's key and a ledger file: every case of the
     table is a 4xx, the ledger is unchanged after each, and the gateway still serves."""
     keys = tmp_path / "keys.toml"
-    keys.write_text(f"[[key]]\nkey = \"{KEY}\"\ntenant = \"t\"\nadmin = true\n")
+    keys.write_text(f'[[key]]\nkey = "{KEY}"\ntenant = "t"\nadmin = true\n')
     ledger = tmp_path / "ledger.sqlite"
     args = ("--blocks", "64", "--api-keys", str(keys), "--ledger", str(ledger))
     headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}

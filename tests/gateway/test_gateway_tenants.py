@@ -261,3 +261,44 @@ def test_operator_routes_need_an_operator_key(gateway: tuple[str, Path]) -> None
         assert families["agentclaims_ledger_writes"].samples[0].value > 0
         stats = ops.get("/v1/stats").json()
         assert stats["tenants"]["alpha"]["requests"] >= 1
+
+
+async def test_an_sdk_session_works_with_its_tenant_key(tmp_path: Path) -> None:
+    """The SDK as a user runs it (HTTPBackend with ``api_key``, the OpenAI client, a claimed
+    workflow with tool calls) against a keyed gateway: claims accepted, their events read back
+    through the tenant's filtered stream, none left live; without the key, a typed error."""
+    import agentclaims
+    from agentclaims.session import current_session
+
+    keys = tmp_path / "keys.toml"
+    keys.write_text(KEYS)
+    with gateway_process("--api-keys", str(keys), "--blocks", "1024") as url:
+        async with agentclaims.HTTPBackend(url, api_key=BETA) as backend:
+            oai = agentclaims.openai_client(backend)
+
+            @agentclaims.claimed_session(backend=backend)
+            async def workflow() -> Any:
+                session = current_session()
+                assert session is not None
+                messages = [{"role": "system", "content": "be brief " * 80}]
+                with session.node("agent"):
+                    for i in range(3):
+                        messages.append({"role": "user", "content": f"step {i} " * 10})
+                        reply = await oai.chat.completions.create(
+                            model="scripted", messages=messages
+                        )
+                        text = reply.choices[0].message.content
+                        messages.append({"role": "assistant", "content": text})
+                        async with session.tool_call("search"):
+                            pass
+                return session
+
+            session = await workflow()
+            assert session.stats.llm_calls == 3
+            assert session.stats.claims_accepted >= 1
+            with client(url, OPS) as ops:
+                live = ops.get("/v1/stats").json()["tenants"]["beta"]["live_claims"]
+            assert live == 0
+        async with agentclaims.HTTPBackend(url) as anonymous:
+            with pytest.raises(agentclaims.Unauthorized):
+                await anonymous.descriptor()
