@@ -57,10 +57,23 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def _session(
-    http: httpx2.AsyncClient, n: int, key: str | None, deadline: float, out: dict[str, Any]
-) -> None:
+async def _session(url: str, n: int, key: str | None, deadline: float, out: dict[str, Any]) -> None:
+    """One agent's loop, with its own client and connection (as each agent process has)."""
     headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    limits = httpx2.Limits(max_connections=1, max_keepalive_connections=1)
+    async with httpx2.AsyncClient(
+        base_url=url, limits=limits, timeout=httpx2.Timeout(120.0)
+    ) as http:
+        await _loop(http, n, headers, deadline, out)
+
+
+async def _loop(
+    http: httpx2.AsyncClient,
+    n: int,
+    headers: dict[str, str],
+    deadline: float,
+    out: dict[str, Any],
+) -> None:
     while time.monotonic() < deadline:
         n += 1_000_000
         owner = f"s{n}"
@@ -136,19 +149,15 @@ def run_one(label: str, sessions: int, duration: float, service: bool) -> dict[s
             }
 
             async def main() -> float:
-                limits = httpx2.Limits(max_connections=sessions, max_keepalive_connections=sessions)
-                async with httpx2.AsyncClient(
-                    base_url=url, limits=limits, timeout=httpx2.Timeout(120.0)
-                ) as http:
-                    started = time.monotonic()
-                    deadline = started + duration
-                    await asyncio.gather(
-                        *(
-                            _session(http, i, _key(i % TENANTS) if service else None, deadline, out)
-                            for i in range(sessions)
-                        )
+                started = time.monotonic()
+                deadline = started + duration
+                await asyncio.gather(
+                    *(
+                        _session(url, i, _key(i % TENANTS) if service else None, deadline, out)
+                        for i in range(sessions)
                     )
-                    return time.monotonic() - started
+                )
+                return time.monotonic() - started
 
             elapsed = asyncio.run(main())
             headers = {"Authorization": f"Bearer {OPS}"} if service else {}

@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace-s", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
     )
     serve.add_argument(
+        "--keep-alive-s", type=float, default=75.0, help="idle keep-alive connections' lifetime"
+    )
+    serve.add_argument(
         "--decode-ms",
         type=float,
         default=None,

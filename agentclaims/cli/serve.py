@@ -118,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=args.grace_s,
+        # longer than clients keep an idle connection (httpx: 5 s), so the server never closes
+        # one a client is just reusing (a reset the client cannot tell from a failure)
+        timeout_keep_alive=args.keep_alive_s,
     )
     Server(config).run()  # uvicorn re-raises the signal that stopped it once it is done
     return 0
