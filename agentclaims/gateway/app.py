@@ -237,6 +237,13 @@ class _Gateway:
                 "stream",
                 "streaming is not supported by the agentclaims gateway; send stream: false",
             )
+        limits: Limits = request.app.state.limits
+        tokens = sum(len(s) for s in segments)
+        if tokens > limits.max_prompt_tokens:
+            raise UsageError(
+                "messages" if text_request.kind == "chat" else "prompt",
+                f"{tokens} tokens; at most {limits.max_prompt_tokens}",
+            )
         tenant = _tenant(request)
         owner = self.service.owner(ext.default_owner, tenant)
         claims = self.service.claims(ext.claims, owner, tenant)

@@ -72,6 +72,14 @@ CASES: list[tuple[str, str, Any, int, str]] = [
         400,
         "messages.content",
     ),
+    (  # each string within its limit, the prompt over the token limit
+        "POST",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "w " * 200_000}] * 2},
+        400,
+        "messages",
+    ),
+    ("POST", "/v1/completions", {"prompt": "w " * 300_000}, 400, "prompt"),
     (
         "POST",
         "/v1/chat/completions",
