@@ -35,6 +35,7 @@ from agentclaims.errors import AgentClaimsError, OperationNotExposed, UsageError
 from agentclaims.gateway.ledger import Ledger
 from agentclaims.gateway.limits import BodyTooLarge, Limits, parse_body
 from agentclaims.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from agentclaims.gateway.openapi import openapi
 from agentclaims.gateway.service import Service
 from agentclaims.gateway.tenants import Tenant, TenantKeys
 from agentclaims.gateway.text import Reply, TextRequest, TextSide
@@ -649,7 +650,11 @@ def create_app(
         ("/metrics", gw.metrics, ["GET"]),
         ("/v1/stats", gw.stats_route, ["GET"]),
     ]
-    document = openapi([*table, ("/openapi.json", gw.health, ["GET"])], name)
+    document = openapi(
+        [(path, methods) for path, _, methods in table] + [("/openapi.json", ["GET"])],
+        name,
+        Extension,
+    )
 
     async def openapi_route(request: Request) -> Response:
         return JSONResponse(document)
@@ -690,97 +695,3 @@ def _block_hashes(body: Mapping[str, Any]) -> list[BlockHash]:
     ):
         raise UsageError("block_hashes", "must be a list of 64-bit unsigned integers")
     return [BlockHash(h) for h in hashes]
-
-
-_SUMMARIES = {
-    "POST /v1/chat/completions": "OpenAI chat completion; the agentclaims object names the session and its claims",
-    "POST /v1/completions": "OpenAI text completion (a string or token ids), with claims",
-    "POST /v1/claims": "Submit a residency claim on a known prefix (or on the given block hashes)",
-    "GET /v1/claims/{claim_id}": "The owner's view of a claim",
-    "DELETE /v1/claims/{claim_id}": "Release a claim",
-    "POST /v1/claims/{claim_id}/renew": "Renew a claim (new duration_steps and/or ttl_s)",
-    "POST /v1/claims/{claim_id}/release": "Release a claim",
-    "GET /v1/events": "The ordered claim event stream after a sequence number (since, limit, id_prefix)",
-    "POST /v1/residency": "Leading resident blocks per prefix id, or residency per block hash",
-    "POST /v1/active": "Serve one active request without text (the claims protocol's serve)",
-    "POST /v1/instance": "Replace the KV instance by an empty one of N usable blocks (conformance)",
-    "POST /v1/instance/step": "Advance the step counter duration_steps count",
-    "GET /v1/descriptor": "What this backend honours: identity, limits, the checked lowering per mode",
-    "GET /v1/models": "The text side's model",
-    "GET /health": "Whether the gateway answers, with its KV and text sides",
-    "GET /metrics": "Counters and histograms in the Prometheus text format",
-    "GET /v1/stats": "The same figures as JSON",
-    "GET /openapi.json": "This document",
-}
-
-_ERRORS = {
-    "400": "usage_error: bad input, the field named",
-    "401": "unauthorized: no valid API key (the gateway has keys)",
-    "403": "scope_violation (another owner's claim) or forbidden (another tenant's owner scope, an operator route)",
-    "404": "unknown_claim or not_found",
-    "409": "a refusal (active_request_refused), illegal_transition or contract_violation",
-    "413": "the body is over the size limit",
-    "501": "not_exposed: the KV side does not offer the operation",
-    "503": "active_request_deferred, with Retry-After; or unavailable (shutting down, ledger unusable)",
-}
-
-
-def openapi(table: Sequence[tuple[str, Handler, list[str]]], name: str) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of every route (``GET /openapi.json``): a summary per
-    operation, its path parameters, and every error as the agentclaims error body
-    (docs/gateway.md)."""
-    error = {
-        "description": "an agentclaims error",
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-    }
-    paths: dict[str, dict[str, Any]] = {}
-    for path, _handler, methods in table:
-        for method in methods:
-            op: dict[str, Any] = {
-                "summary": _SUMMARIES.get(f"{method} {path}", path),
-                "operationId": f"{method.lower()}_{path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
-                "responses": {
-                    "200": {"description": "OK"},
-                    **{k: {**error, "description": v} for k, v in _ERRORS.items()},
-                },
-            }
-            params = [p.strip("{}") for p in path.split("/") if p.startswith("{")]
-            if params:
-                op["parameters"] = [
-                    {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
-                    for p in params
-                ]
-            if method in ("POST", "DELETE") and path not in ("/health",):
-                op["requestBody"] = {
-                    "required": False,
-                    "content": {"application/json": {"schema": {"type": "object"}}},
-                }
-            paths.setdefault(path, {})[method.lower()] = op
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": name,
-            "version": "1",
-            "description": "The agentclaims gateway: OpenAI-compatible completions with claims, and the claims API (docs/gateway.md).",
-        },
-        "paths": paths,
-        "components": {
-            "schemas": {
-                "Error": {
-                    "type": "object",
-                    "required": ["error"],
-                    "properties": {
-                        "error": {
-                            "type": "object",
-                            "required": ["type", "message"],
-                            "properties": {
-                                "type": {"type": "string"},
-                                "message": {"type": "string"},
-                                "field": {"type": "string"},
-                            },
-                        }
-                    },
-                }
-            }
-        },
-    }
