@@ -138,7 +138,8 @@ class VllmKV:
         self._key = claims_key
         self._connector = ConnectorClient(self.upstream, claims_key, model="", client=self._http)
         """One client, one cursor on the connector's event stream, whatever the tenant."""
-        self._prefixes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._prefixes: OrderedDict[str, tuple[tuple[int, ...], str | None]] = OrderedDict()
+        """prefix id -> its tokens and the cache salt they were served under."""
         self._max_prefixes = max_prefixes
         self._claims: dict[str, _Claim] = {}
         self._events: list[ClaimEvent] = []
@@ -248,7 +249,7 @@ class VllmKV:
         if not hashes:
             return hashes, None
         pid = prefix_id_of(hashes)
-        self._prefixes[pid] = tuple(tokens[: len(hashes) * self.block_size])
+        self._prefixes[pid] = (tuple(tokens[: len(hashes) * self.block_size]), salt)
         self._prefixes.move_to_end(pid)
         while len(self._prefixes) > self._max_prefixes:
             self._prefixes.popitem(last=False)
@@ -335,6 +336,8 @@ class VllmKV:
             if k not in ("kv_transfer_params", "agentclaims", "cache_salt")
         }
         forwarded["model"] = client.model
+        if cache_salt:  # vLLM's own per-request salt: a tenant's blocks are its own
+            forwarded["cache_salt"] = cache_salt
         wants_ids = bool(body.get("return_token_ids"))
         if tokens is None:
             forwarded["return_token_ids"] = True
@@ -515,8 +518,8 @@ class VllmKV:
         await self.start()
         if block_hashes is not None:
             raise OperationNotExposed(self.name, "claims by block hashes (vLLM's are its own)")
-        tokens = self._prefixes.get(spec.object_id)
-        if tokens is None:
+        known = self._prefixes.get(spec.object_id)
+        if known is None:
             raise UsageError("object_id", f"unknown prefix {spec.object_id!r}: serve it first")
         if spec.claim_id in self._claims:
             raise UsageError("claim_id", f"claim {spec.claim_id!r} already exists")
@@ -534,8 +537,9 @@ class VllmKV:
             async with self._lock:
                 return self._refuse(spec, reason, None)
         client = await self._connector_ready()
+        tokens, salt = known
         answer = await client.complete(
-            tokens, [self._hold_op(spec)], max_tokens=1, tenant=spec.owner_scope
+            tokens, [self._hold_op(spec)], max_tokens=1, tenant=spec.owner_scope, cache_salt=salt
         )
         async with self._lock:
             self._absorb(answer)
