@@ -76,6 +76,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace-s", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
     )
     serve.add_argument(
+        "--instance-id", default=None, help="this gateway's name in a fleet (default host:port)"
+    )
+    serve.add_argument(
+        "--advertise-url",
+        default=None,
+        help="where clients reach this gateway directly (default http://host:port)",
+    )
+    serve.add_argument(
+        "--behind-router",
+        action="store_true",
+        help="answer deferrals 409, never a status a router retries (docs/fleet.md)",
+    )
+    serve.add_argument(
         "--keep-alive-s", type=float, default=75.0, help="idle keep-alive connections' lifetime"
     )
     serve.add_argument(

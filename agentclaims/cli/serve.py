@@ -35,7 +35,7 @@ def _loopback(host: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     """Serve until stopped; 2 on bad arguments, 3 when uvicorn is not installed."""
     from agentclaims.engine import ReferenceKV, ServiceTimes
-    from agentclaims.gateway import ScriptedModel, create_app
+    from agentclaims.gateway import Instance, ScriptedModel, create_app
     from agentclaims.gateway.ledger import Ledger
     from agentclaims.gateway.tenants import TenantKeys
 
@@ -63,7 +63,12 @@ def run(args: argparse.Namespace) -> int:
             kv = ReferenceKV.create(args.blocks, args.block_size or 16, service=service)
             text = ScriptedModel()
         ledger = None if args.ledger is None else Ledger(args.ledger)
-        app = create_app(kv, text, keys=keys, ledger=ledger)
+        instance = Instance(
+            args.instance_id or f"{args.host}:{args.port}",
+            args.advertise_url or f"http://{args.host}:{args.port}",
+            args.behind_router,
+        )
+        app = create_app(kv, text, keys=keys, ledger=ledger, instance=instance)
     except AgentClaimsError as exc:
         print(f"agentclaims serve: {exc}", file=sys.stderr)
         return 2
@@ -92,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
         f"claim ledger {args.ledger} (SQLite, WAL)"
         if ledger is not None
         else "no --ledger: claims live in memory only; a restart forgets them"
+    )
+    _say(
+        f"instance {instance.instance_id} ({instance.advertise_url})"
+        + ("; behind a router: deferrals answer 409" if instance.behind_router else "")
     )
     gateway = app.state.gateway
     inner = app.router.lifespan_context

@@ -60,7 +60,16 @@ from agentclaims.protocol import (
     refusal_error,
 )
 
-__all__ = ["Extension", "KVSide", "UpstreamKV", "create_app"]
+__all__ = [
+    "INSTANCE_HEADER",
+    "INSTANCE_URL_HEADER",
+    "ROUTER_SAFE_HEADER",
+    "Extension",
+    "Instance",
+    "KVSide",
+    "UpstreamKV",
+    "create_app",
+]
 
 
 @runtime_checkable
@@ -90,6 +99,29 @@ class KVSide(ClaimsProtocol, ActiveServing, Protocol):
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+INSTANCE_HEADER = "X-Agentclaims-Instance"
+"""Names the gateway instance that answered (every response): claims live per instance."""
+INSTANCE_URL_HEADER = "X-Agentclaims-Instance-URL"
+"""Where that instance's claims API is reached directly (``--advertise-url``), when known."""
+ROUTER_SAFE_HEADER = "X-Agentclaims-Router-Safe"
+"""A client behind a router sends ``1``: no claim outcome is then a status routers retry."""
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """Who this gateway is in a fleet (docs/fleet.md)."""
+
+    instance_id: str = "gateway"
+    advertise_url: str | None = None
+    behind_router: bool = False
+
+    @property
+    def headers(self) -> dict[str, str]:
+        out = {INSTANCE_HEADER: self.instance_id}
+        if self.advertise_url:
+            out[INSTANCE_URL_HEADER] = self.advertise_url
+        return out
 _MAX_TOKEN_ID = 2**31
 
 
@@ -209,9 +241,11 @@ class _Gateway:
         name: str,
         lowering: LoweringSource | None,
         service: Service,
+        instance: Instance,
     ) -> None:
         self.kv = kv
         self.service = service
+        self.instance = instance
         self.text = text
         self.name = name
         self._lowering_source = lowering
@@ -267,7 +301,9 @@ class _Gateway:
         )
         result = await self.service.served(result, _claim_owners(claims, owner), tenant, owner)
         if not result.outcome.served:
-            status, headers, err = refusal_error(result.outcome, result.prefix_ids)
+            status, headers, err = refusal_error(
+                result.outcome, result.prefix_ids, router_safe=self.router_safe(request)
+            )
             self.errors[err["error"]["type"]] += 1
             return JSONResponse(err, status_code=status, headers=headers), {}
         prompt_tokens = sum(len(s) for s in segments)
@@ -305,7 +341,9 @@ class _Gateway:
             up.result, _claim_owners(claims, owner), tenant, owner
         )
         if not result.outcome.served:
-            status, headers, err = refusal_error(result.outcome, result.prefix_ids)
+            status, headers, err = refusal_error(
+                result.outcome, result.prefix_ids, router_safe=self.router_safe(request)
+            )
             self.errors[err["error"]["type"]] += 1
             return JSONResponse(err, status_code=status, headers=headers)
         payload = dict(up.payload)
@@ -569,6 +607,11 @@ class _Gateway:
         return Response(self.prometheus.render(), media_type=CONTENT_TYPE)
 
     # ------------------------------------------------------------------ plumbing
+    def router_safe(self, request: Request) -> bool:
+        """Whether a deferral answers 409 (behind a router: ``--behind-router``, or the client's
+        ``X-Agentclaims-Router-Safe: 1``), not 503."""
+        return self.instance.behind_router or request.headers.get(ROUTER_SAFE_HEADER) == "1"
+
     def counted(self, name: str, handler: Handler) -> Handler:
         """The route's handler behind the service's checks: the caller's key (401 without
         one), an operator key for operator routes (403), not while stopping (503), and the
@@ -588,7 +631,9 @@ class _Gateway:
                     if operator:
                         TenantKeys.require_admin(tenant, name)
                     await service.ready()
-                return await handler(request)
+                response = await handler(request)
+                response.headers.update(self.instance.headers)
+                return response
             finally:
                 self.prometheus.observe(name, time.perf_counter() - started)
 
@@ -600,7 +645,7 @@ class _Gateway:
         if isinstance(exc, BodyTooLarge):
             status = 413
         self.errors[body["error"]["type"]] += 1
-        return JSONResponse(body, status_code=status)
+        return JSONResponse(body, status_code=status, headers=self.instance.headers)
 
     async def on_http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -609,6 +654,7 @@ class _Gateway:
         return JSONResponse(
             error_body(kind, f"{request.method} {request.url.path}: {exc.detail}"),
             status_code=exc.status_code,
+            headers=self.instance.headers,
         )
 
 
@@ -621,6 +667,7 @@ def create_app(
     limits: Limits | None = None,
     keys: TenantKeys | None = None,
     ledger: Ledger | None = None,
+    instance: Instance | None = None,
 ) -> Starlette:
     """The gateway app over a KV side (e.g. ``ReferenceKV``) and a text side (``ScriptedModel``).
 
@@ -628,9 +675,10 @@ def create_app(
     ``conformance_run`` anchors are read beside it), checked once for ``/v1/descriptor``; by
     default the KV side's own ``lowering`` attribute, the shipped one for the reference engine,
     and else none: every mode ``unknown``. ``keys`` makes it serve tenants (``TenantKeys``),
-    ``ledger`` keeps claims and events across restarts (``Ledger``); docs/operations.md."""
+    ``ledger`` keeps claims and events across restarts (``Ledger``); docs/operations.md.
+    ``instance`` names it in a fleet behind a router (docs/fleet.md)."""
     service = Service(kv, keys, ledger)
-    gw = _Gateway(kv, text, name, lowering, service)
+    gw = _Gateway(kv, text, name, lowering, service, instance or Instance())
     table: list[tuple[str, Handler, list[str]]] = [
         ("/v1/chat/completions", gw.chat_completions, ["POST"]),
         ("/v1/completions", gw.completions, ["POST"]),

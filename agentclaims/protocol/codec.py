@@ -78,10 +78,12 @@ def exception_error(exc: AgentClaimsError) -> tuple[int, dict[str, Any]]:
 
 
 def refusal_error(
-    outcome: ActiveOutcome, prefix_ids: Mapping[str, Any]
+    outcome: ActiveOutcome, prefix_ids: Mapping[str, Any], *, router_safe: bool = False
 ) -> tuple[int, dict[str, str], dict[str, Any]]:
     """Status, headers and body for an active request the arbiter did not serve: 503 with
-    ``Retry-After`` when deferred (it will fit later), 409 when refused or over capacity."""
+    ``Retry-After`` when deferred (it will fit later), 409 when refused or over capacity.
+    ``router_safe``: a deferral is a 409 too (same body and retry hint), since a router in
+    front retries a 503 on the same worker and then counts it as the worker failing."""
     kind = ACTIVE_REQUEST_DEFERRED if outcome.deferred else ACTIVE_REQUEST_REFUSED
     body = error_body(
         kind,
@@ -101,7 +103,7 @@ def refusal_error(
     if outcome.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(outcome.retry_after_s)))
         headers["retry-after-ms"] = str(max(1, round(outcome.retry_after_s * 1000)))
-    return 503, headers, body
+    return 409 if router_safe else 503, headers, body
 
 
 def outcome_from_error(body: object) -> ActiveOutcome | None:
