@@ -49,13 +49,18 @@ class BackendPool:
         names = [b.name for b in members]
         if len(set(names)) != len(names):
             raise UsageError("backends", f"backend names must be unique, got {names}")
-        self.backends = members
+        self._backends = members
         self._by_name = {b.name: b for b in members}
         self._affinity: dict[str, str] = {}
         self._load: dict[str, int] = dict.fromkeys(names, 0)
         self._home: dict[str, str] = {}  # claim id -> member holding it
         self._log: list[tuple[str, ClaimEvent]] = []  # the pool's merged event stream
         self._cursors: dict[str, int] = dict.fromkeys(names, 0)
+
+    @property
+    def backends(self) -> list[Backend]:
+        """The members, in the order given."""
+        return list(self._backends)
 
     @property
     def name(self) -> str:
@@ -140,6 +145,10 @@ class BackendPool:
             page = await member.events(self._cursors[member.name])
             self._cursors[member.name] = page.next_since
             self._log.extend((member.name, e) for e in page.events)
+        return self._page(since, id_prefix=id_prefix, limit=limit)
+
+    def _page(self, since: int, *, id_prefix: str | None, limit: int | None) -> EventPage:
+        """The page of the pool's merged stream after ``since`` (a position in it)."""
         after = [e for _, e in self._log[since:]]
         page = EventPage.select(after, 0, len(after), limit=limit, id_prefix=id_prefix)
         scanned = len(after) if limit is None else min(limit, len(after))
@@ -161,7 +170,10 @@ class BackendPool:
 
     async def descriptor(self) -> Descriptor:
         """The members' descriptors; per mode the weakest class among them (fail closed)."""
-        members = {b.name: await b.descriptor() for b in self.backends}
+        return self._combine({b.name: await b.descriptor() for b in self.backends})
+
+    def _combine(self, members: dict[str, Descriptor]) -> Descriptor:
+        """One descriptor for several: per mode the weakest member's class."""
         modes: dict[str, Any] = {}
         for mode in ProtectionMode:
             worst = min(

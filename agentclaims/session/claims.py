@@ -304,6 +304,25 @@ class ClaimIO:
                 held_s=round(max(0.0, self.clock() - held.since), 6),
             )
 
+    def lose(self, held: HeldClaim, reason: str) -> None:
+        """``held`` is gone with the instance that held it (nothing to release): ended, with
+        ``reason``, and logged like any other end."""
+        if self.held.get(held.node) is held:
+            del self.held[held.node]
+        held.end_reason, held.state = reason, "unknown"
+        self.ended.append(held)
+        log = self._log()
+        if log is not None:
+            log.claim_ended(
+                claim_id=held.claim_id,
+                node=held.node,
+                prefix_id=held.prefix_id,
+                mode=None if held.plan.mode is None else held.plan.mode.value,
+                state=held.state,
+                reason=reason,
+                held_s=round(max(0.0, self.clock() - held.since), 6),
+            )
+
     async def take_events(self, backends: Sequence[ClaimsProtocol]) -> EventOutcomes:
         """Take this session's new events from ``backends``: log each, bring the held claims'
         states up to date, and say which held claims lapsed or were harmed."""

@@ -474,6 +474,36 @@ class ClaimedSession:
         )
         return True
 
+    async def failover(self, reason: str) -> bool:
+        """The instance serving this session stopped answering (a fleet behind a router):
+        report its claims lost (never silently: ``claim_ended`` with reason ``instance_lost``
+        and a ``failover`` reaction naming them), then go on under a new routing key, where
+        the next calls re-plan them. False without a fleet, or once out of hops."""
+        from agentclaims.backends.fleet import FleetBackend
+
+        pool = self.pool
+        if not isinstance(pool, FleetBackend):
+            return False
+        instance = pool.instance_of(self.session_id)
+        new = await pool.reroute(self.session_id, failover=True)
+        if new is None:
+            return False
+        await self.sleep(min(2.0, 0.25 * new.hop))  # give the router's health check a moment
+        gone = set(pool.lose_instance(instance)) if instance is not None else set()
+        lost = [h for h in self.io.held.values() if h.claim_id in gone]
+        for held in lost:
+            self.io.lose(held, "instance_lost")
+        self._backend = new
+        self.stats.reroutes += 1
+        self.log_reaction(
+            "failover",
+            reason=reason,
+            from_instance=instance,
+            to_backend=new.name,
+            lost_claims=[h.claim_id for h in lost],
+        )
+        return True
+
     async def relax_claims(self, claim_ids: Sequence[str]) -> int:
         """Downgrade this session's claims among ``claim_ids`` one mode each; how many."""
         relaxed = 0

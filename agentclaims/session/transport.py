@@ -104,7 +104,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                 session.sleep, before_sleep, session.clock
             ):
                 with attempt:
-                    response = await self._forward(session.backend, request, suffix, body)
+                    response = await self._forward_routed(session, request, suffix, body)
                     if response.status_code in (409, 503):
                         raw = await response.aread()
                         try:
@@ -125,6 +125,30 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                 outcome=exc.outcome,
             ) from None
         raise AssertionError("unreachable: the retry loop returns or raises")
+
+    async def _forward_routed(
+        self, session: ClaimedSession, request: httpx2.Request, suffix: str, body: dict[str, Any]
+    ) -> httpx2.Response:
+        """Forward to the session's backend; behind a router, an instance that does not
+        answer (a transport error, or a 5xx that is not a claim outcome) is failed over to
+        another (``ClaimedSession.failover``), a bounded number of times."""
+        while True:
+            backend = session.backend
+            key = getattr(backend, "key", None)  # a fleet's routing key: also the body's user
+            if isinstance(key, str) and str(body.get("user", key)).startswith(session.session_id):
+                body["user"] = key
+            try:
+                response = await self._forward(backend, request, suffix, body)
+            except BackendUnavailable as exc:
+                if await session.failover(str(exc)):
+                    continue
+                raise
+            failed = response.status_code >= 500
+            if failed and outcome_from_error(_json(await response.aread())) is None:
+                reason = f"HTTP {response.status_code} from {backend.name}"
+                if await session.failover(reason):
+                    continue
+            return response
 
     async def _react(self, session: ClaimedSession, outcome: ActiveOutcome) -> None:
         """Decide what to do with a refusal: raise RetryRequested to try again, or fail."""
@@ -169,3 +193,10 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
 def _api_key(backend: Backend) -> str | None:
     key = getattr(backend, "api_key", None)
     return key if isinstance(key, str) and key else None
+
+
+def _json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
