@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 import httpx2
@@ -34,6 +35,7 @@ from agentclaims.backends.pool import BackendPool
 from agentclaims.contract import BlockHash, ClaimId, ClaimSpec, OwnerScope, PrefixId
 from agentclaims.errors import BackendUnavailable, UnknownClaim, UsageError
 from agentclaims.protocol import (
+    EXTENSION_KEY,
     RENEW_AS_IS,
     ClaimDecision,
     ClaimView,
@@ -61,6 +63,9 @@ class RoutedBackend(HTTPBackend):
         self.key = session_id if hop == 0 else f"{session_id}~{hop}"
         self.instance: str | None = None
         """The instance the router sent this key to (from its last answer)."""
+        self.previous_key: str | None = None
+        """The key this one replaces: its binding is ended after this key's first answer,
+        so the router still counts the old one while it places the new one."""
         headers = {SESSION_HEADER: self.key, ROUTER_SAFE_HEADER: "1"}
         client = httpx2.AsyncClient(
             headers=headers,
@@ -73,11 +78,21 @@ class RoutedBackend(HTTPBackend):
         self._owns_client = True
 
     async def _learn(self, response: httpx2.Response) -> None:
+        """Which instance answered: its header, else (a router that drops it) the
+        ``instance`` its completion or refusal body names."""
         instance = response.headers.get(INSTANCE_HEADER)
-        if instance:
-            self.instance = instance
-            self.fleet._member(instance, response.headers.get(INSTANCE_URL_HEADER))
-            self.fleet._lost.discard(instance)
+        url = response.headers.get(INSTANCE_URL_HEADER)
+        if not instance and "json" in response.headers.get("content-type", ""):
+            await response.aread()
+            instance, url = _instance_in(response.content)
+        if not instance:
+            return
+        self.instance = instance
+        self.fleet._member(instance, url)
+        self.fleet._lost.discard(instance)
+        if self.previous_key is not None:  # the old binding ends once this one is made
+            self.fleet._finish_later(self.previous_key)
+            self.previous_key = None
 
     def _here(self) -> HTTPBackend:
         if self.instance is None:
@@ -242,8 +257,8 @@ class FleetBackend(BackendPool):
         old = self.assign(session_id)
         if old.hop >= (2 * self.max_hops() + 1 if failover else self.max_hops()):
             return None
-        await self._finish(old.key)
         new = RoutedBackend(self, session_id, old.hop + 1)
+        new.previous_key = old.key
         self._retired.append(old)
         self._sessions[session_id] = new
         return new
@@ -258,11 +273,17 @@ class FleetBackend(BackendPool):
         if routed is None:
             return
         self._retired.append(routed)
+        self._finish_later(routed.key)
+        if routed.previous_key is not None:
+            self._finish_later(routed.previous_key)
+
+    def _finish_later(self, key: str) -> None:
+        """End ``key``'s binding at the router in the background (``aclose`` awaits it)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        task = loop.create_task(self._finish(routed.key))
+        task = loop.create_task(self._finish(key))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
@@ -286,6 +307,12 @@ class FleetBackend(BackendPool):
         for member in self._members.values():
             await member.aclose()
         await self._router.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     # ------------------------------------------------------------------ claims protocol
     def _holder(self, claim_id: ClaimId) -> HTTPBackend:
@@ -352,3 +379,21 @@ class FleetBackend(BackendPool):
     def http_client(self) -> httpx2.AsyncClient:
         """Outside a session: the router, without a routing key."""
         return self._router
+
+
+def _instance_in(content: bytes) -> tuple[str | None, str | None]:
+    """The instance (and its URL) a gateway's answer names in its body."""
+    try:
+        data = json.loads(content)
+    except ValueError:
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    where = data.get(EXTENSION_KEY) or data.get("error")
+    if not isinstance(where, dict):
+        return None, None
+    instance, url = where.get("instance"), where.get("instance_url")
+    return (
+        instance if isinstance(instance, str) else None,
+        url if isinstance(url, str) else None,
+    )

@@ -117,6 +117,15 @@ class Instance:
     behind_router: bool = False
 
     @property
+    def fields(self) -> dict[str, str]:
+        """The same, in a completion's ``agentclaims`` object and a refusal's error body:
+        routers pass bodies through but not every header."""
+        out = {"instance": self.instance_id}
+        if self.advertise_url:
+            out["instance_url"] = self.advertise_url
+        return out
+
+    @property
     def headers(self) -> dict[str, str]:
         out = {INSTANCE_HEADER: self.instance_id}
         if self.advertise_url:
@@ -304,6 +313,7 @@ class _Gateway:
             status, headers, err = refusal_error(
                 result.outcome, result.prefix_ids, router_safe=self.router_safe(request)
             )
+            err["error"].update(self.instance.fields)
             self.errors[err["error"]["type"]] += 1
             return JSONResponse(err, status_code=status, headers=headers), {}
         prompt_tokens = sum(len(s) for s in segments)
@@ -324,6 +334,8 @@ class _Gateway:
                 "prefix_ids": result.prefix_ids,
                 "decisions": [d.to_dict() for d in result.decisions],
                 "events_seq": result.events_seq,
+            **self.instance.fields,
+                **self.instance.fields,
             },
         }
 
@@ -344,6 +356,7 @@ class _Gateway:
             status, headers, err = refusal_error(
                 result.outcome, result.prefix_ids, router_safe=self.router_safe(request)
             )
+            err["error"].update(self.instance.fields)
             self.errors[err["error"]["type"]] += 1
             return JSONResponse(err, status_code=status, headers=headers)
         payload = dict(up.payload)
@@ -353,6 +366,7 @@ class _Gateway:
             "prefix_ids": result.prefix_ids,
             "decisions": [d.to_dict() for d in result.decisions],
             "events_seq": result.events_seq,
+            **self.instance.fields,
         }
         return JSONResponse(payload)
 
