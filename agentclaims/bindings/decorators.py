@@ -196,9 +196,7 @@ class ClaimedGraph(Generic[G_co]):
         session = self._open(config)
         return _claimed_iter(
             session,
-            lambda: self.graph.astream_events(
-                input, _recorded(config), version=version, **kwargs
-            ),
+            lambda: self.graph.astream_events(input, _recorded(config), version=version, **kwargs),
         )
 
     def invoke(
@@ -297,9 +295,7 @@ class ClaimedGraph(Generic[G_co]):
     ) -> Iterator[tuple[int, Any]]:
         """``abatch_as_completed`` from synchronous code."""
         return iterate_sync(
-            self.abatch_as_completed(
-                inputs, config, return_exceptions=return_exceptions, **kwargs
-            ),
+            self.abatch_as_completed(inputs, config, return_exceptions=return_exceptions, **kwargs),
             what="batch_as_completed",
         )
 
@@ -396,9 +392,7 @@ class ClaimedRun(ClaimedGraph[G_co]):
     async def abatch(self, *args: Any, **kwargs: Any) -> list[Any]:
         raise UsageError("run", "a ClaimedRun is one run: batch on the ClaimedGraph itself")
 
-    def abatch_as_completed(
-        self, *args: Any, **kwargs: Any
-    ) -> AsyncIterator[tuple[int, Any]]:
+    def abatch_as_completed(self, *args: Any, **kwargs: Any) -> AsyncIterator[tuple[int, Any]]:
         raise UsageError("run", "a ClaimedRun is one run: batch on the ClaimedGraph itself")
 
 

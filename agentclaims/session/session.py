@@ -70,6 +70,7 @@ class ToolRun:
     started: float
     error: str | None = None
 
+
 Sleep = Callable[[float], Awaitable[None]]
 
 
