@@ -448,6 +448,7 @@ async def _claimed_iter(
 
     producer: asyncio.Future[Any] = asyncio.ensure_future(produce())
     finished = False
+    reason = "closed"
     try:
         while True:
             answer: asyncio.Future[tuple[bool, Any]] = loop.create_future()
@@ -464,9 +465,12 @@ async def _claimed_iter(
                 await producer  # the session has ended (and raised, if it does) before we stop
                 return
             yield item
+    except asyncio.CancelledError:
+        reason = "cancelled"  # the consumer was cancelled while the graph ran
+        raise
     finally:
         if not finished and not producer.done():
-            session.ending("closed")
+            session.ending(reason)
             producer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await producer

@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--upstream", default=None, help="the vLLM server's URL (--kv vllm)")
     serve.add_argument(
+        "--script", default=None, metavar="FILE", help="scripted replies, JSON (docs/gateway.md)"
+    )
+    serve.add_argument(
         "--claims-key", default=None, help="the connector's key ($AGENTCLAIMS_CLAIMS_KEY)"
     )
     serve.add_argument(

@@ -340,12 +340,15 @@ class ClaimedSession:
                 await self._react(await self.io.take_events(self._backends()), lapses=False)
             except ClaimHarmed as exc:
                 harmed = exc
+            except BackendUnavailable:
+                pass  # a backend gone away tells no events; its claims are still let go below
             finally:
                 held = list(self.io.held.values())
                 self.io.held.clear()
                 for claim in held:
                     await self.io.release(self._backend_named(claim.backend), claim, reason)
-                await self.io.take_events(self._backends())
+                with contextlib.suppress(BackendUnavailable):
+                    await self.io.take_events(self._backends())
         if harmed is not None:
             raise harmed
 
