@@ -55,7 +55,7 @@ def stream_requested(body: Mapping[str, Any]) -> bool:
             )
         if not stream:
             raise UsageError("stream_options", "only allowed with stream: true")
-    return stream
+    return bool(stream)
 
 
 def unstreamed(body: Mapping[str, Any]) -> dict[str, Any]:
