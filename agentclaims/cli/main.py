@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="summarise outcome logs per workflow")
     report.add_argument("logs", nargs="+", metavar="LOG", help="JSONL log files or folders")
     report.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    report.add_argument("--plot", default=None, metavar="PNG", help="draw claim timelines")
+    report.add_argument("--brief", action="store_true", help="no per-claim timelines")
     report.set_defaults(module="report")
 
     serve = sub.add_parser("serve", help="serve the gateway (reference engine or vLLM) on a port")

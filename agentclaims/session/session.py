@@ -379,13 +379,16 @@ class ClaimedSession:
     def before_call(self, node: str, step: int | None = None) -> dict[str, Any]:
         """Bookkeeping before an LLM call by ``node``; returns the request's extension object."""
         self.last_agent = node
+        request_id = f"{self.session_id}-r{next(self._requests)}"
+        self.io.calling = node
+        self.io.request_nodes[request_id] = node
         return {
             "session_id": self.session_id,
             "workflow_id": self.workflow_id,
             "owner_scope": self.owner_scope,
             "node": node,
             "step": self.workflow.before_call(node, step),
-            "request_id": f"{self.session_id}-r{next(self._requests)}",
+            "request_id": request_id,
         }
 
     async def after_call(
@@ -410,7 +413,9 @@ class ClaimedSession:
         ste = self.workflow.near_ste(node)
         step = self.workflow.after_call(node, tool_names)
         if self.log is not None:
+            covering = self.io.held.get(node)  # the claim that held this call's prefix
             self.log.llm_call(
+                claim_id=None if covering is None else covering.claim_id,
                 node=node,
                 request_id=request_id or "",
                 backend=self.backend.name,
@@ -485,6 +490,7 @@ class ClaimedSession:
                 del self.io.held[held.node]
                 held.end_reason = "harmed"
                 self.io.ended.append(held)
+                self.io.log_end(held, "harmed", cause=ev.data.get("cause"))
             cause = ev.data.get("cause")
             if self.reaction.on_harmed == "fail":
                 self.stats.fails += 1
