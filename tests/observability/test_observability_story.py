@@ -94,7 +94,8 @@ async def test_every_line_names_its_workflow_session_node_and_thread(logs):
     lines = _lines(logs)
     assert lines
     for line in lines:
-        assert line["workflow_id"] and line["session_id"]
+        assert line["workflow_id"]
+        assert line["session_id"]
     threaded = [line for line in lines if line.get("thread_id") == "chat-7"]
     assert len({line["workflow_id"] for line in threaded}) == 2
     for line in lines:
@@ -105,7 +106,8 @@ async def test_every_line_names_its_workflow_session_node_and_thread(logs):
             assert line.get("node"), line
     planned = {line["claim_id"] for line in lines if line["event"] == "claim_planned"}
     ended = {line["claim_id"]: line["reason"] for line in lines if line["event"] == "claim_ended"}
-    assert planned and planned <= set(ended), "every claim's end is logged, with its reason"
+    assert planned
+    assert planned <= set(ended), "every claim's end is logged, with its reason"
     assert set(ended.values()) <= {"superseded", "session_end", "reuse_unlikely"}
     calls = [line for line in lines if line["event"] == "llm_call"]
     assert any(line["claim_id"] for line in calls), "a call names the claim that held its prefix"
