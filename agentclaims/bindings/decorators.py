@@ -380,8 +380,7 @@ class ClaimedRun(ClaimedGraph[G_co]):
     @property
     def log_path(self) -> Path | None:
         """This run's outcome log file (with ``log_dir``), else ``None``."""
-        log_dir = self.session_of_run._log_dir
-        return None if log_dir is None else log_dir / f"{self.session_of_run.workflow_id}.jsonl"
+        return self.session_of_run.log_path
 
     def _open(self, config: RunnableConfig | None) -> ClaimedSession:
         if self._used:

@@ -225,6 +225,11 @@ class ClaimedSession:
 
     # ------------------------------------------------------------------ views
     @property
+    def log_path(self) -> Path | None:
+        """This run's outcome log file (``<log_dir>/<workflow_id>.jsonl``), with ``log_dir``."""
+        return None if self._log_dir is None else self._log_dir / f"{self.workflow_id}.jsonl"
+
+    @property
     def graph(self) -> AgentExecutionGraph:
         return self.workflow.graph
 

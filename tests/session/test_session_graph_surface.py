@@ -304,3 +304,32 @@ async def test_early_break_releases_pool_affinity():
     for member in members:
         assert [c for c in member.engine._claims.values() if c.state.live] == []
         await member.aclose()
+
+
+# ---------------------------------------------------------------------- per-run handles
+
+
+async def test_each_run_has_its_own_handle(backend, tmp_path):
+    """`claimed.run()` gives one run's session, stats and log path, also for concurrent runs."""
+    agent = react(backend, log_dir=tmp_path)
+    first, second = agent.run(workflow_id="wf-first"), agent.run()
+    plain = claimed_session(sync_graph(agentclaims.chat_model(backend)), backend=backend)
+    other = plain.run(log_dir=tmp_path)
+    results = await asyncio.gather(first.ainvoke(ask()), second.ainvoke(ask()), other.ainvoke(ask()))
+    assert [r["messages"][-1].content for r in results[:2]] == ["found three papers on it"] * 2
+    assert first.stats.llm_calls == second.stats.llm_calls == 2
+    assert first.stats.tool_calls == 1
+    assert other.stats.llm_calls == 1
+    assert other.stats.tool_calls == 0
+    assert first.log_path == tmp_path / "wf-first.jsonl"
+    lines = [json.loads(line) for line in first.log_path.read_text().splitlines()]
+    assert {line["workflow_id"] for line in lines} == {"wf-first"}
+    assert second.log_path is not None
+    assert second.log_path != first.log_path
+    assert second.session_of_run.end_reason == "completed"
+    with pytest.raises(UsageError, match="runs once"):
+        await first.ainvoke(ask())
+    with pytest.raises(UsageError, match="one run"):
+        await first.abatch([ask()])
+    chunks = [c async for c in agent.run().astream(ask(), stream_mode="updates")]
+    assert chunks
