@@ -12,13 +12,13 @@ only here.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackManager
+from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
 
+from agentclaims.session.portal import run_sync
 from agentclaims.session.session import (
     ClaimedSession,
     ToolRun,
@@ -32,8 +32,13 @@ if TYPE_CHECKING:
 __all__ = ["ToolCallRecorder", "with_tool_recorder"]
 
 
-class ToolCallRecorder(AsyncCallbackHandler):
-    """Reports each LangChain tool run to the current session (see the module)."""
+class ToolCallRecorder(BaseCallbackHandler):
+    """Reports each LangChain tool run to the current session (see the module).
+
+    A synchronous handler on purpose: LangChain runs it in a worker thread for async tool runs
+    and inline for sync ones, and in both lets its errors through (``raise_error``), where it
+    would swallow an async handler's errors in a synchronous tool run. Its work runs on the
+    session's loop (``agentclaims.session.portal.run_sync``)."""
 
     raise_error = True
     """A refusal the session's reaction turns into an error (``fail``) stops the tool before
@@ -42,7 +47,7 @@ class ToolCallRecorder(AsyncCallbackHandler):
     def __init__(self) -> None:
         self._runs: dict[UUID, tuple[ClaimedSession, ToolRun]] = {}
 
-    async def on_tool_start(
+    def on_tool_start(
         self,
         serialized: dict[str, Any] | None,
         input_str: str,
@@ -60,28 +65,27 @@ class ToolCallRecorder(AsyncCallbackHandler):
             if isinstance(metadata, Mapping) and "langgraph_node" in metadata
             else None
         )
-        run = await _on_loop(session, session.start_tool(name, step_node=step_node))
+        start = session.start_tool(name, step_node=step_node)
+        run = run_sync(start, loop=session.loop, what="tool")
         self._runs[run_id] = (session, run)
 
-    async def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._finish(run_id, None)
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._finish(run_id, type(error).__name__)
+
+    def _finish(self, run_id: UUID, error: str | None) -> None:
         entry = self._runs.pop(run_id, None)
-        if entry is not None:
-            entry[0].finish_tool(entry[1])
+        if entry is None:
+            return
+        session, run = entry
+        run.error = error
 
-    async def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        entry = self._runs.pop(run_id, None)
-        if entry is not None:
-            entry[1].error = type(error).__name__
-            entry[0].finish_tool(entry[1])
+        async def finish() -> None:
+            session.finish_tool(run)
 
-
-async def _on_loop(session: ClaimedSession, coro: Any) -> Any:
-    """Await ``coro`` on the session's loop (LangChain runs async handlers of a synchronous
-    tool call on a loop of its own)."""
-    loop = session.loop
-    if loop is None or asyncio.get_running_loop() is loop:
-        return await coro
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+        run_sync(finish(), loop=session.loop, what="tool")
 
 
 def with_tool_recorder(config: RunnableConfig | None) -> RunnableConfig:

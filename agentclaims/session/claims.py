@@ -116,6 +116,8 @@ class ClaimIO:
         self.calling: str | None = None
         """The node of the LLM call in flight (reactions to it are logged under it)."""
         self.request_nodes: dict[str, str] = {}  # request id -> node, for its events' lines
+        self.last_refusal: str | None = None
+        """Why the backend last refused a claim or a renewal (its reason)."""
 
     def log_reaction(self, kind: str, **fields: Any) -> None:
         log = self._log()
@@ -210,10 +212,13 @@ class ClaimIO:
         prefix_id: PrefixId,
         plan: ClaimPlan,
         ctx: PrefixContext,
+        *,
+        strict: bool = False,
     ) -> HeldClaim | None:
         """Submit ``plan`` on ``prefix_id``; a refusal relaxes the mode one step at a time
-        (when the policy allows) or, under ``fail``, raises ``ClaimRefused``. A mode the
-        backend does not honour (its lowering's class) is never submitted: see ``_unproven``."""
+        (when the policy allows) or, under ``fail``, raises ``ClaimRefused``; ``strict``: a
+        refusal just answers ``None`` (its reason in ``last_refusal``). A mode the backend does
+        not honour (its lowering's class) is never submitted: see ``_unproven``."""
         mode: ProtectionMode | None = plan.mode
         st = self.stats
         verdicts = await self.lowering(backend)
@@ -261,6 +266,9 @@ class ClaimIO:
                     state=decision.state.value,
                 )
             st.claims_refused += 1
+            self.last_refusal = decision.reason or "refused"
+            if strict:
+                return None
             if self.reaction.on_refused == "fail":
                 st.fails += 1
                 self.log_reaction("fail", claim_id=claim_id, outcome=decision.reason, node=node)
@@ -288,6 +296,7 @@ class ClaimIO:
         try:
             view = await backend.renew_claim(held.claim_id, self.owner_scope, Renewal(ttl_s=ttl_s))
         except (ClaimOutcomeError, UsageError, BackendError) as exc:
+            self.last_refusal = str(exc)
             self.log_reaction("renew", claim_id=held.claim_id, outcome="refused", error=str(exc))
             return False
         held.plan = ClaimPlan(held.plan.mode, ttl_s, held.plan.reason)

@@ -37,6 +37,7 @@ from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixCo
 from agentclaims.protocol import ActiveOutcome, ClaimsProtocol
 from agentclaims.session.claims import ClaimIO, EventOutcomes, HeldClaim
 from agentclaims.session.reactions import ReactionPolicy
+from agentclaims.session.toolhold import Wanted, hold_for_tool
 from agentclaims.session.workflow import WorkflowModel
 
 if TYPE_CHECKING:
@@ -220,6 +221,9 @@ class ClaimedSession:
         """How the run ended, once it has: ``completed``, ``error``, ``cancelled`` or
         ``closed`` (a stream left early: ``break``, ``aclose()``)."""
         self._ending: str | None = None
+        self.wanted: dict[str, Wanted] = {}
+        """Per node, the claim the planner wanted and the backend refused (relaxed or none):
+        the next tool call of that node reacts to it (``agentclaims.session.toolhold``)."""
         self.last_agent: str | None = None
         """The node of the latest LLM call: the agent a tool run by LangGraph serves."""
 
@@ -473,10 +477,15 @@ class ClaimedSession:
     async def _hold(
         self, node: str, prefix_id: PrefixId, plan: ClaimPlan, ctx: PrefixContext
     ) -> None:
+        self.wanted.pop(node, None)
         if plan.mode is not None:
+            self.io.last_refusal = None
             held = await self.io.submit(self.backend, node, prefix_id, plan, ctx)
             if held is not None:
                 self.io.held[node] = held
+            if held is None or held.plan.mode is not plan.mode:
+                # refused (relaxed, or dropped): a tool call next reacts to it (toolhold)
+                self.wanted[node] = Wanted(prefix_id, plan, ctx, self.io.last_refusal)
 
     async def _revise_others(self, node: str) -> None:
         """Release claims of other nodes whose reuse became unlikely."""
@@ -604,7 +613,9 @@ class ClaimedSession:
         self, tool: str, *, node: str | None = None, step_node: str | None = None
     ) -> ToolRun:
         """A tool call starts: wait for claim work in flight, renew the agent's claim to the
-        predicted tool time when it is shorter. ``node`` is the agent whose prefix waits
+        predicted tool time when it is shorter, and, when the claim was refused or cannot be
+        renewed, apply the session's reaction before the tool runs (``toolhold``: defer,
+        reroute, relax, or fail with ``ClaimRefused``). ``node`` is the agent whose prefix waits
         (default: the last LLM caller), ``step_node`` the graph node running the tool (a
         LangGraph ``ToolNode``), if any. Pair with ``finish_tool``."""
         if not isinstance(tool, str) or not tool:
@@ -612,11 +623,8 @@ class ClaimedSession:
         await self.settle()
         agent = self.workflow.agent_of_tool(node or self.last_agent)
         predicted = self.workflow.tool_started(tool, agent, step_node)
-        held = self.io.held.get(agent)
-        if held is not None and held.plan.ttl_s is not None:
-            want = predicted * self.planner.policy.ttl_margin
-            if want > held.plan.ttl_s:
-                await self.io.renew(self._backend_named(held.backend), held, want)
+        async with self._lock:
+            held = await hold_for_tool(self, tool, agent, predicted)
         return ToolRun(tool, agent, predicted, held, self.clock())
 
     def finish_tool(self, run: ToolRun) -> None:

@@ -315,7 +315,9 @@ async def test_each_run_has_its_own_handle(backend, tmp_path):
     first, second = agent.run(workflow_id="wf-first"), agent.run()
     plain = claimed_session(sync_graph(agentclaims.chat_model(backend)), backend=backend)
     other = plain.run(log_dir=tmp_path)
-    results = await asyncio.gather(first.ainvoke(ask()), second.ainvoke(ask()), other.ainvoke(ask()))
+    results = await asyncio.gather(
+        first.ainvoke(ask()), second.ainvoke(ask()), other.ainvoke(ask())
+    )
     assert [r["messages"][-1].content for r in results[:2]] == ["found three papers on it"] * 2
     assert first.stats.llm_calls == second.stats.llm_calls == 2
     assert first.stats.tool_calls == 1
