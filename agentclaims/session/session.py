@@ -573,23 +573,33 @@ class ClaimedSession:
             for node, held in list(self.io.held.items()):
                 if held.claim_id not in claim_ids or held.plan.mode is None:
                     continue
-                weaker = relax_mode(held.plan.mode)
-                del self.io.held[node]
-                await self.io.release(self._backend_named(held.backend), held, "relaxed")
-                self.stats.claims_relaxed += 1
-                self.log_reaction(
-                    "relax",
-                    claim_id=held.claim_id,
-                    from_mode=held.plan.mode.value,
-                    to_mode=None if weaker is None else weaker.value,
-                    node=node,
-                )
+                await self.relax_one(node, held, held.plan.ttl_s, "relaxed")
                 relaxed += 1
-                if weaker is not None:
-                    ctx = PrefixContext(held.prefix_id, prefix_blocks(held.prefix_id))
-                    plan = ClaimPlan(weaker, held.plan.ttl_s, "relaxed")
-                    await self._hold(node, held.prefix_id, plan, ctx)
         return relaxed
+
+    async def relax_one(
+        self, node: str, held: HeldClaim, ttl_s: float | None, why: str, **fields: Any
+    ) -> HeldClaim | None:
+        """Let ``held`` (``node``'s claim) go and hold its prefix one mode weaker (with
+        ``ttl_s``), logged ``reaction_relax``; the new claim, if any."""
+        assert held.plan.mode is not None
+        weaker = relax_mode(held.plan.mode)
+        del self.io.held[node]
+        await self.io.release(self._backend_named(held.backend), held, "relaxed")
+        self.stats.claims_relaxed += 1
+        self.log_reaction(
+            "relax",
+            claim_id=held.claim_id,
+            from_mode=held.plan.mode.value,
+            to_mode=None if weaker is None else weaker.value,
+            node=node,
+            **fields,
+        )
+        if weaker is None:
+            return None
+        ctx = PrefixContext(held.prefix_id, prefix_blocks(held.prefix_id))
+        await self._hold(node, held.prefix_id, ClaimPlan(weaker, ttl_s, why), ctx)
+        return self.io.held.get(node)
 
     # ------------------------------------------------------------------ tools
     @contextlib.asynccontextmanager

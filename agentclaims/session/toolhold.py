@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from agentclaims.contract import PrefixId, ProtectionMode, prefix_blocks
 from agentclaims.errors import BackendError, ClaimRefused, UsageError
-from agentclaims.planner import ClaimPlan, PrefixContext, relax_mode
+from agentclaims.planner import ClaimPlan, PrefixContext
 
 if TYPE_CHECKING:
     from agentclaims.session.claims import HeldClaim
@@ -72,13 +72,27 @@ async def hold_for_tool(
             f"tool {tool!r} not started: the claim on {agent}'s prefix was {problem} "
             f"({reason}); reaction fail"
         )
+    case = _Case(session, agent, held, wanted, want_ttl, problem, fields)
     if policy == "relax":
-        return await _relax(session, agent, held, wanted, want_ttl, fields)
+        return await _relax(case)
     if policy == "reroute":
-        moved = await _reroute(session, agent, held, wanted, want_ttl, fields)
+        moved = await _reroute(case)
         if moved is not None:
             return moved
-    return await _defer(session, agent, held, wanted, want_ttl, problem, fields)
+    return await _defer(case)
+
+
+@dataclass(slots=True)
+class _Case:
+    """One tool call whose claim is not as planned: what the reactions work from."""
+
+    session: ClaimedSession
+    agent: str
+    held: HeldClaim | None
+    wanted: Wanted | None
+    want_ttl: float
+    problem: str
+    fields: dict[str, str]
 
 
 def _plan_for(
@@ -111,18 +125,12 @@ async def _swap(
     return new
 
 
-async def _defer(
-    session: ClaimedSession,
-    agent: str,
-    held: HeldClaim | None,
-    wanted: Wanted | None,
-    want_ttl: float,
-    problem: str,
-    fields: dict[str, str],
-) -> HeldClaim | None:
+async def _defer(case: _Case) -> HeldClaim | None:
+    session, agent, held, want_ttl = case.session, case.agent, case.held, case.want_ttl
+    problem, fields = case.problem, case.fields
     io = session.io
     reaction = session.reaction
-    again = _plan_for(held, wanted, want_ttl)
+    again = _plan_for(held, case.wanted, want_ttl)
     if again is None:
         return held
     prefix_id, plan, ctx = again
@@ -163,59 +171,31 @@ async def _defer(
     return held
 
 
-async def _relax(
-    session: ClaimedSession,
-    agent: str,
-    held: HeldClaim | None,
-    wanted: Wanted | None,
-    want_ttl: float,
-    fields: dict[str, str],
-) -> HeldClaim | None:
+async def _relax(case: _Case) -> HeldClaim | None:
     """Run under a weaker claim: what submission already relaxed to, or the held claim one
     mode down with the wanted TTL when its renewal was refused."""
+    held, wanted = case.held, case.wanted
     if wanted is not None:  # the submission relaxed already: say so, for the tool
-        session.log_reaction(
+        case.session.log_reaction(
             "relax",
             claim_id=None if held is None else held.claim_id,
             from_mode=None if wanted.plan.mode is None else wanted.plan.mode.value,
             to_mode=None if held is None or held.plan.mode is None else held.plan.mode.value,
-            **fields,
+            **case.fields,
         )
         return held
     assert held is not None
-    assert held.plan.mode is not None
-    weaker = relax_mode(held.plan.mode)
-    session.stats.claims_relaxed += 1
-    session.log_reaction(
-        "relax",
-        claim_id=held.claim_id,
-        from_mode=held.plan.mode.value,
-        to_mode=None if weaker is None else weaker.value,
-        **fields,
+    fields = {k: v for k, v in case.fields.items() if k != "node"}
+    return await case.session.relax_one(
+        case.agent, held, case.want_ttl, "relaxed for a tool call", **fields
     )
-    del session.io.held[agent]
-    await session.io.release(session._backend_named(held.backend), held, "relaxed")
-    if weaker is None:
-        return None
-    plan = ClaimPlan(weaker, want_ttl, "relaxed for a tool call")
-    ctx = PrefixContext(held.prefix_id, _blocks(held.prefix_id))
-    new = await session.io.submit(session.backend, agent, held.prefix_id, plan, ctx)
-    if new is not None:
-        session.io.held[agent] = new
-    return new
 
 
-async def _reroute(
-    session: ClaimedSession,
-    agent: str,
-    held: HeldClaim | None,
-    wanted: Wanted | None,
-    want_ttl: float,
-    fields: dict[str, str],
-) -> HeldClaim | None:
+async def _reroute(case: _Case) -> HeldClaim | None:
     """Move to a pool member that accepts the claim; ``None`` when none does (or no pool)."""
+    session, agent, fields = case.session, case.agent, case.fields
     pool = session.pool
-    again = _plan_for(held, wanted, want_ttl)
+    again = _plan_for(case.held, case.wanted, case.want_ttl)
     if pool is None or again is None:
         return None
     prefix_id, plan, ctx = again
