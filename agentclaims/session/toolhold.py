@@ -5,10 +5,11 @@ The session's reaction policy (``ReactionPolicy.on_refused``) applies to the too
 before it starts:
 
 * ``defer``: wait, then ask again (the planned claim, or the renewal), before starting the tool,
-  so the prefix stays claimed: each wait honours the backend's retry hint, else backs off
-  (``initial_delay_s`` doubling up to ``max_delay_s``), and waiting stops once it would cost
-  more than recomputing the prefix (its blocks x ``reload_s_per_block``) or pass the policy's
-  ``deadline_s``; then the tool runs under whatever is held;
+  so the prefix stays claimed: the waits back off (``initial_delay_s`` doubling up to
+  ``max_delay_s``), and waiting stops once it would cost more than the recompute it is expected
+  to save (the prefix's blocks x ``reload_s_per_block``, times the odds that such a wait ends in
+  the claim: ``ClaimedSession.tool_defer_odds``, 0.5 at first, learned from this session's
+  waits) or pass the policy's ``deadline_s``; then the tool runs under whatever is held;
 * ``reroute``: move the session to a member of its pool that accepts the claim (one where the
   prefix is resident first), so the tool's follow-up LLM call goes there; without a pool or a
   member that accepts, as ``defer``;
@@ -135,7 +136,9 @@ async def _defer(case: _Case) -> HeldClaim | None:
         return held
     prefix_id, plan, ctx = again
     recompute_s = _blocks(prefix_id) * session.workflow.reload_s_per_block
-    budget = min(reaction.deadline_s, recompute_s)
+    # waiting pays off with the chance it ends in the claim (this session's record of such
+    # waits): wait no longer than the recompute it expects to save
+    budget = min(reaction.deadline_s, recompute_s * session.tool_defer_odds)
     waited, delay, attempt = 0.0, reaction.initial_delay_s, 0
     while waited + delay <= budget:
         attempt += 1
@@ -153,12 +156,16 @@ async def _defer(case: _Case) -> HeldClaim | None:
         waited += delay
         if problem == "renewal_refused" and held is not None:
             if await io.renew(session._backend_named(held.backend), held, want_ttl):
+                _record(session, True)
                 return held
         else:
             new = await io.submit(session.backend, agent, prefix_id, plan, ctx, strict=True)
             if new is not None:
+                _record(session, True)
                 return await _swap(session, agent, held, new, "superseded")
         delay = min(delay * 2, reaction.max_delay_s)
+    if attempt:
+        _record(session, False)
     session.log_reaction(
         "drop",
         claim_id=None if held is None else held.claim_id,
@@ -169,6 +176,16 @@ async def _defer(case: _Case) -> HeldClaim | None:
            "recomputing the prefix: the tool runs under what is held"},
     )  # fmt: skip
     return held
+
+
+ODDS_WEIGHT = 0.3
+"""Weight of the newest outcome in ``ClaimedSession.tool_defer_odds`` (an EWMA)."""
+
+
+def _record(session: ClaimedSession, held_as_planned: bool) -> None:
+    """A deferral before a tool ended in the claim (or did not): update the odds."""
+    odds = session.tool_defer_odds
+    session.tool_defer_odds = odds + ODDS_WEIGHT * (float(held_as_planned) - odds)
 
 
 async def _relax(case: _Case) -> HeldClaim | None:
