@@ -5,7 +5,10 @@ inside a ``ClaimedSession`` is tagged with the session, workflow and node (read 
 run metadata when the call happens inside a graph node, so prebuilt agents work unmodified),
 sent to the session's backend, and its outcome handled: deferrals waited out, refusals answered
 by the session's reaction policy, and the answer's prefix ids turned into the next claim.
-Requests made outside any session pass straight through to the default backend.
+Requests made outside any session pass straight through to the default backend (a refused
+completion there raises ``ClaimRefused`` with the engine's detail). Streamed completions are
+passed through chunk by chunk and read on the way (``_ObservedEvents``); synchronous clients
+use ``SyncClaimsTransport``, which runs the same steps on the session's event loop.
 """
 
 from __future__ import annotations

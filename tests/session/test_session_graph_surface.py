@@ -335,3 +335,12 @@ async def test_each_run_has_its_own_handle(backend, tmp_path):
         await first.abatch([ask()])
     chunks = [c async for c in agent.run().astream(ask(), stream_mode="updates")]
     assert chunks
+
+
+async def test_a_refusal_inside_a_session_is_the_sdks_error_with_the_detail():
+    backend = EmbeddedBackend(num_blocks=8, block_size=4)
+    client = agentclaims.openai_client(backend)
+    with pytest.raises(agentclaims.ClaimRefused, match=r"short by \d+ blocks; blocking claims"):
+        async with ClaimedSession(backend, reaction="fail"):
+            await client.completions.create(model="scripted", prompt=list(range(64)))
+    await backend.aclose()
