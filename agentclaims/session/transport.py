@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import httpx2
@@ -290,9 +290,9 @@ class _ObservedEvents(httpx2.AsyncByteStream):
 class SyncClaimsTransport(httpx2.BaseTransport):
     """The claims transport for synchronous clients (``ChatOpenAI``'s ``invoke``/``stream``
     from a ``def`` node, ``openai.OpenAI``): each request runs through ``ClaimsTransport`` on
-    the session's event loop (or, outside a session, on the portal's: ``session.portal``), with
-    the session and LangGraph node of the calling thread. A streamed answer is read whole on
-    the loop, then handed back (its chunks all at once)."""
+    the session's event loop (or, outside a session, on the portal's:
+    ``agentclaims.session.portal``), with the session and LangGraph node of the calling
+    thread. A streamed answer is handed back chunk by chunk as the loop reads it."""
 
     def __init__(self, backend: Backend) -> None:
         self.inner = ClaimsTransport(backend)
@@ -301,16 +301,42 @@ class SyncClaimsTransport(httpx2.BaseTransport):
         content = request.read()
         session = current_session()
         metadata = _langgraph_metadata()
-
-        async def send() -> httpx2.Response:
-            response = await self.inner.handle(request, session, metadata, content)
-            body = await response.aread()
-            return httpx2.Response(
-                response.status_code,
-                headers=response.headers,
-                content=body,
-                request=request,
-            )
-
         loop = None if session is None else session.loop
-        return run_sync(send(), loop=loop, what="invoke")
+        response = run_sync(
+            self.inner.handle(request, session, metadata, content), loop=loop, what="invoke"
+        )
+        return httpx2.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_SyncChunks(response, loop),
+            request=request,
+        )
+
+
+class _SyncChunks(httpx2.SyncByteStream):
+    """An async response's body read from synchronous code, a chunk at a time, on ``loop``."""
+
+    def __init__(self, response: httpx2.Response, loop: Any) -> None:
+        self._chunks = response.aiter_raw()
+        self._response = response
+        self._loop = loop
+        self._closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            while True:
+                try:
+                    yield run_sync(_next_chunk(self._chunks), loop=self._loop, what="stream")
+                except StopAsyncIteration:
+                    return
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            run_sync(self._response.aclose(), loop=self._loop, what="stream")
+
+
+async def _next_chunk(chunks: AsyncIterator[bytes]) -> bytes:
+    return await chunks.__anext__()

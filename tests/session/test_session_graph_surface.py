@@ -344,3 +344,21 @@ async def test_a_refusal_inside_a_session_is_the_sdks_error_with_the_detail():
         async with ClaimedSession(backend, reaction="fail"):
             await client.completions.create(model="scripted", prompt=list(range(64)))
     await backend.aclose()
+
+
+@pytest.mark.parametrize("kind", ["embedded", "http"])
+def test_sync_clients_outside_a_session(kind, request):
+    """The sync chat model and OpenAI client work in plain code with no session (on the
+    background loop), streaming chunk by chunk."""
+    url = request.getfixturevalue("gateway_url") if kind == "http" else None
+    backend = _sync_backend(kind, url)
+    model = agentclaims.chat_model(backend)
+    assert model.invoke("hello").content == "a plain answer in five words"
+    pieces = [chunk.content for chunk in model.stream("hello")]
+    assert "".join(pieces) == "a plain answer in five words"
+    assert len([p for p in pieces if p]) == 6
+    client = agentclaims.openai_sync_client(backend)
+    reply = client.chat.completions.create(
+        model="scripted", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert reply.choices[0].message.content == "a plain answer in five words"
