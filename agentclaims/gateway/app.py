@@ -329,6 +329,7 @@ class _Gateway:
     ) -> Response:
         """The completion on an upstream engine (its own replies), with the claims."""
         assert isinstance(self.kv, UpstreamKV)
+        stream_requested(body)  # (#13) a bad stream field is refused before anything runs
         tenant = _tenant(request)
         owner = self.service.owner(ext.default_owner, tenant)
         claims = self.service.claims(ext.claims, owner, tenant)
