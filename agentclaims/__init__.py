@@ -44,9 +44,10 @@ if TYPE_CHECKING:
     from agentclaims.backends.embedded import EmbeddedBackend
     from agentclaims.backends.http import HTTPBackend
     from agentclaims.backends.pool import BackendPool
-    from agentclaims.bindings.decorators import ClaimedGraph, claimed_session
+    from agentclaims.bindings.decorators import ClaimedGraph, ClaimedRun, claimed_session
     from agentclaims.bindings.langchain import chat_model
-    from agentclaims.bindings.openai import openai_client
+    from agentclaims.bindings.openai import openai_client, openai_sync_client
+    from agentclaims.gateway.text import Reply
     from agentclaims.session import (
         ClaimedSession,
         ReactionPolicy,
@@ -70,6 +71,7 @@ __all__ = [
     "ClaimRefused",
     "ClaimSpec",
     "ClaimedGraph",
+    "ClaimedRun",
     "ClaimedSession",
     "ContractViolation",
     "DeadlineExceeded",
@@ -84,6 +86,7 @@ __all__ = [
     "PrefixId",
     "ProtectionMode",
     "ReactionPolicy",
+    "Reply",
     "ScopeViolation",
     "ServiceUnavailable",
     "SessionOptions",
@@ -95,6 +98,7 @@ __all__ = [
     "claimed_session",
     "current_session",
     "openai_client",
+    "openai_sync_client",
 ]
 
 _LAZY = {
@@ -103,6 +107,9 @@ _LAZY = {
     "HTTPBackend": "agentclaims.backends.http",
     "BackendPool": "agentclaims.backends.pool",
     "ClaimedGraph": "agentclaims.bindings.decorators",
+    "ClaimedRun": "agentclaims.bindings.decorators",
+    "Reply": "agentclaims.gateway.text",
+    "openai_sync_client": "agentclaims.bindings.openai",
     "ClaimedSession": "agentclaims.session",
     "ReactionPolicy": "agentclaims.session",
     "SessionOptions": "agentclaims.session",

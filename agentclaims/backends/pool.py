@@ -81,23 +81,36 @@ class BackendPool:
             self._load[name] += 1
         return self._by_name[name]
 
-    async def reroute(self, session_id: str, prefix_ids: Sequence[PrefixId] = ()) -> Backend | None:
-        """Move the session to another member (most of its prefix resident first, then least
-        loaded); ``None`` when the pool has no other member."""
+    async def candidates(
+        self, session_id: str, prefix_ids: Sequence[PrefixId] = ()
+    ) -> list[Backend]:
+        """The members other than the session's, best first: most of its prefixes resident,
+        then least loaded."""
         current = self._affinity.get(session_id)
         others = [b for b in self.backends if b.name != current]
-        if not others:
-            return None
         scores: dict[str, int] = {}
         for backend in others:
             resident = await backend.residency(list(prefix_ids)) if prefix_ids else {}
             scores[backend.name] = sum(resident.values())
-        best = max(others, key=lambda b: (scores[b.name], -self._load[b.name], b.name))
+        return sorted(
+            others, key=lambda b: (scores[b.name], -self._load[b.name], b.name), reverse=True
+        )
+
+    def move(self, session_id: str, name: str) -> Backend:
+        """Give the session's affinity to the member ``name``."""
+        backend = self.get(name)
+        current = self._affinity.get(session_id)
         if current is not None:
             self._load[current] -= 1
-        self._affinity[session_id] = best.name
-        self._load[best.name] += 1
-        return best
+        self._affinity[session_id] = name
+        self._load[name] += 1
+        return backend
+
+    async def reroute(self, session_id: str, prefix_ids: Sequence[PrefixId] = ()) -> Backend | None:
+        """Move the session to another member (most of its prefix resident first, then least
+        loaded); ``None`` when the pool has no other member."""
+        others = await self.candidates(session_id, prefix_ids)
+        return self.move(session_id, others[0].name) if others else None
 
     def release(self, session_id: str) -> None:
         """Forget a finished session's affinity."""

@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="summarise outcome logs per workflow")
     report.add_argument("logs", nargs="+", metavar="LOG", help="JSONL log files or folders")
     report.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    report.add_argument("--plot", default=None, metavar="PNG", help="draw claim timelines")
+    report.add_argument("--brief", action="store_true", help="no per-claim timelines")
     report.set_defaults(module="report")
 
     serve = sub.add_parser("serve", help="serve the gateway (reference engine or vLLM) on a port")
@@ -58,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv", choices=("reference", "vllm"), default="reference", help="the KV side"
     )
     serve.add_argument("--upstream", default=None, help="the vLLM server's URL (--kv vllm)")
+    serve.add_argument(
+        "--script", default=None, metavar="FILE", help="scripted replies, JSON (docs/gateway.md)"
+    )
     serve.add_argument(
         "--claims-key", default=None, help="the connector's key ($AGENTCLAIMS_CLAIMS_KEY)"
     )

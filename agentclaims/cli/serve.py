@@ -12,6 +12,7 @@ import contextlib
 import ipaddress
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from agentclaims.errors import AgentClaimsError, UsageError
@@ -38,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from agentclaims.gateway import Instance, ScriptedModel, create_app
     from agentclaims.gateway.ledger import Ledger
     from agentclaims.gateway.tenants import TenantKeys
+    from agentclaims.gateway.text import load_script
 
     try:
         if not 0 <= args.port <= 65535:
@@ -60,8 +62,15 @@ def run(args: argparse.Namespace) -> int:
                 if args.decode_ms is None
                 else ServiceTimes(decode_s_per_token=args.decode_ms / 1000)
             )
+            script = None
+            if getattr(args, "script", None):
+                try:
+                    source = Path(args.script).read_text(encoding="utf-8")
+                except OSError as exc:
+                    raise UsageError("script", f"cannot read {args.script!r}: {exc}") from None
+                script = load_script(source)
             kv = ReferenceKV.create(args.blocks, args.block_size or 16, service=service)
-            text = ScriptedModel()
+            text = ScriptedModel(script)
         ledger = None if args.ledger is None else Ledger(args.ledger)
         instance = Instance(
             args.instance_id or f"{args.host}:{args.port}",

@@ -37,6 +37,7 @@ from agentclaims.gateway.limits import BodyTooLarge, Limits, parse_body
 from agentclaims.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from agentclaims.gateway.openapi import openapi
 from agentclaims.gateway.service import Service
+from agentclaims.gateway.streaming import respond, stream_requested, unstreamed
 from agentclaims.gateway.tenants import Tenant, TenantKeys
 from agentclaims.gateway.text import Reply, TextRequest, TextSide
 from agentclaims.lowering import (
@@ -276,11 +277,7 @@ class _Gateway:
     ) -> tuple[Response | None, dict[str, Any]]:
         """Shared by both completion endpoints: reply, KV life, and the response skeleton.
         ``render(reply, request_key)`` gives the choice payload and the reply's token ids."""
-        if body.get("stream"):
-            raise UsageError(
-                "stream",
-                "streaming is not supported by the agentclaims gateway; send stream: false",
-            )
+        stream_requested(body)  # streaming (#13): a bad stream field is refused up front
         limits: Limits = request.app.state.limits
         tokens = sum(len(s) for s in segments)
         if tokens > limits.max_prompt_tokens:
@@ -344,11 +341,14 @@ class _Gateway:
     ) -> Response:
         """The completion on an upstream engine (its own replies), with the claims."""
         assert isinstance(self.kv, UpstreamKV)
+        stream_requested(body)  # (#13) a bad stream field is refused before anything runs
         tenant = _tenant(request)
         owner = self.service.owner(ext.default_owner, tenant)
         claims = self.service.claims(ext.claims, owner, tenant)
         cache_salt = self.service.salt(_optional_str(body, "cache_salt"), tenant)
-        up = await self.kv.complete(kind, body, claims, owner, cache_salt)
+        up = await self.kv.complete(  # streamed by the gateway itself (#13)
+            kind, unstreamed(body), claims, owner, cache_salt
+        )
         result: ServeResult = await self.service.served(
             up.result, _claim_owners(claims, owner), tenant, owner
         )
@@ -368,7 +368,7 @@ class _Gateway:
             "events_seq": result.events_seq,
             **self.instance.fields,
         }
-        return JSONResponse(payload)
+        return respond(body, payload)  # JSON, or server-sent events (#13)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await _json_object(request)
@@ -402,7 +402,7 @@ class _Gateway:
         error, out = await self._complete(
             request, body, ext, text_request, segments, render, "chatcmpl"
         )
-        return error or JSONResponse({**out, "object": "chat.completion"})
+        return error or respond(body, {**out, "object": "chat.completion"})  # (#13)
 
     async def completions(self, request: Request) -> Response:
         body = await _json_object(request)
@@ -437,7 +437,7 @@ class _Gateway:
             return {"text": content, "logprobs": None}, tuple(tok.encode(content))
 
         error, out = await self._complete(request, body, ext, text_request, (ids,), render, "cmpl")
-        return error or JSONResponse({**out, "object": "text_completion"})
+        return error or respond(body, {**out, "object": "text_completion"})  # (#13)
 
     def _model(self, body: Mapping[str, Any]) -> str:
         return _optional_str(body, "model") or self.text.name

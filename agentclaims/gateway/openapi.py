@@ -22,8 +22,8 @@ from agentclaims.protocol import (
 __all__ = ["openapi"]
 
 _SUMMARIES = {
-    "POST /v1/chat/completions": "OpenAI chat completion; the agentclaims object names the session and its claims",
-    "POST /v1/completions": "OpenAI text completion (a string or token ids), with claims",
+    "POST /v1/chat/completions": "OpenAI chat completion; the agentclaims object names the session and its claims; stream: true answers server-sent events",
+    "POST /v1/completions": "OpenAI text completion (a string or token ids), with claims; stream: true answers server-sent events",
     "POST /v1/claims": "Submit a residency claim on a known prefix (or on the given block hashes)",
     "GET /v1/claims/{claim_id}": "The owner's view of a claim",
     "DELETE /v1/claims/{claim_id}": "Release a claim",
@@ -71,6 +71,8 @@ def _bodies(defs: dict[str, Any], extension: type) -> dict[str, tuple[Any, Any]]
         return json_schema(cls, defs)
 
     messages = {"type": "array", "items": {"type": "object"}, "minItems": 1}
+    stream = {"type": "boolean"}  # true: server-sent events (gateway/streaming.py, #13)
+    stream_options = _object({"include_usage": {"type": "boolean"}})
     view = ref(ClaimView)
     owner = _object({"owner_scope": _STR}, ["owner_scope"])
     return {
@@ -80,6 +82,8 @@ def _bodies(defs: dict[str, Any], extension: type) -> dict[str, tuple[Any, Any]]
                     "model": _STR,
                     "messages": messages,
                     "tools": {"type": "array", "items": {"type": "object"}},
+                    "stream": stream,
+                    "stream_options": stream_options,
                     "cache_salt": _STR,
                     "agentclaims": ref(extension),
                 },
@@ -92,6 +96,8 @@ def _bodies(defs: dict[str, Any], extension: type) -> dict[str, tuple[Any, Any]]
                 {
                     "model": _STR,
                     "prompt": {"anyOf": [_STR, {"type": "array", "items": _INT}]},
+                    "stream": stream,
+                    "stream_options": stream_options,
                     "cache_salt": _STR,
                     "agentclaims": ref(extension),
                 },

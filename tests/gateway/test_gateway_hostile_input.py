@@ -111,7 +111,7 @@ CASES: list[tuple[str, str, Any, int, str]] = [
     (
         "POST",
         "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": "x"}], "stream": True},
+        {"messages": [{"role": "user", "content": "x"}], "stream": 1},
         400,
         "stream",
     ),
