@@ -131,7 +131,15 @@ class RoutedBackend(HTTPBackend):
         return await self._here().residency(prefix_ids)
 
     async def descriptor(self) -> Descriptor:
-        return await self.fleet.descriptor()
+        """The descriptor of the instance this key reaches (its lowering is what a claim
+        made here is checked on); before any answer, the first instance's."""
+        if self.instance is not None:
+            return await self._here().descriptor()
+        await self.fleet._ensure()
+        members = self.fleet.backends
+        if not members:
+            raise BackendUnavailable(f"{self.fleet.name}: no gateway behind the router answers")
+        return await members[0].descriptor()
 
 
 class FleetBackend(BackendPool):

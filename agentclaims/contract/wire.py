@@ -193,7 +193,9 @@ def _read(hint: Any, value: Any, where: str) -> Any:
     raise TypeError(f"{where}: no wire reader for {hint!r}")
 
 
-def json_schema(cls: type, defs: dict[str, Any], ref: str = "#/components/schemas/") -> dict[str, Any]:
+def json_schema(
+    cls: type, defs: dict[str, Any], ref: str = "#/components/schemas/"
+) -> dict[str, Any]:
     """The JSON Schema of a wire type's JSON form, as a ``$ref`` to ``ref + name``; its
     definition, and those of the wire types it holds, are added to ``defs``. It says what
     ``from_wire`` accepts: the same annotations read the same way."""

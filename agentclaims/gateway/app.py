@@ -132,6 +132,8 @@ class Instance:
         if self.advertise_url:
             out[INSTANCE_URL_HEADER] = self.advertise_url
         return out
+
+
 _MAX_TOKEN_ID = 2**31
 
 
@@ -331,7 +333,7 @@ class _Gateway:
                 "prefix_ids": result.prefix_ids,
                 "decisions": [d.to_dict() for d in result.decisions],
                 "events_seq": result.events_seq,
-            **self.instance.fields,
+                **self.instance.fields,
                 **self.instance.fields,
             },
         }

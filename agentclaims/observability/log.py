@@ -45,7 +45,9 @@ __all__ = [
     "WorkflowLog",
 ]
 
-ReactionKind = Literal["defer", "reroute", "relax", "fail", "refuse", "renew", "replan", "drop"]
+ReactionKind = Literal[
+    "defer", "reroute", "relax", "fail", "refuse", "renew", "replan", "drop", "failover"
+]
 #: The session's reactions to an outcome or event; each is logged as ``reaction_<kind>``.
 REACTION_KINDS: Final[tuple[str, ...]] = (
     "defer",
@@ -56,6 +58,7 @@ REACTION_KINDS: Final[tuple[str, ...]] = (
     "renew",
     "replan",
     "drop",
+    "failover",
 )
 SESSION_EVENTS: Final[tuple[str, ...]] = ("session_started", "session_ended")
 #: Fields the log itself writes on every line; callers may not pass them.

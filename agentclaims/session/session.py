@@ -205,6 +205,8 @@ class ClaimedSession:
             lambda: self.log,
         )
         self._backend: Backend | None = None if self.pool is not None else backend  # type: ignore[assignment]
+        self._moved: str | None = None
+        """``reroute`` or ``failover`` until the next call has been logged."""
         self._log_dir = None if log_dir is None else Path(log_dir)
         self._log_stream = log_stream
         self.log: WorkflowLog | None = None
@@ -437,6 +439,7 @@ class ClaimedSession:
                 latency_s=round(latency_s, 6),
                 step=step,
                 ste=ste,
+                **self._hop_fields(),
             )
         previous = self._background
 
@@ -563,11 +566,24 @@ class ClaimedSession:
             return False
         await self.release_all(reason="rerouted")
         self._backend = new
+        self._moved = "reroute"
         self.stats.reroutes += 1
         self.log_reaction(
             "reroute", outcome=outcome.to_dict(), from_backend=old.name, to_backend=new.name
         )
         return True
+
+    def _hop_fields(self) -> dict[str, Any]:
+        """On the first call after a reroute or failover: which (its prefix is computed again
+        on the new instance: ``recomputed_tokens`` says how much); behind a router, the
+        instance that answered."""
+        out: dict[str, Any] = {}
+        instance = getattr(self.backend, "instance", None)
+        if isinstance(instance, str):
+            out["instance"] = instance
+        if self._moved is not None:
+            out["after"], self._moved = self._moved, None
+        return out
 
     async def failover(self, reason: str) -> bool:
         """The instance serving this session stopped answering (a fleet behind a router):
@@ -589,6 +605,7 @@ class ClaimedSession:
         for held in lost:
             self.io.lose(held, "instance_lost")
         self._backend = new
+        self._moved = "failover"
         self.stats.reroutes += 1
         self.log_reaction(
             "failover",

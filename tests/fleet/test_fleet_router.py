@@ -85,7 +85,9 @@ def fill(url: str, tag: str) -> None:
         for i in range(40):
             body = {
                 "model": "m",
-                "messages": [{"role": "user", "content": " ".join(f"{tag}{i}w{j}" for j in range(30))}],
+                "messages": [
+                    {"role": "user", "content": " ".join(f"{tag}{i}w{j}" for j in range(30))}
+                ],
                 "agentclaims": {
                     "owner_scope": f"blocker-{tag}",
                     "claims": [
@@ -98,7 +100,10 @@ def fill(url: str, tag: str) -> None:
                 },
             }
             r = http.post("/v1/chat/completions", json=body)
-            if r.status_code != 200 or r.json()["agentclaims"]["decisions"][0]["decision"] != "accepted":
+            if (
+                r.status_code != 200
+                or r.json()["agentclaims"]["decisions"][0]["decision"] != "accepted"
+            ):
                 return
     raise AssertionError(f"{url} never refused a claim")
 
@@ -144,19 +149,34 @@ async def test_a_refusal_is_rerouted_and_served_on_the_other_instance(
             messages = [{"role": "system", "content": "be brief " * 10}]
             with session.node("agent"):
                 await turn(client, messages, "first turn")
+                async with session.tool_call("pytest"):
+                    pass
+                await turn(client, messages, "second turn")
                 first = session.backend.instance
                 assert first is not None
-                fill(fleet.url(first), "x")  # another tenant's hard claims take every block
-                await turn(client, messages, "second turn " * 8)
+                await session.settle()  # the claim round trip runs in the background
+                claimed_before = session.stats.claims_accepted
+                assert claimed_before >= 1
+                async with session.tool_call("pytest"):
+                    fill(fleet.url(first), "x")  # another tenant's hard claims take every block
+                await turn(client, messages, "third turn " * 8)
+                async with session.tool_call("pytest"):
+                    pass
+                await turn(client, messages, "fourth turn")
+                await session.settle()
             assert session.stats.reroutes >= 1
             assert session.backend.instance != first  # served on the other instance
             other = session.backend.instance
-            assert session.stats.claims_accepted >= 1
+            assert session.stats.claims_accepted > claimed_before  # claimed again, there
             held = list(session.io.held.values())
         lines = log_lines(tmp_path / f"{session.workflow_id}.jsonl")
-        reroutes = [line for line in lines if line.get("reaction") == "reroute"]
+        reroutes = [line for line in lines if line["event"] == "reaction_reroute"]
         assert reroutes
         assert reroutes[0]["outcome"]["blocking_claim_ids"]
+        [moved] = [line for line in lines if line["event"] == "llm_call" and line.get("after")]
+        assert moved["after"] == "reroute"
+        assert moved["instance"] == other
+        assert moved["recomputed_tokens"] > 0  # the prefix computed once more, there
         # the claim was re-established on the new instance
         assert held
         assert all(
@@ -184,11 +204,15 @@ async def test_a_killed_instance_is_failed_over_its_claims_reported_lost(
                 await turn(client, messages, "second turn")
                 first = session.backend.instance
                 assert first is not None
+                await session.settle()
                 before = [h.claim_id for h in session.io.held.values()]
                 assert before
                 fleet.kill(first)
                 await turn(client, messages, "third turn after the crash")
+                async with session.tool_call("pytest"):
+                    pass
                 await turn(client, messages, "fourth turn")
+                await session.settle()
             survivor = session.backend.instance
             assert survivor is not None
             assert survivor != first
@@ -196,14 +220,12 @@ async def test_a_killed_instance_is_failed_over_its_claims_reported_lost(
             assert {h.claim_id for h in lost} == set(before)
             assert session.io.held  # claims re-established on the survivor
         lines = log_lines(tmp_path / f"{session.workflow_id}.jsonl")
-        failovers = [line for line in lines if line.get("reaction") == "failover"]
+        failovers = [line for line in lines if line["event"] == "reaction_failover"]
         assert failovers
         assert set(failovers[0]["lost_claims"]) == set(before)
         assert failovers[0]["from_instance"] == first
         ended = {
-            line["claim_id"]: line["reason"]
-            for line in lines
-            if line["event"] == "claim_ended"
+            line["claim_id"]: line["reason"] for line in lines if line["event"] == "claim_ended"
         }
         assert all(ended[c] == "instance_lost" for c in before)
         await client.close()
@@ -217,7 +239,10 @@ async def test_refusals_never_trip_the_routers_circuit_breaker(fleet: Fleet) -> 
         r = await http.post("/v1/chat/completions", json=body, headers={"X-Session-ID": "keep"})
         home = r.json()["agentclaims"]["instance"]
         fill(fleet.url(home), "cb")
-        big = {"model": "m", "messages": [{"role": "user", "content": " ".join(f"b{i}" for i in range(120))}]}
+        big = {
+            "model": "m",
+            "messages": [{"role": "user", "content": " ".join(f"b{i}" for i in range(120))}],
+        }
         for _ in range(12):
             r = await http.post(
                 "/v1/chat/completions",
@@ -225,7 +250,10 @@ async def test_refusals_never_trip_the_routers_circuit_breaker(fleet: Fleet) -> 
                 headers={"X-Session-ID": "keep", "X-Agentclaims-Router-Safe": "1"},
             )
             assert r.status_code == 409, r.text
-            assert r.json()["error"]["type"] in ("active_request_refused", "active_request_deferred")
+            assert r.json()["error"]["type"] in (
+                "active_request_refused",
+                "active_request_deferred",
+            )
             assert r.json()["error"]["instance"] == home
         calls = fleet.calls(home)
         for _ in range(3):
