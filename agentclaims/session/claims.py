@@ -28,7 +28,13 @@ from agentclaims.contract import (
     PrefixId,
     ProtectionMode,
 )
-from agentclaims.errors import BackendError, ClaimOutcomeError, ClaimRefused, UsageError
+from agentclaims.errors import (
+    BackendError,
+    BackendUnavailable,
+    ClaimOutcomeError,
+    ClaimRefused,
+    UsageError,
+)
 from agentclaims.lowering import MappingResult, honours, trusted_modes
 from agentclaims.planner import ClaimPlan, PlannerPolicy, PrefixContext, relax_mode
 from agentclaims.protocol import Renewal
@@ -365,7 +371,13 @@ class ClaimIO:
         for backend in backends:
             since = self._cursor.get(backend.name, 0)
             while True:
-                page = await backend.events(since, id_prefix=self.session_id)
+                try:
+                    page = await backend.events(since, id_prefix=self.session_id)
+                except BackendUnavailable as exc:
+                    # read again next round from the same cursor; an instance that stays
+                    # gone is failed over, its claims reported lost (FleetBackend)
+                    _log.warning("events_unavailable", backend=backend.name, error=repr(exc))
+                    break
                 for ev in page.events:
                     out.events.append(ev)
                     if log is not None:
