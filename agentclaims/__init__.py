@@ -42,6 +42,7 @@ from agentclaims.planner import ClaimPlanner, PlannerPolicy
 if TYPE_CHECKING:
     from agentclaims.backends.base import Backend
     from agentclaims.backends.embedded import EmbeddedBackend
+    from agentclaims.backends.fleet import FleetBackend
     from agentclaims.backends.http import HTTPBackend
     from agentclaims.backends.pool import BackendPool
     from agentclaims.bindings.decorators import ClaimedGraph, ClaimedRun, claimed_session
@@ -77,6 +78,7 @@ __all__ = [
     "DeadlineExceeded",
     "DescriptorError",
     "EmbeddedBackend",
+    "FleetBackend",
     "Forbidden",
     "HTTPBackend",
     "IllegalTransition",
@@ -106,6 +108,7 @@ _LAZY = {
     "EmbeddedBackend": "agentclaims.backends.embedded",
     "HTTPBackend": "agentclaims.backends.http",
     "BackendPool": "agentclaims.backends.pool",
+    "FleetBackend": "agentclaims.backends.fleet",
     "ClaimedGraph": "agentclaims.bindings.decorators",
     "ClaimedRun": "agentclaims.bindings.decorators",
     "Reply": "agentclaims.gateway.text",

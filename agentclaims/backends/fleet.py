@@ -85,6 +85,17 @@ class RoutedBackend(HTTPBackend):
         if not instance and "json" in response.headers.get("content-type", ""):
             await response.aread()
             instance, url = _instance_in(response.content)
+        self._moved_to(instance, url)
+
+    def answered_by(self, extension: Any) -> None:
+        """The instance a completion's ``agentclaims`` object names (a streamed answer's
+        last chunk, which the response hook cannot read)."""
+        if isinstance(extension, dict):
+            instance, url = extension.get("instance"), extension.get("instance_url")
+            if isinstance(instance, str):
+                self._moved_to(instance, url if isinstance(url, str) else None)
+
+    def _moved_to(self, instance: str | None, url: str | None) -> None:
         if not instance:
             return
         self.instance = instance

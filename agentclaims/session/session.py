@@ -416,6 +416,9 @@ class ClaimedSession:
         request_id: str | None = None,
     ) -> None:
         """Record an answered call and re-plan the claim on ``node``'s conversation prefix."""
+        answered = getattr(self.backend, "answered_by", None)
+        if callable(answered):  # a fleet: the instance the answer names (streamed ones too)
+            answered(extension)
         prompt = int(usage.get("prompt_tokens") or 0)
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         st = self.stats
