@@ -347,17 +347,7 @@ class ClaimIO:
             del self.held[held.node]
         held.end_reason, held.state = reason, "unknown"
         self.ended.append(held)
-        log = self._log()
-        if log is not None:
-            log.claim_ended(
-                claim_id=held.claim_id,
-                node=held.node,
-                prefix_id=held.prefix_id,
-                mode=None if held.plan.mode is None else held.plan.mode.value,
-                state=held.state,
-                reason=reason,
-                held_s=round(max(0.0, self.clock() - held.since), 6),
-            )
+        self.log_end(held, reason)
 
     async def take_events(self, backends: Sequence[ClaimsProtocol]) -> EventOutcomes:
         """Take this session's new events from ``backends``: log each, bring the held claims'
