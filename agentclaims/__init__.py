@@ -27,9 +27,12 @@ from agentclaims.errors import (
     ContractViolation,
     DeadlineExceeded,
     DescriptorError,
+    Forbidden,
     IllegalTransition,
     OperationNotExposed,
     ScopeViolation,
+    ServiceUnavailable,
+    Unauthorized,
     UnknownClaim,
     UnknownNameError,
     UsageError,
@@ -39,11 +42,13 @@ from agentclaims.planner import ClaimPlanner, PlannerPolicy
 if TYPE_CHECKING:
     from agentclaims.backends.base import Backend
     from agentclaims.backends.embedded import EmbeddedBackend
+    from agentclaims.backends.fleet import FleetBackend
     from agentclaims.backends.http import HTTPBackend
     from agentclaims.backends.pool import BackendPool
-    from agentclaims.bindings.decorators import ClaimedGraph, claimed_session
+    from agentclaims.bindings.decorators import ClaimedGraph, ClaimedRun, claimed_session
     from agentclaims.bindings.langchain import chat_model
-    from agentclaims.bindings.openai import openai_client
+    from agentclaims.bindings.openai import openai_client, openai_sync_client
+    from agentclaims.gateway.text import Reply
     from agentclaims.session import (
         ClaimedSession,
         ReactionPolicy,
@@ -67,11 +72,14 @@ __all__ = [
     "ClaimRefused",
     "ClaimSpec",
     "ClaimedGraph",
+    "ClaimedRun",
     "ClaimedSession",
     "ContractViolation",
     "DeadlineExceeded",
     "DescriptorError",
     "EmbeddedBackend",
+    "FleetBackend",
+    "Forbidden",
     "HTTPBackend",
     "IllegalTransition",
     "OperationNotExposed",
@@ -80,8 +88,11 @@ __all__ = [
     "PrefixId",
     "ProtectionMode",
     "ReactionPolicy",
+    "Reply",
     "ScopeViolation",
+    "ServiceUnavailable",
     "SessionOptions",
+    "Unauthorized",
     "UnknownClaim",
     "UnknownNameError",
     "UsageError",
@@ -89,6 +100,7 @@ __all__ = [
     "claimed_session",
     "current_session",
     "openai_client",
+    "openai_sync_client",
 ]
 
 _LAZY = {
@@ -96,7 +108,11 @@ _LAZY = {
     "EmbeddedBackend": "agentclaims.backends.embedded",
     "HTTPBackend": "agentclaims.backends.http",
     "BackendPool": "agentclaims.backends.pool",
+    "FleetBackend": "agentclaims.backends.fleet",
     "ClaimedGraph": "agentclaims.bindings.decorators",
+    "ClaimedRun": "agentclaims.bindings.decorators",
+    "Reply": "agentclaims.gateway.text",
+    "openai_sync_client": "agentclaims.bindings.openai",
     "ClaimedSession": "agentclaims.session",
     "ReactionPolicy": "agentclaims.session",
     "SessionOptions": "agentclaims.session",

@@ -18,8 +18,11 @@ user-facing ``fail`` reaction::
      |    +-- ClaimRefused                     a residency claim or an active request was refused
      |    +-- ClaimHarmed                      an accepted claim lost its blocks (true harm)
      |    +-- DeadlineExceeded                 deferral ran past the session's deadline
+     +-- Unauthorized                          no valid API key (a gateway with tenants): 401
+     +-- Forbidden                             another tenant's owner scope, an operator route
      +-- BackendError                          the backend could not be reached or answered badly
           +-- BackendUnavailable               connection refused, server down, closed backend
+          |    +-- ServiceUnavailable          the gateway is stopping or its ledger is unusable
           +-- OperationNotExposed              the backend does not offer an operation
 
 Every error raised on bad input changes no state: the check happens before the change.
@@ -44,9 +47,12 @@ __all__ = [
     "ContractViolation",
     "DeadlineExceeded",
     "DescriptorError",
+    "Forbidden",
     "IllegalTransition",
     "OperationNotExposed",
     "ScopeViolation",
+    "ServiceUnavailable",
+    "Unauthorized",
     "UnknownClaim",
     "UnknownNameError",
     "UsageError",
@@ -185,3 +191,16 @@ class OperationNotExposed(BackendError):
         super().__init__(f"backend {backend!r} does not expose {operation}")
         self.backend = backend
         self.operation = operation
+
+
+class Unauthorized(AgentClaimsError):
+    """The request carries no valid API key (the gateway has keys configured)."""
+
+
+class Forbidden(AgentClaimsError):
+    """The caller's key does not allow this: another tenant's owner scope, or an operator
+    route (metrics, instance control) asked for with a tenant's key."""
+
+
+class ServiceUnavailable(BackendUnavailable):
+    """The gateway is shutting down or its claim ledger is unusable: nothing was changed."""

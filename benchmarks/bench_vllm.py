@@ -118,19 +118,28 @@ def build_graph(model: Any, topic: str) -> Any:
     return g.compile()
 
 
-async def workflows(gateway: str, n: int, planner: str, label: str) -> dict[str, Any]:
+async def workflows(
+    gateway: Any, n: int, planner: str, label: str, reaction: str = "defer"
+) -> dict[str, Any]:
+    """``n`` concurrent workflows through ``gateway`` (a URL, or a backend such as a
+    ``FleetBackend``), claims planned by ``planner``."""
     import agentclaims
 
-    backend = agentclaims.HTTPBackend(gateway, timeout_s=300)
+    backend = (
+        agentclaims.HTTPBackend(gateway, timeout_s=300) if isinstance(gateway, str) else gateway
+    )
     model = agentclaims.chat_model(backend, model="served", max_tokens=8, temperature=0)
     sessions: list[Any] = []
 
     async def one(i: int) -> float:
         graph = build_graph(model, f"{label} topic {i} " + "x" * i)  # no set-up hits another's
-        claimed = agentclaims.claimed_session(graph, backend=backend, planner=planner)
+        claimed = agentclaims.claimed_session(
+            graph, backend=backend, planner=planner, reaction=reaction
+        )
         started = time.monotonic()
-        await claimed.ainvoke({"step": 0, "supervisor": [], "researcher": [], "writer": []})
-        sessions.append(claimed.last_session)
+        run = claimed.run()
+        await run.ainvoke({"step": 0, "supervisor": [], "researcher": [], "writer": []})
+        sessions.append(run.session_of_run)
         return time.monotonic() - started
 
     started = time.monotonic()
@@ -149,6 +158,7 @@ async def workflows(gateway: str, n: int, planner: str, label: str) -> dict[str,
         "claims_refused": sum(s.stats.claims_refused for s in sessions),
         "deferrals": sum(s.stats.deferrals for s in sessions),
         "refusals": sum(s.stats.fails for s in sessions),
+        "reroutes": sum(s.stats.reroutes for s in sessions),
         "llm_calls": sum(s.stats.llm_calls for s in sessions),
     }
 

@@ -47,10 +47,11 @@ async def main() -> None:
     builder.add_edge("summarise", "reduce")
     builder.add_edge("reduce", END)
     graph = agentclaims.claimed_session(builder.compile(), backend=backend)
-    out = await graph.ainvoke(
+    run = graph.run()  # this run's handle
+    out = await run.ainvoke(
         {"sections": ["blocks", "claims", "harm"], "summaries": [], "final": ""}
     )
-    print(out["final"][:80], graph.last_session.stats)
+    print(out["final"][:80], run.stats)
     await backend.aclose()
 
 

@@ -35,8 +35,9 @@ async def main() -> None:
         agentclaims.chat_model(backend), [search], prompt="You are a careful researcher. " * 20
     )
     claimed = agentclaims.claimed_session(agent, backend=backend)
-    result = await claimed.ainvoke({"messages": [HumanMessage("find KV cache papers")]})
-    print(result["messages"][-1].content, claimed.last_session.stats)
+    run = claimed.run()  # this run's handle
+    result = await run.ainvoke({"messages": [HumanMessage("find KV cache papers")]})
+    print(result["messages"][-1].content, run.stats)
     await backend.aclose()
 
 

@@ -16,8 +16,9 @@ async def main() -> None:
     graph = agentclaims.claimed_session(
         build_supervisor(agentclaims.chat_model(backend)), backend=backend
     )
-    result = await graph.ainvoke({"messages": [HumanMessage(task_for(0))]}, {"recursion_limit": 60})
-    stats = graph.last_session.stats
+    run = graph.run()  # this run's handle
+    result = await run.ainvoke({"messages": [HumanMessage(task_for(0))]}, {"recursion_limit": 60})
+    stats = run.stats
     print(result["messages"][-2].content)
     print(f"LLM calls {stats.llm_calls}, hit ratio {stats.hit_ratio:.2f}, claims {stats.modes}")
     await backend.aclose()

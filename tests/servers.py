@@ -114,3 +114,53 @@ def app_in_thread(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def start_router(*worker_urls: str) -> tuple[subprocess.Popen[bytes], str]:
+    """The real vllm-router (``--policy sticky_least_loaded``) in front of ``worker_urls`` on
+    a free loopback port, with fast health checks; the process (in a session of its own) and
+    its URL. Stop it with ``stop(proc, group=True)``."""
+    import shutil
+    from pathlib import Path
+
+    binary = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or "vllm-router"
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker-urls",
+            *worker_urls,
+            "--policy",
+            "sticky_least_loaded",
+            "--worker-startup-check-interval",
+            "1",
+            "--health-check-interval-secs",
+            "1",
+            "--health-failure-threshold",
+            "1",
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(free_port()),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def alive() -> None:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+
+    try:
+        wait_healthy(url, alive, timeout_s=30)
+    except BaseException:
+        stop(proc, group=True)
+        raise
+    return proc, url

@@ -13,12 +13,14 @@ from agentclaims.backends.base import EXTENSION_KEY, Backend
 
 if TYPE_CHECKING:
     from agentclaims.backends.embedded import EmbeddedBackend
+    from agentclaims.backends.fleet import FleetBackend
     from agentclaims.backends.http import HTTPBackend
 
-__all__ = ["EXTENSION_KEY", "Backend", "EmbeddedBackend", "HTTPBackend"]
+__all__ = ["EXTENSION_KEY", "Backend", "EmbeddedBackend", "FleetBackend", "HTTPBackend"]
 
 _LAZY = {
     "EmbeddedBackend": "agentclaims.backends.embedded",
+    "FleetBackend": "agentclaims.backends.fleet",
     "HTTPBackend": "agentclaims.backends.http",
 }
 

@@ -12,6 +12,7 @@ Transport failures (refused connection, timeouts, a closed backend) become
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -61,7 +62,8 @@ def _normalize(base_url: str) -> str:
 class HTTPBackend:
     """A gateway reached over HTTP. ``base_url`` is the OpenAI-compatible base (``.../v1``; it
     is added if missing). Pass ``client`` to share an ``httpx2.AsyncClient`` (then closing the
-    backend leaves it open)."""
+    backend leaves it open). ``api_key`` is the tenant's key on a gateway that has keys
+    (``Authorization: Bearer``; default ``$AGENTCLAIMS_API_KEY``)."""
 
     def __init__(
         self,
@@ -71,6 +73,7 @@ class HTTPBackend:
         client: httpx2.AsyncClient | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        api_key: str | None = None,
     ) -> None:
         for field, value in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -78,9 +81,15 @@ class HTTPBackend:
         self.base_url = _normalize(base_url)
         self.root_url = self.base_url.removesuffix("/v1")
         self.name = name or urlsplit(self.base_url).netloc
+        if api_key is None:
+            api_key = os.environ.get("AGENTCLAIMS_API_KEY") or None
+        if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
+            raise UsageError("api_key", f"must be a non-empty string, got {api_key!r}")
+        self.api_key = api_key
+        self._auth = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
         self._owns_client = client is None
         self._client = client or httpx2.AsyncClient(
-            timeout=httpx2.Timeout(timeout_s, connect=connect_timeout_s)
+            timeout=httpx2.Timeout(timeout_s, connect=connect_timeout_s), headers=self._auth
         )
         self._closed = False
         self._descriptor: Descriptor | None = None
@@ -108,7 +117,9 @@ class HTTPBackend:
         self._check_open()
         url = (self.root_url if path in _ROOT_PATHS else self.base_url) + path
         try:
-            response = await self._client.request(method, url, json=json, params=params)
+            response = await self._client.request(
+                method, url, json=json, params=params, headers=self._auth
+            )
         except httpx2.TransportError as exc:
             raise BackendUnavailable(
                 f"backend {self.name!r} unreachable ({method} {url}): {type(exc).__name__}: {exc}"

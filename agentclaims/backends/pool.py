@@ -49,13 +49,18 @@ class BackendPool:
         names = [b.name for b in members]
         if len(set(names)) != len(names):
             raise UsageError("backends", f"backend names must be unique, got {names}")
-        self.backends = members
+        self._backends = members
         self._by_name = {b.name: b for b in members}
         self._affinity: dict[str, str] = {}
         self._load: dict[str, int] = dict.fromkeys(names, 0)
         self._home: dict[str, str] = {}  # claim id -> member holding it
         self._log: list[tuple[str, ClaimEvent]] = []  # the pool's merged event stream
         self._cursors: dict[str, int] = dict.fromkeys(names, 0)
+
+    @property
+    def backends(self) -> list[Backend]:
+        """The members, in the order given."""
+        return list(self._backends)
 
     @property
     def name(self) -> str:
@@ -76,23 +81,36 @@ class BackendPool:
             self._load[name] += 1
         return self._by_name[name]
 
-    async def reroute(self, session_id: str, prefix_ids: Sequence[PrefixId] = ()) -> Backend | None:
-        """Move the session to another member (most of its prefix resident first, then least
-        loaded); ``None`` when the pool has no other member."""
+    async def candidates(
+        self, session_id: str, prefix_ids: Sequence[PrefixId] = ()
+    ) -> list[Backend]:
+        """The members other than the session's, best first: most of its prefixes resident,
+        then least loaded."""
         current = self._affinity.get(session_id)
         others = [b for b in self.backends if b.name != current]
-        if not others:
-            return None
         scores: dict[str, int] = {}
         for backend in others:
             resident = await backend.residency(list(prefix_ids)) if prefix_ids else {}
             scores[backend.name] = sum(resident.values())
-        best = max(others, key=lambda b: (scores[b.name], -self._load[b.name], b.name))
+        return sorted(
+            others, key=lambda b: (scores[b.name], -self._load[b.name], b.name), reverse=True
+        )
+
+    def move(self, session_id: str, name: str) -> Backend:
+        """Give the session's affinity to the member ``name``."""
+        backend = self.get(name)
+        current = self._affinity.get(session_id)
         if current is not None:
             self._load[current] -= 1
-        self._affinity[session_id] = best.name
-        self._load[best.name] += 1
-        return best
+        self._affinity[session_id] = name
+        self._load[name] += 1
+        return backend
+
+    async def reroute(self, session_id: str, prefix_ids: Sequence[PrefixId] = ()) -> Backend | None:
+        """Move the session to another member (most of its prefix resident first, then least
+        loaded); ``None`` when the pool has no other member."""
+        others = await self.candidates(session_id, prefix_ids)
+        return self.move(session_id, others[0].name) if others else None
 
     def release(self, session_id: str) -> None:
         """Forget a finished session's affinity."""
@@ -140,6 +158,10 @@ class BackendPool:
             page = await member.events(self._cursors[member.name])
             self._cursors[member.name] = page.next_since
             self._log.extend((member.name, e) for e in page.events)
+        return self._page(since, id_prefix=id_prefix, limit=limit)
+
+    def _page(self, since: int, *, id_prefix: str | None, limit: int | None) -> EventPage:
+        """The page of the pool's merged stream after ``since`` (a position in it)."""
         after = [e for _, e in self._log[since:]]
         page = EventPage.select(after, 0, len(after), limit=limit, id_prefix=id_prefix)
         scanned = len(after) if limit is None else min(limit, len(after))
@@ -161,7 +183,10 @@ class BackendPool:
 
     async def descriptor(self) -> Descriptor:
         """The members' descriptors; per mode the weakest class among them (fail closed)."""
-        members = {b.name: await b.descriptor() for b in self.backends}
+        return self._combine({b.name: await b.descriptor() for b in self.backends})
+
+    def _combine(self, members: dict[str, Descriptor]) -> Descriptor:
+        """One descriptor for several: per mode the weakest member's class."""
         modes: dict[str, Any] = {}
         for mode in ProtectionMode:
             worst = min(

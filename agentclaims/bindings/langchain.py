@@ -1,8 +1,9 @@
 """LangChain's ``ChatOpenAI`` bound to an agentclaims backend.
 
-Its async HTTP client uses ``ClaimsTransport``, which reads the current LangGraph node and step
-from LangChain's run config: prebuilt agents (``create_react_agent`` and friends) carry claims
-without any change to their code. Use the graph's async API (``ainvoke``/``astream``).
+Its HTTP clients use the claims transport (``ClaimsTransport`` for ``ainvoke``/``astream``,
+``SyncClaimsTransport`` for ``invoke``/``stream`` from ``def`` nodes), which reads the current
+LangGraph node and step from LangChain's run config: prebuilt agents (``create_react_agent`` and
+friends) carry claims without any change to their code.
 """
 
 from __future__ import annotations
@@ -12,18 +13,19 @@ from typing import Any
 from langchain_openai import ChatOpenAI
 
 from agentclaims.backends.base import Backend
-from agentclaims.bindings.openai import claims_http_client
+from agentclaims.bindings.openai import claims_http_client, claims_sync_http_client
 
 __all__ = ["chat_model"]
 
 
 def chat_model(backend: Backend, *, model: str = "scripted", **kwargs: Any) -> ChatOpenAI:
     """A ``ChatOpenAI`` whose calls go to ``backend`` with claims (retries owned by the session)."""
-    kwargs.setdefault("api_key", "agentclaims")
+    kwargs.setdefault("api_key", getattr(backend, "api_key", None) or "agentclaims")
     kwargs.setdefault("max_retries", 0)
     return ChatOpenAI(
         model=model,
         base_url=backend.base_url,
         http_async_client=claims_http_client(backend),
+        http_client=claims_sync_http_client(backend),
         **kwargs,
     )

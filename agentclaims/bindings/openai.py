@@ -14,9 +14,9 @@ import httpx2
 import openai
 
 from agentclaims.backends.base import Backend
-from agentclaims.session.transport import ClaimsTransport
+from agentclaims.session.transport import ClaimsTransport, SyncClaimsTransport
 
-__all__ = ["claims_http_client", "openai_client"]
+__all__ = ["claims_http_client", "claims_sync_http_client", "openai_client", "openai_sync_client"]
 
 
 def claims_http_client(backend: Backend) -> httpx2.AsyncClient:
@@ -26,9 +26,27 @@ def claims_http_client(backend: Backend) -> httpx2.AsyncClient:
     )
 
 
+def claims_sync_http_client(backend: Backend) -> httpx2.Client:
+    """An ``httpx2.Client`` (synchronous) whose requests go through the claims transport, on
+    the session's event loop (``SyncClaimsTransport``)."""
+    return httpx2.Client(
+        transport=SyncClaimsTransport(backend), base_url=backend.base_url, timeout=60.0
+    )
+
+
+def openai_sync_client(backend: Backend, **kwargs: Any) -> openai.OpenAI:
+    """``openai.OpenAI`` (synchronous) for ``backend``: for ``def`` code running inside a
+    claimed session (a LangGraph ``def`` node) or outside one."""
+    kwargs.setdefault("api_key", "agentclaims")
+    kwargs.setdefault("max_retries", 0)
+    return openai.OpenAI(
+        base_url=backend.base_url, http_client=claims_sync_http_client(backend), **kwargs
+    )
+
+
 def openai_client(backend: Backend, **kwargs: Any) -> openai.AsyncOpenAI:
     """``openai.AsyncOpenAI`` for ``backend`` (extra keyword arguments go to the client)."""
-    kwargs.setdefault("api_key", "agentclaims")
+    kwargs.setdefault("api_key", getattr(backend, "api_key", None) or "agentclaims")
     kwargs.setdefault("max_retries", 0)
     return openai.AsyncOpenAI(
         base_url=backend.base_url, http_client=claims_http_client(backend), **kwargs

@@ -56,12 +56,9 @@ async def _one_mode(
 
     async def workflow(i: int) -> float:
         started = time.monotonic()
-        session = claimed.session(workflow_id=f"{mode}-wf{i:02d}")
-        sessions.append(session)
-        async with session:
-            await claimed.graph.ainvoke(
-                {"messages": [HumanMessage(task_for(i, seed))]}, {"recursion_limit": 60}
-            )
+        run = claimed.run(workflow_id=f"{mode}-wf{i:02d}")
+        sessions.append(run.session_of_run)
+        await run.ainvoke({"messages": [HumanMessage(task_for(i, seed))]}, {"recursion_limit": 60})
         return time.monotonic() - started
 
     started = time.monotonic()

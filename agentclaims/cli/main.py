@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="summarise outcome logs per workflow")
     report.add_argument("logs", nargs="+", metavar="LOG", help="JSONL log files or folders")
     report.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    report.add_argument("--plot", default=None, metavar="PNG", help="draw claim timelines")
+    report.add_argument("--brief", action="store_true", help="no per-claim timelines")
     report.set_defaults(module="report")
 
     serve = sub.add_parser("serve", help="serve the gateway (reference engine or vLLM) on a port")
@@ -59,7 +61,46 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--upstream", default=None, help="the vLLM server's URL (--kv vllm)")
     serve.add_argument(
+        "--script", default=None, metavar="FILE", help="scripted replies, JSON (docs/gateway.md)"
+    )
+    serve.add_argument(
         "--claims-key", default=None, help="the connector's key ($AGENTCLAIMS_CLAIMS_KEY)"
+    )
+    serve.add_argument(
+        "--api-keys", default=None, metavar="FILE", help="tenants' API keys (TOML; see docs)"
+    )
+    serve.add_argument(
+        "--ledger", default=None, metavar="FILE", help="durable claim ledger (SQLite, WAL)"
+    )
+    serve.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve without --api-keys on a non-loopback host",
+    )
+    serve.add_argument(
+        "--grace-s", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
+    )
+    serve.add_argument(
+        "--instance-id", default=None, help="this gateway's name in a fleet (default host:port)"
+    )
+    serve.add_argument(
+        "--advertise-url",
+        default=None,
+        help="where clients reach this gateway directly (default http://host:port)",
+    )
+    serve.add_argument(
+        "--behind-router",
+        action="store_true",
+        help="answer deferrals 409, never a status a router retries (docs/fleet.md)",
+    )
+    serve.add_argument(
+        "--keep-alive-s", type=float, default=75.0, help="idle keep-alive connections' lifetime"
+    )
+    serve.add_argument(
+        "--decode-ms",
+        type=float,
+        default=None,
+        help="modelled decode time per reply token, ms (reference engine; 0.5)",
     )
     serve.set_defaults(module="serve")
 

@@ -1,7 +1,11 @@
-"""``agentclaims report LOG... [--json]``: per-workflow outcomes from the outcome logs.
+"""``agentclaims report LOG... [--json] [--plot FILE.png] [--brief]``: per-workflow outcomes
+from the outcome logs.
 
 Prints a table per workflow and a totals row, then each workflow's claims by protection mode and
-final state, then where malformed lines are. ``--json`` prints one JSON object
+final state, the workflows that did not complete (failed, cancelled, left early), the runs of
+each conversation thread, each claim's timeline (not with ``--brief``), then where malformed
+lines are. ``--plot`` also draws the claims' timelines to a PNG (matplotlib, the ``plot``
+extra). ``--json`` prints one JSON object
 ``{"workflows": {...}, "totals": {...}, "malformed_lines": N}`` on stdout (malformed positions
 go to stderr). A missing log: a message on stderr and exit status 2.
 """
@@ -45,8 +49,37 @@ def _counts(counts: Mapping[str, int]) -> str:
     return " ".join(f"{k}={v}" for k, v in counts.items()) or "-"
 
 
-def format_table(summary: Mapping[str, Any]) -> str:
-    """The human-readable report of a ``summarise`` result."""
+def _not_completed(workflows: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The workflows whose session did not complete: failed, cancelled, left early."""
+    rows = [
+        f"  {wf}: {s['status']}" + (f" ({s['error']})" if s.get("error") else "")
+        for wf, s in workflows.items()
+        if s.get("status") not in (None, "completed")
+    ]
+    return ["", "workflows that did not complete", *rows] if rows else []
+
+
+def _timelines(workflows: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Each claim's story: what happened to it, when (seconds after its session started)."""
+    out = ["", "claim timelines (seconds after the session started)"]
+    for wf, s in workflows.items():
+        for claim_id, line in (s.get("claim_timelines") or {}).items():
+            out.append(
+                f"  {wf} {claim_id} node={line['node'] or '-'} mode={line['mode'] or '-'} "
+                f"end={line['end_reason'] or 'not ended in the log'}"
+            )
+            for step in line["events"]:
+                at = "?" if step["t_s"] is None else f"{step['t_s']:.3f}"
+                extra = " ".join(
+                    f"{k}={v}" for k, v in step.items() if k not in ("t_s", "event", "node")
+                )
+                out.append(f"    +{at}s {step['event']} {extra}".rstrip())
+    return out
+
+
+def format_table(summary: Mapping[str, Any], *, timelines: bool = True) -> str:
+    """The human-readable report of a ``summarise`` result (``timelines``: with each
+    claim's timeline)."""
     workflows: Mapping[str, Mapping[str, Any]] = summary["workflows"]
     totals: Mapping[str, Any] = summary["totals"]
     rows = [["workflow", *(head for head, _ in _COLUMNS)]]
@@ -74,6 +107,13 @@ def format_table(summary: Mapping[str, Any]) -> str:
         out += [f"  {wf}: claim {problem}" for problem in s["claim_problems"]]
         if len(s["files"]) > 1:
             out.append(f"  note: {wf} is in {len(s['files'])} files; copies of one log count twice")
+    out += _not_completed(workflows)
+    threads: Mapping[str, list[str]] = summary.get("threads") or {}
+    if threads:
+        out += ["", "threads (the runs of one conversation, in start order)"]
+        out += [f"  {thread}: {', '.join(wfs)}" for thread, wfs in sorted(threads.items())]
+    if timelines:
+        out += _timelines(workflows)
     if summary["malformed_lines"]:
         out += ["", f"malformed lines ({summary['malformed_lines']}):"]
         out += [f"  {m['file']}:{m['line']}: {m['error']}" for m in summary["malformed"]]
@@ -89,11 +129,21 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"agentclaims report: {exc.message}", file=sys.stderr)
         return 2
+    plot = getattr(args, "plot", None)
+    if plot:
+        try:
+            from agentclaims.observability.plot import plot_timelines
+        except ImportError as exc:  # pragma: no cover - matplotlib is the `plot` extra
+            print(f"agentclaims report: --plot needs matplotlib ({exc})", file=sys.stderr)
+            return 3
+        plot_timelines(summary, plot)
     if args.json:
         for m in summary["malformed"]:
             print(f"malformed line {m['file']}:{m['line']}: {m['error']}", file=sys.stderr)
-        keys = ("workflows", "totals", "malformed_lines")
+        keys = ("workflows", "threads", "totals", "malformed_lines")
         print(json.dumps({k: summary[k] for k in keys}, sort_keys=True))
     else:
-        print(format_table(summary))
+        print(format_table(summary, timelines=not getattr(args, "brief", False)))
+        if plot:
+            print(f"\ntimeline plot: {plot}")
     return 0

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Self, TypeVar, Union
 
 from agentclaims.errors import UnknownNameError, UsageError
 
-__all__ = ["Wire", "from_wire", "to_wire"]
+__all__ = ["Wire", "from_wire", "json_schema", "to_wire"]
 
 T = TypeVar("T")
 _MISSING = dataclasses.MISSING
@@ -213,3 +213,67 @@ def _read(hint: Any, value: Any, where: str) -> Any:
             raise UsageError(where, f"expected a string, got {value!r}")
         return value
     raise TypeError(f"{where}: no wire reader for {hint!r}")
+
+
+def json_schema(
+    cls: type, defs: dict[str, Any], ref: str = "#/components/schemas/"
+) -> dict[str, Any]:
+    """The JSON Schema of a wire type's JSON form, as a ``$ref`` to ``ref + name``; its
+    definition, and those of the wire types it holds, are added to ``defs``. It says what
+    ``from_wire`` accepts: the same annotations read the same way."""
+    name = cls.__name__
+    if name not in defs:
+        defs[name] = {}  # taken, for a type that holds itself
+        assert dataclasses.is_dataclass(cls), cls
+        hints = _hints(cls)
+        open_field = getattr(cls, "wire_open", None)
+        readers: Mapping[str, Any] = getattr(cls, "wire_readers", {})
+        required = set(getattr(cls, "wire_required", ()))
+        props: dict[str, Any] = {}
+        needed = []
+        for f in dataclasses.fields(cls):
+            if not f.init or f.name == open_field:
+                continue
+            props[f.name] = {} if f.name in readers else _schema(hints[f.name], defs, ref)
+            if f.name in required or (f.default is _MISSING and f.default_factory is _MISSING):
+                needed.append(f.name)
+        for computed in getattr(cls, "wire_computed", ()):
+            props[computed] = {"readOnly": True}
+        doc = (cls.__doc__ or "").strip().split("\n\n")[0]
+        defs[name] = {
+            "type": "object",
+            "description": " ".join(doc.split()),
+            "properties": props,
+            "required": needed,
+            "additionalProperties": open_field is not None,
+        }
+    return {"$ref": f"{ref}{name}"}
+
+
+def _schema(hint: Any, defs: dict[str, Any], ref: str) -> dict[str, Any]:
+    supertype = getattr(hint, "__supertype__", None)
+    if supertype is not None:
+        return _schema(supertype, defs, ref)
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        return {"anyOf": [_schema(a, defs, ref) for a in args]}
+    if hint is type(None):
+        return {"type": "null"}
+    if hint is Any:
+        return {}
+    if origin is typing.Literal:
+        return {"enum": list(args)}
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return {"enum": [m.value for m in hint]}
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return json_schema(hint, defs, ref)
+    if origin is tuple:
+        return {"type": "array", "items": _schema(args[0], defs, ref) if args else {}}
+    if origin in (dict, Mapping) or hint in (dict, Mapping):
+        item = _schema(args[1], defs, ref) if len(args) == 2 else {}
+        return {"type": "object", "additionalProperties": item}
+    simple = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    if hint in simple:
+        return {"type": simple[hint]}
+    raise TypeError(f"no JSON Schema for {hint!r}")

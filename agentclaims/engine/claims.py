@@ -44,6 +44,10 @@ from agentclaims.engine.stats import EngineStats
 from agentclaims.errors import UsageError
 from agentclaims.protocol.types import ClaimDecision, ClaimView
 
+ClaimGate = Callable[[ClaimSpec], "str | None"]
+"""A check before admission: ``None`` lets the claim through, a string refuses it with that
+reason (``refuse_residency_claim``)."""
+
 __all__ = ["ClaimArbiter"]
 
 
@@ -68,6 +72,8 @@ class ClaimArbiter:
     stats: EngineStats
     _pool: BlockPool
     _events: EventLog
+    claim_gate: ClaimGate | None = None
+    """Asked first about every claim (the gateway's tenant quotas): a reason refuses it."""
 
     def __init__(self) -> None:
         self._claims: dict[str, ClaimRecord] = {}
@@ -308,6 +314,10 @@ class ClaimArbiter:
             self._ranking.note_hint(hint_owner(owner_scope, hint.agent), hint, self.clock() / 1e9)
 
     def _admission_problem(self, spec: ClaimSpec, hashes: tuple[BlockHash, ...]) -> str | None:
+        if self.claim_gate is not None:
+            reason = self.claim_gate(spec)
+            if reason is not None:
+                return reason
         ident = spec.cache_identity
         mine = self.cache_identity
         if (ident.block_size, ident.model_id, ident.tokenizer_id, ident.adapter_id) != (

@@ -32,6 +32,7 @@ from agentclaims.contract import (
     prefix_id_of,
 )
 from agentclaims.engine.blocks import hash_token_blocks
+from agentclaims.engine.claims import ClaimGate
 from agentclaims.engine.engine import KVEngine
 from agentclaims.engine.eviction import EvictionPolicy
 from agentclaims.engine.tokenizer import WordTokenizer, tokenizer_named
@@ -169,6 +170,15 @@ class ReferenceKV:
             sleep=sleep,
             factory=factory,
         )
+
+    @property
+    def claim_gate(self) -> ClaimGate | None:
+        """The engine's claim gate (kept across fresh instances): the gateway's tenant limits."""
+        return self.engine.claim_gate
+
+    @claim_gate.setter
+    def claim_gate(self, gate: ClaimGate | None) -> None:
+        self.engine.claim_gate = gate
 
     # ------------------------------------------------------------------ requests
     async def serve(self, request: ActiveRequest) -> ServeResult:
@@ -397,7 +407,9 @@ class ReferenceKV:
                     f"a fresh instance would drop live work: claims of {others}, "
                     f"{active} active requests"
                 )
+            gate = self.engine.claim_gate
             self.engine = self._factory(usable_blocks, self.engine.last_seq)
+            self.engine.claim_gate = gate
             self.block_size = self.engine.block_size
             return self.engine.cache_identity
 

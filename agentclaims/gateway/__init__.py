@@ -10,12 +10,13 @@
 ``agentclaims serve``. The wire protocol is in docs/gateway.md.
 """
 
-from agentclaims.gateway.app import Extension, KVSide, create_app
+from agentclaims.gateway.app import Extension, Instance, KVSide, create_app
 from agentclaims.gateway.limits import Limits
 from agentclaims.gateway.text import Reply, Script, ScriptedModel, TextRequest, TextSide, ToolCall
 
 __all__ = [
     "Extension",
+    "Instance",
     "KVSide",
     "Limits",
     "Reply",

@@ -6,12 +6,13 @@ transport, ``agentclaims serve`` puts it on a port. docs/gateway.md is the wire 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from starlette.applications import Starlette
@@ -31,8 +32,13 @@ from agentclaims.contract import (
 )
 from agentclaims.engine import ReferenceKV, blake2b_hash
 from agentclaims.errors import AgentClaimsError, OperationNotExposed, UsageError
+from agentclaims.gateway.ledger import Ledger
 from agentclaims.gateway.limits import BodyTooLarge, Limits, parse_body
 from agentclaims.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from agentclaims.gateway.openapi import openapi
+from agentclaims.gateway.service import Service
+from agentclaims.gateway.streaming import respond, stream_requested, unstreamed
+from agentclaims.gateway.tenants import Tenant, TenantKeys
 from agentclaims.gateway.text import Reply, TextRequest, TextSide
 from agentclaims.lowering import (
     SELF_TEST,
@@ -55,7 +61,16 @@ from agentclaims.protocol import (
     refusal_error,
 )
 
-__all__ = ["Extension", "KVSide", "UpstreamKV", "create_app"]
+__all__ = [
+    "INSTANCE_HEADER",
+    "INSTANCE_URL_HEADER",
+    "ROUTER_SAFE_HEADER",
+    "Extension",
+    "Instance",
+    "KVSide",
+    "UpstreamKV",
+    "create_app",
+]
 
 
 @runtime_checkable
@@ -85,6 +100,40 @@ class KVSide(ClaimsProtocol, ActiveServing, Protocol):
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+INSTANCE_HEADER = "X-Agentclaims-Instance"
+"""Names the gateway instance that answered (every response): claims live per instance."""
+INSTANCE_URL_HEADER = "X-Agentclaims-Instance-URL"
+"""Where that instance's claims API is reached directly (``--advertise-url``), when known."""
+ROUTER_SAFE_HEADER = "X-Agentclaims-Router-Safe"
+"""A client behind a router sends ``1``: no claim outcome is then a status routers retry."""
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """Who this gateway is in a fleet (docs/fleet.md)."""
+
+    instance_id: str = "gateway"
+    advertise_url: str | None = None
+    behind_router: bool = False
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """The same, in a completion's ``agentclaims`` object and a refusal's error body:
+        routers pass bodies through but not every header."""
+        out = {"instance": self.instance_id}
+        if self.advertise_url:
+            out["instance_url"] = self.advertise_url
+        return out
+
+    @property
+    def headers(self) -> dict[str, str]:
+        out = {INSTANCE_HEADER: self.instance_id}
+        if self.advertise_url:
+            out[INSTANCE_URL_HEADER] = self.advertise_url
+        return out
+
+
 _MAX_TOKEN_ID = 2**31
 
 
@@ -170,19 +219,45 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
 
 
 def _owner(request: Request, body: Mapping[str, Any] | None = None) -> OwnerScope:
+    """The owner scope a claims-API call names, checked against the caller's tenant."""
     owner = (body or {}).get("owner_scope") or request.query_params.get("owner_scope")
     if not isinstance(owner, str) or not owner:
         raise UsageError("owner_scope", "missing: name the claim's owner scope")
-    return OwnerScope(owner)
+    service: Service = request.app.state.gateway.service
+    return OwnerScope(service.owner(owner, _tenant(request)) or owner)
+
+
+def _tenant(request: Request) -> Tenant | None:
+    """The tenant of the request's key (set by ``_Gateway.counted``); ``None`` without keys."""
+    return getattr(request.state, "tenant", None)
+
+
+def _claim_owners(claims: Sequence[Any], default_owner: str | None) -> dict[str, str]:
+    """claim_id -> owner scope of a request's claim dicts (for the ledger)."""
+    out = {}
+    for c in claims:
+        if isinstance(c, Mapping) and isinstance(c.get("claim_id"), str):
+            owner = c.get("owner_scope") or default_owner
+            if isinstance(owner, str):
+                out[c["claim_id"]] = owner
+    return out
 
 
 class _Gateway:
     """The route handlers over one KV side and one text side."""
 
     def __init__(
-        self, kv: KVSide, text: TextSide, name: str, lowering: LoweringSource | None
+        self,
+        kv: KVSide,
+        text: TextSide,
+        name: str,
+        lowering: LoweringSource | None,
+        service: Service,
+        instance: Instance,
     ) -> None:
         self.kv = kv
+        self.service = service
+        self.instance = instance
         self.text = text
         self.name = name
         self._lowering_source = lowering
@@ -194,6 +269,7 @@ class _Gateway:
     # ------------------------------------------------------------------ completions
     async def _complete(
         self,
+        request: Request,
         body: Mapping[str, Any],
         ext: Extension,
         text_request: TextRequest,
@@ -203,12 +279,18 @@ class _Gateway:
     ) -> tuple[Response | None, dict[str, Any]]:
         """Shared by both completion endpoints: reply, KV life, and the response skeleton.
         ``render(reply, request_key)`` gives the choice payload and the reply's token ids."""
-        if body.get("stream"):
+        stream_requested(body)  # streaming (#13): a bad stream field is refused up front
+        limits: Limits = request.app.state.limits
+        tokens = sum(len(s) for s in segments)
+        if tokens > limits.max_prompt_tokens:
             raise UsageError(
-                "stream",
-                "streaming is not supported by the agentclaims gateway; send stream: false",
+                "messages" if text_request.kind == "chat" else "prompt",
+                f"{tokens} tokens; at most {limits.max_prompt_tokens}",
             )
-        cache_salt = _optional_str(body, "cache_salt")
+        tenant = _tenant(request)
+        owner = self.service.owner(ext.default_owner, tenant)
+        claims = self.service.claims(ext.claims, owner, tenant)
+        cache_salt = self.service.salt(_optional_str(body, "cache_salt"), tenant)
         request_id = RequestId(ext.request_id or f"{id_prefix}-{uuid.uuid4().hex}")
         reply = await self.text.complete(text_request)
         key = f"{blake2b_hash(json.dumps(segments).encode()):016x}"
@@ -218,15 +300,19 @@ class _Gateway:
                 request_id=request_id,
                 segments=segments,
                 reply_tokens=reply_tokens,
-                claims=ext.claims,
-                owner_scope=None if ext.default_owner is None else OwnerScope(ext.default_owner),
+                claims=claims,
+                owner_scope=None if owner is None else OwnerScope(owner),
                 admit=ext.admit,
                 cache_salt=cache_salt,
                 chat=text_request.kind == "chat",
             )
         )
+        result = await self.service.served(result, _claim_owners(claims, owner), tenant, owner)
         if not result.outcome.served:
-            status, headers, err = refusal_error(result.outcome, result.prefix_ids)
+            status, headers, err = refusal_error(
+                result.outcome, result.prefix_ids, router_safe=self.router_safe(request)
+            )
+            err["error"].update(self.instance.fields)
             self.errors[err["error"]["type"]] += 1
             return JSONResponse(err, status_code=status, headers=headers), {}
         prompt_tokens = sum(len(s) for s in segments)
@@ -247,17 +333,32 @@ class _Gateway:
                 "prefix_ids": result.prefix_ids,
                 "decisions": [d.to_dict() for d in result.decisions],
                 "events_seq": result.events_seq,
+                **self.instance.fields,
+                **self.instance.fields,
             },
         }
 
-    async def _upstream(self, kind: str, body: Mapping[str, Any], ext: Extension) -> Response:
+    async def _upstream(
+        self, request: Request, kind: str, body: Mapping[str, Any], ext: Extension
+    ) -> Response:
         """The completion on an upstream engine (its own replies), with the claims."""
         assert isinstance(self.kv, UpstreamKV)
-        cache_salt = _optional_str(body, "cache_salt")
-        up = await self.kv.complete(kind, body, ext.claims, ext.default_owner, cache_salt)
-        result: ServeResult = up.result
+        stream_requested(body)  # (#13) a bad stream field is refused before anything runs
+        tenant = _tenant(request)
+        owner = self.service.owner(ext.default_owner, tenant)
+        claims = self.service.claims(ext.claims, owner, tenant)
+        cache_salt = self.service.salt(_optional_str(body, "cache_salt"), tenant)
+        up = await self.kv.complete(  # streamed by the gateway itself (#13)
+            kind, unstreamed(body), claims, owner, cache_salt
+        )
+        result: ServeResult = await self.service.served(
+            up.result, _claim_owners(claims, owner), tenant, owner
+        )
         if not result.outcome.served:
-            status, headers, err = refusal_error(result.outcome, result.prefix_ids)
+            status, headers, err = refusal_error(
+                result.outcome, result.prefix_ids, router_safe=self.router_safe(request)
+            )
+            err["error"].update(self.instance.fields)
             self.errors[err["error"]["type"]] += 1
             return JSONResponse(err, status_code=status, headers=headers)
         payload = dict(up.payload)
@@ -267,14 +368,15 @@ class _Gateway:
             "prefix_ids": result.prefix_ids,
             "decisions": [d.to_dict() for d in result.decisions],
             "events_seq": result.events_seq,
+            **self.instance.fields,
         }
-        return JSONResponse(payload)
+        return respond(body, payload)  # JSON, or server-sent events (#13)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await _json_object(request)
         ext = Extension.parse(body)
         if isinstance(self.kv, UpstreamKV):
-            return await self._upstream("chat", body, ext)
+            return await self._upstream(request, "chat", body, ext)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise UsageError("messages", "must be a non-empty list of messages")
@@ -299,14 +401,16 @@ class _Gateway:
             message = reply.message(key)
             return {"message": message, "logprobs": None}, tuple(tok.encode_message(message))
 
-        error, out = await self._complete(body, ext, text_request, segments, render, "chatcmpl")
-        return error or JSONResponse({**out, "object": "chat.completion"})
+        error, out = await self._complete(
+            request, body, ext, text_request, segments, render, "chatcmpl"
+        )
+        return error or respond(body, {**out, "object": "chat.completion"})  # (#13)
 
     async def completions(self, request: Request) -> Response:
         body = await _json_object(request)
         ext = Extension.parse(body)
         if isinstance(self.kv, UpstreamKV):
-            return await self._upstream("completion", body, ext)
+            return await self._upstream(request, "completion", body, ext)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -334,8 +438,8 @@ class _Gateway:
             content = reply.content or ""
             return {"text": content, "logprobs": None}, tuple(tok.encode(content))
 
-        error, out = await self._complete(body, ext, text_request, (ids,), render, "cmpl")
-        return error or JSONResponse({**out, "object": "text_completion"})
+        error, out = await self._complete(request, body, ext, text_request, (ids,), render, "cmpl")
+        return error or respond(body, {**out, "object": "text_completion"})  # (#13)
 
     def _model(self, body: Mapping[str, Any]) -> str:
         return _optional_str(body, "model") or self.text.name
@@ -344,9 +448,11 @@ class _Gateway:
     async def submit_claim(self, request: Request) -> Response:
         body = await _json_object(request)
         claim: Any = body.get("claim")  # from_dict names the field if it is not an object
-        spec = ClaimSpec.from_dict(claim)
+        tenant = _tenant(request)
+        spec = self.service.spec(ClaimSpec.from_dict(claim), tenant)
         hashes = _block_hashes(body) if body.get("block_hashes") is not None else None
         decision = await self.kv.submit_claim(spec, hashes)
+        await self.service.decided([decision], {spec.claim_id: spec.owner_scope}, tenant)
         return JSONResponse(decision.to_dict())
 
     async def get_claim(self, request: Request) -> Response:
@@ -357,9 +463,12 @@ class _Gateway:
         body = await _json_object(request)
         terms = {k: v for k, v in body.items() if k != "owner_scope"}
         renewal = Renewal.from_dict(terms, where="renewal")
-        view = await self.kv.renew_claim(
-            ClaimId(request.path_params["claim_id"]), _owner(request, body), renewal
-        )
+        owner = _owner(request, body)
+        tenant = _tenant(request)
+        if tenant is not None and tenant.max_ttl_s is not None:
+            self.service.check_ttl(renewal.ttl_s, tenant)
+        view = await self.kv.renew_claim(ClaimId(request.path_params["claim_id"]), owner, renewal)
+        await self.service.sync()
         return JSONResponse(view.to_dict())
 
     async def release_claim(self, request: Request) -> Response:
@@ -367,13 +476,16 @@ class _Gateway:
         view = await self.kv.release_claim(
             ClaimId(request.path_params["claim_id"]), _owner(request, body)
         )
+        await self.service.sync()
         return JSONResponse(view.to_dict())
 
     async def events(self, request: Request) -> Response:
         since = _int_param(request, "since", 0, 0, 2**62)
         limit = _int_param(request, "limit", 10_000, 1, 100_000)
         id_prefix = request.query_params.get("id_prefix") or None
-        page = await self.kv.events(since, id_prefix=id_prefix, limit=limit)
+        page = await self.service.events(
+            since, limit=limit, id_prefix=id_prefix, tenant=_tenant(request)
+        )
         return JSONResponse(page.to_dict())
 
     async def residency(self, request: Request) -> Response:
@@ -391,7 +503,18 @@ class _Gateway:
         """Serve one active request given by token ids or block hashes (no text is written):
         the ``ServeResult``, refusals included, as data."""
         body = await _json_object(request)
-        result = await self.kv.serve(ActiveRequest.from_dict(body, where="request"))
+        tenant = _tenant(request)
+        active = ActiveRequest.from_dict(body, where="request")
+        if tenant is not None:
+            owner = self.service.owner(active.owner_scope, tenant)
+            claims = self.service.claims(active.claims, owner, tenant)
+            active = replace(
+                active, claims=claims, cache_salt=self.service.salt(active.cache_salt, tenant)
+            )
+        result = await self.kv.serve(active)
+        result = await self.service.served(
+            result, _claim_owners(active.claims, active.owner_scope), tenant, active.owner_scope
+        )
         return JSONResponse(result.to_dict())
 
     async def fresh_instance(self, request: Request) -> Response:
@@ -399,6 +522,7 @@ class _Gateway:
         kv = self._instance_control("fresh_instance")
         usable: Any = body.get("usable_blocks")
         identity = await kv.fresh_instance(usable, _owner(request, body))
+        await self.service.sync()
         return JSONResponse({"cache_identity": identity.to_dict()})
 
     async def step(self, request: Request) -> Response:
@@ -407,6 +531,7 @@ class _Gateway:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1_000_000:
             raise UsageError("n", f"must be an integer within 1..1000000, got {n!r}")
         await self._instance_control("step").step(n)
+        await self.service.sync()
         return JSONResponse({"stepped": n})
 
     def _instance_control(self, operation: str) -> InstanceControl:
@@ -461,7 +586,21 @@ class _Gateway:
         return JSONResponse({"object": "list", "data": [model]})
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "kv_side": self.kv.name, "text_side": self.text.name})
+        """Whether the gateway can take work: its KV side answers and its ledger is usable
+        (503 and ``status: unavailable`` otherwise, or while it shuts down)."""
+        probe = getattr(self.kv, "health", None)
+        kv = await probe() if callable(probe) else {"usable": True}
+        ledger = self.service.health()
+        ok = bool(kv.get("usable")) and bool(ledger.get("usable")) and not self.service.stopping
+        body = {
+            "status": "ok" if ok else ("stopping" if self.service.stopping else "unavailable"),
+            "kv_side": self.kv.name,
+            "text_side": self.text.name,
+            "kv": kv,
+            "ledger": ledger,
+            "tenants": None if self.service.keys is None else len(self.service.keys.tenants),
+        }
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     def stats(self) -> dict[str, Any]:
         """The gateway's counters and its KV side's figures, as one JSON object."""
@@ -470,7 +609,11 @@ class _Gateway:
             "errors": dict(sorted(self.errors.items())),
         }
         metrics = getattr(self.kv, "metrics", None)
-        return {"gateway": gateway, **(metrics() if callable(metrics) else {})}
+        return {
+            "gateway": gateway,
+            **(metrics() if callable(metrics) else {}),
+            **self.service.stats(),
+        }
 
     async def stats_route(self, request: Request) -> Response:
         return JSONResponse(self.stats())
@@ -480,12 +623,33 @@ class _Gateway:
         return Response(self.prometheus.render(), media_type=CONTENT_TYPE)
 
     # ------------------------------------------------------------------ plumbing
+    def router_safe(self, request: Request) -> bool:
+        """Whether a deferral answers 409 (behind a router: ``--behind-router``, or the client's
+        ``X-Agentclaims-Router-Safe: 1``), not 503."""
+        return self.instance.behind_router or request.headers.get(ROUTER_SAFE_HEADER) == "1"
+
     def counted(self, name: str, handler: Handler) -> Handler:
+        """The route's handler behind the service's checks: the caller's key (401 without
+        one), an operator key for operator routes (403), not while stopping (503), and the
+        ledger accounted for before the first operation."""
+        open_route = name in _OPEN_ROUTES
+        operator = name in _OPERATOR_ROUTES
+
         async def run(request: Request) -> Response:
             self.calls[name] += 1
             started = time.perf_counter()
             try:
-                return await handler(request)
+                service = self.service
+                if not open_route:
+                    service.check_open()
+                    tenant = service.tenant(request.headers.get("authorization"))
+                    request.state.tenant = tenant
+                    if operator:
+                        TenantKeys.require_admin(tenant, name)
+                    await service.ready()
+                response = await handler(request)
+                response.headers.update(self.instance.headers)
+                return response
             finally:
                 self.prometheus.observe(name, time.perf_counter() - started)
 
@@ -497,7 +661,7 @@ class _Gateway:
         if isinstance(exc, BodyTooLarge):
             status = 413
         self.errors[body["error"]["type"]] += 1
-        return JSONResponse(body, status_code=status)
+        return JSONResponse(body, status_code=status, headers=self.instance.headers)
 
     async def on_http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -506,6 +670,7 @@ class _Gateway:
         return JSONResponse(
             error_body(kind, f"{request.method} {request.url.path}: {exc.detail}"),
             status_code=exc.status_code,
+            headers=self.instance.headers,
         )
 
 
@@ -516,14 +681,20 @@ def create_app(
     name: str = "agentclaims-gateway",
     lowering: LoweringSource | None = None,
     limits: Limits | None = None,
+    keys: TenantKeys | None = None,
+    ledger: Ledger | None = None,
+    instance: Instance | None = None,
 ) -> Starlette:
     """The gateway app over a KV side (e.g. ``ReferenceKV``) and a text side (``ScriptedModel``).
 
     ``lowering`` is the KV side's lowering descriptor (a document, or a YAML or JSON file whose
     ``conformance_run`` anchors are read beside it), checked once for ``/v1/descriptor``; by
     default the KV side's own ``lowering`` attribute, the shipped one for the reference engine,
-    and else none: every mode ``unknown``."""
-    gw = _Gateway(kv, text, name, lowering)
+    and else none: every mode ``unknown``. ``keys`` makes it serve tenants (``TenantKeys``),
+    ``ledger`` keeps claims and events across restarts (``Ledger``); docs/operations.md.
+    ``instance`` names it in a fleet behind a router (docs/fleet.md)."""
+    service = Service(kv, keys, ledger)
+    gw = _Gateway(kv, text, name, lowering, service, instance or Instance())
     table: list[tuple[str, Handler, list[str]]] = [
         ("/v1/chat/completions", gw.chat_completions, ["POST"]),
         ("/v1/completions", gw.completions, ["POST"]),
@@ -543,7 +714,11 @@ def create_app(
         ("/metrics", gw.metrics, ["GET"]),
         ("/v1/stats", gw.stats_route, ["GET"]),
     ]
-    document = openapi([*table, ("/openapi.json", gw.health, ["GET"])], name)
+    document = openapi(
+        [(path, methods) for path, _, methods in table] + [("/openapi.json", ["GET"])],
+        name,
+        Extension,
+    )
 
     async def openapi_route(request: Request) -> Response:
         return JSONResponse(document)
@@ -553,13 +728,27 @@ def create_app(
         Route(path, gw.counted(f"{methods[0]} {path}", handler), methods=methods)
         for path, handler, methods in table
     ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await service.ready()
+        yield
+        await service.close()
+
     app = Starlette(
         routes=routes,
         exception_handlers={AgentClaimsError: gw.on_error, HTTPException: gw.on_http_error},
+        lifespan=lifespan,
     )
     app.state.gateway = gw
     app.state.limits = limits or Limits()
     return app
+
+
+_OPEN_ROUTES = frozenset({"GET /health", "GET /openapi.json"})
+_OPERATOR_ROUTES = frozenset(
+    {"GET /metrics", "GET /v1/stats", "POST /v1/instance", "POST /v1/instance/step"}
+)
 
 
 def _block_hashes(body: Mapping[str, Any]) -> list[BlockHash]:
@@ -570,96 +759,3 @@ def _block_hashes(body: Mapping[str, Any]) -> list[BlockHash]:
     ):
         raise UsageError("block_hashes", "must be a list of 64-bit unsigned integers")
     return [BlockHash(h) for h in hashes]
-
-
-_SUMMARIES = {
-    "POST /v1/chat/completions": "OpenAI chat completion; the agentclaims object names the session and its claims",
-    "POST /v1/completions": "OpenAI text completion (a string or token ids), with claims",
-    "POST /v1/claims": "Submit a residency claim on a known prefix (or on the given block hashes)",
-    "GET /v1/claims/{claim_id}": "The owner's view of a claim",
-    "DELETE /v1/claims/{claim_id}": "Release a claim",
-    "POST /v1/claims/{claim_id}/renew": "Renew a claim (new duration_steps and/or ttl_s)",
-    "POST /v1/claims/{claim_id}/release": "Release a claim",
-    "GET /v1/events": "The ordered claim event stream after a sequence number (since, limit, id_prefix)",
-    "POST /v1/residency": "Leading resident blocks per prefix id, or residency per block hash",
-    "POST /v1/active": "Serve one active request without text (the claims protocol's serve)",
-    "POST /v1/instance": "Replace the KV instance by an empty one of N usable blocks (conformance)",
-    "POST /v1/instance/step": "Advance the step counter duration_steps count",
-    "GET /v1/descriptor": "What this backend honours: identity, limits, the checked lowering per mode",
-    "GET /v1/models": "The text side's model",
-    "GET /health": "Whether the gateway answers, with its KV and text sides",
-    "GET /metrics": "Counters and histograms in the Prometheus text format",
-    "GET /v1/stats": "The same figures as JSON",
-    "GET /openapi.json": "This document",
-}
-
-_ERRORS = {
-    "400": "usage_error: bad input, the field named",
-    "403": "scope_violation: another owner's claim",
-    "404": "unknown_claim or not_found",
-    "409": "a refusal (active_request_refused), illegal_transition or contract_violation",
-    "413": "the body is over the size limit",
-    "501": "not_exposed: the KV side does not offer the operation",
-    "503": "active_request_deferred, with Retry-After",
-}
-
-
-def openapi(table: Sequence[tuple[str, Handler, list[str]]], name: str) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of every route (``GET /openapi.json``): a summary per
-    operation, its path parameters, and every error as the agentclaims error body
-    (docs/gateway.md)."""
-    error = {
-        "description": "an agentclaims error",
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-    }
-    paths: dict[str, dict[str, Any]] = {}
-    for path, _handler, methods in table:
-        for method in methods:
-            op: dict[str, Any] = {
-                "summary": _SUMMARIES.get(f"{method} {path}", path),
-                "operationId": f"{method.lower()}_{path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
-                "responses": {
-                    "200": {"description": "OK"},
-                    **{k: {**error, "description": v} for k, v in _ERRORS.items()},
-                },
-            }
-            params = [p.strip("{}") for p in path.split("/") if p.startswith("{")]
-            if params:
-                op["parameters"] = [
-                    {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
-                    for p in params
-                ]
-            if method in ("POST", "DELETE") and path not in ("/health",):
-                op["requestBody"] = {
-                    "required": False,
-                    "content": {"application/json": {"schema": {"type": "object"}}},
-                }
-            paths.setdefault(path, {})[method.lower()] = op
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": name,
-            "version": "1",
-            "description": "The agentclaims gateway: OpenAI-compatible completions with claims, and the claims API (docs/gateway.md).",
-        },
-        "paths": paths,
-        "components": {
-            "schemas": {
-                "Error": {
-                    "type": "object",
-                    "required": ["error"],
-                    "properties": {
-                        "error": {
-                            "type": "object",
-                            "required": ["type", "message"],
-                            "properties": {
-                                "type": {"type": "string"},
-                                "message": {"type": "string"},
-                                "field": {"type": "string"},
-                            },
-                        }
-                    },
-                }
-            }
-        },
-    }

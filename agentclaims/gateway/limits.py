@@ -32,6 +32,8 @@ class Limits:
     max_string_chars: int = 1_000_000
     max_list_items: int = 200_000
     """Token-id prompts, block-hash lists, claims: no list is longer."""
+    max_prompt_tokens: int = 262_144
+    """Tokens of one prompt, once tokenized (a real engine's own limit applies too)."""
 
 
 def _depth(raw: bytes) -> int:

@@ -73,6 +73,55 @@ class _Snapshot(Collector):
             mode, _, state = key.partition("/")
             claims.add_metric([mode, state], n)
         yield claims
+        yield from _service_families(snap)
+
+
+_TENANT_COUNTS = {
+    "requests": "Completions served or refused, per tenant",
+    "refused": "Active requests refused, per tenant",
+    "deferred": "Active requests deferred, per tenant",
+    "claims_refused": "Claims refused over the tenant's limits, per tenant",
+}
+
+
+def _service_families(snap: Mapping[str, Any]) -> Iterator[Metric]:
+    """Per tenant (with ``--api-keys``), harm by cause and the ledger (with a ledger)."""
+    tenants = snap.get("tenants")
+    if tenants is not None:
+        for what, doc in _TENANT_COUNTS.items():
+            family = CounterMetricFamily(f"agentclaims_tenant_{what}", doc, labels=["tenant"])
+            for name, figures in tenants.items():
+                family.add_metric([name], figures.get(what, 0))
+            yield family
+        for what, doc in (
+            ("live_claims", "Live claims, per tenant"),
+            ("protected_blocks", "Blocks covered by live protected claims, per tenant"),
+        ):
+            gauge = GaugeMetricFamily(f"agentclaims_tenant_{what}", doc, labels=["tenant"])
+            for name, figures in tenants.items():
+                gauge.add_metric([name], figures.get(what, 0))
+            yield gauge
+    harm = snap.get("harm")
+    if harm is not None:
+        family = CounterMetricFamily(
+            "agentclaims_claims_harmed",
+            "Claims harmed, by tenant and cause",
+            labels=["tenant", "cause"],
+        )
+        for row in harm:
+            family.add_metric([row["tenant"], row["cause"]], row["claims"])
+        yield family
+    ledger = snap.get("ledger")
+    if ledger is not None:
+        yield CounterMetricFamily(
+            "agentclaims_ledger_writes", "Ledger transactions committed", value=ledger["writes"]
+        )
+        yield CounterMetricFamily(
+            "agentclaims_ledger_write_seconds", "Time spent committing", value=ledger["write_s"]
+        )
+        yield GaugeMetricFamily(
+            "agentclaims_ledger_last_seq", "The event stream's last seq", value=ledger["last_seq"]
+        )
 
 
 class GatewayMetrics:

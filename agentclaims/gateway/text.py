@@ -16,7 +16,15 @@ from agentclaims.engine.blocks import blake2b_hash
 from agentclaims.engine.tokenizer import content_text
 from agentclaims.errors import UsageError
 
-__all__ = ["Reply", "Script", "ScriptedModel", "TextRequest", "TextSide", "ToolCall"]
+__all__ = [
+    "Reply",
+    "Script",
+    "ScriptedModel",
+    "TextRequest",
+    "TextSide",
+    "ToolCall",
+    "load_script",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,3 +160,50 @@ class ScriptedModel:
         if not isinstance(entry, Reply):
             raise UsageError("script", f"returned {entry!r}, expected a Reply, a str or None")
         return entry
+
+
+def load_script(text: str, *, where: str = "script") -> dict[str, list[Reply | str]]:
+    """A node-keyed script from JSON (``agentclaims serve --script FILE``): ``{node: [reply,
+    ...]}``, each reply a string, ``{"tool": name, "arguments": {...}}``, or ``{"content": str
+    | null, "tool_calls": [{"name": ..., "arguments": {...}}, ...]}``."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(where, f"not JSON: {exc.msg} at line {exc.lineno}") from None
+    if not isinstance(data, dict) or not data:
+        raise UsageError(where, "expected a non-empty object {node: [reply, ...]}")
+    script: dict[str, list[Reply | str]] = {}
+    for node, turns in data.items():
+        if not isinstance(turns, list) or not turns:
+            raise UsageError(f"{where}[{node!r}]", "must be a non-empty list of replies")
+        script[node] = [_reply(entry, f"{where}[{node!r}][{i}]") for i, entry in enumerate(turns)]
+    return script
+
+
+def _reply(entry: Any, where: str) -> Reply | str:
+    if isinstance(entry, str):
+        return entry
+    if not isinstance(entry, dict):
+        raise UsageError(where, f"expected a string or an object, got {entry!r}")
+    if "tool" in entry:
+        calls = [{"name": entry["tool"], "arguments": entry.get("arguments") or {}}]
+        content = entry.get("content")
+    else:
+        calls = entry.get("tool_calls") or []
+        content = entry.get("content")
+    if content is not None and not isinstance(content, str):
+        raise UsageError(f"{where}.content", f"must be a string or null, got {content!r}")
+    if not isinstance(calls, list):
+        raise UsageError(f"{where}.tool_calls", "must be a list")
+    tool_calls = []
+    for j, call in enumerate(calls):
+        name = call.get("name") if isinstance(call, dict) else None
+        arguments = call.get("arguments") if isinstance(call, dict) else None
+        if not isinstance(name, str) or not name:
+            raise UsageError(f"{where}.tool_calls[{j}].name", "must be a non-empty string")
+        if arguments is not None and not isinstance(arguments, dict):
+            raise UsageError(f"{where}.tool_calls[{j}].arguments", "must be an object")
+        tool_calls.append(ToolCall(name, dict(arguments or {})))
+    if content is None and not tool_calls:
+        raise UsageError(where, "a reply needs content or tool calls")
+    return Reply(content=content, tool_calls=tuple(tool_calls))

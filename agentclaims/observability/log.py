@@ -45,7 +45,9 @@ __all__ = [
     "WorkflowLog",
 ]
 
-ReactionKind = Literal["defer", "reroute", "relax", "fail", "refuse", "renew", "replan", "drop"]
+ReactionKind = Literal[
+    "defer", "reroute", "relax", "fail", "refuse", "renew", "replan", "drop", "failover"
+]
 #: The session's reactions to an outcome or event; each is logged as ``reaction_<kind>``.
 REACTION_KINDS: Final[tuple[str, ...]] = (
     "defer",
@@ -56,11 +58,12 @@ REACTION_KINDS: Final[tuple[str, ...]] = (
     "renew",
     "replan",
     "drop",
+    "failover",
 )
 SESSION_EVENTS: Final[tuple[str, ...]] = ("session_started", "session_ended")
 #: Fields the log itself writes on every line; callers may not pass them.
 ENVELOPE_FIELDS: Final[frozenset[str]] = frozenset(
-    {"event", "session_id", "timestamp", "ts_ns", "workflow_id"}
+    {"event", "session_id", "thread_id", "timestamp", "ts_ns", "workflow_id"}
 )
 
 # One lock for every sink: lines of workflows sharing a stream never interleave, and a line is
@@ -177,9 +180,12 @@ class WorkflowLog:
         stream: TextIO | str | os.PathLike[str] | None = None,
         clock: Callable[[], int] = time.time_ns,
         monotonic: Callable[[], int] = time.monotonic_ns,
+        thread_id: str | None = None,
     ) -> None:
         _check_name("workflow_id", workflow_id)
         _check_name("session_id", session_id)
+        if thread_id is not None:
+            _check_name("thread_id", thread_id)
         if directory is None and stream is None:
             raise UsageError("directory", "give a directory, a stream, or both")
         if directory is not None and (
@@ -223,6 +229,9 @@ class WorkflowLog:
             context_class=dict,
             cache_logger_on_first_use=False,
         ).bind(workflow_id=workflow_id, session_id=session_id)
+        if thread_id is not None:
+            self._logger = self._logger.bind(thread_id=thread_id)
+        self.thread_id = thread_id
 
     @staticmethod
     def _open(field: str, path: Path) -> TextIO:

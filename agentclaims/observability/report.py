@@ -69,6 +69,20 @@ _COUNTS = (
     "recomputed_tokens",
 )
 _SECONDS = ("deferral_s", "tool_s")
+#: What a claim's timeline keeps of each line about it.
+_TIMELINE_FIELDS = (
+    "node",
+    "mode",
+    "protection_mode",
+    "state",
+    "reason",
+    "ttl_s",
+    "tool",
+    "duration_s",
+    "held_s",
+    "outcome",
+    "cause",
+)
 
 
 @dataclass
@@ -82,14 +96,26 @@ class _Workflow:
     claim_events: dict[str, list[ClaimEvent]] = field(default_factory=dict)
     started_ns: int | None = None
     ended_ns: int | None = None
+    status: str | None = None
+    error: str | None = None
+    thread_id: str | None = None
+    timelines: dict[str, list[tuple[int | None, str, dict[str, Any]]]] = field(default_factory=dict)
 
     def add(self, line: dict[str, Any], ev: ClaimEvent | None, path: str) -> None:
         event = line["event"]
         self.counts["lines"] += 1
         self.files[path] = None
         self.session_ids[str(line.get("session_id"))] = None
+        if isinstance(line.get("thread_id"), str):
+            self.thread_id = line["thread_id"]
         if ev is not None and ev.claim_id is not None:
             self.claim_events.setdefault(ev.claim_id, []).append(ev)
+        self._timeline(line)
+        if event == "session_ended":
+            reason = line.get("reason")
+            error = line.get("error")
+            self.status = reason if isinstance(reason, str) else ("error" if error else "completed")
+            self.error = error if isinstance(error, str) else None
         counter = _EVENT_COUNTERS.get(event)
         if counter is not None:
             self.counts[counter] += 1
@@ -106,6 +132,35 @@ class _Workflow:
                 self.started_ns = ts
             elif event == "session_ended":
                 self.ended_ns = ts
+
+    def _timeline(self, line: dict[str, Any]) -> None:
+        """Add ``line`` to the timeline of each claim it names."""
+        event = line["event"]
+        ids = [line["claim_id"]] if isinstance(line.get("claim_id"), str) else []
+        if event == "tool_call" and isinstance(line.get("claim_ids"), list):
+            ids = [c for c in line["claim_ids"] if isinstance(c, str)]
+        ts = line.get("ts_ns") if isinstance(line.get("ts_ns"), int) else None
+        detail = {k: line[k] for k in _TIMELINE_FIELDS if line.get(k) is not None}
+        for claim_id in ids:
+            self.timelines.setdefault(claim_id, []).append((ts, event, detail))
+
+    def claim_timelines(self) -> dict[str, dict[str, Any]]:
+        """Per claim: its node and mode, each line about it (seconds after the session
+        started, in log order) and how it ended."""
+        origin = self.started_ns
+        out: dict[str, dict[str, Any]] = {}
+        for claim_id, entries in self.timelines.items():
+            steps = []
+            node = mode = end = None
+            for ts, event, detail in entries:
+                at = None if ts is None or origin is None else round((ts - origin) / 1e9, 6)
+                steps.append({"t_s": at, "event": event, **detail})
+                node = node or detail.get("node")
+                mode = detail.get("mode") or detail.get("protection_mode") or mode
+                if event == "claim_ended":
+                    end = detail.get("reason")
+            out[claim_id] = {"node": node, "mode": mode, "end_reason": end, "events": steps}
+        return out
 
     def summary(self) -> dict[str, Any]:
         by_mode: Counter[str] = Counter()
@@ -136,6 +191,10 @@ class _Workflow:
             duration_s=duration,
             session_ids=list(self.session_ids),
             files=list(self.files),
+            status=self.status,
+            error=self.error,
+            thread_id=self.thread_id,
+            claim_timelines=self.claim_timelines(),
         )
         return out
 
@@ -225,8 +284,14 @@ def summarise(paths: Iterable[str | os.PathLike[str]]) -> dict[str, Any]:
                 workflow = workflows[line["workflow_id"]] = _Workflow()
             workflow.add(line, ev, name)
     summaries = {wf: workflows[wf].summary() for wf in sorted(workflows)}
+    threads: dict[str, list[str]] = {}
+    for wf in sorted(summaries, key=lambda wf: (workflows[wf].started_ns or 0, wf)):
+        thread = summaries[wf]["thread_id"]
+        if thread is not None:
+            threads.setdefault(thread, []).append(wf)
     return {
         "workflows": summaries,
+        "threads": threads,
         "totals": _grand_totals(summaries),
         "malformed_lines": malformed,
         "malformed": listed,
@@ -254,6 +319,10 @@ def _grand_totals(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         claims=counts["claims"],
         claims_by_mode=dict(sorted(by_mode.items())),
         claims_by_state=dict(sorted(by_state.items())),
+        not_completed={
+            status: sum(1 for s in summaries.values() if s["status"] == status)
+            for status in ("error", "cancelled", "closed")
+        },
         max_duration_s=max(durations) if durations else None,
         mean_duration_s=sum(durations) / len(durations) if durations else None,
     )

@@ -16,9 +16,12 @@ from agentclaims.errors import (
     AgentClaimsError,
     BackendError,
     ContractViolation,
+    Forbidden,
     IllegalTransition,
     OperationNotExposed,
     ScopeViolation,
+    ServiceUnavailable,
+    Unauthorized,
     UnknownClaim,
     UsageError,
 )
@@ -65,14 +68,22 @@ def exception_error(exc: AgentClaimsError) -> tuple[int, dict[str, Any]]:
         return 409, error_body("contract_violation", str(exc))
     if isinstance(exc, OperationNotExposed):
         return 501, error_body("not_exposed", str(exc), operation=exc.operation)
+    if isinstance(exc, Unauthorized):
+        return 401, error_body("unauthorized", str(exc))
+    if isinstance(exc, Forbidden):
+        return 403, error_body("forbidden", str(exc))
+    if isinstance(exc, ServiceUnavailable):
+        return 503, error_body("unavailable", str(exc))
     return 500, error_body("internal_error", str(exc))
 
 
 def refusal_error(
-    outcome: ActiveOutcome, prefix_ids: Mapping[str, Any]
+    outcome: ActiveOutcome, prefix_ids: Mapping[str, Any], *, router_safe: bool = False
 ) -> tuple[int, dict[str, str], dict[str, Any]]:
     """Status, headers and body for an active request the arbiter did not serve: 503 with
-    ``Retry-After`` when deferred (it will fit later), 409 when refused or over capacity."""
+    ``Retry-After`` when deferred (it will fit later), 409 when refused or over capacity.
+    ``router_safe``: a deferral is a 409 too (same body and retry hint), since a router in
+    front retries a 503 on the same worker and then counts it as the worker failing."""
     kind = ACTIVE_REQUEST_DEFERRED if outcome.deferred else ACTIVE_REQUEST_REFUSED
     body = error_body(
         kind,
@@ -92,7 +103,7 @@ def refusal_error(
     if outcome.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(outcome.retry_after_s)))
         headers["retry-after-ms"] = str(max(1, round(outcome.retry_after_s * 1000)))
-    return 503, headers, body
+    return 409 if router_safe else 503, headers, body
 
 
 def outcome_from_error(body: object) -> ActiveOutcome | None:
@@ -129,4 +140,10 @@ def raise_for_error(status: int, body: object) -> NoReturn:
         raise ContractViolation(message)
     if kind == "not_exposed":
         raise OperationNotExposed(str(err.get("backend", "gateway")), str(err.get("operation")))
+    if kind == "unauthorized":
+        raise Unauthorized(message)
+    if kind == "forbidden":
+        raise Forbidden(message)
+    if kind == "unavailable":
+        raise ServiceUnavailable(message)
     raise BackendError(f"HTTP {status} {kind}: {message}")

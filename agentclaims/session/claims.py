@@ -29,7 +29,13 @@ from agentclaims.contract import (
     ProtectionMode,
     ReuseHint,
 )
-from agentclaims.errors import BackendError, ClaimOutcomeError, ClaimRefused, UsageError
+from agentclaims.errors import (
+    BackendError,
+    BackendUnavailable,
+    ClaimOutcomeError,
+    ClaimRefused,
+    UsageError,
+)
 from agentclaims.lowering import MappingResult, honours, trusted_modes
 from agentclaims.planner import ClaimPlan, PlannerPolicy, PrefixContext, relax_mode
 from agentclaims.protocol import Renewal
@@ -114,11 +120,29 @@ class ClaimIO:
         self._backend_facts: dict[str, tuple[CacheIdentity, dict[ProtectionMode, Any]]] = {}
         self._cursor: dict[str, int] = {}
         self._harmed: set[str] = set()  # claims whose harm was counted
+        self.calling: str | None = None
+        """The node of the LLM call in flight (reactions to it are logged under it)."""
+        self.request_nodes: dict[str, str] = {}  # request id -> node, for its events' lines
+        self.last_refusal: str | None = None
+        """Why the backend last refused a claim or a renewal (its reason)."""
 
     def log_reaction(self, kind: str, **fields: Any) -> None:
         log = self._log()
         if log is not None:
+            if fields.get("node") is None:
+                fields["node"] = self.node_of(fields.get("claim_id"), fields.get("request_id"))
             log.reaction(kind, **fields)
+
+    def node_of(self, claim_id: str | None, request_id: str | None = None) -> str | None:
+        """The node a claim (or a request) is for, when this session knows it; else the node
+        of the call in flight."""
+        if claim_id is not None:
+            for held in (*self.held.values(), *self.ended):
+                if held.claim_id == claim_id:
+                    return held.node
+        if request_id is not None and request_id in self.request_nodes:
+            return self.request_nodes[request_id]
+        return self.calling
 
     async def _facts(
         self, backend: ClaimsProtocol
@@ -196,11 +220,14 @@ class ClaimIO:
         plan: ClaimPlan,
         ctx: PrefixContext,
         reuse_hint: ReuseHint | None = None,
+        *,
+        strict: bool = False,
     ) -> HeldClaim | None:
         """Submit ``plan`` on ``prefix_id``; a refusal relaxes the mode one step at a time
-        (when the policy allows) or, under ``fail``, raises ``ClaimRefused``. ``reuse_hint``
-        (what the workflow knows about the next use) travels on the claim. A mode the
-        backend does not honour (its lowering's class) is never submitted: see ``_unproven``."""
+        (when the policy allows) or, under ``fail``, raises ``ClaimRefused``; ``strict``: a
+        refusal just answers ``None`` (its reason in ``last_refusal``). ``reuse_hint`` (what the
+        workflow knows about the next use) travels on the claim. A mode the backend does not
+        honour (its lowering's class) is never submitted: see ``_unproven``."""
         mode: ProtectionMode | None = plan.mode
         st = self.stats
         verdicts = await self.lowering(backend)
@@ -249,6 +276,9 @@ class ClaimIO:
                     state=decision.state.value,
                 )
             st.claims_refused += 1
+            self.last_refusal = decision.reason or "refused"
+            if strict:
+                return None
             if self.reaction.on_refused == "fail":
                 st.fails += 1
                 self.log_reaction("fail", claim_id=claim_id, outcome=decision.reason, node=node)
@@ -276,6 +306,7 @@ class ClaimIO:
         try:
             view = await backend.renew_claim(held.claim_id, self.owner_scope, Renewal(ttl_s=ttl_s))
         except (ClaimOutcomeError, UsageError, BackendError) as exc:
+            self.last_refusal = str(exc)
             self.log_reaction("renew", claim_id=held.claim_id, outcome="refused", error=str(exc))
             return False
         held.plan = ClaimPlan(held.plan.mode, ttl_s, held.plan.reason)
@@ -296,6 +327,10 @@ class ClaimIO:
             _log.warning("claim_release_failed", claim_id=held.claim_id, error=repr(exc))
             held.state = "unknown"
         self.ended.append(held)
+        self.log_end(held, reason)
+
+    def log_end(self, held: HeldClaim, reason: str, **extra: Any) -> None:
+        """Log that ``held`` ended (``claim_ended``): why, its last state, how long held."""
         log = self._log()
         if log is not None:
             log.claim_ended(
@@ -306,7 +341,17 @@ class ClaimIO:
                 state=held.state,
                 reason=reason,
                 held_s=round(max(0.0, self.clock() - held.since), 6),
+                **extra,
             )
+
+    def lose(self, held: HeldClaim, reason: str) -> None:
+        """``held`` is gone with the instance that held it (nothing to release): ended, with
+        ``reason``, and logged like any other end."""
+        if self.held.get(held.node) is held:
+            del self.held[held.node]
+        held.end_reason, held.state = reason, "unknown"
+        self.ended.append(held)
+        self.log_end(held, reason)
 
     async def take_events(self, backends: Sequence[ClaimsProtocol]) -> EventOutcomes:
         """Take this session's new events from ``backends``: log each, bring the held claims'
@@ -320,11 +365,23 @@ class ClaimIO:
         for backend in backends:
             since = self._cursor.get(backend.name, 0)
             while True:
-                page = await backend.events(since, id_prefix=self.session_id)
+                try:
+                    page = await backend.events(since, id_prefix=self.session_id)
+                except BackendUnavailable as exc:
+                    # read again next round from the same cursor; an instance that stays
+                    # gone is failed over, its claims reported lost (FleetBackend)
+                    _log.warning("events_unavailable", backend=backend.name, error=repr(exc))
+                    break
                 for ev in page.events:
                     out.events.append(ev)
                     if log is not None:
-                        log.claim_event(ev, backend=backend.name)
+                        known = by_id.get(ev.claim_id) if ev.claim_id else None
+                        node = (
+                            known.node
+                            if known is not None
+                            else self.request_nodes.get(ev.request_id or "")
+                        )
+                        log.claim_event(ev, backend=backend.name, node=node)
                     self._apply(ev, by_id.get(ev.claim_id) if ev.claim_id else None, out)
                 if page.next_since <= since:
                     break

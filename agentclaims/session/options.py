@@ -30,6 +30,10 @@ class SessionOptions(TypedDict, total=False):
     workflow_id: str | None
     """Names the run in logs and in its owner scope (``workflow:<workflow_id>``); a non-empty
     string. Default: a fresh ``wf-<12 hex digits>``."""
+    thread_id: str | None
+    """The conversation this run is a turn of (a non-empty string), written on every log line
+    so that ``agentclaims report`` links the turns. Default: none; a ``ClaimedGraph`` takes
+    each run's ``config["configurable"]["thread_id"]``."""
     graph: AgentExecutionGraph | None
     """The workflow's Agent Execution Graph. Default: an empty one, learned online from the
     calls the session sees (a ``ClaimedGraph`` passes the graph extracted from LangGraph)."""

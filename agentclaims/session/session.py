@@ -29,6 +29,7 @@ from agentclaims.errors import (
     BackendUnavailable,
     ClaimHarmed,
     ClaimOutcomeError,
+    UnknownNameError,
     UsageError,
 )
 from agentclaims.graph import AgentExecutionGraph, ToolTimeModel
@@ -36,6 +37,7 @@ from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixCo
 from agentclaims.protocol import ActiveOutcome, ClaimsProtocol
 from agentclaims.session.claims import ClaimIO, EventOutcomes, HeldClaim
 from agentclaims.session.reactions import ReactionPolicy
+from agentclaims.session.toolhold import Wanted, hold_for_tool
 from agentclaims.session.workflow import WorkflowModel, wait_key
 
 if TYPE_CHECKING:
@@ -43,10 +45,32 @@ if TYPE_CHECKING:
     from agentclaims.backends.pool import BackendPool
     from agentclaims.observability import WorkflowLog
 
-__all__ = ["ClaimedSession", "HeldClaim", "SessionStats", "current_session"]
+__all__ = ["END_REASONS", "ClaimedSession", "HeldClaim", "SessionStats", "current_session"]
+
+END_REASONS = ("completed", "error", "cancelled", "closed")
+"""How a session's run ended (``ClaimedSession.end_reason``, ``session_ended.reason``)."""
 
 _current: ContextVar[ClaimedSession | None] = ContextVar("agentclaims_session", default=None)
 _current_node: ContextVar[str | None] = ContextVar("agentclaims_node", default=None)
+_in_tool: ContextVar[bool] = ContextVar("agentclaims_in_tool", default=False)
+
+
+def in_explicit_tool_call() -> bool:
+    """Whether the code running is inside ``async with session.tool_call(...)``."""
+    return _in_tool.get()
+
+
+@dataclass(slots=True)
+class ToolRun:
+    """One tool call in progress (``ClaimedSession.start_tool``)."""
+
+    tool: str
+    agent: str
+    predicted_s: float
+    held: HeldClaim | None
+    started: float
+    error: str | None = None
+
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -99,6 +123,7 @@ class ClaimedSession:
         backend: Backend | BackendPool,
         *,
         workflow_id: str | None = None,
+        thread_id: str | None = None,
         graph: AgentExecutionGraph | None = None,
         planner: ClaimPlanner | PlannerPolicy | str = "default",
         reaction: ReactionPolicy | str = "defer",
@@ -121,6 +146,8 @@ class ClaimedSession:
             raise UsageError("backend", f"expected a Backend or BackendPool, got {backend!r}")
         if workflow_id is not None and (not isinstance(workflow_id, str) or not workflow_id):
             raise UsageError("workflow_id", f"must be a non-empty string, got {workflow_id!r}")
+        if thread_id is not None and (not isinstance(thread_id, str) or not thread_id):
+            raise UsageError("thread_id", f"must be a non-empty string, got {thread_id!r}")
         if graph is not None and not isinstance(graph, AgentExecutionGraph):
             raise UsageError(
                 "graph", f"expected an AgentExecutionGraph, got {type(graph).__name__}"
@@ -150,6 +177,9 @@ class ClaimedSession:
 
         self.workflow_id = workflow_id or f"wf-{uuid.uuid4().hex[:12]}"
         self.session_id = f"s-{uuid.uuid4().hex[:12]}"
+        self.thread_id = thread_id
+        """The conversation the run belongs to (LangGraph's ``configurable.thread_id``): on
+        every log line, so the turns of one thread can be linked."""
         self.owner_scope = OwnerScope(f"workflow:{self.workflow_id}")
         self.planner = planner
         self.reaction = reaction
@@ -175,6 +205,8 @@ class ClaimedSession:
             lambda: self.log,
         )
         self._backend: Backend | None = None if self.pool is not None else backend  # type: ignore[assignment]
+        self._moved: str | None = None
+        """``reroute`` or ``failover`` until the next call has been logged."""
         self._log_dir = None if log_dir is None else Path(log_dir)
         self._log_stream = log_stream
         self.log: WorkflowLog | None = None
@@ -184,8 +216,28 @@ class ClaimedSession:
         self._lock = asyncio.Lock()
         self._background: asyncio.Future[None] | None = None
         self._requests = itertools.count(1)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The event loop the session runs on (set when it is entered): synchronous code in
+        the workflow (a ``def`` node calling ``model.invoke()``) sends its calls there."""
+        self.end_reason: str | None = None
+        """How the run ended, once it has: ``completed``, ``error``, ``cancelled`` or
+        ``closed`` (a stream left early: ``break``, ``aclose()``)."""
+        self._ending: str | None = None
+        self.wanted: dict[str, Wanted] = {}
+        """Per node, the claim the planner wanted and the backend refused (relaxed or none):
+        the next tool call of that node reacts to it (``agentclaims.session.toolhold``)."""
+        self.tool_defer_odds = 0.5
+        """The odds that waiting for a refused claim before a tool ends in the claim (an EWMA
+        over this session's such waits, ``agentclaims.session.toolhold``)."""
+        self.last_agent: str | None = None
+        """The node of the latest LLM call: the agent a tool run by LangGraph serves."""
 
     # ------------------------------------------------------------------ views
+    @property
+    def log_path(self) -> Path | None:
+        """This run's outcome log file (``<log_dir>/<workflow_id>.jsonl``), with ``log_dir``."""
+        return None if self._log_dir is None else self._log_dir / f"{self.workflow_id}.jsonl"
+
     @property
     def graph(self) -> AgentExecutionGraph:
         return self.workflow.graph
@@ -231,27 +283,57 @@ class ClaimedSession:
             from agentclaims.observability import WorkflowLog
 
             self.log = WorkflowLog(
-                self.workflow_id, self.session_id, directory=self._log_dir, stream=self._log_stream
+                self.workflow_id,
+                self.session_id,
+                directory=self._log_dir,
+                stream=self._log_stream,
+                thread_id=self.thread_id,
             )
         self._started = self.clock()
+        self.loop = asyncio.get_running_loop()
         self._token = _current.set(self)
         self._log_session("session_started", backend=self.backend.name)
         return self
 
+    def ending(self, reason: str) -> None:
+        """Say why the run is about to end, before cancelling it (``closed``: its stream was
+        left early); ``session_ended`` then logs this reason instead of ``cancelled``."""
+        if reason not in END_REASONS:
+            raise UnknownNameError("reason", reason, END_REASONS)
+        self._ending = reason
+
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if self._closed:
+            return  # ended once already
+        self._closed = True
+        if exc is None:
+            reason = "completed"
+        elif isinstance(exc, GeneratorExit):
+            reason = "closed"
+        elif isinstance(exc, asyncio.CancelledError):
+            reason = self._ending or "cancelled"
+        else:
+            reason = self._ending if self._ending == "closed" else "error"
+        self.end_reason = reason
         try:
             # release even when the workflow was cancelled: shield the cleanup
             await asyncio.shield(self.release_all())
         finally:
-            self._closed = True
-            _current.reset(self._token)
+            with contextlib.suppress(ValueError):
+                # a stream closed later runs this in another context (the token is not its
+                # own there): nothing is set in that context, so nothing needs resetting
+                _current.reset(self._token)
             if self.pool is not None:
                 self.pool.release(self.session_id)  # its affinity no longer counts as load
             self._log_session(
                 "session_ended",
+                reason=reason,
                 duration_s=round(self.clock() - self._started, 6),
-                error=None if exc is None else type(exc).__name__,
+                error=None if exc is None or reason == "closed" else type(exc).__name__,
                 hit_ratio=round(self.stats.hit_ratio, 6),
+                llm_calls=self.stats.llm_calls,
+                tool_calls=self.stats.tool_calls,
+                claims_submitted=self.stats.claims_submitted,
             )
             if self.log is not None:
                 self.log.close()
@@ -272,12 +354,15 @@ class ClaimedSession:
                 await self._react(await self.io.take_events(self._backends()), lapses=False)
             except ClaimHarmed as exc:
                 harmed = exc
+            except BackendUnavailable:
+                pass  # a backend gone away tells no events; its claims are still let go below
             finally:
                 held = list(self.io.held.values())
                 self.io.held.clear()
                 for claim in held:
                     await self.io.release(self._backend_named(claim.backend), claim, reason)
-                await self.io.take_events(self._backends())
+                with contextlib.suppress(BackendUnavailable):
+                    await self.io.take_events(self._backends())
         if harmed is not None:
             raise harmed
 
@@ -307,13 +392,17 @@ class ClaimedSession:
 
     def before_call(self, node: str, step: int | None = None) -> dict[str, Any]:
         """Bookkeeping before an LLM call by ``node``; returns the request's extension object."""
+        self.last_agent = node
+        request_id = f"{self.session_id}-r{next(self._requests)}"
+        self.io.calling = node
+        self.io.request_nodes[request_id] = node
         return {
             "session_id": self.session_id,
             "workflow_id": self.workflow_id,
             "owner_scope": self.owner_scope,
             "node": node,
             "step": self.workflow.before_call(node, step),
-            "request_id": f"{self.session_id}-r{next(self._requests)}",
+            "request_id": request_id,
         }
 
     async def after_call(
@@ -327,6 +416,9 @@ class ClaimedSession:
         request_id: str | None = None,
     ) -> None:
         """Record an answered call and re-plan the claim on ``node``'s conversation prefix."""
+        answered = getattr(self.backend, "answered_by", None)
+        if callable(answered):  # a fleet: the instance the answer names (streamed ones too)
+            answered(extension)
         prompt = int(usage.get("prompt_tokens") or 0)
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         st = self.stats
@@ -338,7 +430,9 @@ class ClaimedSession:
         ste = self.workflow.near_ste(node)
         step = self.workflow.after_call(node, tool_names)
         if self.log is not None:
+            covering = self.io.held.get(node)  # the claim that held this call's prefix
             self.log.llm_call(
+                claim_id=None if covering is None else covering.claim_id,
                 node=node,
                 request_id=request_id or "",
                 backend=self.backend.name,
@@ -348,6 +442,7 @@ class ClaimedSession:
                 latency_s=round(latency_s, 6),
                 step=step,
                 ste=ste,
+                **self._hop_fields(),
             )
         previous = self._background
 
@@ -397,10 +492,15 @@ class ClaimedSession:
         ctx: PrefixContext,
         hint: ReuseHint | None = None,
     ) -> None:
+        self.wanted.pop(node, None)
         if plan.mode is not None:
+            self.io.last_refusal = None
             held = await self.io.submit(self.backend, node, prefix_id, plan, ctx, hint)
             if held is not None:
                 self.io.held[node] = held
+            if held is None or held.plan.mode is not plan.mode:
+                # refused (relaxed, or dropped): a tool call next reacts to it (toolhold)
+                self.wanted[node] = Wanted(prefix_id, plan, ctx, self.io.last_refusal)
 
     async def _revise_others(self, node: str) -> None:
         """Release claims of other nodes whose reuse became unlikely."""
@@ -419,6 +519,7 @@ class ClaimedSession:
                 del self.io.held[held.node]
                 held.end_reason = "harmed"
                 self.io.ended.append(held)
+                self.io.log_end(held, "harmed", cause=ev.data.get("cause"))
             cause = ev.data.get("cause")
             if self.reaction.on_harmed == "fail":
                 self.stats.fails += 1
@@ -474,9 +575,53 @@ class ClaimedSession:
             return False
         await self.release_all(reason="rerouted")
         self._backend = new
+        self._moved = "reroute"
         self.stats.reroutes += 1
         self.log_reaction(
             "reroute", outcome=outcome.to_dict(), from_backend=old.name, to_backend=new.name
+        )
+        return True
+
+    def _hop_fields(self) -> dict[str, Any]:
+        """On the first call after a reroute or failover: which (its prefix is computed again
+        on the new instance: ``recomputed_tokens`` says how much); behind a router, the
+        instance that answered."""
+        out: dict[str, Any] = {}
+        instance = getattr(self.backend, "instance", None)
+        if isinstance(instance, str):
+            out["instance"] = instance
+        if self._moved is not None:
+            out["after"], self._moved = self._moved, None
+        return out
+
+    async def failover(self, reason: str) -> bool:
+        """The instance serving this session stopped answering (a fleet behind a router):
+        report its claims lost (never silently: ``claim_ended`` with reason ``instance_lost``
+        and a ``failover`` reaction naming them), then go on under a new routing key, where
+        the next calls re-plan them. False without a fleet, or once out of hops."""
+        from agentclaims.backends.fleet import FleetBackend
+
+        pool = self.pool
+        if not isinstance(pool, FleetBackend):
+            return False
+        instance = pool.instance_of(self.session_id)
+        new = await pool.reroute(self.session_id, failover=True)
+        if new is None:
+            return False
+        await self.sleep(min(2.0, 0.25 * new.hop))  # give the router's health check a moment
+        gone = set(pool.lose_instance(instance)) if instance is not None else set()
+        lost = [h for h in self.io.held.values() if h.claim_id in gone]
+        for held in lost:
+            self.io.lose(held, "instance_lost")
+        self._backend = new
+        self._moved = "failover"
+        self.stats.reroutes += 1
+        self.log_reaction(
+            "failover",
+            reason=reason,
+            from_instance=instance,
+            to_backend=new.name,
+            lost_claims=[h.claim_id for h in lost],
         )
         return True
 
@@ -487,54 +632,87 @@ class ClaimedSession:
             for node, held in list(self.io.held.items()):
                 if held.claim_id not in claim_ids or held.plan.mode is None:
                     continue
-                weaker = relax_mode(held.plan.mode)
-                del self.io.held[node]
-                await self.io.release(self._backend_named(held.backend), held, "relaxed")
-                self.stats.claims_relaxed += 1
-                self.log_reaction(
-                    "relax",
-                    claim_id=held.claim_id,
-                    from_mode=held.plan.mode.value,
-                    to_mode=None if weaker is None else weaker.value,
-                    node=node,
-                )
+                await self.relax_one(node, held, held.plan.ttl_s, "relaxed")
                 relaxed += 1
-                if weaker is not None:
-                    ctx = PrefixContext(held.prefix_id, prefix_blocks(held.prefix_id))
-                    plan = ClaimPlan(weaker, held.plan.ttl_s, "relaxed")
-                    await self._hold(node, held.prefix_id, plan, ctx)
         return relaxed
+
+    async def relax_one(
+        self, node: str, held: HeldClaim, ttl_s: float | None, why: str, **fields: Any
+    ) -> HeldClaim | None:
+        """Let ``held`` (``node``'s claim) go and hold its prefix one mode weaker (with
+        ``ttl_s``), logged ``reaction_relax``; the new claim, if any."""
+        assert held.plan.mode is not None
+        weaker = relax_mode(held.plan.mode)
+        del self.io.held[node]
+        await self.io.release(self._backend_named(held.backend), held, "relaxed")
+        self.stats.claims_relaxed += 1
+        self.log_reaction(
+            "relax",
+            claim_id=held.claim_id,
+            from_mode=held.plan.mode.value,
+            to_mode=None if weaker is None else weaker.value,
+            node=node,
+            **fields,
+        )
+        if weaker is None:
+            return None
+        ctx = PrefixContext(held.prefix_id, prefix_blocks(held.prefix_id))
+        await self._hold(node, held.prefix_id, ClaimPlan(weaker, ttl_s, why), ctx)
+        return self.io.held.get(node)
 
     # ------------------------------------------------------------------ tools
     @contextlib.asynccontextmanager
     async def tool_call(self, tool: str, *, node: str | None = None) -> AsyncIterator[None]:
-        """Hold the calling agent's prefix claim across a tool call; record its real duration."""
+        """Hold the calling agent's prefix claim across a tool call; record its real duration.
+        Tools LangGraph runs (``ToolNode``) inside a claimed graph are recorded the same way
+        without this (``agentclaims.bindings.tools``); inside this block they are not counted
+        twice."""
+        run = await self.start_tool(tool, node=node)
+        token = _in_tool.set(True)
+        try:
+            yield
+        except BaseException as exc:
+            run.error = type(exc).__name__
+            raise
+        finally:
+            _in_tool.reset(token)
+            self.finish_tool(run)
+
+    async def start_tool(
+        self, tool: str, *, node: str | None = None, step_node: str | None = None
+    ) -> ToolRun:
+        """A tool call starts: wait for claim work in flight, renew the agent's claim to the
+        predicted tool time when it is shorter, and, when the claim was refused or cannot be
+        renewed, apply the session's reaction before the tool runs (``toolhold``: defer,
+        reroute, relax, or fail with ``ClaimRefused``). ``node`` is the agent whose prefix waits
+        (default: the last LLM caller), ``step_node`` the graph node running the tool (a
+        LangGraph ``ToolNode``), if any. Pair with ``finish_tool``."""
         if not isinstance(tool, str) or not tool:
             raise UsageError("tool", f"must be a non-empty string, got {tool!r}")
         await self.settle()
-        agent = self.workflow.agent_of_tool(node)
-        predicted = self.workflow.tool_started(tool, agent)
-        held = self.io.held.get(agent)
-        if held is not None and held.plan.ttl_s is not None:
-            want = predicted * self.planner.policy.ttl_margin
-            if want > held.plan.ttl_s:
-                await self.io.renew(self._backend_named(held.backend), held, want)
-        started = self.clock()
-        try:
-            yield
-        finally:
-            duration = max(0.0, self.clock() - started)
-            self.workflow.tool_finished(tool, agent, duration)
-            self.stats.tool_calls += 1
-            if self.log is not None:
-                self.log.tool_call(
-                    tool=tool,
-                    duration_s=round(duration, 6),
-                    predicted_s=round(predicted, 6),
-                    ttl_s=None if held is None else held.plan.ttl_s,
-                    claim_ids=[] if held is None else [held.claim_id],
-                    node=agent,
-                )
+        agent = self.workflow.agent_of_tool(node or self.last_agent)
+        predicted = self.workflow.tool_started(tool, agent, step_node)
+        async with self._lock:
+            held = await hold_for_tool(self, tool, agent, predicted)
+        return ToolRun(tool, agent, predicted, held, self.clock())
+
+    def finish_tool(self, run: ToolRun) -> None:
+        """A tool call ended (``run.error`` names its exception, if any): record its real
+        duration in the wait model, count it, log it."""
+        duration = max(0.0, self.clock() - run.started)
+        self.workflow.tool_finished(run.tool, run.agent, duration)
+        self.stats.tool_calls += 1
+        if self.log is not None:
+            held = run.held
+            self.log.tool_call(
+                tool=run.tool,
+                duration_s=round(duration, 6),
+                predicted_s=round(run.predicted_s, 6),
+                ttl_s=None if held is None else held.plan.ttl_s,
+                claim_ids=[] if held is None else [held.claim_id],
+                node=run.agent,
+                error=run.error,
+            )
 
     # ------------------------------------------------------------------ logging
     def _log_session(self, event: str, **fields: Any) -> None:

@@ -5,14 +5,17 @@ inside a ``ClaimedSession`` is tagged with the session, workflow and node (read 
 run metadata when the call happens inside a graph node, so prebuilt agents work unmodified),
 sent to the session's backend, and its outcome handled: deferrals waited out, refusals answered
 by the session's reaction policy, and the answer's prefix ids turned into the next claim.
-Requests made outside any session pass straight through to the default backend.
+Requests made outside any session pass straight through to the default backend (a refused
+completion there raises ``ClaimRefused`` with the engine's detail). Streamed completions are
+passed through chunk by chunk and read on the way (``_ObservedEvents``); synchronous clients
+use ``SyncClaimsTransport``, which runs the same steps on the session's event loop.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import httpx2
@@ -20,6 +23,7 @@ import httpx2
 from agentclaims.contract import ArbiterAction
 from agentclaims.errors import BackendUnavailable, ClaimRefused, DeadlineExceeded
 from agentclaims.protocol import EXTENSION_KEY, ActiveOutcome, outcome_from_error
+from agentclaims.session.portal import run_sync
 from agentclaims.session.reactions import RetryRequested
 from agentclaims.session.session import ClaimedSession, current_session
 
@@ -28,7 +32,7 @@ if TYPE_CHECKING:
 
     from agentclaims.backends.base import Backend
 
-__all__ = ["ClaimsTransport"]
+__all__ = ["ClaimsTransport", "SyncClaimsTransport"]
 
 _COMPLETIONS = ("/chat/completions", "/completions")
 _DROP_HEADERS = ("content-encoding", "content-length", "transfer-encoding")
@@ -53,41 +57,66 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         self.default = backend
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        session = current_session()
+        return await self.handle(request, current_session(), _langgraph_metadata())
+
+    async def handle(
+        self,
+        request: httpx2.Request,
+        session: ClaimedSession | None,
+        metadata: Mapping[str, Any] | None,
+        content: bytes | None = None,
+    ) -> httpx2.Response:
+        """Send ``request`` (its body ``content`` when already read) for ``session`` (the
+        node from LangGraph's ``metadata``); ``handle_async_request`` reads both from the
+        caller's context, ``SyncClaimsTransport`` passes those of its caller's thread."""
         suffix = self._suffix(request)
-        if session is None or request.method != "POST" or not suffix.endswith(_COMPLETIONS):
-            return await self._forward(self.default, request, suffix, None)
-        body = json.loads(await request.aread() or b"{}")
-        metadata = _langgraph_metadata()
+        if content is None:
+            content = await request.aread()
+        completion = request.method == "POST" and suffix.endswith(_COMPLETIONS)
+        if session is None or not completion:
+            response = await self._forward(self.default, request, suffix, content, stream=True)
+            if completion and response.status_code in (409, 503):
+                raise _refusal(await response.aread(), response.status_code)
+            return _relayed(response, request, response.stream)
+        body = json.loads(content or b"{}")
+        streaming = body.get("stream") is True
         node = session.current_node(metadata)
         step = None if metadata is None else metadata.get("langgraph_step")
         await session.settle()
         ext = session.before_call(node, step)
         body[EXTENSION_KEY] = {**(body.get(EXTENSION_KEY) or {}), **ext}
         started = session.clock()
-        response = await self._send_with_reactions(session, request, suffix, body)
-        content = await response.aread()
-        if response.status_code == 200:
-            data = json.loads(content)
-            message = (data.get("choices") or [{}])[0].get("message") or {}
-            tools = [
-                c["function"]["name"] for c in message.get("tool_calls") or () if "function" in c
-            ]
+        response = await self._send_with_reactions(session, request, suffix, body, streaming)
+        if response.status_code != 200:
+            await response.aread()
+            return _relayed(response, request, httpx2.ByteStream(response.content))
+
+        async def answered(data: Mapping[str, Any], tools: list[str]) -> None:
+            extension = data.get(EXTENSION_KEY) or {}
             await session.after_call(
                 node,
-                data.get(EXTENSION_KEY) or {},
-                data.get("usage") or {},
+                extension,
+                data.get("usage") or extension.get("usage") or {},
                 latency_s=session.clock() - started,
                 tool_names=tools,
                 request_id=data.get("id"),
             )
-        headers = [(k, v) for k, v in response.headers.items() if k.lower() not in _DROP_HEADERS]
-        return httpx2.Response(
-            response.status_code, headers=headers, content=content, request=request
-        )
+
+        if streaming:
+            return _relayed(response, request, _ObservedEvents(response, answered))
+        data = json.loads(await response.aread())
+        message = (data.get("choices") or [{}])[0].get("message") or {}
+        tools = [c["function"]["name"] for c in message.get("tool_calls") or () if "function" in c]
+        await answered(data, tools)
+        return _relayed(response, request, httpx2.ByteStream(response.content))
 
     async def _send_with_reactions(
-        self, session: ClaimedSession, request: httpx2.Request, suffix: str, body: dict[str, Any]
+        self,
+        session: ClaimedSession,
+        request: httpx2.Request,
+        suffix: str,
+        body: dict[str, Any],
+        streaming: bool = False,
     ) -> httpx2.Response:
         def before_sleep(state: tenacity.RetryCallState) -> None:
             delay = state.next_action.sleep if state.next_action is not None else 0.0
@@ -104,7 +133,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                 session.sleep, before_sleep, session.clock
             ):
                 with attempt:
-                    response = await self._forward(session.backend, request, suffix, body)
+                    response = await self._forward_routed(session, request, suffix, body, streaming)
                     if response.status_code in (409, 503):
                         raw = await response.aread()
                         try:
@@ -125,6 +154,36 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                 outcome=exc.outcome,
             ) from None
         raise AssertionError("unreachable: the retry loop returns or raises")
+
+    async def _forward_routed(
+        self,
+        session: ClaimedSession,
+        request: httpx2.Request,
+        suffix: str,
+        body: dict[str, Any],
+        streaming: bool = False,
+    ) -> httpx2.Response:
+        """Forward to the session's backend; behind a router, an instance that does not
+        answer (a transport error, or a 5xx that is not a claim outcome) is failed over to
+        another (``ClaimedSession.failover``), a bounded number of times."""
+        while True:
+            backend = session.backend
+            key = getattr(backend, "key", None)  # a fleet's routing key: also the body's user
+            if isinstance(key, str) and str(body.get("user", key)).startswith(session.session_id):
+                body["user"] = key
+            try:
+                content = json.dumps(body).encode()
+                response = await self._forward(backend, request, suffix, content, stream=streaming)
+            except BackendUnavailable as exc:
+                if await session.failover(str(exc)):
+                    continue
+                raise
+            failed = response.status_code >= 500
+            if failed and outcome_from_error(_json(await response.aread())) is None:
+                reason = f"HTTP {response.status_code} from {backend.name}"
+                if await session.failover(reason):
+                    continue
+            return response
 
     async def _react(self, session: ClaimedSession, outcome: ActiveOutcome) -> None:
         """Decide what to do with a refusal: raise RetryRequested to try again, or fail."""
@@ -148,18 +207,170 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         return path[len(base) :] if path.startswith(base) else path
 
     async def _forward(
-        self, backend: Backend, request: httpx2.Request, suffix: str, body: dict[str, Any] | None
+        self,
+        backend: Backend,
+        request: httpx2.Request,
+        suffix: str,
+        content: bytes,
+        *,
+        stream: bool = False,
     ) -> httpx2.Response:
         client = backend.http_client()
         url = httpx2.URL(backend.base_url.rstrip("/") + suffix).copy_with(query=request.url.query)
-        headers = [
-            (k, v)
-            for k, v in request.headers.items()
-            if k.lower() not in ("host", "content-length")
-        ]
-        content = json.dumps(body).encode() if body is not None else await request.aread()
+        # a backend with its own API key sends it, not the caller's
+        key = _api_key(backend)
+        drop = {"host", "content-length"} | ({"authorization"} if key else set())
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in drop]
+        if key:
+            headers.append(("authorization", f"Bearer {key}"))
         outgoing = client.build_request(request.method, url, headers=headers, content=content)
         try:
-            return await client.send(outgoing)
+            return await client.send(outgoing, stream=stream)
         except httpx2.TransportError as exc:
             raise BackendUnavailable(f"backend {backend.name!r} unreachable: {exc!r}") from exc
+
+
+def _api_key(backend: Backend) -> str | None:
+    key = getattr(backend, "api_key", None)
+    return key if isinstance(key, str) and key else None
+
+
+def _json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _relayed(
+    response: httpx2.Response, request: httpx2.Request, stream: httpx2.AsyncByteStream | Any
+) -> httpx2.Response:
+    """``response`` handed back to the client: its status and headers over ``stream``."""
+    headers = [(k, v) for k, v in response.headers.items() if k.lower() not in _DROP_HEADERS]
+    return httpx2.Response(response.status_code, headers=headers, stream=stream, request=request)
+
+
+def _refusal(raw: bytes, status: int) -> ClaimRefused:
+    """The SDK's own error for a request refused or deferred outside any session (there is
+    no reaction policy to apply): the engine's detail (shortfall, blocking claims) in it."""
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError:
+        parsed = {}
+    outcome = outcome_from_error(parsed) if isinstance(parsed, dict) else None
+    if outcome is None:
+        return ClaimRefused(f"HTTP {status}: {raw[:200].decode(errors='replace')}")
+    return ClaimRefused(
+        f"{outcome.describe()} (outside any ClaimedSession: no reaction applies)", outcome=outcome
+    )
+
+
+Answered = Callable[[Mapping[str, Any], list[str]], Awaitable[None]]
+
+
+class _ObservedEvents(httpx2.AsyncByteStream):
+    """A streamed completion (server-sent events) passed through chunk by chunk, read on
+    the way: the tool calls of its deltas, its usage and the ``agentclaims`` object of its
+    last chunk, handed to ``answered`` once the stream ends (or is closed early)."""
+
+    def __init__(self, response: httpx2.Response, answered: Answered) -> None:
+        self._response = response
+        self._answered = answered
+        self._pending = b""
+        self._final: dict[str, Any] = {}
+        self._tools: dict[int, str] = {}
+        self._done = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.aiter_raw():
+                self._read(chunk)
+                yield chunk
+        finally:
+            await self.aclose()
+
+    def _read(self, chunk: bytes) -> None:
+        self._pending += chunk
+        *lines, self._pending = self._pending.split(b"\n")
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if not payload or payload == b"[DONE]":
+                continue
+            try:
+                data = json.loads(payload)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(data, dict):
+                continue
+            for key in ("id", "usage", EXTENSION_KEY):
+                if data.get(key):
+                    self._final[key] = data[key]
+            for choice in data.get("choices") or ():
+                for call in (choice.get("delta") or {}).get("tool_calls") or ():
+                    name = (call.get("function") or {}).get("name")
+                    if name:
+                        self._tools[int(call.get("index") or 0)] = name
+
+    async def aclose(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        await self._response.aclose()
+        await self._answered(self._final, [self._tools[i] for i in sorted(self._tools)])
+
+
+class SyncClaimsTransport(httpx2.BaseTransport):
+    """The claims transport for synchronous clients (``ChatOpenAI``'s ``invoke``/``stream``
+    from a ``def`` node, ``openai.OpenAI``): each request runs through ``ClaimsTransport`` on
+    the session's event loop (or, outside a session, on the portal's:
+    ``agentclaims.session.portal``), with the session and LangGraph node of the calling
+    thread. A streamed answer is handed back chunk by chunk as the loop reads it."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.inner = ClaimsTransport(backend)
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        content = request.read()
+        session = current_session()
+        metadata = _langgraph_metadata()
+        loop = None if session is None else session.loop
+        response = run_sync(
+            self.inner.handle(request, session, metadata, content), loop=loop, what="invoke"
+        )
+        return httpx2.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_SyncChunks(response, loop),
+            request=request,
+        )
+
+
+class _SyncChunks(httpx2.SyncByteStream):
+    """An async response's body read from synchronous code, a chunk at a time, on ``loop``."""
+
+    def __init__(self, response: httpx2.Response, loop: Any) -> None:
+        self._chunks = response.aiter_raw()
+        self._response = response
+        self._loop = loop
+        self._closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            while True:
+                try:
+                    yield run_sync(_next_chunk(self._chunks), loop=self._loop, what="stream")
+                except StopAsyncIteration:
+                    return
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            run_sync(self._response.aclose(), loop=self._loop, what="stream")
+
+
+async def _next_chunk(chunks: AsyncIterator[bytes]) -> bytes:
+    return await chunks.__anext__()

@@ -156,12 +156,13 @@ class WorkflowModel:
         """The agent whose prefix a tool call waits on: ``node``, else the last caller."""
         return node or (self.last_node if self.last_node not in (START, END) else "agent")
 
-    def tool_started(self, tool: str, agent: str) -> float:
-        """A tool call starts; returns its predicted duration."""
+    def tool_started(self, tool: str, agent: str, step_node: str | None = None) -> float:
+        """A tool call starts (in the graph node ``step_node``, e.g. a ``ToolNode``, else a
+        step of its own, ``tool:<tool>``); returns its predicted duration."""
         if not self._asked_tools.get(agent, True):
             self._tools_without_calls.add(agent)
         predicted = self.tool_times.predict(tool)
-        self.enter_node(f"tool:{tool}", kind="tool")
+        self.enter_node(step_node or f"tool:{tool}", kind="tool")
         return predicted
 
     def tool_finished(self, tool: str, agent: str, duration_s: float) -> None:

@@ -101,8 +101,10 @@ class ConnectorClient:
         max_tokens: int = 4,
         kv_transfer_params: Mapping[str, Any] | None = None,
         tenant: str | None = None,
+        cache_salt: str | None = None,
     ) -> ConnectorAnswer:
-        """One completion over token ids, carrying ``ops`` (signed), temperature 0."""
+        """One completion over token ids, carrying ``ops`` (signed), temperature 0; under
+        ``cache_salt`` when the prefix was served under one (its blocks are then those)."""
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": list(prompt),
@@ -110,6 +112,8 @@ class ConnectorClient:
             "temperature": 0,
             "ignore_eos": True,
         }
+        if cache_salt:
+            body["cache_salt"] = cache_salt
         if kv_transfer_params is not None:
             body["kv_transfer_params"] = dict(kv_transfer_params)
         else:  # always signed: the answer then carries the events after the cursor

@@ -25,7 +25,7 @@ import itertools
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,7 +142,8 @@ class VllmKV:
         self._key = claims_key
         self._connector = ConnectorClient(self.upstream, claims_key, model="", client=self._http)
         """One client, one cursor on the connector's event stream, whatever the tenant."""
-        self._prefixes: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._prefixes: OrderedDict[str, tuple[tuple[int, ...], str | None]] = OrderedDict()
+        """prefix id -> its tokens and the cache salt they were served under."""
         self._max_prefixes = max_prefixes
         self._claims: dict[str, _Claim] = {}
         self._events: list[ClaimEvent] = []
@@ -157,6 +158,8 @@ class VllmKV:
         """vLLM's version (from its /version), known once started."""
         self.lowering = CONNECTOR_DESCRIPTOR
         """What the gateway checks and serves as this KV side's lowering."""
+        self.claim_gate: Callable[[ClaimSpec], str | None] | None = None
+        """Asked about every claim before it is sent: a reason refuses it here (tenant limits)."""
 
     async def start(self) -> None:
         """Once, before anything else: end every hold the connector still has from an earlier
@@ -185,6 +188,15 @@ class VllmKV:
                 raise BackendError(f"vLLM at {self.upstream} serves no model")
             self._model = str(models[0]["id"])
         return self._model
+
+    async def health(self) -> dict[str, Any]:
+        """Whether vLLM answers its ``/health`` (for the gateway's own ``/health``)."""
+        try:
+            response = await self._http.get(self.upstream + "/health", timeout=5.0)
+        except httpx2.TransportError as exc:
+            return {"usable": False, "detail": f"vLLM at {self.upstream} unreachable: {exc!r}"}
+        ok = response.status_code == 200
+        return {"usable": ok, "detail": f"vLLM /health: HTTP {response.status_code}"}
 
     async def _get(self, path: str) -> dict[str, Any]:
         try:
@@ -241,7 +253,7 @@ class VllmKV:
         if not hashes:
             return hashes, None
         pid = prefix_id_of(hashes)
-        self._prefixes[pid] = tuple(tokens[: len(hashes) * self.block_size])
+        self._prefixes[pid] = (tuple(tokens[: len(hashes) * self.block_size]), salt)
         self._prefixes.move_to_end(pid)
         while len(self._prefixes) > self._max_prefixes:
             self._prefixes.popitem(last=False)
@@ -328,10 +340,13 @@ class VllmKV:
             if k not in ("kv_transfer_params", "agentclaims", "cache_salt")
         }
         forwarded["model"] = client.model
+        if cache_salt:  # vLLM's own per-request salt: a tenant's blocks are its own
+            forwarded["cache_salt"] = cache_salt
         wants_ids = bool(body.get("return_token_ids"))
         if tokens is None:
             forwarded["return_token_ids"] = True
-        ops = [self._hold_op(spec) for spec in specs]
+        gated = {spec.claim_id: reason for spec in specs if (reason := self._gated(spec))}
+        ops = [self._hold_op(spec) for spec in specs if spec.claim_id not in gated]
         forwarded["kv_transfer_params"] = {"agentclaims": client.envelope(ops, tenant)}
         status, data = await self._post(_KINDS[kind], forwarded)
         if status != 200 or not isinstance(data, dict):
@@ -347,7 +362,7 @@ class VllmKV:
             if tokens is not None and prompt_pid is None:
                 hashes, prompt_pid = self._register(tokens, cache_salt)
             self._absorb(answer)
-            result = self._result(answer, specs, prompt_pid, hashes)
+            result = self._result(answer, specs, prompt_pid, hashes, gated)
         return UpstreamResult(payload, result)
 
     def _hold_op(self, spec: ClaimSpec) -> dict[str, Any]:
@@ -406,6 +421,7 @@ class VllmKV:
         specs: Sequence[ClaimSpec],
         prompt_pid: str | None,
         hashes: Sequence[BlockHash],
+        gated: Mapping[str, str],
     ) -> ServeResult:
         bs = self.block_size
         rid = RequestId(answer.request_id)
@@ -430,7 +446,12 @@ class VllmKV:
             hit_blocks=hit,
             computed_blocks=max(0, len(hashes) - hit),
         )
-        decisions = tuple(self._decide(spec, answer) for spec in specs)
+        decisions = tuple(
+            self._refuse(spec, gated[spec.claim_id], rid)
+            if spec.claim_id in gated
+            else self._decide(spec, answer)
+            for spec in specs
+        )
         return ServeResult(
             outcome,
             {"prompt": prompt_pid, "sequence": None, "messages": []},
@@ -438,6 +459,36 @@ class VllmKV:
             events_seq=self._seq,
             cached_tokens=answer.cached_tokens,
             block_hashes=tuple(hashes),
+        )
+
+    def _gated(self, spec: ClaimSpec) -> str | None:
+        return None if self.claim_gate is None else self.claim_gate(spec)
+
+    def _refuse(self, spec: ClaimSpec, reason: str, request_id: str | None) -> ClaimDecision:
+        """A claim refused before it reached vLLM: its events and decision, as the engine's."""
+        self._claims[spec.claim_id] = _Claim(spec, ClaimState.REFUSED, 0)
+        self._emit(
+            EventName.RESIDENT_CLAIM_SUBMITTED,
+            spec.claim_id,
+            request_id,
+            protection_mode=spec.protection_mode.value,
+            owner_scope=spec.owner_scope,
+            footprint_blocks=spec.footprint_blocks,
+        )
+        self._emit(
+            EventName.RESIDENT_CLAIM_REJECTED,
+            spec.claim_id,
+            request_id,
+            action=ArbiterAction.REFUSE_RESIDENCY_CLAIM.value,
+            reason=reason,
+            state=ClaimState.REFUSED.value,
+        )
+        return ClaimDecision(
+            ClaimId(spec.claim_id),
+            Decision.REJECTED,
+            ClaimState.REFUSED,
+            ArbiterAction.REFUSE_RESIDENCY_CLAIM,
+            reason,
         )
 
     def _decide(self, spec: ClaimSpec, answer: ConnectorAnswer) -> ClaimDecision:
@@ -476,8 +527,8 @@ class VllmKV:
         await self.start()
         if block_hashes is not None:
             raise OperationNotExposed(self.name, "claims by block hashes (vLLM's are its own)")
-        tokens = self._prefixes.get(spec.object_id)
-        if tokens is None:
+        known = self._prefixes.get(spec.object_id)
+        if known is None:
             raise UsageError("object_id", f"unknown prefix {spec.object_id!r}: serve it first")
         if spec.claim_id in self._claims:
             raise UsageError("claim_id", f"claim {spec.claim_id!r} already exists")
@@ -490,9 +541,14 @@ class VllmKV:
                 ArbiterAction.REFUSE_RESIDENCY_CLAIM,
                 "cache identity mismatch: the claim names another engine's blocks",
             )
+        reason = self._gated(spec)
+        if reason is not None:
+            async with self._lock:
+                return self._refuse(spec, reason, None)
         client = await self._connector_ready()
+        tokens, salt = known
         answer = await client.complete(
-            tokens, [self._hold_op(spec)], max_tokens=1, tenant=spec.owner_scope
+            tokens, [self._hold_op(spec)], max_tokens=1, tenant=spec.owner_scope, cache_salt=salt
         )
         async with self._lock:
             self._absorb(answer)

@@ -299,3 +299,59 @@ async def test_openapi_describes_every_route(backend: EmbeddedBackend) -> None:
     assert renew["parameters"][0]["name"] == "claim_id"
     assert {"400", "404", "409"} <= set(renew["responses"])
     assert all(op["summary"] != path for path, ops in doc["paths"].items() for op in ops.values())
+
+
+async def test_openapi_bodies_are_the_wire_types_schemas(backend: EmbeddedBackend) -> None:
+    """Real requests and answers validate against the request and response schemas
+    /openapi.json states for their route, and a body the gateway refuses does not."""
+    import jsonschema
+
+    http = backend.http_client()
+    doc = (await http.get("/openapi.json")).json()
+
+    def check(method: str, path: str, body: Any, part: str) -> None:
+        op = doc["paths"][path][method]
+        node = (
+            op["requestBody"]["content"]["application/json"]["schema"]
+            if part == "request"
+            else op["responses"]["200"]["content"]["application/json"]["schema"]
+        )
+        schema = {**node, "components": doc["components"]}
+        jsonschema.validate(body, schema)
+
+    chat = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "one two three four five six seven eight"}],
+        "agentclaims": {
+            "session_id": "oa",
+            "claims": [
+                {"claim_id": "oa-1", "object_id": "@prompt", "protection_mode": "soft_priority"}
+            ],
+        },
+    }
+    check("post", "/v1/chat/completions", chat, "request")
+    done = (await http.post("/v1/chat/completions", json=chat)).json()
+    check("post", "/v1/claims/{claim_id}/renew", {"owner_scope": "oa", "ttl_s": 5}, "request")
+    view = (await http.get("/v1/claims/oa-1", params={"owner_scope": "oa"})).json()
+    check("get", "/v1/claims/{claim_id}", view, "response")
+    page = (await http.get("/v1/events")).json()
+    check("get", "/v1/events", page, "response")
+    assert page["events"]
+    identity = (await http.get("/v1/descriptor")).json()["cache_identity"]
+    claim = {
+        "claim_id": "oa-2",
+        "owner_scope": "oa",
+        "object_id": done["agentclaims"]["prefix_ids"]["prompt"],
+        "cache_identity": identity,
+        "footprint_blocks": done["usage"]["prompt_tokens"] // 16 or 1,
+        "protection_mode": "best_effort",
+    }
+    check("post", "/v1/claims", {"claim": claim}, "request")
+    active = {"request_id": "oa-r", "segments": [[1, 2, 3] * 8], "reply_tokens": [4]}
+    check("post", "/v1/active", active, "request")
+    served = (await http.post("/v1/active", json=active)).json()
+    check("post", "/v1/active", served, "response")
+    bad = {"claim": {**claim, "protection_mode": "granite"}}
+    assert (await http.post("/v1/claims", json=bad)).status_code == 400
+    with pytest.raises(jsonschema.ValidationError):
+        check("post", "/v1/claims", bad, "request")

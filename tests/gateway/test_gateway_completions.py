@@ -218,7 +218,19 @@ async def test_completions_accepts_text_and_token_ids(backend: EmbeddedBackend) 
     ("body", "field"),
     [
         ({"model": "m", "messages": [], "stream": False}, "messages"),
-        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}, "stream"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "stream_options": {}},
+            "stream_options",
+        ),
+        (
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "stream": True,
+                "stream_options": {"include_usage": 1},
+            },
+            "stream_options.include_usage",
+        ),
         ({"messages": [{"role": "user", "content": "x"}], "agentclaims": []}, "agentclaims"),
         (
             {"messages": [{"role": "user", "content": "x"}], "agentclaims": {"nod": "a"}},

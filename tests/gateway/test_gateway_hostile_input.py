@@ -5,6 +5,8 @@ one real `agentclaims serve` process for the bytes a socket carries)."""
 from __future__ import annotations
 
 import json
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -70,6 +72,14 @@ CASES: list[tuple[str, str, Any, int, str]] = [
         400,
         "messages.content",
     ),
+    (  # each string within its limit, the prompt over the token limit
+        "POST",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "w " * 200_000}] * 2},
+        400,
+        "messages",
+    ),
+    ("POST", "/v1/completions", {"prompt": "w " * 300_000}, 400, "prompt"),
     (
         "POST",
         "/v1/chat/completions",
@@ -101,7 +111,7 @@ CASES: list[tuple[str, str, Any, int, str]] = [
     (
         "POST",
         "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": "x"}], "stream": True},
+        {"messages": [{"role": "user", "content": "x"}], "stream": 1},
         400,
         "stream",
     ),
@@ -191,16 +201,35 @@ async def test_bad_input_is_a_4xx_naming_it_and_changes_nothing(
     await backend.aclose()
 
 
-def test_a_real_gateway_process_survives_the_table() -> None:
-    """Over real HTTP on loopback, every case of the table is a 4xx and the gateway still
-    serves a normal request afterwards."""
-    with gateway_process("--blocks", "64") as url, httpx2.Client(base_url=url, timeout=30) as http:
+KEY = "ak-hostile-0123456789abcdef"
+
+
+def _ledger_rows(path: Path) -> list[int]:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        return [
+            db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+            for t in ("events", "claims", "owners")
+        ]
+
+
+def test_a_real_gateway_process_survives_the_table(tmp_path: Path) -> None:
+    """Over real HTTP on loopback, with a tenant's key and a ledger file: every case of the
+    table is a 4xx, the ledger is unchanged after each, and the gateway still serves."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'[[key]]\nkey = "{KEY}"\ntenant = "t"\nadmin = true\n')
+    ledger = tmp_path / "ledger.sqlite"
+    args = ("--blocks", "64", "--api-keys", str(keys), "--ledger", str(ledger))
+    headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
+    with gateway_process(*args) as url, httpx2.Client(base_url=url, timeout=30) as http:
+        before = _ledger_rows(ledger)
         for method, path, body, status, _field in CASES:
-            response = http.request(
-                method, path, content=_content(body), headers={"content-type": "application/json"}
-            )
+            response = http.request(method, path, content=_content(body), headers=headers)
             assert response.status_code == status, (path, response.text[:200])
+            assert _ledger_rows(ledger) == before, path
+            assert http.get("/health").json()["status"] == "ok"
         ok = http.post(
-            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}]},
+            headers={"authorization": f"Bearer {KEY}"},
         )
         assert ok.status_code == 200

@@ -279,7 +279,7 @@ def test_cli_json(
     assert main(["report", str(tmp_path / "logs"), "--json"]) == 0
     captured = capsys.readouterr()
     data = json.loads(captured.out)
-    assert set(data) == {"workflows", "totals", "malformed_lines"}
+    assert set(data) == {"workflows", "threads", "totals", "malformed_lines"}
     assert data["malformed_lines"] == 1
     assert data["totals"]["workflows"] == 2
     assert data["totals"]["true_harm"] == 1

@@ -5,6 +5,7 @@ stopped by PID. `make test` builds the vLLM environment first; without it these 
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -57,12 +58,15 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(directory)
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """`agentclaims vllm serve` with the connector, 41 blocks x 32 tokens, max length 256."""
+@contextlib.contextmanager
+def serve_vllm(
+    tiny_model: str, tmp_path_factory: pytest.TempPathFactory, name: str = "server"
+) -> Iterator[VllmServer]:
+    """`agentclaims vllm serve` with the connector, 41 blocks x 32 tokens, max length 256, on
+    a free loopback port; stopped (its whole process group) at the end."""
     python = _vllm_python()
     port = free_port()
-    log = tmp_path_factory.mktemp("vllm-log") / "server.log"
+    log = tmp_path_factory.mktemp("vllm-log") / f"{name}.log"
     with log.open("w") as sink:
         proc = subprocess.Popen(
             [
@@ -91,6 +95,13 @@ def vllm_server(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> It
         yield VllmServer(url, tiny_model, KEY, proc.pid)
     finally:
         stop(proc, group=True, timeout_s=30)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """The session's shared vLLM server (``serve_vllm``)."""
+    with serve_vllm(tiny_model, tmp_path_factory) as server:
+        yield server
 
 
 class Prompts:

@@ -262,3 +262,89 @@ async def test_conformance_over_the_gateway_on_vllm_is_not_exposed_never_a_pass(
         results = await run_suite(backend)
     assert {r.status for r in results.values()} == {ConformanceStatus.NOT_EXPOSED}
     assert all("fresh_instance" in r.detail for r in results.values())
+
+
+ALPHA = "ak-alpha-0123456789abcdef"
+BETA = "ak-beta-0123456789abcdef"
+
+
+async def test_tenants_and_the_ledger_on_vllm(vllm_server: VllmServer, tmp_path: Any) -> None:
+    """The gateway with keys and a ledger in front of the real vLLM: tenants never share
+    vLLM's prefix cache (vLLM's own cache_salt), a claim over a tenant's quota is refused
+    before it reaches vLLM, and after a kill -9 and a restart on the ledger every accepted
+    claim ends exactly once, explicitly, with the stream numbered on."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text(
+        f'[[key]]\nkey = "{ALPHA}"\ntenant = "alpha"\nquota_blocks = 2\n\n'
+        f'[[key]]\nkey = "{BETA}"\ntenant = "beta"\n'
+    )
+    args = (
+        *("--kv", "vllm", "--upstream", vllm_server.url, "--claims-key", vllm_server.key),
+        *("--api-keys", str(keys), "--ledger", str(tmp_path / "ledger.sqlite")),
+    )
+    auth = {"Authorization": f"Bearer {ALPHA}"}
+    first, url = start_gateway(*args)
+    try:
+        async with (
+            httpx2.AsyncClient(base_url=url, timeout=60, headers=auth) as alpha,
+            httpx2.AsyncClient(
+                base_url=url, timeout=60, headers={"Authorization": f"Bearer {BETA}"}
+            ) as beta,
+        ):
+            shared = words("tenant", 40)
+            await alpha.post("/v1/chat/completions", json=chat(shared, owner_scope="t-a"))
+            again = (
+                await alpha.post("/v1/chat/completions", json=chat(shared, owner_scope="t-a"))
+            ).json()
+            theirs = (
+                await beta.post("/v1/chat/completions", json=chat(shared, owner_scope="t-b"))
+            ).json()
+            assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+            assert theirs["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+            big = {
+                "claim_id": "t-over",
+                "object_id": "@prompt",
+                "protection_mode": "hard_protected",
+            }
+            over = (
+                await alpha.post(
+                    "/v1/chat/completions",
+                    json=chat(words("quota", 40), owner_scope="t-a", claims=[big]),
+                )
+            ).json()
+            [decision] = over["agentclaims"]["decisions"]
+            assert decision["decision"] == "rejected"
+            assert decision["action"] == "refuse_residency_claim"
+            assert "quota of 2" in decision["reason"]
+            small = {
+                "claim_id": "t-kept",
+                "object_id": "@prompt",
+                "protection_mode": "hard_protected",
+                "ttl_s": 100,
+            }
+            kept = (
+                await alpha.post(
+                    "/v1/chat/completions",
+                    json=chat(words("small", 15), owner_scope="t-a", claims=[small]),
+                )
+            ).json()
+            assert kept["agentclaims"]["decisions"][0]["decision"] == "accepted"
+            cursor = (await alpha.get("/v1/events")).json()["last_seq"]
+    finally:
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=10)
+    second, url = start_gateway(*args)
+    try:
+        async with httpx2.AsyncClient(base_url=url, timeout=60, headers=auth) as alpha:
+            page = (await alpha.get("/v1/events", params={"since": cursor})).json()
+        ends = [
+            e
+            for e in page["events"]
+            if e["claim_id"] == "t-kept"
+            and e["event"] in ("resident_claim_expired", "resident_claim_harmed")
+        ]
+        assert len(ends) == 1, page["events"]
+        assert "gateway_restart" in ends[0]["reason"]  # the connector revoked the held blocks
+        assert all(e["seq"] > cursor for e in page["events"])
+    finally:
+        stop(second)

@@ -1,0 +1,361 @@
+"""What makes the gateway a service: tenants from API keys, their quotas, the durable ledger.
+
+``Service`` sits between the route handlers and the KV side. Without keys and without a
+ledger it is a pass-through (the embedded default). With either:
+
+- every request but ``/health`` and ``/openapi.json`` names its tenant by its key; an owner
+  scope is bound to the first tenant that uses it, and another tenant naming it is refused
+  (403) before anything changes;
+- a tenant's claims are checked against its limits by the KV side's claim gate, so a claim
+  over quota is refused by the arbiter itself (``refuse_residency_claim``, the reason named,
+  ``resident_claim_rejected`` in the stream);
+- a tenant's blocks are hashed with its own ``cache_salt``, derived from a secret kept in the
+  ledger, so tenants never share (or probe) prefix-cache entries;
+- the KV side's events are copied into the ledger after every operation and served from it,
+  each with the tenant it belongs to: a tenant reads only its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import hashlib
+import hmac
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from agentclaims.contract import ClaimEvent, ClaimSpec, EventName, OwnerScope
+from agentclaims.errors import Forbidden, ServiceUnavailable, UsageError
+from agentclaims.gateway.ledger import Ledger, LedgerClaim
+from agentclaims.gateway.tenants import Tenant, TenantKeys
+from agentclaims.protocol import ClaimDecision, ClaimsProtocol, EventPage, ServeResult
+
+__all__ = ["Service"]
+
+_PAGE = 10_000
+_REMEMBERED = 100_000
+
+
+class Service:
+    """Tenants, quotas and the ledger over one KV side (see the module's docstring)."""
+
+    def __init__(
+        self, kv: ClaimsProtocol, keys: TenantKeys | None = None, ledger: Ledger | None = None
+    ) -> None:
+        self.kv = kv
+        self.keys = keys
+        if ledger is None and keys is not None:
+            ledger = Ledger()  # tenants need the books even when nothing must survive
+        self.ledger = ledger
+        self.stopping = False
+        self._ready = False
+        self._lock = asyncio.Lock()
+        self._cursor = 0
+        self._inner: list[int] = []
+        self._outer: list[int] = []
+        self._reserved: dict[str, tuple[str, int, bool]] = {}
+        self._tenant_of_id: OrderedDict[str, str] = OrderedDict()
+        """Request and claim ids of this process -> tenant (events of claims never accepted)."""
+        self._secret = b"" if ledger is None else ledger.secret().encode()
+        self.counts: Counter[tuple[str, str]] = Counter()
+        """(tenant, what) -> n: requests, refused, deferred, claims_refused, per tenant."""
+        self.harm: Counter[tuple[str, str]] = Counter()
+        """(tenant, cause) -> claims harmed."""
+        self.gaps = 0
+        if keys is not None:
+            if not hasattr(kv, "claim_gate"):
+                raise UsageError("api_keys", f"the {kv.name} KV side cannot enforce tenant limits")
+            kv.claim_gate = self.gate
+
+    @property
+    def enabled(self) -> bool:
+        return self.ledger is not None
+
+    # ------------------------------------------------------------------ start and stop
+    async def ready(self) -> None:
+        """Once, before the first operation: account for every claim an earlier gateway on
+        this ledger left live (the KV side's own events first, e.g. vLLM's revoked holds)."""
+        if self._ready or self.ledger is None:
+            return
+        async with self._lock:
+            if not self._ready:  # another request may have done it while this one waited
+                await self._sync_locked()
+                self._absorb(self.ledger.end_unaccounted(f"gateway-{uuid.uuid4().hex[:12]}"))
+                self._ready = True
+
+    async def close(self) -> None:
+        """Stop: take the KV side's last events into the ledger and close it."""
+        self.stopping = True
+        if self.ledger is None or self.ledger.closed:
+            return
+        try:
+            async with self._lock:
+                await self._sync_locked()
+        finally:
+            self.ledger.close()
+
+    def check_open(self) -> None:
+        if self.stopping:
+            raise ServiceUnavailable("the gateway is shutting down; send it to another")
+
+    # ------------------------------------------------------------------ tenants
+    def tenant(self, authorization: str | None) -> Tenant | None:
+        return None if self.keys is None else self.keys.authenticate(authorization)
+
+    def owner(self, owner: str | None, tenant: Tenant | None) -> str | None:
+        """``owner`` checked for ``tenant``: 403 if it is bound to another tenant. It is
+        bound to this one once an operation naming it succeeds (``bind``): a request that
+        fails leaves no trace."""
+        if owner is None or tenant is None or self.ledger is None:
+            return owner
+        bound = self.ledger.owners.get(owner)
+        if bound is not None and bound != tenant.name:
+            raise Forbidden(f"owner scope {owner!r} belongs to another tenant")
+        return owner
+
+    def bind(self, owners: Iterable[str | None], tenant: Tenant | None) -> None:
+        """Bind the owner scopes a successful operation named to its tenant (first one wins)."""
+        if tenant is None or self.ledger is None:
+            return
+        for owner in owners:
+            if owner is not None and owner not in self.ledger.owners:
+                self.ledger.bind_owner(owner, tenant.name)
+
+    def salt(self, cache_salt: str | None, tenant: Tenant | None) -> str | None:
+        """The tenant's own salt (the client's, if any, inside it)."""
+        if tenant is None:
+            return cache_salt
+        mac = hmac.new(self._secret, tenant.name.encode(), hashlib.sha256).hexdigest()[:32]
+        return f"{mac}:{cache_salt}" if cache_salt else mac
+
+    def claims(
+        self, raw: Sequence[Any], default_owner: str | None, tenant: Tenant | None
+    ) -> tuple[Any, ...]:
+        """A request's claim dicts with their owners checked and the tenant's TTL filled in."""
+        if tenant is None:
+            return tuple(raw)
+        out = []
+        for item in raw:
+            if isinstance(item, Mapping):
+                item = dict(item)
+                owner = item.get("owner_scope") or default_owner
+                if isinstance(owner, str) and owner:
+                    self.owner(owner, tenant)
+                    item["owner_scope"] = owner
+                if tenant.max_ttl_s is not None and item.get("ttl_s") is None:
+                    item["ttl_s"] = tenant.max_ttl_s
+                if isinstance(item.get("claim_id"), str):
+                    self._remember(item["claim_id"], tenant)
+            out.append(item)
+        return tuple(out)
+
+    def spec(self, spec: ClaimSpec, tenant: Tenant | None) -> ClaimSpec:
+        """A claim submitted on its own, checked like one sent with a request."""
+        if tenant is None:
+            return spec
+        self.owner(spec.owner_scope, tenant)
+        self._remember(spec.claim_id, tenant)
+        if tenant.max_ttl_s is not None and spec.ttl_s is None:
+            return ClaimSpec.from_dict({**spec.to_dict(), "ttl_s": tenant.max_ttl_s})
+        return spec
+
+    def check_ttl(self, ttl_s: float | None, tenant: Tenant | None) -> None:
+        """A renewal may not ask more than the tenant's maximum TTL (400, nothing changed)."""
+        if tenant is None or tenant.max_ttl_s is None:
+            return
+        if ttl_s is None or ttl_s > tenant.max_ttl_s:
+            raise UsageError(
+                "ttl_s",
+                f"tenant {tenant.name!r} may renew for at most {tenant.max_ttl_s:g} s, "
+                f"asked {ttl_s!r}",
+            )
+
+    def gate(self, spec: ClaimSpec) -> str | None:
+        """The KV side's claim gate: the tenant's limits, checked as the arbiter admits the
+        claim; a claim let through is reserved until its decision is recorded."""
+        if self.keys is None or self.ledger is None:
+            return None
+        name = self._tenant_of_id.get(spec.claim_id) or self.ledger.owners.get(spec.owner_scope)
+        tenant = self.keys.tenants.get(name) if name is not None else None
+        if tenant is None:
+            return None
+        held = [(c.footprint_blocks, c.protected) for c in self.ledger.live(tenant.name)]
+        held += [(fp, p) for t, fp, p in self._reserved.values() if t == tenant.name]
+        protected = spec.protection_mode.value != "best_effort"
+        reason = None
+        if tenant.max_claims is not None and len(held) + 1 > tenant.max_claims:
+            reason = (
+                f"tenant {tenant.name!r} has {len(held)} live claims, "
+                f"at most {tenant.max_claims} allowed"
+            )
+        elif protected and tenant.quota_blocks is not None:
+            used = sum(fp for fp, p in held if p)
+            if used + spec.footprint_blocks > tenant.quota_blocks:
+                reason = (
+                    f"tenant {tenant.name!r} would protect {used + spec.footprint_blocks} "
+                    f"blocks, over its quota of {tenant.quota_blocks}"
+                )
+        elif (
+            tenant.max_ttl_s is not None
+            and spec.ttl_s is not None
+            and spec.ttl_s > tenant.max_ttl_s
+        ):
+            reason = (
+                f"ttl_s {spec.ttl_s:g} is over tenant {tenant.name!r}'s maximum of "
+                f"{tenant.max_ttl_s:g} s"
+            )
+        if reason is not None:
+            self.counts[tenant.name, "claims_refused"] += 1
+            return reason
+        self._reserved[spec.claim_id] = (tenant.name, spec.footprint_blocks, protected)
+        return None
+
+    # ------------------------------------------------------------------ after each operation
+    async def decided(
+        self, decisions: Sequence[ClaimDecision], owners: Mapping[str, str], tenant: Tenant | None
+    ) -> None:
+        """Bind the owners to the tenant, record the claims the KV side accepted, then take
+        in its events."""
+        if self.ledger is None:
+            return
+        self.bind(owners.values(), tenant)
+        new = []
+        for d in decisions:
+            self._reserved.pop(d.claim_id, None)
+            owner = owners.get(d.claim_id)
+            if not d.accepted or owner is None:
+                continue
+            view = await self.kv.get_claim(d.claim_id, OwnerScope(owner))
+            new.append(
+                LedgerClaim(
+                    d.claim_id,
+                    None if tenant is None else tenant.name,
+                    owner,
+                    view.protection_mode,
+                    view.footprint_blocks,
+                    view.state,
+                )
+            )
+        self.ledger.record_claims(new)
+        await self.sync()
+
+    async def served(
+        self,
+        result: ServeResult,
+        owners: Mapping[str, str],
+        tenant: Tenant | None,
+        owner: str | None = None,
+    ) -> ServeResult:
+        """After a completion: its tenant's counts, its claims recorded, its events in the
+        ledger, and its ``events_seq`` in the ledger's numbering."""
+        if tenant is not None:
+            self.counts[tenant.name, "requests"] += 1
+            outcome = result.outcome
+            if not outcome.served:
+                self.counts[tenant.name, "deferred" if outcome.deferred else "refused"] += 1
+            self._remember(outcome.request_id, tenant)
+        if self.ledger is None:
+            return result
+        self.bind([owner], tenant)
+        await self.decided(result.decisions, owners, tenant)
+        return replace(result, events_seq=self.outer_seq(result.events_seq))
+
+    async def sync(self) -> None:
+        if self.ledger is None:
+            return
+        async with self._lock:
+            await self._sync_locked()
+
+    async def _sync_locked(self) -> None:
+        assert self.ledger is not None
+        while True:
+            page = await self.kv.events(self._cursor, limit=_PAGE)
+            if page.gap:
+                self.gaps += 1  # the KV side dropped events before the ledger read them
+            if page.events:
+                served = self.ledger.ingest(page.events, self._event_tenant)
+                for inner, outer in zip(page.events, served, strict=True):
+                    self._inner.append(inner.seq)
+                    self._outer.append(outer.seq)
+                self._absorb(served)
+                if len(self._inner) > 2 * _REMEMBERED:
+                    del self._inner[:_REMEMBERED], self._outer[:_REMEMBERED]
+            self._cursor = page.next_since
+            if not page.more:
+                return
+
+    def _remember(self, id_: str, tenant: Tenant) -> None:
+        self._tenant_of_id[id_] = tenant.name
+        while len(self._tenant_of_id) > _REMEMBERED:
+            self._tenant_of_id.popitem(last=False)
+
+    def _event_tenant(self, event: ClaimEvent) -> str | None:
+        key = event.claim_id if event.claim_id is not None else event.request_id
+        return None if key is None else self._tenant_of_id.get(key)
+
+    def _absorb(self, served: Sequence[ClaimEvent]) -> None:
+        assert self.ledger is not None
+        for ev in served:
+            if ev.event is EventName.RESIDENT_CLAIM_HARMED:
+                claim = self.ledger.claims.get(ev.claim_id) if ev.claim_id else None
+                tenant = (claim.tenant if claim is not None else None) or "-"
+                self.harm[tenant, str(ev.data.get("cause"))] += 1
+
+    def outer_seq(self, inner: int) -> int:
+        """The ledger's ``seq`` of the KV side's event ``inner`` (the last one at or before)."""
+        if self.ledger is None:
+            return inner
+        i = bisect.bisect_right(self._inner, inner)
+        if i == 0:
+            return self.ledger.last_seq if not self._inner else self._outer[0] - 1
+        return self._outer[i - 1]
+
+    async def events(
+        self, since: int, *, limit: int, id_prefix: str | None, tenant: Tenant | None
+    ) -> EventPage:
+        if self.ledger is None:
+            return await self.kv.events(since, id_prefix=id_prefix, limit=limit)
+        await self.sync()
+        name = None if tenant is None or tenant.admin else tenant.name
+        return self.ledger.page(since, limit=limit, tenant=name, id_prefix=id_prefix)
+
+    # ------------------------------------------------------------------ figures
+    def health(self) -> dict[str, Any]:
+        if self.ledger is None:
+            return {"usable": True, "durable": False}
+        return {
+            "usable": self.ledger.usable(),
+            "durable": self.ledger.path is not None,
+            "path": None if self.ledger.path is None else str(self.ledger.path),
+            "live_claims": len(self.ledger.live()) if not self.ledger.closed else None,
+            "last_seq": self.ledger.last_seq,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Per tenant: counts, live claims and protected blocks; harm by cause; the ledger."""
+        out: dict[str, Any] = {}
+        if self.keys is not None and self.ledger is not None:
+            tenants: dict[str, dict[str, int]] = {}
+            for name in self.keys.tenants:
+                live = self.ledger.live(name)
+                tenants[name] = {
+                    "live_claims": len(live),
+                    "protected_blocks": sum(c.footprint_blocks for c in live if c.protected),
+                    **{what: n for (t, what), n in self.counts.items() if t == name},
+                }
+            out["tenants"] = tenants
+        if self.ledger is not None:
+            out["harm"] = [
+                {"tenant": t, "cause": cause, "claims": n}
+                for (t, cause), n in sorted(self.harm.items())
+            ]
+            out["ledger"] = {
+                "writes": self.ledger.writes,
+                "write_s": round(self.ledger.write_s, 6),
+                "last_seq": self.ledger.last_seq,
+                "stream_gaps": self.gaps,
+            }
+        return out

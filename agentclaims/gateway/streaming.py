@@ -1,0 +1,136 @@
+"""Streamed completions: ``stream: true`` answered with server-sent events, as the OpenAI API.
+
+The claim decisions are all made before the first byte: a refused or deferred request is still
+an HTTP error (409 / 503, docs/gateway.md), never a stream that breaks off. A served one is
+sent as ``data: <chunk>`` events then ``data: [DONE]``:
+
+* chat (``chat.completion.chunk``): a first delta with the role, the content in pieces (a word
+  and its trailing space each), each tool call (its id and name, then its arguments), and a
+  last delta carrying ``finish_reason``;
+* text (``text_completion``): the text in pieces, then the ``finish_reason``;
+* ``stream_options: {"include_usage": true}``: every chunk has ``"usage": null`` and one more
+  chunk, with no choices, carries the usage (OpenAI's shape).
+
+The last chunk also carries the ``agentclaims`` object of the non-streamed answer (outcome,
+prefix ids, decisions, ``events_seq``) with the ``usage`` added, whether or not the client asked
+for usage: the claims transport reads it there to plan the next claim.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from agentclaims.errors import UsageError
+from agentclaims.protocol import EXTENSION_KEY
+
+__all__ = ["chunks", "respond", "sse", "stream_requested", "unstreamed"]
+
+_PIECE = re.compile(r"\s*\S+\s*|\s+")
+
+
+def stream_requested(body: Mapping[str, Any]) -> bool:
+    """Whether ``body`` asks for a stream; ``UsageError`` for a malformed ``stream`` or
+    ``stream_options``."""
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise UsageError("stream", f"must be true or false, got {stream!r}")
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, Mapping):
+            raise UsageError("stream_options", f"expected an object, got {options!r}")
+        extra = set(options) - {"include_usage", "include_obfuscation"}
+        if extra:
+            raise UsageError("stream_options", f"unknown fields {sorted(extra)}")
+        usage = options.get("include_usage", False)
+        if not isinstance(usage, bool):
+            raise UsageError(
+                "stream_options.include_usage", f"must be true or false, got {usage!r}"
+            )
+        if not stream:
+            raise UsageError("stream_options", "only allowed with stream: true")
+    return bool(stream)
+
+
+def unstreamed(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``body`` without its stream fields: what an upstream engine is asked (the gateway
+    streams its whole answer itself)."""
+    return {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+
+
+def respond(body: Mapping[str, Any], answer: Mapping[str, Any]) -> Response:
+    """``answer`` (a ``chat.completion`` or ``text_completion`` object) as JSON, or as a
+    stream of events when ``body`` asks for one."""
+    if not stream_requested(body):
+        return JSONResponse(dict(answer))
+    options = body.get("stream_options") or {}
+    return StreamingResponse(
+        sse(chunks(answer, include_usage=bool(options.get("include_usage")))),
+        media_type="text/event-stream",
+        headers={"cache-control": "no-cache"},
+    )
+
+
+def sse(items: Iterator[dict[str, Any]]) -> Iterator[bytes]:
+    """Server-sent events: one ``data:`` event per chunk, then ``data: [DONE]``."""
+    for item in items:
+        yield b"data: " + json.dumps(item, separators=(",", ":")).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+def _pieces(text: str | None) -> list[str]:
+    return _PIECE.findall(text or "")
+
+
+def chunks(answer: Mapping[str, Any], *, include_usage: bool) -> Iterator[dict[str, Any]]:
+    """The chunks of a streamed ``answer``; the last one carries the ``agentclaims`` object."""
+    chat = answer.get("object") == "chat.completion"
+    head: dict[str, Any] = {
+        "id": answer.get("id"),
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": answer.get("created"),
+        "model": answer.get("model"),
+    }
+    if include_usage:
+        head["usage"] = None
+    choice = (answer.get("choices") or [{}])[0]
+    out: list[dict[str, Any]] = []
+
+    def add(**fields: Any) -> None:
+        finish = fields.pop("finish_reason", None)
+        if chat:
+            part = {"index": 0, "delta": fields, "logprobs": None, "finish_reason": finish}
+        else:
+            part = {"index": 0, "text": fields.get("text", ""), "logprobs": None}
+            part["finish_reason"] = finish
+        out.append({**head, "choices": [part]})
+
+    if chat:
+        message = choice.get("message") or {}
+        add(role="assistant", content="")
+        for piece in _pieces(message.get("content")):
+            add(content=piece)
+        for i, call in enumerate(message.get("tool_calls") or ()):
+            function = call.get("function") or {}
+            opening = {"name": function.get("name"), "arguments": ""}
+            opened = {"index": i, "id": call.get("id"), "type": "function", "function": opening}
+            add(tool_calls=[opened])
+            add(tool_calls=[{"index": i, "function": {"arguments": function.get("arguments")}}])
+        add(finish_reason=choice.get("finish_reason"))
+    else:
+        for piece in _pieces(choice.get("text")):
+            add(text=piece)
+        add(text="", finish_reason=choice.get("finish_reason"))
+    usage = answer.get("usage")
+    if include_usage:
+        out.append({**head, "choices": [], "usage": usage})
+    extension = answer.get(EXTENSION_KEY)
+    if extension is not None:
+        out[-1][EXTENSION_KEY] = {**extension, "usage": usage}
+    yield from out

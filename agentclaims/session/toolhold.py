@@ -1,0 +1,242 @@
+"""Reactions around a tool call: what the session does when the claim that should hold an
+agent's prefix across the tool was refused, or cannot be renewed to the predicted tool time.
+
+The session's reaction policy (``ReactionPolicy.on_refused``) applies to the tool call itself,
+before it starts:
+
+* ``defer``: wait, then ask again (the planned claim, or the renewal), before starting the tool,
+  so the prefix stays claimed: the waits back off (``initial_delay_s`` doubling up to
+  ``max_delay_s``), and waiting stops once it would cost more than the recompute it is expected
+  to save (the prefix's blocks x ``reload_s_per_block``, times the odds that such a wait ends in
+  the claim: ``ClaimedSession.tool_defer_odds``, 0.5 at first, learned from this session's
+  waits) or pass the policy's ``deadline_s``; then the tool runs under whatever is held;
+* ``reroute``: move the session to a member of its pool that accepts the claim (one where the
+  prefix is resident first), so the tool's follow-up LLM call goes there; without a pool or a
+  member that accepts, as ``defer``;
+* ``relax``: run the tool under a weaker claim (the next mode down, with the wanted TTL);
+* ``fail``: raise ``ClaimRefused`` before the tool starts.
+
+Every decision is logged (``reaction_<kind>``) with the tool, the claim and the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from agentclaims.contract import PrefixId, ProtectionMode, prefix_blocks
+from agentclaims.errors import BackendError, ClaimRefused, UsageError
+from agentclaims.planner import ClaimPlan, PrefixContext
+
+if TYPE_CHECKING:
+    from agentclaims.session.claims import HeldClaim
+    from agentclaims.session.session import ClaimedSession
+
+__all__ = ["Wanted", "hold_for_tool"]
+
+
+@dataclass(slots=True)
+class Wanted:
+    """The claim the planner wanted on a node's prefix, and why the backend did not give it."""
+
+    prefix_id: PrefixId
+    plan: ClaimPlan
+    ctx: PrefixContext
+    refusal: str | None = None
+
+
+async def hold_for_tool(
+    session: ClaimedSession, tool: str, agent: str, predicted_s: float
+) -> HeldClaim | None:
+    """Make sure ``agent``'s prefix is held as planned across ``tool`` (predicted to take
+    ``predicted_s``), applying the session's reaction when it is not; the claim held then."""
+    io = session.io
+    held = io.held.get(agent)
+    want_ttl = predicted_s * session.planner.policy.ttl_margin
+    wanted = session.wanted.get(agent)
+    if wanted is not None and (held is None or held.plan.mode is not wanted.plan.mode):
+        problem, reason = "refused", wanted.refusal or io.last_refusal or "refused"
+        del session.wanted[agent]  # reacted to once (parallel tool calls do not wait again)
+    elif held is not None and held.plan.ttl_s is not None and want_ttl > held.plan.ttl_s:
+        if await io.renew(session._backend_named(held.backend), held, want_ttl):
+            return held
+        problem, reason = "renewal_refused", io.last_refusal or "renewal refused"
+    else:
+        return held
+    policy = session.reaction.on_refused
+    claim_id = None if held is None else held.claim_id
+    fields = {"tool": tool, "node": agent, "reason": f"{problem}: {reason}"}
+    if policy == "fail":
+        session.stats.fails += 1
+        session.log_reaction("fail", claim_id=claim_id, outcome=problem, **fields)
+        raise ClaimRefused(
+            f"tool {tool!r} not started: the claim on {agent}'s prefix was {problem} "
+            f"({reason}); reaction fail"
+        )
+    case = _Case(session, agent, held, wanted, want_ttl, problem, fields)
+    if policy == "relax":
+        return await _relax(case)
+    if policy == "reroute":
+        moved = await _reroute(case)
+        if moved is not None:
+            return moved
+    return await _defer(case)
+
+
+@dataclass(slots=True)
+class _Case:
+    """One tool call whose claim is not as planned: what the reactions work from."""
+
+    session: ClaimedSession
+    agent: str
+    held: HeldClaim | None
+    wanted: Wanted | None
+    want_ttl: float
+    problem: str
+    fields: dict[str, str]
+
+
+def _plan_for(
+    held: HeldClaim | None, wanted: Wanted | None, want_ttl: float
+) -> tuple[PrefixId, ClaimPlan, PrefixContext] | None:
+    """What to ask for again: the wanted claim, or the held one renewed to ``want_ttl``."""
+    if wanted is not None:
+        plan = wanted.plan
+        if plan.mode in (ProtectionMode.HARD_PROTECTED, ProtectionMode.EXPIRING):
+            plan = ClaimPlan(plan.mode, max(plan.ttl_s or 0.0, want_ttl), plan.reason)
+        return wanted.prefix_id, plan, wanted.ctx
+    if held is None:
+        return None
+    plan = ClaimPlan(held.plan.mode, want_ttl, held.plan.reason)
+    return held.prefix_id, plan, PrefixContext(held.prefix_id, _blocks(held.prefix_id))
+
+
+def _blocks(prefix_id: str) -> int:
+    return prefix_blocks(prefix_id)
+
+
+async def _swap(
+    session: ClaimedSession, agent: str, old: HeldClaim | None, new: HeldClaim, reason: str
+) -> HeldClaim:
+    """Hold ``new`` for ``agent``, letting ``old`` go."""
+    session.io.held[agent] = new
+    session.wanted.pop(agent, None)
+    if old is not None and old is not new:
+        await session.io.release(session._backend_named(old.backend), old, reason)
+    return new
+
+
+async def _defer(case: _Case) -> HeldClaim | None:
+    session, agent, held, want_ttl = case.session, case.agent, case.held, case.want_ttl
+    problem, fields = case.problem, case.fields
+    io = session.io
+    reaction = session.reaction
+    again = _plan_for(held, case.wanted, want_ttl)
+    if again is None:
+        return held
+    prefix_id, plan, ctx = again
+    recompute_s = _blocks(prefix_id) * session.workflow.reload_s_per_block
+    # waiting pays off with the chance it ends in the claim (this session's record of such
+    # waits): wait no longer than the recompute it expects to save
+    budget = min(reaction.deadline_s, recompute_s * session.tool_defer_odds)
+    waited, delay, attempt = 0.0, reaction.initial_delay_s, 0
+    while waited + delay <= budget:
+        attempt += 1
+        session.stats.deferrals += 1
+        session.stats.deferral_s += delay
+        session.log_reaction(
+            "defer",
+            claim_id=None if held is None else held.claim_id,
+            outcome=problem,
+            delay_s=round(delay, 6),
+            attempt=attempt,
+            **fields,
+        )
+        await session.sleep(delay)
+        waited += delay
+        if problem == "renewal_refused" and held is not None:
+            if await io.renew(session._backend_named(held.backend), held, want_ttl):
+                _record(session, True)
+                return held
+        else:
+            new = await io.submit(session.backend, agent, prefix_id, plan, ctx, strict=True)
+            if new is not None:
+                _record(session, True)
+                return await _swap(session, agent, held, new, "superseded")
+        delay = min(delay * 2, reaction.max_delay_s)
+    if attempt:
+        _record(session, False)
+    session.log_reaction(
+        "drop",
+        claim_id=None if held is None else held.claim_id,
+        outcome=problem,
+        waited_s=round(waited, 6),
+        recompute_s=round(recompute_s, 6),
+        **{**fields, "reason": f"{fields['reason']}; waiting longer would cost more than "
+           "recomputing the prefix: the tool runs under what is held"},
+    )  # fmt: skip
+    return held
+
+
+ODDS_WEIGHT = 0.3
+"""Weight of the newest outcome in ``ClaimedSession.tool_defer_odds`` (an EWMA)."""
+
+
+def _record(session: ClaimedSession, held_as_planned: bool) -> None:
+    """A deferral before a tool ended in the claim (or did not): update the odds."""
+    odds = session.tool_defer_odds
+    session.tool_defer_odds = odds + ODDS_WEIGHT * (float(held_as_planned) - odds)
+
+
+async def _relax(case: _Case) -> HeldClaim | None:
+    """Run under a weaker claim: what submission already relaxed to, or the held claim one
+    mode down with the wanted TTL when its renewal was refused."""
+    held, wanted = case.held, case.wanted
+    if wanted is not None:  # the submission relaxed already: say so, for the tool
+        case.session.log_reaction(
+            "relax",
+            claim_id=None if held is None else held.claim_id,
+            from_mode=None if wanted.plan.mode is None else wanted.plan.mode.value,
+            to_mode=None if held is None or held.plan.mode is None else held.plan.mode.value,
+            **case.fields,
+        )
+        return held
+    assert held is not None
+    fields = {k: v for k, v in case.fields.items() if k != "node"}
+    return await case.session.relax_one(
+        case.agent, held, case.want_ttl, "relaxed for a tool call", **fields
+    )
+
+
+async def _reroute(case: _Case) -> HeldClaim | None:
+    """Move to a pool member that accepts the claim; ``None`` when none does (or no pool)."""
+    session, agent, fields = case.session, case.agent, case.fields
+    pool = session.pool
+    again = _plan_for(case.held, case.wanted, case.want_ttl)
+    if pool is None or again is None:
+        return None
+    prefix_id, plan, ctx = again
+    old = session.backend
+    for candidate in await pool.candidates(session.session_id, [prefix_id]):
+        try:
+            new = await session.io.submit(candidate, agent, prefix_id, plan, ctx, strict=True)
+        except (UsageError, BackendError):  # e.g. the prefix is unknown there
+            continue
+        if new is not None:
+            break
+    else:
+        return None
+    new_backend = pool.move(session.session_id, candidate.name)
+    await session.release_all(reason="rerouted")
+    session._backend = new_backend
+    session.io.held[agent] = new
+    session.wanted.pop(agent, None)
+    session.stats.reroutes += 1
+    session.log_reaction(
+        "reroute",
+        claim_id=new.claim_id,
+        from_backend=old.name,
+        to_backend=new_backend.name,
+        **fields,
+    )
+    return new

@@ -1,0 +1,263 @@
+"""Claims across a fleet behind the real vllm-router: two `agentclaims serve` gateways on the
+reference engine (real processes on loopback), the router in front (`sticky_least_loaded`), the
+SDK's FleetBackend as one backend. Affinity, reroute on refusal, failover after a real kill -9,
+and refusals that never trip the router's circuit breaker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from servers import start_gateway, start_router, stop
+
+import agentclaims
+from agentclaims.backends.fleet import FleetBackend
+from agentclaims.session import ClaimedSession
+
+BLOCKS, BS = 64, 4
+
+
+class Fleet:
+    def __init__(self) -> None:
+        self.gateways: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+        self.router: tuple[subprocess.Popen[bytes], str] | None = None
+
+    @property
+    def router_url(self) -> str:
+        assert self.router is not None
+        return self.router[1]
+
+    def url(self, instance: str) -> str:
+        return self.gateways[instance][1]
+
+    def calls(self, instance: str) -> int:
+        stats = httpx2.get(f"{self.url(instance)}/v1/stats", timeout=10).json()
+        return int(stats["gateway"]["calls"].get("POST /v1/chat/completions", 0))
+
+    def kill(self, instance: str) -> None:
+        proc, _ = self.gateways[instance]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def fleet() -> Iterator[Fleet]:
+    """Two gateways (instances ``A`` and ``B``) and the router, started for the test and
+    stopped by PID after it."""
+    out = Fleet()
+    try:
+        for name in ("A", "B"):
+            out.gateways[name] = start_gateway(
+                "--blocks", str(BLOCKS), "--block-size", str(BS), "--instance-id", name
+            )
+        out.router = start_router(*(url for _, url in out.gateways.values()))
+        yield out
+    finally:
+        if out.router is not None:
+            stop(out.router[0], group=True)
+        for proc, _ in out.gateways.values():
+            stop(proc)
+
+
+async def turn(client: Any, messages: list[dict[str, Any]], text: str) -> str:
+    messages.append({"role": "user", "content": text})
+    reply = await client.chat.completions.create(model="scripted", messages=messages)
+    content = reply.choices[0].message.content or ""
+    messages.append({"role": "assistant", "content": content})
+    return content
+
+
+def log_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def fill(url: str, tag: str) -> None:
+    """Hard-claim prompts straight on one gateway (not through the router) until its arbiter
+    refuses a claim: no room is left there for anyone else."""
+    with httpx2.Client(base_url=url, timeout=10) as http:
+        for i in range(40):
+            body = {
+                "model": "m",
+                "messages": [
+                    {"role": "user", "content": " ".join(f"{tag}{i}w{j}" for j in range(30))}
+                ],
+                "agentclaims": {
+                    "owner_scope": f"blocker-{tag}",
+                    "claims": [
+                        {
+                            "claim_id": f"blocker-{tag}-{i}",
+                            "object_id": "@prompt",
+                            "protection_mode": "hard_protected",
+                        }
+                    ],
+                },
+            }
+            r = http.post("/v1/chat/completions", json=body)
+            if (
+                r.status_code != 200
+                or r.json()["agentclaims"]["decisions"][0]["decision"] != "accepted"
+            ):
+                return
+    raise AssertionError(f"{url} never refused a claim")
+
+
+async def test_a_sessions_turns_all_reach_the_instance_holding_its_claims(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    async with FleetBackend(fleet.router_url) as backend:
+        client = agentclaims.openai_client(backend)
+        homes = []
+        for n in range(2):  # two sessions, one after the other: least loaded spreads them
+            async with ClaimedSession(backend, log_dir=tmp_path) as session:
+                messages = [{"role": "system", "content": "be brief"}]
+                with session.node("agent"):
+                    for i in range(4):
+                        await turn(client, messages, f"session {n} turn {i} run the tests")
+                        async with session.tool_call("pytest"):
+                            pass
+                routed = session.backend
+                assert routed.instance in ("A", "B")
+                homes.append(routed.instance)
+                assert session.stats.claims_accepted >= 1
+                held = [h.claim_id for h in session.io.held.values()]
+                assert held
+                for claim_id in held:  # each claim lives on the session's instance
+                    view = httpx2.get(
+                        f"{fleet.url(routed.instance)}/v1/claims/{claim_id}",
+                        params={"owner_scope": session.owner_scope},
+                    )
+                    assert view.status_code == 200, view.text
+        assert fleet.calls(homes[0]) >= 4
+        assert set(homes) == {"A", "B"}  # the second session went to the other instance
+        assert fleet.calls("A") + fleet.calls("B") == 8
+        await client.close()
+
+
+async def test_a_refusal_is_rerouted_and_served_on_the_other_instance(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    async with FleetBackend(fleet.router_url) as backend:
+        client = agentclaims.openai_client(backend)
+        async with ClaimedSession(backend, reaction="reroute", log_dir=tmp_path) as session:
+            messages = [{"role": "system", "content": "be brief " * 10}]
+            with session.node("agent"):
+                await turn(client, messages, "first turn")
+                async with session.tool_call("pytest"):
+                    pass
+                await turn(client, messages, "second turn")
+                first = session.backend.instance
+                assert first is not None
+                await session.settle()  # the claim round trip runs in the background
+                claimed_before = session.stats.claims_accepted
+                assert claimed_before >= 1
+                async with session.tool_call("pytest"):
+                    fill(fleet.url(first), "x")  # another tenant's hard claims take every block
+                await turn(client, messages, "third turn " * 8)
+                async with session.tool_call("pytest"):
+                    pass
+                await turn(client, messages, "fourth turn")
+                await session.settle()
+            assert session.stats.reroutes >= 1
+            assert session.backend.instance != first  # served on the other instance
+            other = session.backend.instance
+            assert session.stats.claims_accepted > claimed_before  # claimed again, there
+            held = list(session.io.held.values())
+        lines = log_lines(tmp_path / f"{session.workflow_id}.jsonl")
+        reroutes = [line for line in lines if line["event"] == "reaction_reroute"]
+        assert reroutes
+        assert reroutes[0]["outcome"]["blocking_claim_ids"]
+        [moved] = [line for line in lines if line["event"] == "llm_call" and line.get("after")]
+        assert moved["after"] == "reroute"
+        assert moved["instance"] == other
+        assert moved["recomputed_tokens"] > 0  # the prefix computed once more, there
+        # the claim was re-established on the new instance
+        assert held
+        assert all(
+            httpx2.get(
+                f"{fleet.url(other)}/v1/claims/{h.claim_id}",
+                params={"owner_scope": session.owner_scope},
+            ).status_code
+            == 200
+            for h in held
+        )
+        await client.close()
+
+
+async def test_a_killed_instance_is_failed_over_its_claims_reported_lost(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    async with FleetBackend(fleet.router_url) as backend:
+        client = agentclaims.openai_client(backend)
+        async with ClaimedSession(backend, log_dir=tmp_path) as session:
+            messages = [{"role": "system", "content": "be brief " * 10}]
+            with session.node("agent"):
+                await turn(client, messages, "first turn")
+                async with session.tool_call("pytest"):
+                    pass
+                await turn(client, messages, "second turn")
+                first = session.backend.instance
+                assert first is not None
+                await session.settle()
+                before = [h.claim_id for h in session.io.held.values()]
+                assert before
+                fleet.kill(first)
+                await turn(client, messages, "third turn after the crash")
+                async with session.tool_call("pytest"):
+                    pass
+                await turn(client, messages, "fourth turn")
+                await session.settle()
+            survivor = session.backend.instance
+            assert survivor is not None
+            assert survivor != first
+            lost = [h for h in session.ended_claims if h.end_reason == "instance_lost"]
+            assert {h.claim_id for h in lost} == set(before)
+            assert session.io.held  # claims re-established on the survivor
+        lines = log_lines(tmp_path / f"{session.workflow_id}.jsonl")
+        failovers = [line for line in lines if line["event"] == "reaction_failover"]
+        assert failovers
+        assert set(failovers[0]["lost_claims"]) == set(before)
+        assert failovers[0]["from_instance"] == first
+        ended = {
+            line["claim_id"]: line["reason"] for line in lines if line["event"] == "claim_ended"
+        }
+        assert all(ended[c] == "instance_lost" for c in before)
+        await client.close()
+
+
+async def test_refusals_never_trip_the_routers_circuit_breaker(fleet: Fleet) -> None:
+    """A dozen refusals on one instance: each is a 409 through the router (not retried, not
+    counted), and another session bound to that instance keeps being served there."""
+    async with httpx2.AsyncClient(base_url=fleet.router_url, timeout=20) as http:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+        r = await http.post("/v1/chat/completions", json=body, headers={"X-Session-ID": "keep"})
+        home = r.json()["agentclaims"]["instance"]
+        fill(fleet.url(home), "cb")
+        big = {
+            "model": "m",
+            "messages": [{"role": "user", "content": " ".join(f"b{i}" for i in range(120))}],
+        }
+        for _ in range(12):
+            r = await http.post(
+                "/v1/chat/completions",
+                json=big,
+                headers={"X-Session-ID": "keep", "X-Agentclaims-Router-Safe": "1"},
+            )
+            assert r.status_code == 409, r.text
+            assert r.json()["error"]["type"] in (
+                "active_request_refused",
+                "active_request_deferred",
+            )
+            assert r.json()["error"]["instance"] == home
+        calls = fleet.calls(home)
+        for _ in range(3):
+            r = await http.post("/v1/chat/completions", json=body, headers={"X-Session-ID": "keep"})
+            assert r.status_code == 200
+            assert r.json()["agentclaims"]["instance"] == home
+        assert fleet.calls(home) == calls + 3  # each reached that instance once: no retries

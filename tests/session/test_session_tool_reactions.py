@@ -1,0 +1,170 @@
+"""The session's reaction applies to the tool call itself when the claim that should hold the
+agent's prefix across it was refused: defer waits (bounded) then holds the planned claim
+before the tool starts, reroute moves to a member that accepts it, relax runs the tool under the
+weaker claim, fail raises before the tool starts. Real ReAct agents on real engines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.tools import tool
+from langgraph.prebuilt import create_react_agent
+from surface import SCRIPT, ask, log_lines
+
+import agentclaims
+from agentclaims.backends.embedded import EmbeddedBackend
+from agentclaims.backends.pool import BackendPool
+from agentclaims.bindings.decorators import claimed_session
+from agentclaims.errors import ClaimRefused
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+PINNING = {"reload_s_per_block": 1.0}
+"""Recomputing a block is dear: the planner pins the prefix across the tool (hard), and
+waiting up to a few seconds for that claim costs less than recomputing it."""
+
+
+def agent_with(backend: Any, ran: list[str], **options: Any) -> Any:
+    @tool
+    def search(query: str) -> str:
+        """Search the papers."""
+        ran.append(query)
+        return f"results for {query}"
+
+    model_backend = backend.backends[0] if isinstance(backend, BackendPool) else backend
+    agent = create_react_agent(agentclaims.chat_model(model_backend), [search])
+    return claimed_session(agent, backend=backend, **options)
+
+
+def lines(directory: Path, event: str) -> list[dict[str, Any]]:
+    return [line for line in log_lines(directory) if line["event"] == event]
+
+
+async def test_fail_raises_before_the_tool_starts(tmp_path):
+    backend = EmbeddedBackend(2048, 16, script=SCRIPT, owner_cap_blocks=0)
+    ran: list[str] = []
+    claimed = agent_with(backend, ran, reaction="fail", log_dir=tmp_path, **PINNING)
+    with pytest.raises(ClaimRefused, match="owner_cap_exceeded"):
+        await claimed.ainvoke(ask())
+    assert ran == []  # the tool never started
+    (fail,) = lines(tmp_path, "reaction_fail")
+    assert fail["node"] == "agent"
+    assert fail["claim_id"]
+    assert claimed.last_session.end_reason == "error"
+    await backend.aclose()
+
+
+async def test_relax_runs_the_tool_under_the_weaker_claim(tmp_path):
+    backend = EmbeddedBackend(2048, 16, script=SCRIPT, owner_cap_blocks=0)
+    ran: list[str] = []
+    claimed = agent_with(backend, ran, reaction="relax", log_dir=tmp_path, **PINNING)
+    result = await claimed.ainvoke(ask())
+    assert result["messages"][-1].content == "found three papers on it"
+    assert ran == ["kv papers"]
+    relaxed = [line for line in lines(tmp_path, "reaction_relax") if line.get("tool")]
+    assert len(relaxed) == 1
+    assert relaxed[0]["tool"] == "search"
+    assert relaxed[0]["from_mode"] == "hard_protected"
+    assert relaxed[0]["to_mode"] == "best_effort"
+    assert "owner_cap_exceeded" in relaxed[0]["reason"]
+    (call,) = lines(tmp_path, "tool_call")
+    assert call["claim_ids"] == [relaxed[0]["claim_id"]]
+    await backend.aclose()
+
+
+async def _blocker(backend: EmbeddedBackend) -> int:
+    """Another owner's hard claim on a long prompt; its blocks."""
+    words = " ".join(f"word{i}" for i in range(200))
+    body = {
+        "model": "scripted",
+        "messages": [{"role": "user", "content": words}],
+        "agentclaims": {
+            "owner_scope": "other",
+            "node": "other",
+            "claims": [
+                {
+                    "claim_id": "blocker",
+                    "object_id": "@prompt",
+                    "protection_mode": "hard_protected",
+                    "ttl_s": 600,
+                }
+            ],
+        },
+    }
+    answer = (await backend.http_client().post("/v1/chat/completions", json=body)).json()
+    assert answer["agentclaims"]["decisions"][0]["decision"] == "accepted"
+    return int(answer["agentclaims"]["prefix_ids"]["prompt"].rsplit("-", 1)[1])
+
+
+async def test_defer_waits_then_holds_the_planned_claim_before_the_tool(tmp_path):
+    probe = EmbeddedBackend(2048, 16, script=SCRIPT)
+    blocks = await _blocker(probe)
+    await probe.aclose()
+    backend = EmbeddedBackend(2048, 16, script=SCRIPT, protected_cap_blocks=blocks)
+    await _blocker(backend)  # the protected cap is full
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:  # the blocker goes while the session waits
+        waits.append(seconds)
+        await backend.release_claim("blocker", "other")
+
+    ran: list[str] = []
+    claimed = agent_with(backend, ran, reaction="defer", sleep=sleep, log_dir=tmp_path, **PINNING)
+    result = await claimed.ainvoke(ask())
+    assert result["messages"][-1].content == "found three papers on it"
+    assert ran == ["kv papers"]
+    (defer,) = [line for line in lines(tmp_path, "reaction_defer") if line.get("tool")]
+    assert defer["tool"] == "search"
+    assert defer["outcome"] == "refused"
+    assert "protected_capacity_exceeded" in defer["reason"]
+    assert waits == [defer["delay_s"]]
+    (call,) = lines(tmp_path, "tool_call")
+    planned = {line["claim_id"]: line["mode"] for line in lines(tmp_path, "claim_planned")}
+    assert [planned[c] for c in call["claim_ids"]] == ["hard_protected"]  # held as planned
+    assert claimed.last_session.stats.deferrals == 1
+    await backend.aclose()
+
+
+async def test_defer_gives_up_when_waiting_costs_more_than_recomputing(tmp_path):
+    backend = EmbeddedBackend(2048, 16, script=SCRIPT, owner_cap_blocks=0)
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    ran: list[str] = []
+    claimed = agent_with(backend, ran, reaction="defer", sleep=sleep, log_dir=tmp_path, **PINNING)
+    await claimed.ainvoke(ask())
+    assert ran == ["kv papers"]
+    (drop,) = [line for line in lines(tmp_path, "reaction_drop") if line.get("tool")]
+    assert sum(waits) == pytest.approx(drop["waited_s"])
+    assert drop["waited_s"] <= drop["recompute_s"]
+    assert len(waits) >= 2  # backed off, bounded by the recompute cost
+    await backend.aclose()
+
+
+async def test_reroute_sends_the_follow_up_to_a_member_that_accepts(tmp_path):
+    refusing = EmbeddedBackend(2048, 16, script=SCRIPT, owner_cap_blocks=0, name="m0")
+    accepting = EmbeddedBackend(2048, 16, script=SCRIPT, name="m1")
+    primer = agent_with(accepting, [], planner="off")
+    await primer.ainvoke(ask())  # the agent's turns are resident on m1 too (no claims there)
+    pool = BackendPool([refusing, accepting])
+    ran: list[str] = []
+    claimed = agent_with(pool, ran, reaction="reroute", log_dir=tmp_path, **PINNING)
+    result = await claimed.ainvoke(ask())
+    assert result["messages"][-1].content == "found three papers on it"
+    assert ran == ["kv papers"]
+    (moved,) = [line for line in lines(tmp_path, "reaction_reroute") if line.get("tool")]
+    assert (moved["from_backend"], moved["to_backend"]) == ("m0", "m1")
+    assert moved["tool"] == "search"
+    calls = lines(tmp_path, "llm_call")
+    assert [c["backend"] for c in calls] == ["m0", "m1"]
+    assert calls[1]["cached_tokens"] > 0
+    assert calls[1]["claim_id"] == moved["claim_id"]
+    for member in (refusing, accepting):
+        assert [c for c in member.engine._claims.values() if c.state.live] == []
+        await member.aclose()
+    assert json.dumps(claimed.last_session.stats.reroutes) == "1"

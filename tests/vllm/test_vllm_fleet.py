@@ -1,0 +1,115 @@
+"""A fleet of two real vLLM servers with the agentclaims connector, a gateway beside each
+(`agentclaims serve --kv vllm --behind-router`), the real vllm-router in front: a session's
+turns all reach the instance whose connector holds its claims, and a killed instance's claims
+are reported lost and re-established on the survivor. (Reroute on refusal is tested on the
+reference engine behind the same router: tests/fleet; on vLLM the connector's cap keeps one
+max-length request always admissible, so a refusal cannot be forced the same way.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from conftest import VllmServer, serve_vllm
+from servers import start_gateway, start_router, stop
+
+import agentclaims
+from agentclaims.backends.fleet import FleetBackend
+from agentclaims.session import ClaimedSession
+
+pytestmark = pytest.mark.vllm
+
+
+class VllmFleet:
+    def __init__(self) -> None:
+        self.gateways: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+        self.router_url = ""
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    vllm_server: VllmServer, tiny_model: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VllmFleet]:
+    out = VllmFleet()
+    router = None
+    with serve_vllm(tiny_model, tmp_path_factory, "fleet-b") as second:
+        try:
+            for name, server in (("vA", vllm_server), ("vB", second)):
+                out.gateways[name] = start_gateway(
+                    *("--kv", "vllm", "--upstream", server.url, "--claims-key", server.key),
+                    *("--instance-id", name, "--behind-router"),
+                )
+            router = start_router(*(url for _, url in out.gateways.values()))
+            out.router_url = router[1]
+            yield out
+        finally:
+            if router is not None:
+                stop(router[0], group=True)
+            for proc, _ in out.gateways.values():
+                stop(proc)
+
+
+def words(tag: str, n: int) -> str:
+    return " ".join(f"{tag}{i}" for i in range(n))
+
+
+async def turn(client: Any, messages: list[dict[str, Any]], text: str) -> None:
+    messages.append({"role": "user", "content": text})
+    reply = await client.chat.completions.create(
+        model="m", messages=messages, max_tokens=4, temperature=0
+    )
+    messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+
+
+async def test_a_fleet_session_keeps_affinity_then_fails_over_on_vllm(
+    fleet: VllmFleet, tmp_path: Path
+) -> None:
+    async with FleetBackend(fleet.router_url) as backend:
+        client = agentclaims.openai_client(backend)
+        async with ClaimedSession(backend, log_dir=tmp_path) as session:
+            messages = [{"role": "system", "content": words("sys", 12)}]
+            with session.node("agent"):
+                for i in range(3):
+                    await turn(client, messages, words(f"t{i}w", 3))
+                    async with session.tool_call("pytest"):
+                        pass
+                await session.settle()
+                home = session.backend.instance
+                assert home in fleet.gateways
+                held = [h.claim_id for h in session.io.held.values()]
+                assert held, "the planner held the agent's prefix on vLLM"
+                url = fleet.gateways[home][1]
+                for claim_id in held:  # held by that instance's connector
+                    view = httpx2.get(
+                        f"{url}/v1/claims/{claim_id}",
+                        params={"owner_scope": session.owner_scope},
+                        timeout=30,
+                    ).json()
+                    assert view["state"] == "materialized", view
+                proc, _ = fleet.gateways[home]
+                os.kill(proc.pid, signal.SIGKILL)  # the instance dies
+                proc.wait(timeout=10)
+                await turn(client, messages, words("after", 3))
+                async with session.tool_call("pytest"):
+                    pass
+                await turn(client, messages, words("again", 3))
+                await session.settle()
+            survivor = session.backend.instance
+            assert survivor is not None
+            assert survivor != home
+            lost = {h.claim_id for h in session.ended_claims if h.end_reason == "instance_lost"}
+            assert lost == set(held)
+            again = [h.claim_id for h in session.io.held.values()]
+            assert again  # re-established on the survivor's connector
+        lines = [json.loads(x) for x in (tmp_path / f"{session.workflow_id}.jsonl").open()]
+        [failover] = [x for x in lines if x["event"] == "reaction_failover"]
+        assert failover["from_instance"] == home
+        assert set(failover["lost_claims"]) == set(held)
+        await client.close()
