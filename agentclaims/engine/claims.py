@@ -284,7 +284,8 @@ class ClaimArbiter:
             ) + len(hashes)
         protects = TIER_OF_MODE[spec.protection_mode] == PROTECTED
         hard = spec.protection_mode is ProtectionMode.HARD_PROTECTED
-        resident = self._pool.detach(hashes)
+        ranked_hint = spec.protection_mode is ProtectionMode.BEST_EFFORT and self._pool.ranked
+        resident = [] if ranked_hint else self._pool.detach(hashes)
         for h in hashes:
             self._pool.cover.setdefault(h, []).append(claim)
             if protects:
@@ -394,7 +395,11 @@ class ClaimArbiter:
         refs = [self._pool.protect_ref]
         if spec.protection_mode is ProtectionMode.HARD_PROTECTED:
             refs.append(self._pool.hard_ref)
-        resident = self._pool.detach(claim.hashes)
+        best_effort = spec.protection_mode is ProtectionMode.BEST_EFFORT
+        # a ranking pool keeps best-effort blocks where unclaimed ones wait: nothing moves
+        resident = [] if best_effort and self._pool.ranked else self._pool.detach(claim.hashes)
+        # a best-effort claim never protected its blocks: their later losses are ordinary
+        track = target is not ClaimState.HARMED and not best_effort
         for h in claim.hashes:
             cover = self._pool.cover[h]
             cover.remove(claim)
@@ -407,7 +412,7 @@ class ClaimArbiter:
                         ref[h] = left
                     else:
                         del ref[h]
-            if h in self._pool.cached and target is not ClaimState.HARMED:
+            if track and h in self._pool.cached:
                 self._pool.ended_cover.setdefault(h, []).append(claim)
         self._events.emit(
             name, claim=claim, request_id=request_id, state=target.value, reason=reason, **data
