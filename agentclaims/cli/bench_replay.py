@@ -40,6 +40,7 @@ _COLUMNS = (
     ("true_harm", "{:>9}"),
     ("peak_protected_blocks", "{:>21}"),
     ("wall_s", "{:>8.1f}"),
+    ("cpu_s", "{:>7.1f}"),
 )
 
 
