@@ -188,6 +188,27 @@ def test_cli_json_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     for row in data["policies"].values():
         assert 0.0 <= row["hit_ratio"] <= 1.0
     assert data["policies"]["opt"]["hit_ratio"] >= data["policies"]["lru"]["hit_ratio"]
+    # only the optimum reads the future; every row says what it cost
+    assert {n for n, r in data["policies"].items() if r["uses_future"]} == {"opt"}
+    assert all(r["wall_s"] > 0 and r["cpu_s"] > 0 for r in data["policies"].values())
+
+
+def test_cli_table_marks_the_future_and_reports_wall_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for i in range(3):
+        write_trace(tmp_path / f"trace_{i:04d}.json.gz", f"trace_{i:04d}", n=3 + i)
+    assert replay_cli(tmp_path, "--capacity-blocks", "6", "--policies", "agentclaims") == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("policy"))
+    assert header.split()[-2:] == ["wall_s", "cpu_s"]
+    rows = {
+        line.split()[0]: line
+        for line in lines
+        if line.split()[:1] in (["lru"], ["opt*"], ["agentclaims"])
+    }
+    assert set(rows) == {"lru", "agentclaims", "opt*"}
+    assert any("uses information from the future" in line for line in lines)
 
 
 def test_cli_unknown_policy_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
