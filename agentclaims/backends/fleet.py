@@ -286,6 +286,14 @@ class FleetBackend(BackendPool):
         with contextlib.suppress(httpx2.TransportError):  # else it expires at the router
             await self._router.post(f"{self.router_url}/finish_session", params={"session_id": key})
 
+    async def candidates(
+        self, session_id: str, prefix_ids: Sequence[PrefixId] = ()
+    ) -> list[Backend]:
+        """None: behind a router a session cannot be sent to an instance of its choosing (a
+        tool call's claim that is refused then waits, as ``defer``; a refused request is
+        rerouted under a new routing key, ``reroute``)."""
+        return []
+
     def release(self, session_id: str) -> None:
         """The session ended: end its binding at the router (in the background)."""
         routed = self._sessions.pop(session_id, None)
