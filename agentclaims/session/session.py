@@ -607,6 +607,11 @@ class ClaimedSession:
         lost = [h for h in self.io.held.values() if h.claim_id in gone]
         for held in lost:
             self.io.lose(held, "instance_lost")
+        # let go already, but the instance never confirmed it (the release failed): lost too
+        unconfirmed = [h for h in self.io.ended if h.state == "unknown" and h.claim_id in gone]
+        for held in unconfirmed:
+            held.end_reason = "instance_lost"
+        lost += [h for h in unconfirmed if h not in lost]
         self._backend = new
         self._moved = "failover"
         self.stats.reroutes += 1
