@@ -1,5 +1,6 @@
 """The gateway under load: N concurrent sessions against `agentclaims serve` on the reference
-engine, on loopback, for a fixed time (a script that prints figures; no test times anything).
+engine, on loopback, for a fixed time after a ramp (a script that prints figures; no test
+times anything). Figures are over the steady window: requests started after the ramp.
 
 Each session is a small agent loop, as the SDK sends it: three chat turns on a growing
 context, each claiming its prompt (soft_priority), then a release of every claim. Sessions
@@ -9,7 +10,8 @@ without either, side by side in one run. It prints requests/s, latency p50/p99 p
 explicit refusals and deferrals, every other error (goal: none), and the ledger's write cost
 per claim operation (from the gateway's own /v1/stats). Run::
 
-    .venv/bin/python benchmarks/bench_gateway_load.py [--sessions 1000] [--duration 60] [--json]
+    .venv/bin/python benchmarks/bench_gateway_load.py [--sessions 1000] [--duration 60]
+        [--ramp 10] [--json]
 """
 
 from __future__ import annotations
@@ -57,8 +59,12 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def _session(url: str, n: int, key: str | None, deadline: float, out: dict[str, Any]) -> None:
-    """One agent's loop, with its own client and connection (as each agent process has)."""
+async def _session(
+    url: str, n: int, key: str | None, deadline: float, out: dict[str, Any], delay: float
+) -> None:
+    """One agent's loop, with its own client and connection (as each agent process has),
+    started after ``delay`` (sessions ramp up rather than connect all at once)."""
+    await asyncio.sleep(delay)
     headers = {} if key is None else {"Authorization": f"Bearer {key}"}
     limits = httpx2.Limits(max_connections=1, max_keepalive_connections=1)
     async with httpx2.AsyncClient(
@@ -102,7 +108,7 @@ async def _loop(
             except httpx2.TransportError as exc:
                 out["errors"][f"transport:{type(exc).__name__}"] += 1
                 continue
-            out["latency"]["chat"].append(time.perf_counter() - started)
+            out["latency"]["chat"].append((started, time.perf_counter() - started))
             if r.status_code == 200:
                 data = r.json()
                 messages.append(data["choices"][0]["message"])
@@ -122,12 +128,14 @@ async def _loop(
             except httpx2.TransportError as exc:
                 out["errors"][f"transport:{type(exc).__name__}"] += 1
                 continue
-            out["latency"]["release"].append(time.perf_counter() - started)
+            out["latency"]["release"].append((started, time.perf_counter() - started))
             if r.status_code != 200:
                 out["errors"][f"release HTTP {r.status_code}"] += 1
 
 
-def run_one(label: str, sessions: int, duration: float, service: bool) -> dict[str, Any]:
+def run_one(
+    label: str, sessions: int, duration: float, service: bool, ramp: float
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="agentclaims-load-") as tmp:
         folder = Path(tmp)
         port = free_port()
@@ -148,23 +156,36 @@ def run_one(label: str, sessions: int, duration: float, service: bool) -> dict[s
                 "latency": {"chat": [], "release": []},
             }
 
-            async def main() -> float:
-                started = time.monotonic()
-                deadline = started + duration
+            async def main() -> tuple[float, float]:
+                started = time.perf_counter()
+                deadline = time.monotonic() + ramp + duration
                 await asyncio.gather(
                     *(
-                        _session(url, i, _key(i % TENANTS) if service else None, deadline, out)
+                        _session(
+                            url,
+                            i,
+                            _key(i % TENANTS) if service else None,
+                            deadline,
+                            out,
+                            ramp * i / sessions,
+                        )
                         for i in range(sessions)
                     )
                 )
-                return time.monotonic() - started
+                return started + ramp, started + ramp + duration
 
-            elapsed = asyncio.run(main())
+            window = asyncio.run(main())
+            elapsed = duration
             headers = {"Authorization": f"Bearer {OPS}"} if service else {}
             stats = httpx2.get(f"{url}/v1/stats", headers=headers, timeout=30).json()
         finally:
             stop(proc)
-    requests = sum(len(v) for v in out["latency"].values())
+    # the steady window: requests started after the ramp and before the deadline
+    steady = {
+        kind: [dt for at, dt in rows if window[0] <= at < window[1]]
+        for kind, rows in out["latency"].items()
+    }
+    requests = sum(len(v) for v in steady.values())
     ledger = stats.get("ledger") or {}
     engine = stats.get("engine", {})
     claim_ops = (
@@ -176,11 +197,12 @@ def run_one(label: str, sessions: int, duration: float, service: bool) -> dict[s
         "setup": label,
         "sessions": sessions,
         "seconds": round(elapsed, 1),
+        "ramp_s": ramp,
         "requests": requests,
         "requests_per_s": round(requests / elapsed, 1),
         **{
             f"{kind}_{name}_ms": round(_pct(lat, q) * 1000, 2)
-            for kind, lat in out["latency"].items()
+            for kind, lat in steady.items()
             for name, q in (("p50", 0.5), ("p99", 0.99))
         },
         "served": out["status"]["200"],
@@ -200,11 +222,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--ramp", type=float, default=10.0, help="seconds to start them all")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = [
-        run_one("tenants + ledger", args.sessions, args.duration, service=True),
-        run_one("plain (no keys, no ledger)", args.sessions, args.duration, service=False),
+        run_one("tenants + ledger", args.sessions, args.duration, True, args.ramp),
+        run_one("plain (no keys, no ledger)", args.sessions, args.duration, False, args.ramp),
     ]
     if args.json:
         print(json.dumps(rows, indent=2))

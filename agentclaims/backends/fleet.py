@@ -63,6 +63,7 @@ class RoutedBackend(HTTPBackend):
         self.key = session_id if hop == 0 else f"{session_id}~{hop}"
         self.instance: str | None = None
         """The instance the router sent this key to (from its last answer)."""
+        self._move: tuple[str, str] | None = None
         self.previous_key: str | None = None
         """The key this one replaces: its binding is ended after this key's first answer,
         so the router still counts the old one while it places the new one."""
@@ -98,12 +99,20 @@ class RoutedBackend(HTTPBackend):
     def _moved_to(self, instance: str | None, url: str | None) -> None:
         if not instance:
             return
+        if self.instance is not None and instance != self.instance and self._move is None:
+            self._move = (self.instance, instance)  # the router moved this key by itself
         self.instance = instance
         self.fleet._member(instance, url)
         self.fleet._lost.discard(instance)
         if self.previous_key is not None:  # the old binding ends once this one is made
             self.fleet._finish_later(self.previous_key)
             self.previous_key = None
+
+    def take_move(self) -> tuple[str, str] | None:
+        """(old, new) instance if the router sent this key to another instance since the
+        last call (it ejected a dead worker); once."""
+        move, self._move = self._move, None
+        return move
 
     def _here(self) -> HTTPBackend:
         if self.instance is None:
@@ -285,6 +294,14 @@ class FleetBackend(BackendPool):
     async def _finish(self, key: str) -> None:
         with contextlib.suppress(httpx2.TransportError):  # else it expires at the router
             await self._router.post(f"{self.router_url}/finish_session", params={"session_id": key})
+
+    async def candidates(
+        self, session_id: str, prefix_ids: Sequence[PrefixId] = ()
+    ) -> list[Backend]:
+        """None: behind a router a session cannot be sent to an instance of its choosing (a
+        tool call's claim that is refused then waits, as ``defer``; a refused request is
+        rerouted under a new routing key, ``reroute``)."""
+        return []
 
     def release(self, session_id: str) -> None:
         """The session ended: end its binding at the router (in the background)."""

@@ -104,6 +104,10 @@ class Ledger:
             self.claims[cid] = LedgerClaim(
                 cid, tenant, owner, ProtectionMode(mode), fp, ClaimState(state), n
             )
+        self._usage: dict[str | None, list[int]] = {}
+        """tenant -> [live claims, blocks their protected ones cover] (what quotas read)."""
+        for c in self.claims.values():
+            self._count(c, 1)
         self.writes = 0
         """Transactions committed by this process (the benchmark's write count)..."""
         self.write_s = 0.0
@@ -115,14 +119,21 @@ class Ledger:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
-    def _write(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
-        """One transaction (fail closed: a write that fails raises ``ServiceUnavailable``)."""
+    def _write(
+        self,
+        statements: Iterable[tuple[str, Sequence[Any]]],
+        many: Sequence[tuple[str, Sequence[Sequence[Any]]]] = (),
+    ) -> None:
+        """One transaction: ``many`` (``executemany``) first, then ``statements`` (fail
+        closed: a write that fails raises ``ServiceUnavailable``)."""
         if self.closed:
             raise ServiceUnavailable("the claim ledger is closed (the gateway is stopping)")
         started = time.perf_counter()
         try:
             self._db.execute("BEGIN IMMEDIATE")
             try:
+                for sql, rows in many:
+                    self._db.executemany(sql, rows)
                 for sql, args in statements:
                     self._db.execute(sql, args)
             except BaseException:
@@ -191,6 +202,18 @@ class Ledger:
         )
         for c in new:
             self.claims[c.claim_id] = c
+            self._count(c, 1)
+
+    def _count(self, claim: LedgerClaim, sign: int) -> None:
+        usage = self._usage.setdefault(claim.tenant, [0, 0])
+        usage[0] += sign
+        if claim.protected:
+            usage[1] += sign * claim.footprint_blocks
+
+    def usage(self, tenant: str | None) -> tuple[int, int]:
+        """The tenant's live claims and the blocks its protected ones cover (O(1))."""
+        count, blocks = self._usage.get(tenant, (0, 0))
+        return count, blocks
 
     def live(self, tenant: str | None = None) -> list[LedgerClaim]:
         return [
@@ -212,6 +235,7 @@ class Ledger:
             return []
         out: list[ClaimEvent] = []
         rows: list[tuple[str, Sequence[Any]]] = []
+        inserts: list[tuple[int, str | None, str]] = []
         changed: dict[str, LedgerClaim] = {}
         seq = self.last_seq
         for ev in events:
@@ -227,13 +251,13 @@ class Ledger:
                     claim.state = target
                 claim.event_sequence = max(claim.event_sequence, ev.event_sequence)
                 changed[claim.claim_id] = claim
-            rows.append(("INSERT INTO events VALUES (?, ?, ?)", (seq, tenant, served.to_json())))
+            inserts.append((seq, tenant, served.to_json()))
             out.append(served)
         rows.extend(self._claim_rows(changed.values()))
         rows.append(("INSERT OR REPLACE INTO meta VALUES ('last_seq', ?)", (str(seq),)))
         if seq % 10_000 < len(events):
             rows.append(("DELETE FROM events WHERE seq <= ?", (seq - self.max_events,)))
-        self._write(rows)
+        self._write(rows, many=[("INSERT INTO events VALUES (?, ?, ?)", inserts)])
         self.last_seq = seq
         return out
 
@@ -250,8 +274,8 @@ class Ledger:
             else:  # its story is in the events; the table keeps what is still to account for
                 rows.append(("DELETE FROM claims WHERE claim_id = ?", (c.claim_id,)))
         for c in claims:
-            if not c.state.live:
-                self.claims.pop(c.claim_id, None)
+            if not c.state.live and self.claims.pop(c.claim_id, None) is not None:
+                self._count(c, -1)
         return rows
 
     def end_unaccounted(self, run_id: str) -> list[ClaimEvent]:

@@ -182,17 +182,18 @@ class Service:
         tenant = self.keys.tenants.get(name) if name is not None else None
         if tenant is None:
             return None
-        held = [(c.footprint_blocks, c.protected) for c in self.ledger.live(tenant.name)]
-        held += [(fp, p) for t, fp, p in self._reserved.values() if t == tenant.name]
+        live, used = self.ledger.usage(tenant.name)
+        for t, fp, p in self._reserved.values():  # let through, not yet decided
+            if t == tenant.name:
+                live, used = live + 1, used + (fp if p else 0)
         protected = spec.protection_mode.value != "best_effort"
         reason = None
-        if tenant.max_claims is not None and len(held) + 1 > tenant.max_claims:
+        if tenant.max_claims is not None and live + 1 > tenant.max_claims:
             reason = (
-                f"tenant {tenant.name!r} has {len(held)} live claims, "
+                f"tenant {tenant.name!r} has {live} live claims, "
                 f"at most {tenant.max_claims} allowed"
             )
         elif protected and tenant.quota_blocks is not None:
-            used = sum(fp for fp, p in held if p)
             if used + spec.footprint_blocks > tenant.quota_blocks:
                 reason = (
                     f"tenant {tenant.name!r} would protect {used + spec.footprint_blocks} "
@@ -340,10 +341,10 @@ class Service:
         if self.keys is not None and self.ledger is not None:
             tenants: dict[str, dict[str, int]] = {}
             for name in self.keys.tenants:
-                live = self.ledger.live(name)
+                live, blocks = self.ledger.usage(name)
                 tenants[name] = {
-                    "live_claims": len(live),
-                    "protected_blocks": sum(c.footprint_blocks for c in live if c.protected),
+                    "live_claims": live,
+                    "protected_blocks": blocks,
                     **{what: n for (t, what), n in self.counts.items() if t == name},
                 }
             out["tenants"] = tenants

@@ -159,6 +159,11 @@ class ClaimIO:
             facts = self._backend_facts[backend.name] = (ident, trusted_modes(desc))
         return facts
 
+    def forget(self, backend_name: str) -> None:
+        """Read ``backend_name``'s descriptor again next time (it now reaches another
+        instance)."""
+        self._backend_facts.pop(backend_name, None)
+
     async def identity(self, backend: ClaimsProtocol) -> CacheIdentity:
         """The cache identity of ``backend``'s claims, from its descriptor, read once."""
         return (await self._facts(backend))[0]

@@ -419,6 +419,7 @@ class ClaimedSession:
         answered = getattr(self.backend, "answered_by", None)
         if callable(answered):  # a fleet: the instance the answer names (streamed ones too)
             answered(extension)
+            self._follow_instance()
         prompt = int(usage.get("prompt_tokens") or 0)
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         st = self.stats
@@ -609,21 +610,48 @@ class ClaimedSession:
         if new is None:
             return False
         await self.sleep(min(2.0, 0.25 * new.hop))  # give the router's health check a moment
+        self._backend = new
+        self._lose_instance(pool, instance, reason, to_backend=new.name)
+        return True
+
+    def _lose_instance(self, pool: Any, instance: str | None, reason: str, **where: Any) -> None:
+        """Every claim this session had on ``instance`` (gone) ended ``instance_lost``: those
+        it held, and those it let go whose release the instance never confirmed; one
+        ``reaction_failover`` line names them."""
         gone = set(pool.lose_instance(instance)) if instance is not None else set()
         lost = [h for h in self.io.held.values() if h.claim_id in gone]
         for held in lost:
             self.io.lose(held, "instance_lost")
-        self._backend = new
+        unconfirmed = [h for h in self.io.ended if h.state == "unknown" and h.claim_id in gone]
+        for held in unconfirmed:
+            held.end_reason = "instance_lost"
+        lost += [h for h in unconfirmed if h not in lost]
+        self.io.forget(self.backend.name)  # the next instance's cache identity is its own
         self._moved = "failover"
         self.stats.reroutes += 1
         self.log_reaction(
             "failover",
             reason=reason,
             from_instance=instance,
-            to_backend=new.name,
             lost_claims=[h.claim_id for h in lost],
+            **where,
         )
-        return True
+
+    def _follow_instance(self) -> None:
+        """Behind a router: if the router itself moved this session to another instance (it
+        ejected a dead worker and kept the key), its claims there are lost: say so."""
+        take = getattr(self.backend, "take_move", None)
+        if not callable(take):
+            return
+        move = take()
+        if move is not None:
+            old, new = move
+            self._lose_instance(
+                self.pool,
+                old,
+                "the router moved the session to another instance",
+                to_instance=new,
+            )
 
     async def relax_claims(self, claim_ids: Sequence[str]) -> int:
         """Downgrade this session's claims among ``claim_ids`` one mode each; how many."""

@@ -261,3 +261,39 @@ async def test_refusals_never_trip_the_routers_circuit_breaker(fleet: Fleet) -> 
             assert r.status_code == 200
             assert r.json()["agentclaims"]["instance"] == home
         assert fleet.calls(home) == calls + 3  # each reached that instance once: no retries
+
+
+async def test_a_session_the_router_moves_by_itself_reports_its_claims_lost(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """The router's health check ejects a killed instance before the session's next call,
+    and sends the same key to the survivor: the session sees the new instance in the answer
+    and reports its claims on the dead one lost all the same."""
+    import asyncio
+
+    async with FleetBackend(fleet.router_url) as backend:
+        client = agentclaims.openai_client(backend)
+        async with ClaimedSession(backend, log_dir=tmp_path) as session:
+            messages = [{"role": "system", "content": "be brief " * 10}]
+            with session.node("agent"):
+                await turn(client, messages, "first turn")
+                async with session.tool_call("pytest"):
+                    pass
+                await turn(client, messages, "second turn")
+                await session.settle()
+                first = session.backend.instance
+                before = [h.claim_id for h in session.io.held.values()]
+                assert first is not None
+                assert before
+                fleet.kill(first)
+                await asyncio.sleep(3.0)  # health checks every 1 s, one failure ejects
+                await turn(client, messages, "third turn, elsewhere")
+                await session.settle()
+            assert session.backend.instance not in (None, first)
+        lines = log_lines(tmp_path / f"{session.workflow_id}.jsonl")
+        [failover] = [line for line in lines if line["event"] == "reaction_failover"]
+        assert failover["from_instance"] == first
+        assert set(failover["lost_claims"]) == set(before)
+        assert failover["to_instance"] == session.backend.instance  # moved by the router
+        assert "moved" in failover["reason"]
+        await client.close()

@@ -100,6 +100,10 @@ async def _run(steps: list[tuple[str, str, str, int, int, str]]) -> None:
             # the ledger's live claims are the engine's
             engine_live = {c.claim_id for c in kv.engine._claims.values() if c.state.live}
             assert {c.claim_id for c in ledger.live()} == engine_live
+            for name in ("alpha", "beta"):  # the quota counters are the live claims' sums
+                live = ledger.live(name)
+                protected = sum(c.footprint_blocks for c in live if c.protected)
+                assert ledger.usage(name) == (len(live), protected)
         everything = (await clients["ops"].get("/v1/events", params={"limit": 100_000})).json()
         seqs = [e["seq"] for e in everything["events"]]
         assert seqs == sorted(set(seqs))

@@ -101,13 +101,14 @@ async def test_a_fleet_session_keeps_affinity_then_fails_over_on_vllm(
                     pass
                 await turn(client, messages, words("again", 3))
                 await session.settle()
+            story = (tmp_path / f"{session.workflow_id}.jsonl").read_text()[-6000:]
             survivor = session.backend.instance
-            assert survivor is not None
-            assert survivor != home
+            assert survivor is not None, story
+            assert survivor != home, story
             lost = {h.claim_id for h in session.ended_claims if h.end_reason == "instance_lost"}
-            assert lost == set(held)
+            assert lost == set(held), story
             again = [h.claim_id for h in session.io.held.values()]
-            assert again  # re-established on the survivor's connector
+            assert again, story  # re-established on the survivor's connector
         lines = [json.loads(x) for x in (tmp_path / f"{session.workflow_id}.jsonl").open()]
         [failover] = [x for x in lines if x["event"] == "reaction_failover"]
         assert failover["from_instance"] == home
