@@ -21,12 +21,15 @@ conformance levels that need them report ``not_exposed`` on it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import logging
+import re
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
@@ -48,9 +51,11 @@ from agentclaims.contract import (
     owned_claim,
     prefix_id_of,
 )
+from agentclaims.engine.blocks import hash_token_blocks
 from agentclaims.errors import (
     BackendError,
     BackendUnavailable,
+    ContractViolation,
     OperationNotExposed,
     UsageError,
 )
@@ -67,8 +72,11 @@ from agentclaims.protocol import (
     ServeResult,
 )
 from agentclaims.vllm.client import ConnectorAnswer, ConnectorClient
+from agentclaims.vllm.observer import KVEventsObserver
 
 __all__ = ["UpstreamResult", "UpstreamText", "VllmKV"]
+
+log = logging.getLogger("agentclaims.vllm")
 
 _CONTRACT_EVENTS = {e.value for e in EventName}
 _KINDS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
@@ -93,6 +101,16 @@ class _Claim:
     held_blocks: int
     end_reason: str | None = None
     expires_at_ns: int | None = None
+    hashes: tuple[BlockHash, ...] = ()
+    """The claimed blocks' hashes (the gateway's), head first: what the observer joins."""
+    lost: set[BlockHash] = field(default_factory=set)
+    """Claimed blocks seen leaving vLLM's cache after the claim ended (each counted once)."""
+
+    @property
+    def held(self) -> bool:
+        """The connector holds its blocks (as far as the gateway has heard)."""
+        live = self.state in (ClaimState.ACCEPTED, ClaimState.MATERIALIZED)
+        return live and self.held_blocks > 0
 
 
 def _prompt_ids(data: Mapping[str, Any]) -> list[int] | None:
@@ -132,6 +150,9 @@ class VllmKV:
         block_size: int = 32,
         timeout_s: float = 120.0,
         max_prefixes: int = 100_000,
+        kv_events: str | None = None,
+        kv_events_replay: str | None = None,
+        events_python: str | None = None,
     ) -> None:
         if not upstream.startswith(("http://", "https://")):
             raise UsageError("upstream", f"must be the vLLM server's http(s) URL, got {upstream!r}")
@@ -160,6 +181,27 @@ class VllmKV:
         """What the gateway checks and serves as this KV side's lowering."""
         self.claim_gate: Callable[[ClaimSpec], str | None] | None = None
         """Asked about every claim before it is sent: a reason refuses it here (tenant limits)."""
+        self.observer: KVEventsObserver | None = None
+        """vLLM's KV events joined to the gateway's block hashes (``kv_events``): per-block
+        residency, materialization seen in vLLM's own cache, and harm if a held block goes."""
+        if kv_events is not None:
+            from agentclaims.vllm.launch import vllm_python
+
+            self.observer = KVEventsObserver(
+                kv_events,
+                python=vllm_python(events_python),
+                block_size=block_size,
+                replay=kv_events_replay,
+            )
+            self.observer.on_removed = self._blocks_lost
+        self.connector = True
+        """Whether the agentclaims connector answers in this vLLM (stock vLLM: no claim held)."""
+        self.usable_blocks = 0
+        """vLLM's pool, in blocks (its null block excluded), known once started."""
+        self.fault: str | None = None
+        """Set when a held claim was harmed (a connector bug): no claim is accepted after it."""
+        self._last_stored: tuple[BlockHash, ...] = ()
+        self._judging: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         """Once, before anything else: end every hold the connector still has from an earlier
@@ -173,11 +215,25 @@ class VllmKV:
     async def _revoke_orphans(self) -> None:
         version = (await self._get("/version")).get("version")
         self.runtime_version = str(version) if version else None
+        self.usable_blocks = await self._pool_blocks()
+        if self.observer is not None:
+            self.observer.on_stored = self._blocks_stored
+            await self.observer.start()
         client = await self._connector_ready()
         client.skip_events((await client.complete([1], max_tokens=1)).last_seq)  # history before
         answer = await client.operate([{"op": "revoke_all", "reason": "gateway_restart"}])
+        self.connector = bool(answer.results)  # stock vLLM ignores the operations
         async with self._lock:
             self._absorb(answer)
+
+    async def _pool_blocks(self) -> int:
+        """vLLM's KV blocks less its null block, from its ``/metrics`` (``cache_config_info``)."""
+        try:
+            response = await self._http.get(self.upstream + "/metrics", timeout=10.0)
+        except httpx2.TransportError as exc:
+            raise BackendUnavailable(f"vLLM at {self.upstream} unreachable: {exc!r}") from exc
+        found = re.search(r'num_gpu_blocks="(\d+)"', response.text)
+        return max(0, int(found.group(1)) - 1) if found else 0
 
     # ------------------------------------------------------------------ upstream plumbing
     async def model(self) -> str:
@@ -247,8 +303,6 @@ class VllmKV:
     def _register(
         self, tokens: Sequence[int], salt: str | None
     ) -> tuple[list[BlockHash], str | None]:
-        from agentclaims.engine.blocks import hash_token_blocks
-
         hashes = hash_token_blocks(list(tokens), self.block_size, cache_salt=salt)
         if not hashes:
             return hashes, None
@@ -273,8 +327,8 @@ class VllmKV:
                 event_sequence=n,
                 timestamp_ns=time.time_ns(),
                 run_id=self._run_id,
-                policy="vllm+agentclaims",
-                usable_blocks=0,
+                policy="vllm+agentclaims" if self.connector else "vllm",
+                usable_blocks=self.usable_blocks,
                 request_id=None if request_id is None else RequestId(request_id),
                 claim_id=None if claim_id is None else ClaimId(claim_id),
                 prefix_id=None if claim is None else PrefixId(claim.spec.object_id),
@@ -294,6 +348,8 @@ class VllmKV:
                 for k, v in raw.items()
                 if k not in ("seq", "event", "claim_id", "timestamp_ns", "request_id")
             }
+            if name == EventName.RESIDENT_CLAIM_MATERIALIZED.value and self.observer is not None:
+                continue  # seen in vLLM's own cache instead (_confirm)
             claim = self._claims.get(cid) if cid else None
             if claim is not None:
                 if name == EventName.RESIDENT_CLAIM_EXPIRED.value:
@@ -358,12 +414,24 @@ class VllmKV:
         if tokens is None:
             tokens = _prompt_ids(data)
         payload = _client_payload(data, keep_token_ids=wants_ids)
+        if answer.served and tokens is not None:
+            if not hashes:
+                hashes = hash_token_blocks(list(tokens), self.block_size, cache_salt=cache_salt)
+            self._last_stored = tuple(hashes)
+            footprint = max((s.footprint_blocks for s in specs), default=0)
+            await self._seen_stored(hashes[:footprint])
         async with self._lock:
             if tokens is not None and prompt_pid is None:
                 hashes, prompt_pid = self._register(tokens, cache_salt)
             self._absorb(answer)
             result = self._result(answer, specs, prompt_pid, hashes, gated)
         return UpstreamResult(payload, result)
+
+    async def _seen_stored(self, hashes: Sequence[BlockHash], timeout_s: float = 1.0) -> None:
+        """Wait (bounded) until the observer has seen ``hashes`` stored: vLLM's events of a
+        request it answered come on another channel, a little later."""
+        if self.observer is not None and hashes:
+            await self.observer.wait_resident(hashes, timeout_s)
 
     def _hold_op(self, spec: ClaimSpec) -> dict[str, Any]:
         op: dict[str, Any] = {
@@ -449,7 +517,7 @@ class VllmKV:
         decisions = tuple(
             self._refuse(spec, gated[spec.claim_id], rid)
             if spec.claim_id in gated
-            else self._decide(spec, answer)
+            else self._decide(spec, answer, hashes)
             for spec in specs
         )
         return ServeResult(
@@ -462,6 +530,13 @@ class VllmKV:
         )
 
     def _gated(self, spec: ClaimSpec) -> str | None:
+        if self.fault is not None:
+            return self.fault
+        if not self.connector and spec.protection_mode.value != "best_effort":
+            return (
+                f"no agentclaims connector answers in this vLLM: {spec.protection_mode.value} "
+                "cannot be held (stock prefix caching only)"
+            )
         return None if self.claim_gate is None else self.claim_gate(spec)
 
     def _refuse(self, spec: ClaimSpec, reason: str, request_id: str | None) -> ClaimDecision:
@@ -491,7 +566,9 @@ class VllmKV:
             reason,
         )
 
-    def _decide(self, spec: ClaimSpec, answer: ConnectorAnswer) -> ClaimDecision:
+    def _decide(
+        self, spec: ClaimSpec, answer: ConnectorAnswer, hashes: Sequence[BlockHash]
+    ) -> ClaimDecision:
         try:
             result = answer.result_of(spec.claim_id)
         except KeyError:
@@ -501,7 +578,17 @@ class VllmKV:
             }
         accepted = result.get("decision") == "accepted"
         state = ClaimState(result.get("state", "refused")) if accepted else ClaimState.REFUSED
-        self._claims[spec.claim_id] = _Claim(spec, state, int(result.get("blocks") or 0))
+        claim = _Claim(
+            spec,
+            state,
+            int(result.get("blocks") or 0),
+            hashes=tuple(hashes[: spec.footprint_blocks]),
+        )
+        self._claims[spec.claim_id] = claim
+        if claim.held and self.observer is not None:
+            claim.state = ClaimState.ACCEPTED
+            self._confirm(claim)
+        state = claim.state
         return ClaimDecision(
             ClaimId(spec.claim_id),
             Decision.ACCEPTED if accepted else Decision.REJECTED,
@@ -509,6 +596,107 @@ class VllmKV:
             None if accepted else ArbiterAction.REFUSE_RESIDENCY_CLAIM,
             None if accepted else str(result.get("reason")),
         )
+
+    # ------------------------------------------------------------------ the KV-events join
+    def _confirm(self, claim: _Claim) -> None:
+        """An accepted hold is materialized once vLLM's own events show every claimed block
+        stored (the connector holds them; this is the engine saying they are cached)."""
+        observer = self.observer
+        if observer is None or claim.state is not ClaimState.ACCEPTED or not claim.held:
+            return
+        if observer.leading_run(claim.hashes) < len(claim.hashes):
+            return
+        claim.state = ClaimState.MATERIALIZED
+        self._emit(
+            EventName.RESIDENT_CLAIM_MATERIALIZED,
+            claim.spec.claim_id,
+            None,
+            blocks=len(claim.hashes),
+            seen="vllm_kv_events",
+        )
+
+    def _blocks_stored(self, stored: set[BlockHash]) -> None:
+        for claim in self._claims.values():
+            if claim.state is ClaimState.ACCEPTED and stored.intersection(claim.hashes):
+                self._confirm(claim)
+
+    def _blocks_lost(self, lost: set[BlockHash], why: str) -> None:
+        """vLLM dropped blocks: after a claim's end they are counted as losses after release;
+        a claim the gateway still believes held is judged once the connector's latest events
+        are in (it may have shed or expired it meanwhile), and is harmed if it still holds."""
+        suspects = []
+        for cid, claim in self._claims.items():
+            hit = lost.intersection(claim.hashes) - claim.lost
+            if not hit:
+                continue
+            if claim.held:
+                suspects.append(cid)
+            elif claim.state in (ClaimState.EXPIRED, ClaimState.DEMOTED):
+                self._count_lost(claim, hit, why)
+        if suspects:
+            task = asyncio.ensure_future(self._judge(suspects, lost, why))
+            self._judging.add(task)
+            task.add_done_callback(self._judging.discard)
+
+    def _count_lost(self, claim: _Claim, hit: set[BlockHash], why: str) -> None:
+        claim.lost |= hit
+        self._emit(
+            EventName.RESIDENT_CLAIM_BLOCK_LOST_AFTER_RELEASE,
+            claim.spec.claim_id,
+            None,
+            blocks=len(hit),
+            positions=[i for i, h in enumerate(claim.hashes) if h in hit],
+            cause=why,
+        )
+
+    async def _judge(self, claim_ids: Sequence[str], lost: set[BlockHash], why: str) -> None:
+        answer = None
+        with contextlib.suppress(BackendError, BackendUnavailable):  # else: judged as known
+            answer = await (await self._connector_ready()).operate([])
+        harmed = []
+        async with self._lock:
+            if answer is not None:
+                self._absorb(answer)
+            for cid in claim_ids:
+                claim = self._claims.get(cid)
+                hit = set() if claim is None else lost.intersection(claim.hashes) - claim.lost
+                if claim is None or not hit:
+                    continue
+                if claim.held:
+                    self._harm(claim, hit, why)
+                    harmed.append(claim)
+                elif claim.state in (ClaimState.EXPIRED, ClaimState.DEMOTED):
+                    self._count_lost(claim, hit, why)
+        for claim in harmed:  # hand back whatever the connector still holds for it
+            with contextlib.suppress(BackendError, BackendUnavailable):
+                await self._connector.operate(
+                    [{"op": "release", "claim_id": claim.spec.claim_id}], claim.spec.owner_scope
+                )
+
+    def _harm(self, claim: _Claim, hit: set[BlockHash], why: str) -> None:
+        """A held claim's block left vLLM's cache: the connector failed its one job. The claim
+        is harmed, with the cause, and the KV side fails closed (no claim accepted after)."""
+        cid = claim.spec.claim_id
+        positions = [i for i, h in enumerate(claim.hashes) if h in hit]
+        cause = f"vLLM dropped held block(s) {positions} ({why}) while the connector held them"
+        claim.lost |= hit
+        self.fault = f"claim {cid}: {cause}: a connector bug; claims are suspended"
+        log.error("agentclaims: %s", self.fault)
+        if claim.state is ClaimState.MATERIALIZED:
+            claim.state, claim.end_reason, claim.held_blocks = ClaimState.HARMED, "harmed", 0
+            after = 0 if self.observer is None else self.observer.leading_run(claim.hashes)
+            self._emit(
+                EventName.RESIDENT_CLAIM_HARMED,
+                cid,
+                None,
+                cause=cause,
+                connector_bug=True,
+                predicate="leading_prefix_at_least",
+                predicate_before=True,
+                predicate_after=False,
+                leading_run_after=after,
+                positions=positions,
+            )
 
     # ------------------------------------------------------------------ claims protocol
     def identity(self) -> CacheIdentity:
@@ -550,9 +738,13 @@ class VllmKV:
         answer = await client.complete(
             tokens, [self._hold_op(spec)], max_tokens=1, tenant=spec.owner_scope, cache_salt=salt
         )
+        hashes = hash_token_blocks(list(tokens), self.block_size, cache_salt=salt)
+        if answer.served:
+            self._last_stored = tuple(hashes)
+            await self._seen_stored(hashes[: spec.footprint_blocks])
         async with self._lock:
             self._absorb(answer)
-            return self._decide(spec, answer)
+            return self._decide(spec, answer, hashes)
 
     def _owned(self, claim_id: str, owner_scope: str) -> _Claim:
         return owned_claim(self._claims, claim_id, owner_scope)
@@ -618,6 +810,8 @@ class VllmKV:
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None
     ) -> EventPage:
         await self.start()
+        if self._judging:
+            await asyncio.gather(*list(self._judging), return_exceptions=True)
         async with self._lock:
             start = max(0, since - (self._events[0].seq if self._events else 1) + 1)
             return EventPage.select(
@@ -625,8 +819,17 @@ class VllmKV:
             )
 
     async def residency(self, prefix_ids: Sequence[PrefixId]) -> dict[PrefixId, int]:
-        """Leading blocks known resident: those of held claims (unknown is 0: fail closed)."""
+        """Leading blocks known resident: those vLLM's events show cached (with the observer),
+        and those of held claims (unknown is 0: fail closed)."""
         out = dict.fromkeys(prefix_ids, 0)
+        if self.observer is not None:
+            await self._settle()
+            for pid in out:
+                known = self._prefixes.get(pid)
+                if known is not None:
+                    tokens, salt = known
+                    hashes = hash_token_blocks(list(tokens), self.block_size, cache_salt=salt)
+                    out[pid] = self.observer.leading_run(hashes)
         for claim in self._claims.values():
             pid = PrefixId(claim.spec.object_id)
             if pid in out and claim.state is ClaimState.MATERIALIZED:
@@ -641,7 +844,13 @@ class VllmKV:
             "upstream": self.upstream,
             "cache_identity": self.identity().to_dict(),
             "block_size": self.block_size,
-            "lowering": "agentclaims connector (integrations/vllm)",
+            "lowering": "agentclaims connector (integrations/vllm)"
+            if self.connector
+            else "none: stock vLLM (no agentclaims connector answers)",
+            "connector": self.connector,
+            "usable_blocks": self.usable_blocks,
+            "kv_events": None if self.observer is None else self.observer.stats(),
+            "fault": self.fault,
             "limits": [
                 "running requests can be preempted (their blocks recomputed)",
                 "the partial last block is never held",
@@ -668,9 +877,72 @@ class VllmKV:
         return upstream.result
 
     async def block_residency(self, block_hashes: Sequence[BlockHash]) -> list[bool]:
-        raise OperationNotExposed(self.name, "block_residency (needs the KV-events observer)")
+        """Whether each block (the gateway's hash) is in vLLM's prefix cache, from its events."""
+        if self.observer is None:
+            raise OperationNotExposed(
+                self.name, "block_residency (start the gateway with --kv-events ENDPOINT)"
+            )
+        await self.start()
+        await self._settle()
+        return self.observer.resident(block_hashes)
+
+    async def _settle(self) -> None:
+        """Let vLLM's events catch up with its answers: the last served prompt's blocks seen
+        stored (what came before them is then in too: one ordered stream), and a quiet moment."""
+        assert self.observer is not None
+        await self.observer.wait_resident(self._last_stored, 0.5)
+        await self.observer.quiet()
+        if self._judging:
+            await asyncio.gather(*list(self._judging), return_exceptions=True)
+
+    # ------------------------------------------------------------------ InstanceControl
+    async def fresh_instance(self, usable_blocks: int, owner_scope: OwnerScope) -> CacheIdentity:
+        """vLLM's pool made empty: every hold revoked (each with its event), the prefix cache
+        reset (``/reset_prefix_cache``: vLLM started with ``agentclaims vllm serve
+        --dev-mode``), and the gateway's claims and event log begun again (the sequence goes
+        on). The pool's size is vLLM's own: ``usable_blocks`` must be it (the descriptor's
+        ``usable_blocks``). Refused while another owner holds a live claim."""
+        await self.start()
+        if isinstance(usable_blocks, bool) or usable_blocks != self.usable_blocks:
+            raise UsageError(
+                "usable_blocks",
+                f"vLLM's pool is fixed at start: {self.usable_blocks} usable blocks, "
+                f"got {usable_blocks!r}",
+            )
+        others = sorted(
+            {c.spec.owner_scope for c in self._claims.values() if c.held} - {owner_scope}
+        )
+        if others:
+            raise ContractViolation(f"a fresh instance would drop live claims of {others}")
+        client = await self._connector_ready()
+        answer = await client.operate([{"op": "revoke_all", "reason": "fresh_instance"}])
+        async with self._lock:
+            self._absorb(answer)
+        clears = 0 if self.observer is None else self.observer.clears
+        status, data = await self._post("/reset_prefix_cache", {})
+        if status == 404:
+            raise OperationNotExposed(
+                self.name,
+                "fresh_instance (vLLM's /reset_prefix_cache: start it with "
+                "`agentclaims vllm serve --dev-mode`)",
+            )
+        if status != 200:
+            raise BackendError(f"vLLM could not reset its prefix cache: HTTP {status}: {data}")
+        if self.observer is not None:
+            await self.observer.cleared(clears, timeout_s=2.0)
+        async with self._lock:
+            self._claims.clear()
+            self._events.clear()
+            self._per_claim.clear()
+            self._last_stored = ()
+        return self.identity()
+
+    async def step(self, n: int = 1) -> None:
+        raise OperationNotExposed(self.name, "step (vLLM claims count seconds: ttl_s)")
 
     async def aclose(self) -> None:
+        if self.observer is not None:
+            await self.observer.aclose()
         await self._http.aclose()
 
 
