@@ -67,6 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--claims-key", default=None, help="the connector's key ($AGENTCLAIMS_CLAIMS_KEY)"
     )
     serve.add_argument(
+        "--kv-events",
+        default=None,
+        metavar="ENDPOINT",
+        help="vLLM's KV events endpoint (ipc://; what `agentclaims vllm serve` printed)",
+    )
+    serve.add_argument(
+        "--vllm-python", default=None, help="the vLLM environment's Python (for --kv-events)"
+    )
+    serve.add_argument(
         "--api-keys", default=None, metavar="FILE", help="tenants' API keys (TOML; see docs)"
     )
     serve.add_argument(
@@ -127,6 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--claims-key", default=None, help="HMAC key for claim operations ($AGENTCLAIMS_CLAIMS_KEY)"
     )
     vserve.add_argument("--no-connector", action="store_true", help="stock vLLM, for comparison")
+    vserve.add_argument(
+        "--kv-events",
+        default=None,
+        metavar="ENDPOINT",
+        help="ipc:// endpoint of vLLM's KV events (default ipc:///tmp/agentclaims-vllm-PORT.kv)",
+    )
+    vserve.add_argument(
+        "--dev-mode",
+        action="store_true",
+        help="vLLM's dev endpoints (/reset_prefix_cache: conformance runs; not for shared use)",
+    )
     vserve.add_argument("--python", default=None, help="the vLLM environment's Python")
     vserve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then vLLM's arguments")
     vserve.set_defaults(module="vllm")

@@ -157,5 +157,15 @@ def _vllm_side(args: argparse.Namespace) -> tuple[Any, Any]:
     key = args.claims_key or os.environ.get("AGENTCLAIMS_CLAIMS_KEY")
     if not key:
         raise UsageError("claims_key", "--kv vllm needs the connector's --claims-key")
-    kv = VllmKV(args.upstream, key, block_size=args.block_size or 32)
+    from agentclaims.vllm.observer import replay_endpoint
+
+    events = args.kv_events
+    kv = VllmKV(
+        args.upstream,
+        key,
+        block_size=args.block_size or 32,
+        kv_events=events,
+        kv_events_replay=replay_endpoint(events) if events else None,
+        events_python=args.vllm_python,
+    )
     return kv, UpstreamText(kv)

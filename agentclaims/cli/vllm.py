@@ -18,7 +18,13 @@ __all__ = ["run"]
 
 
 def run(args: argparse.Namespace) -> int:  # noqa: RET503 - serve execs vLLM
-    from agentclaims.vllm.launch import new_claims_key, serve_argv, server_env, vllm_python
+    from agentclaims.vllm.launch import (
+        default_kv_events,
+        new_claims_key,
+        serve_argv,
+        server_env,
+        vllm_python,
+    )
 
     try:
         python = vllm_python(args.python)
@@ -48,12 +54,18 @@ def run(args: argparse.Namespace) -> int:  # noqa: RET503 - serve execs vLLM
             max_ttl_s=args.max_ttl_s,
             max_defer_s=args.max_defer_s,
             connector=not args.no_connector,
+            kv_events=args.kv_events,
             extra=extra,
         )
     except UsageError as exc:
         print(f"agentclaims vllm: {exc}", file=sys.stderr)
         return 2
-    env = server_env()
+    env = server_env(dev_mode=args.dev_mode)
+    print(
+        f"agentclaims vllm: KV events on {args.kv_events or default_kv_events(args.port)} "
+        "(pass it to the gateway: --kv-events)",
+        file=sys.stderr,
+    )
     if key:
         env["AGENTCLAIMS_CLAIMS_KEY"] = key
     sys.stderr.flush()

@@ -201,6 +201,11 @@ class VllmKV:
         self.fault: str | None = None
         """Set when a held claim was harmed (a connector bug): no claim is accepted after it."""
         self._last_stored: tuple[BlockHash, ...] = ()
+        self._request_ids: OrderedDict[str, str] = OrderedDict()
+        """vLLM's request id (``cmpl-<ours>``) -> the gateway's, for the connector's events."""
+        self.limits: dict[str, Any] = {}
+        """The connector's limits as it last answered: ``cap_blocks``, ``max_ttl_s``,
+        ``max_defer_s`` (what a hold may take, how long a request may be deferred)."""
         self._judging: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -274,6 +279,11 @@ class VllmKV:
         except ValueError:
             return response.status_code, {"error": {"message": response.text[:500]}}
 
+    async def _max_model_len(self) -> int | None:
+        models = (await self._get("/v1/models")).get("data") or [{}]
+        value = models[0].get("max_model_len")
+        return int(value) if isinstance(value, int) else None
+
     async def _connector_ready(self) -> ConnectorClient:
         self._connector.model = await self.model()
         return self._connector
@@ -336,8 +346,26 @@ class VllmKV:
             )
         )
 
+    def _our_request(self, vllm_id: Any) -> str | None:
+        """The gateway's request id for vLLM's (which adds ``cmpl-`` and ``-<n>`` suffixes)."""
+        if not isinstance(vllm_id, str):
+            return None
+        candidate = vllm_id
+        while candidate:
+            if candidate in self._request_ids:
+                return self._request_ids[candidate]
+            head, sep, _ = candidate.rpartition("-")
+            if not sep:
+                break
+            candidate = head
+        return vllm_id
+
     def _absorb(self, answer: ConnectorAnswer) -> None:
         """The connector's new events, in the gateway's stream; claim states follow them."""
+        receipt = (answer.raw.get("kv_transfer_params") or {}).get("agentclaims") or {}
+        for key in ("cap_blocks", "max_ttl_s", "max_defer_s"):
+            if key in receipt:
+                self.limits[key] = receipt[key]
         for raw in answer.events:
             name = raw.get("event")
             if name not in _CONTRACT_EVENTS:
@@ -357,7 +385,7 @@ class VllmKV:
                     claim.held_blocks = 0
                 elif name == EventName.RESIDENT_CLAIM_DEMOTED.value:
                     claim.state, claim.held_blocks = ClaimState.DEMOTED, 0
-            self._emit(EventName(name), cid, raw.get("request_id"), **data)
+            self._emit(EventName(name), cid, self._our_request(raw.get("request_id")), **data)
 
     # ------------------------------------------------------------------ completions
     async def complete(
@@ -367,8 +395,10 @@ class VllmKV:
         claims: Sequence[Mapping[str, Any]],
         owner: str | None,
         cache_salt: str | None,
+        request_id: str | None = None,
     ) -> UpstreamResult:
-        """Forward one completion with its claims; the upstream payload and the KV life."""
+        """Forward one completion with its claims; the upstream payload and the KV life
+        (``request_id``: the gateway's name for it, in its outcome and events)."""
         if kind not in _KINDS:
             raise UsageError("kind", f"unknown completion kind {kind!r}")
         await self.start()
@@ -396,6 +426,11 @@ class VllmKV:
             if k not in ("kv_transfer_params", "agentclaims", "cache_salt")
         }
         forwarded["model"] = client.model
+        if request_id is not None:
+            forwarded["request_id"] = request_id
+            self._request_ids[f"cmpl-{request_id}"] = request_id
+            while len(self._request_ids) > self._max_prefixes:
+                self._request_ids.popitem(last=False)
         if cache_salt:  # vLLM's own per-request salt: a tenant's blocks are its own
             forwarded["cache_salt"] = cache_salt
         wants_ids = bool(body.get("return_token_ids"))
@@ -492,7 +527,7 @@ class VllmKV:
         gated: Mapping[str, str],
     ) -> ServeResult:
         bs = self.block_size
-        rid = RequestId(answer.request_id)
+        rid = RequestId(self._our_request(answer.request_id) or answer.request_id)
         if answer.refused is not None or answer.finish_reason == "abort":
             refused = answer.refused or {}
             outcome = ActiveOutcome(
@@ -715,20 +750,17 @@ class VllmKV:
         await self.start()
         if block_hashes is not None:
             raise OperationNotExposed(self.name, "claims by block hashes (vLLM's are its own)")
-        known = self._prefixes.get(spec.object_id)
-        if known is None:
-            raise UsageError("object_id", f"unknown prefix {spec.object_id!r}: serve it first")
         if spec.claim_id in self._claims:
             raise UsageError("claim_id", f"claim {spec.claim_id!r} already exists")
         await self.model()
         if spec.cache_identity != self.identity():
-            return ClaimDecision(
-                ClaimId(spec.claim_id),
-                Decision.REJECTED,
-                ClaimState.REFUSED,
-                ArbiterAction.REFUSE_RESIDENCY_CLAIM,
-                "cache identity mismatch: the claim names another engine's blocks",
-            )
+            async with self._lock:
+                return self._refuse(
+                    spec, "cache identity mismatch: the claim names another engine's blocks", None
+                )
+        known = self._prefixes.get(spec.object_id)
+        if known is None:
+            raise UsageError("object_id", f"unknown prefix {spec.object_id!r}: serve it first")
         reason = self._gated(spec)
         if reason is not None:
             async with self._lock:
@@ -849,6 +881,8 @@ class VllmKV:
             else "none: stock vLLM (no agentclaims connector answers)",
             "connector": self.connector,
             "usable_blocks": self.usable_blocks,
+            "max_model_len": await self._max_model_len(),
+            **{f"hold_{k}": v for k, v in self.limits.items()},
             "kv_events": None if self.observer is None else self.observer.stats(),
             "fault": self.fault,
             "limits": [
@@ -872,7 +906,12 @@ class VllmKV:
             "ignore_eos": True,
         }
         upstream = await self.complete(
-            "completion", body, request.claims, request.owner_scope, request.cache_salt
+            "completion",
+            body,
+            request.claims,
+            request.owner_scope,
+            request.cache_salt,
+            request.request_id,
         )
         return upstream.result
 

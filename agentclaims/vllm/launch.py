@@ -12,10 +12,11 @@ import os
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from agentclaims.errors import UsageError
 
-__all__ = ["CONNECTOR", "serve_argv", "vllm_python"]
+__all__ = ["CONNECTOR", "default_kv_events", "kv_events_config", "serve_argv", "vllm_python"]
 
 CONNECTOR = {
     "kv_connector": "AgentClaimsConnector",
@@ -44,6 +45,29 @@ def vllm_python(explicit: str | None = None) -> str:
     )
 
 
+def default_kv_events(port: int) -> str:
+    """Where ``agentclaims vllm serve --port N`` publishes vLLM's KV events by default."""
+    return f"ipc:///tmp/agentclaims-vllm-{port}.kv"
+
+
+def kv_events_config(endpoint: str) -> dict[str, Any]:
+    """vLLM's ``--kv-events-config``: the ZMQ publisher on ``endpoint`` (``ipc://``, bound by
+    vLLM), its replay socket beside it (``replay_endpoint``)."""
+    from agentclaims.vllm.observer import replay_endpoint
+
+    if not endpoint.startswith("ipc://"):
+        raise UsageError(
+            "kv_events", f"must be an ipc:// endpoint (vLLM binds it), got {endpoint!r}"
+        )
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": endpoint,
+        "replay_endpoint": replay_endpoint(endpoint),
+        "topic": "",
+    }
+
+
 def new_claims_key() -> str:
     return secrets.token_hex(16)
 
@@ -61,11 +85,13 @@ def serve_argv(
     max_ttl_s: float = 600.0,
     max_defer_s: float = 30.0,
     connector: bool = True,
+    kv_events: str | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """The vLLM OpenAI server's command line: a small CPU pool (``num_blocks`` of
-    ``block_size`` tokens, so eviction is real), prefix caching, prompt-token details, and, with
-    ``connector``, the agentclaims connector and scheduler through vLLM's own flags."""
+    ``block_size`` tokens, so eviction is real), prefix caching, prompt-token details, its KV
+    events on ``kv_events`` (default ``default_kv_events(port)``), and, with ``connector``,
+    the agentclaims connector and scheduler through vLLM's own flags."""
     if not Path(model).is_dir():
         raise UsageError(
             "model",
@@ -107,6 +133,8 @@ def serve_argv(
         "0.1",
         "--enforce-eager",
         "--enable-prompt-tokens-details",
+        "--kv-events-config",
+        json.dumps(kv_events_config(kv_events or default_kv_events(port))),
     ]
     if connector:
         if not claims_key:
@@ -123,10 +151,14 @@ def serve_argv(
     return [*argv, *extra]
 
 
-def server_env() -> dict[str, str]:
+def server_env(*, dev_mode: bool = False) -> dict[str, str]:
     """The environment vLLM runs in here: one OpenMP pool not pinned to cores (several
-    engines or tests share the machine), a small KV space (the pool size is set by blocks)."""
+    engines or tests share the machine), a small KV space (the pool size is set by blocks);
+    with ``dev_mode``, vLLM's development endpoints (``/reset_prefix_cache``: what a fresh
+    instance for the conformance suite needs; never on a shared server)."""
     env = dict(os.environ)
+    if dev_mode:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     return env

@@ -106,13 +106,15 @@ class KVEventsObserver:
         return self._proc is not None and self._proc.returncode is None
 
     async def _read(self) -> None:
-        assert self._proc is not None
-        assert self._proc.stdout is not None
+        proc = self._proc
+        assert proc is not None
+        assert proc.stdout is not None
         while True:
-            line = await self._proc.stdout.readline()
+            line = await proc.stdout.readline()
             if not line:
-                log.error("KV events relay ended (exit %s)", self._proc.returncode)
-                self._forget("the KV events relay ended")
+                if self._proc is not None:  # not closed by us
+                    log.error("KV events relay ended (exit %s)", proc.returncode)
+                    self._forget("the KV events relay ended", lost=False)
                 return
             try:
                 record = json.loads(line)
@@ -141,12 +143,15 @@ class KVEventsObserver:
         notice = record.get("notice")
         if notice == "replayed":
             self._replayed.set()
-        elif notice in ("gap", "restart"):
+        elif notice == "restart":
             self._note(record)
-            self._forget(f"KV events {notice}: {record}")
+            self._forget(f"vLLM's KV event sequence began again (a restart): {record}")
+        elif notice == "gap":
+            self._note(record)
+            self._forget(f"KV events lost: {record}", lost=False)
         elif "error" in record:
             self._note(record)
-            self._forget(f"unreadable KV event batch: {record['error']}")
+            self._forget(f"unreadable KV event batch: {record['error']}", lost=False)
         else:
             self.batches += 1
             self.last_seq = record.get("seq")
@@ -212,13 +217,16 @@ class KVEventsObserver:
         if stored and self.on_stored is not None:
             self.on_stored(stored)
 
-    def _forget(self, why: str) -> None:
-        lost = set(self._resident)
+    def _forget(self, why: str, *, lost: bool = True) -> None:
+        """Drop everything known. ``lost``: vLLM dropped the blocks (a clear, a restart);
+        otherwise only the knowledge went (a hole in the stream): nothing is reported lost,
+        and residency is unknown (not resident) until blocks are stored again."""
+        gone = set(self._resident)
         self._joined.clear()
         self._copies.clear()
         self._resident.clear()
-        if lost and self.on_removed is not None:
-            self.on_removed(lost, why)
+        if lost and gone and self.on_removed is not None:
+            self.on_removed(gone, why)
 
     # ------------------------------------------------------------------ queries
     def resident(self, block_hashes: Iterable[BlockHash]) -> list[bool]:

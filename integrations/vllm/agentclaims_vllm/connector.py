@@ -257,6 +257,8 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             "last_seq": book.seq,
             "held_blocks": book.held_blocks,
             "cap_blocks": book.cap_blocks,
+            "max_ttl_s": book.max_ttl_s,
+            "max_defer_s": book.max_defer_s,
         }
         if refusal is not None:
             answer["refused"] = {
