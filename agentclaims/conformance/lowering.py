@@ -45,7 +45,7 @@ class LoweringVerdict:
 def _violations(probe: ProbeRecord) -> tuple[str, ...]:
     """Hard's obligations the probe broke; the refusal ones apply only when it overcommits."""
     claim = probe.claim_id
-    overcommitted = len(probe.resident) + len(probe.active) > probe.usable_blocks
+    overcommitted = probe.overcommitted
     refusals = [
         e
         for e in probe.named(EventName.ACTIVE_REQUEST_REFUSED, EventName.ACTIVE_REQUEST_DEFERRED)

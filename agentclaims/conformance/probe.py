@@ -120,6 +120,15 @@ class ProbeRecord:
     resident_lost: int
     events: tuple[ClaimEvent, ...]
     claim_view: ClaimView | None
+    demand_blocks: int | None = None
+    """Blocks the claims and the active work want at once, where that is not the resident and
+    active prefixes alone (a served engine's probe: held claims beside a burst)."""
+
+    @property
+    def overcommitted(self) -> bool:
+        """The claims and the active work cannot all fit in the pool."""
+        demand = len(self.resident) + len(self.active)
+        return (demand if self.demand_blocks is None else self.demand_blocks) > self.usable_blocks
 
     claim_id: ClassVar[str] = PROBE_CLAIM_ID
     request_id: ClassVar[str] = PROBE_ACTIVE_REQUEST

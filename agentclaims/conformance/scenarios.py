@@ -444,13 +444,15 @@ async def level_l7(backend: Target) -> LevelResult:
     )
 
 
-def _check_envelope(v: _Verdict, events: Iterable[ClaimEvent]) -> None:
+def _check_envelope(
+    v: _Verdict, events: Iterable[ClaimEvent], usable_blocks: int = PROBE_USABLE_BLOCKS
+) -> None:
     """Every event carries the contract's envelope, for one run on one instance."""
     runs = {e.run_id for e in events}
     v.require(len(runs) == 1, f"events from {len(runs)} runs")
     for e in events:
         if not v.require(
-            e.schema_version == SCHEMA_VERSION and e.usable_blocks == PROBE_USABLE_BLOCKS,
+            e.schema_version == SCHEMA_VERSION and e.usable_blocks == usable_blocks,
             f"#{e.seq}: schema_version {e.schema_version}, usable_blocks {e.usable_blocks}",
         ):
             return
@@ -515,6 +517,11 @@ async def run_level(backend: Target | ClaimsProtocol, level: str) -> LevelResult
         raise UnknownNameError("level", level, list(LEVELS))
     target = as_target(backend)
     try:
+        pool = await target.served_pool()
+        if pool is not None:  # a served engine (vLLM): the same obligations on its own pool
+            from agentclaims.conformance.served import SERVED_LEVELS
+
+            return await SERVED_LEVELS[level](target, pool)
         return await scenario(target)
     except OperationNotExposed as exc:
         return LevelResult(level, ConformanceStatus.NOT_EXPOSED, detail=str(exc))
@@ -533,7 +540,9 @@ async def run_suite(
         if level not in LEVELS:
             raise UnknownNameError("level", level, list(LEVELS))
     target = as_target(backend)
-    return {level: await run_level(target, level) for level in chosen}
+    results = {level: await run_level(target, level) for level in chosen}
+    await target.tidy()
+    return results
 
 
 def suite_not_evaluated(reason: str) -> dict[str, LevelResult]:

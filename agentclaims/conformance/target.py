@@ -10,7 +10,9 @@ backend lacks raises ``OperationNotExposed`` and the level that needed it report
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from agentclaims.contract import (
     BlockHash,
@@ -20,7 +22,7 @@ from agentclaims.contract import (
     OwnerScope,
     RequestId,
 )
-from agentclaims.errors import OperationNotExposed, UsageError
+from agentclaims.errors import AgentClaimsError, OperationNotExposed, UsageError
 from agentclaims.protocol import (
     ActiveOutcome,
     ActiveRequest,
@@ -32,7 +34,12 @@ from agentclaims.protocol import (
     collect_events,
 )
 
+if TYPE_CHECKING:
+    from agentclaims.conformance.served import ServedPool
+
 __all__ = ["OWNER_SCOPE", "ManualClock", "Target", "reference_target"]
+
+_UNKNOWN = object()
 
 OWNER_SCOPE = OwnerScope("conformance")
 """The owner of every claim the suite makes."""
@@ -63,6 +70,24 @@ class Target:
             raise UsageError("backend", f"does not speak the claims protocol: {backend!r}")
         self.backend = backend
         self.name = backend.name
+        self._pool: Any = _UNKNOWN
+
+    async def served_pool(self) -> ServedPool | None:
+        """The pool of a served engine (vLLM: the suite runs its served variant of each
+        level), or ``None`` (a synthetic pool: the reference scenarios). Asked once."""
+        if self._pool is _UNKNOWN:
+            from agentclaims.conformance.served import served_pool
+
+            self._pool = await served_pool(self)
+        pool: ServedPool | None = self._pool
+        return pool
+
+    async def tidy(self) -> None:
+        """After a suite on a served engine: its holds revoked and its cache reset, so the
+        suite leaves nothing held (best effort: a level may have left it unreachable)."""
+        if self._pool is not _UNKNOWN and self._pool is not None:
+            with contextlib.suppress(AgentClaimsError):
+                await self.fresh(self._pool.usable_blocks)
 
     def _need(self, capability: type, operation: str) -> None:
         if not isinstance(self.backend, capability):

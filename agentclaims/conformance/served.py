@@ -1,0 +1,527 @@
+"""The levels on a served engine (vLLM through the gateway): the same obligations, its own pool.
+
+The reference scenarios drive a synthetic pool of any size by block hashes and count steps. A
+vLLM server has one pool, fixed at start, serves token ids only, bounds every prompt by its
+``max_model_len`` and counts claim TTLs in seconds; its connector caps holds so that one
+max-length request always fits. So on it (the descriptor's ``kv_side`` is ``vllm``) each level
+keeps its obligation and changes its set-up:
+
+- the pool is vLLM's (``usable_blocks``); a fresh instance is every hold revoked and vLLM's
+  prefix cache reset; residency is vLLM's own KV events joined to the gateway's hashes;
+- "resident" is a full-length prompt, "pressure" enough full-length prompts to turn the pool
+  over, and an active request that cannot fit beside the claims is a *burst*: concurrent
+  requests that, with the claimed blocks held up to the connector's cap, need more blocks than
+  the pool has, whatever their order;
+- an expiring claim runs on a TTL of seconds, waited out;
+- L2 and L6 cannot be arranged on vLLM and report ``not_exposed`` (why, in the detail);
+- on stock vLLM (no connector answers) a claim that must be held is refused, and the levels
+  that need one report ``not_exposed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentclaims.conformance.lowering import check_hard_lowering
+from agentclaims.conformance.probe import (
+    OWNER_SCOPE,
+    ProbeRecord,
+    claim_spec,
+    lost_blocks,
+    select_events,
+)
+from agentclaims.conformance.scenarios import (
+    LevelResult,
+    _check_envelope,
+    _ended_before_loss,
+    _Verdict,
+)
+from agentclaims.conformance.target import Target
+from agentclaims.contract import (
+    BlockHash,
+    CacheIdentity,
+    ClaimEvent,
+    ClaimState,
+    ConformanceStatus,
+    EventName,
+    Feasibility,
+    LoweringClass,
+    ProtectionMode,
+    RequestId,
+    rebuild_claims,
+)
+from agentclaims.engine.blocks import hash_token_blocks
+from agentclaims.errors import AgentClaimsError, OperationNotExposed
+from agentclaims.protocol import ActiveOutcome, ActiveRequest, ActiveServing, ClaimDecision
+
+__all__ = ["SERVED_LEVELS", "ServedPool", "served_pool"]
+
+E = EventName
+_EXPIRING_TTL_S = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServedPool:
+    """The served engine's pool, as its descriptor states it."""
+
+    usable_blocks: int
+    block_size: int
+    max_model_len: int
+    cap_blocks: int
+    max_ttl_s: float
+    max_defer_s: float
+    connector: bool
+
+    @property
+    def prompt_blocks(self) -> int:
+        """Full blocks of the longest prompt that still leaves a block for its reply."""
+        return max(1, (self.max_model_len - self.block_size) // self.block_size)
+
+
+async def served_pool(target: Target) -> ServedPool | None:
+    """The pool of a served engine (``kv_side: vllm``), or ``None`` for a synthetic one."""
+    describe: Callable[[], Awaitable[Mapping[str, Any]]] | None = getattr(
+        target.backend, "descriptor", None
+    )
+    if describe is None:
+        return None
+    try:
+        desc = await describe()
+    except (OperationNotExposed, NotImplementedError):
+        return None
+    if not isinstance(desc, Mapping) or desc.get("kv_side") != "vllm":
+        return None
+    usable = int(desc.get("usable_blocks") or 0)
+    bs = int(desc.get("block_size") or 0)
+    if usable <= 0 or bs <= 0:
+        raise OperationNotExposed(target.name, "its pool's size (usable_blocks)")
+    return ServedPool(
+        usable_blocks=usable,
+        block_size=bs,
+        max_model_len=int(desc.get("max_model_len") or bs * 8),
+        cap_blocks=int(desc.get("hold_cap_blocks") or 0),
+        max_ttl_s=float(desc.get("hold_max_ttl_s") or 0.0),
+        max_defer_s=float(desc.get("hold_max_defer_s") or 0.0),
+        connector=bool(desc.get("connector")),
+    )
+
+
+def _tokens(tag: str, n: int) -> list[int]:
+    """A distinct prompt per tag (ids 3..999: inside any vocabulary the suite runs on)."""
+    seed = hashlib.blake2b(tag.encode(), digest_size=8).digest()
+    return [
+        3
+        + int.from_bytes(hashlib.blake2b(seed + i.to_bytes(4, "big"), digest_size=4).digest()) % 997
+        for i in range(n)
+    ]
+
+
+class _Run:
+    """One served scenario: its prompts, requests and claims on the shared pool."""
+
+    def __init__(self, target: Target, pool: ServedPool, level: str) -> None:
+        self.target = target
+        self.pool = pool
+        self.level = level
+        self.identity: CacheIdentity | None = None
+
+    async def fresh(self) -> CacheIdentity:
+        self.identity = await self.target.fresh(self.pool.usable_blocks)
+        return self.identity
+
+    def prompt(self, tag: str, blocks: int | None = None) -> list[int]:
+        n = self.pool.prompt_blocks if blocks is None else blocks
+        return _tokens(f"{self.level}:{tag}", n * self.pool.block_size)
+
+    def hashes(self, tokens: Sequence[int]) -> list[BlockHash]:
+        return hash_token_blocks(list(tokens), self.pool.block_size)
+
+    async def serve(self, request_id: str, tokens: Sequence[int], decode: int = 1) -> ActiveOutcome:
+        backend = self.target.backend
+        if not isinstance(backend, ActiveServing):
+            raise OperationNotExposed(self.target.name, "serve")
+        request = ActiveRequest(
+            RequestId(request_id),
+            segments=(tuple(tokens),),
+            reply_tokens=(0,) * decode,
+            owner_scope=OWNER_SCOPE,
+            chat=False,
+        )
+        return (await backend.serve(request)).outcome
+
+    async def claim(
+        self, claim_id: str, tokens: Sequence[int], mode: ProtectionMode, **extra: Any
+    ) -> ClaimDecision:
+        """Serve ``tokens`` and claim their prefix; a claim stock vLLM cannot hold is
+        ``not_exposed``."""
+        assert self.identity is not None
+        await self.serve(f"{claim_id}-served", tokens)
+        spec = claim_spec(claim_id, self.hashes(tokens), mode, self.identity, **extra)
+        decision = await self.target.backend.submit_claim(spec, None)
+        if not decision.accepted and not self.pool.connector:
+            raise OperationNotExposed(
+                self.target.name, f"{mode.value} claims (stock vLLM: {decision.reason})"
+            )
+        return decision
+
+    async def fill(self, mode: ProtectionMode, probe_blocks: int) -> list[str]:
+        """Claims of ``mode`` beside the probe's, up to the connector's cap on held blocks."""
+        ids = []
+        room = self.pool.cap_blocks - probe_blocks
+        for i in range(room // self.pool.prompt_blocks):
+            cid = f"{self.level}-filler-{i}"
+            decision = await self.claim(cid, self.prompt(f"filler-{i}"), mode)
+            if decision.accepted:
+                ids.append(cid)
+        return ids
+
+    def burst_shape(self, held_blocks: int) -> tuple[int, int, int]:
+        """(requests, prompt tokens, reply tokens) of a burst that cannot all start beside
+        ``held_blocks``: each starts needing ``start`` blocks and ``n * start`` exceeds the rest."""
+        bs = self.pool.block_size
+        prompt = 3 * bs + 4
+        start = -(-prompt // bs)
+        free = max(0, self.pool.usable_blocks - held_blocks)
+        n = free // start + 1
+        reply = self.pool.max_model_len - prompt - 1
+        return n, prompt, reply
+
+    async def burst(self, tag: str, held_blocks: int) -> tuple[list[ActiveOutcome], int]:
+        """The burst; its outcomes and the blocks it would need all at once."""
+        n, prompt, reply = self.burst_shape(held_blocks)
+        outcomes = await asyncio.gather(
+            *(
+                self.serve(
+                    f"{self.level}-{tag}-{i}", _tokens(f"{self.level}:{tag}:{i}", prompt), reply
+                )
+                for i in range(n)
+            )
+        )
+        demand = n * -(-(prompt + reply) // self.pool.block_size)
+        return list(outcomes), demand
+
+    async def pressure(self, tag: str) -> None:
+        """Unclaimed full-length prompts, one after another, turning the whole pool over."""
+        for i in range(self.pool.usable_blocks // self.pool.prompt_blocks + 2):
+            await self.serve(f"{self.level}-{tag}-{i}", self.prompt(f"{tag}-{i}"))
+
+    async def events(self) -> list[ClaimEvent]:
+        return await self.target.events(0)
+
+
+def _not_exposed(level: str, why: str) -> LevelResult:
+    return LevelResult(level, ConformanceStatus.NOT_EXPOSED, detail=why)
+
+
+# ---------------------------------------------------------------------------------- levels
+async def level_l1(target: Target, pool: ServedPool) -> LevelResult:
+    """No accepted claim: pressure evicts a resident prefix, and none of it is harm."""
+
+    v = _Verdict("L1")
+    run = _Run(target, pool, "L1")
+    await run.fresh()
+    resident = run.prompt("resident")
+    served = await run.serve("l1-resident", resident)
+    await run.pressure("pressure")
+    lost = await lost_blocks(target, run.hashes(resident))
+    events = await run.events()
+    harms = select_events(events, E.RESIDENT_CLAIM_HARMED)
+    victims = select_events(events, E.ALLOCATION_VICTIM_SELECTED)
+    v.cite(*harms, *victims)
+    v.require(served.served, f"the resident request was not served ({served.action.value})")
+    v.require(lost > 0, "no resident block was evicted under pressure")
+    v.require(not harms, f"{len(harms)} resident_claim_harmed events with no claim accepted")
+    v.require(not victims, f"{len(victims)} claimed victims with no claim accepted")
+    return v.result(
+        f"{lost} of {pool.prompt_blocks} unclaimed resident blocks evicted by pressure "
+        f"(vLLM's own KV events); harm 0"
+    )
+
+
+async def level_l2(target: Target, pool: ServedPool) -> LevelResult:
+    return _not_exposed(
+        "L2",
+        "vLLM caches every full block it computes: a request cannot be served without admitting "
+        "its KV for future reuse (no write no-admit to test)",
+    )
+
+
+async def _hard_probe(
+    run: _Run, mode: ProtectionMode
+) -> tuple[ProbeRecord, list[ActiveOutcome], list[str]]:
+    """The probe on the served pool: a claimed full-length prompt, claims of the same mode
+    up to the cap beside it, then a burst that cannot fit beside them."""
+    await run.fresh()
+    resident = run.prompt("resident")
+    cid = ProbeRecord.claim_id
+    decision = await run.claim(cid, resident, mode)
+    fillers = await run.fill(mode, run.pool.prompt_blocks) if decision.accepted else []
+    held = run.pool.prompt_blocks * (1 + len(fillers)) if decision.accepted else 0
+    outcomes, demand = await run.burst("active", held)
+    if mode is not ProtectionMode.HARD_PROTECTED:
+        await run.pressure("after")  # what the shed holds let go is now evicted
+    hashes = run.hashes(resident)
+    refused = [o for o in outcomes if not o.served]
+    backend = run.target.backend
+    view = await backend.get_claim(cid, OWNER_SCOPE) if decision.accepted else None  # type: ignore[arg-type]
+    record = ProbeRecord(
+        usable_blocks=run.pool.usable_blocks,
+        mode=mode,
+        resident=tuple(hashes),
+        active=(),
+        decision=decision,
+        outcome=(refused or outcomes)[0],
+        resident_lost=await lost_blocks(run.target, hashes),
+        events=tuple(await run.events()),
+        claim_view=view,
+        demand_blocks=held + demand,
+    )
+    return record, outcomes, fillers
+
+
+async def level_l3(target: Target, pool: ServedPool) -> LevelResult:
+    """An accepted hard claim turns a burst that cannot fit beside it into explicit refusals."""
+
+    v = _Verdict("L3")
+    if pool.max_ttl_s and pool.max_defer_s and pool.max_ttl_s <= pool.max_defer_s:
+        return v.not_evaluated(
+            f"the connector defers up to {pool.max_defer_s} s, as long as any hold lives "
+            f"({pool.max_ttl_s} s): a blocked request waits instead of being refused"
+        )
+    probe, outcomes, fillers = await _hard_probe(
+        _Run(target, pool, "L3"), ProtectionMode.HARD_PROTECTED
+    )
+    cid = probe.claim_id
+    v.cite(*probe.named(E.RESIDENT_CLAIM_ACCEPTED, E.RESIDENT_CLAIM_MATERIALIZED, claim_id=cid))
+    victims = probe.named(E.ALLOCATION_VICTIM_SELECTED, E.RESIDENT_CLAIM_HARMED, claim_id=cid)
+    v.cite(*victims)
+    if not v.require(
+        probe.decision is not None and probe.decision.accepted, "the hard claim was not accepted"
+    ):
+        return v.result("")
+    refused = [o for o in outcomes if not o.served]
+    refused_ids = {o.request_id for o in refused}
+    v.require(bool(refused), f"all {len(outcomes)} burst requests served beside the hard claims")
+    for o in refused:
+        v.require(
+            cid in o.blocking_claim_ids,
+            f"{o.request_id}: blocking {list(o.blocking_claim_ids)} lacks {cid}",
+        )
+    events = [e for e in probe.named(E.ACTIVE_REQUEST_REFUSED) if e.request_id in refused_ids]
+    v.cite(*events)
+    v.require(
+        {e.request_id for e in events} == refused_ids,
+        f"active_request_refused for {sorted({str(e.request_id) for e in events})}, refused {sorted(refused_ids)}",
+    )
+    for e in events:
+        blocking = list(e.data.get("blocking_claim_ids", ()))
+        v.require(cid in blocking, f"#{e.seq}: blocking_claim_ids {blocking} do not name {cid}")
+        v.require(
+            e.data.get("feasibility") == Feasibility.INFEASIBLE_PRESERVE_RESIDENT_AND_ACTIVE,
+            f"#{e.seq}: feasibility {e.data.get('feasibility')!r}",
+        )
+        v.require(int(e.data.get("shortfall_blocks") or 0) > 0, f"#{e.seq}: no shortfall")
+    v.require(not victims, f"{len(victims)} claimed victim/harm events")
+    v.require(probe.resident_lost == 0, f"{probe.resident_lost} claimed blocks lost")
+    state = None if probe.claim_view is None else probe.claim_view.state
+    v.require(state is ClaimState.MATERIALIZED, f"claim ended up {state}, expected materialized")
+    return v.result(
+        f"{len(refused)} of {len(outcomes)} burst requests refused "
+        f"({Feasibility.INFEASIBLE_PRESERVE_RESIDENT_AND_ACTIVE.value}, blocking [{cid}, "
+        f"{len(fillers)} more]) beside {probe.demand_blocks} blocks wanted of "
+        f"{pool.usable_blocks}; 0 claimed blocks lost"
+    )
+
+
+async def level_l4(target: Target, pool: ServedPool) -> LevelResult:
+    """A demotable claim gives way to a burst: demoted, with its event, before any loss."""
+
+    v = _Verdict("L4")
+    probe, outcomes, _ = await _hard_probe(_Run(target, pool, "L4"), ProtectionMode.DEMOTABLE)
+    if not v.require(
+        probe.decision is not None and probe.decision.accepted,
+        "the demotable claim was not accepted",
+    ):
+        return v.result("")
+    unserved = [o for o in outcomes if not o.served]
+    v.require(not unserved, f"{len(unserved)} burst requests not served beside soft claims")
+    return await _ended_before_loss(
+        v, target, list(probe.events), probe.resident, probe.claim_id, E.RESIDENT_CLAIM_DEMOTED
+    )
+
+
+async def level_l5(target: Target, pool: ServedPool) -> LevelResult:
+    """An expiring claim protects until its TTL (seconds on vLLM), then expires before any loss."""
+
+    v = _Verdict("L5")
+    run = _Run(target, pool, "L5")
+    await run.fresh()
+    resident = run.prompt("resident")
+    hashes = run.hashes(resident)
+    began = time.monotonic()
+    decision = await run.claim(
+        ProbeRecord.claim_id, resident, ProtectionMode.EXPIRING, ttl_s=_EXPIRING_TTL_S
+    )
+    if not v.require(decision.accepted, f"expiring claim not accepted ({decision.reason})"):
+        return v.result("")
+    await run.pressure("before")
+    lost_early = await lost_blocks(target, hashes)
+    if time.monotonic() - began >= _EXPIRING_TTL_S:
+        return v.not_evaluated(
+            f"the pressure outlasted the claim's {_EXPIRING_TTL_S} s TTL on this machine"
+        )
+    v.require(lost_early == 0, f"{lost_early} claimed blocks lost before the claim expired")
+    await asyncio.sleep(max(0.0, began + _EXPIRING_TTL_S + 0.5 - time.monotonic()))
+    late = await run.serve("l5-after-expiry", run.prompt("late"))
+    await run.pressure("after")
+    v.require(late.served, f"active request not served after expiry ({late.action.value})")
+    await lost_blocks(target, hashes)  # vLLM's events caught up before the stream is read
+    events = await run.events()
+    result = await _ended_before_loss(
+        v, target, events, hashes, ProbeRecord.claim_id, E.RESIDENT_CLAIM_EXPIRED
+    )
+    if result.passed:
+        return dataclasses.replace(
+            result, detail=f"0 lost before its {_EXPIRING_TTL_S} s TTL; then: {result.detail}"
+        )
+    return result
+
+
+async def level_l6(target: Target, pool: ServedPool) -> LevelResult:
+    return _not_exposed(
+        "L6",
+        "the loss of block 0 alone cannot be arranged on vLLM: a hold covers a leading prefix "
+        "only (no anchor on blocks 1..n), vLLM frees a prefix tail first, and a claim re-runs "
+        "its prefix, recomputing a lost block 0 (the late claim then materializes for real)",
+    )
+
+
+async def level_l7(target: Target, pool: ServedPool) -> LevelResult:
+    """Acceptance, materialization, conflict, blocking ids and the end, rebuilt from events."""
+
+    v = _Verdict("L7")
+    run = _Run(target, pool, "L7")
+    identity = await run.fresh()
+    held, mismatched = "l7-held", "l7-mismatched"
+    resident = run.prompt("resident")
+    hashes = run.hashes(resident)
+    decision = await run.claim(held, resident, ProtectionMode.HARD_PROTECTED)
+    if not v.require(decision.accepted, f"{held} not accepted ({decision.reason})"):
+        return v.result("")
+    wrong = dataclasses.replace(identity, model_id=f"{identity.model_id}-other")
+    other = run.hashes(run.prompt("other", 2))
+    await target.backend.submit_claim(
+        claim_spec(mismatched, other, ProtectionMode.HARD_PROTECTED, wrong), None
+    )
+    fillers = await run.fill(ProtectionMode.HARD_PROTECTED, pool.prompt_blocks)
+    outcomes, _ = await run.burst("conflict", pool.prompt_blocks * (1 + len(fillers)))
+    conflicts = sorted(str(o.request_id) for o in outcomes if not o.served)
+    v.require(bool(conflicts), "no burst request was refused beside the hard claims")
+    await target.release_claim(held, OWNER_SCOPE)
+    await run.pressure("after-release")
+    lost = await lost_blocks(target, hashes)
+    events = await run.events()
+    wire = [ClaimEvent.from_json(e.to_json()) for e in events]
+    lifecycle = (E.RESIDENT_CLAIM_ACCEPTED, E.RESIDENT_CLAIM_MATERIALIZED, E.RESIDENT_CLAIM_EXPIRED)
+    v.cite(*select_events(wire, *lifecycle, claim_id=held))
+    v.cite(*select_events(wire, E.RESIDENT_CLAIM_REJECTED, claim_id=mismatched))
+    v.cite(
+        *[
+            e
+            for e in select_events(wire, E.ACTIVE_REQUEST_REFUSED)
+            if str(e.request_id) in conflicts
+        ]
+    )
+    v.cite(*select_events(wire, E.RESIDENT_CLAIM_BLOCK_LOST_AFTER_RELEASE, claim_id=held)[:1])
+    try:
+        rebuilt = rebuild_claims(wire)
+    except AgentClaimsError as exc:
+        v.fail(f"the stream does not replay: {exc}")
+        return v.result("")
+    _check_envelope(v, wire, pool.usable_blocks)
+    for cid in (held, mismatched):
+        view = await target.get_claim(cid, OWNER_SCOPE)
+        hist = rebuilt.get(cid)
+        if not v.require(hist is not None, f"no event names claim {cid}"):
+            continue
+        assert hist is not None
+        v.require(
+            hist.state is view.state, f"{cid}: rebuilt {hist.state}, backend says {view.state}"
+        )
+        v.require(
+            hist.end_reason == view.end_reason,
+            f"{cid}: rebuilt end reason {hist.end_reason!r}, backend says {view.end_reason!r}",
+        )
+    h = rebuilt.get(held)
+    if h is not None:
+        v.require(E.RESIDENT_CLAIM_ACCEPTED in h.events, f"{held}: acceptance not in the trace")
+        v.require(h.materialized, f"{held}: materialization not in the trace")
+        v.require(
+            sorted(set(h.blocking_requests)) == conflicts,
+            f"{held}: rebuilt blocking requests {sorted(set(h.blocking_requests))}, refused {conflicts}",
+        )
+        v.require(
+            lost > 0 and h.blocks_lost_after_release == lost,
+            f"{held}: {lost} blocks lost, trace counts {h.blocks_lost_after_release}",
+        )
+    m = rebuilt.get(mismatched)
+    if m is not None:
+        v.require(E.RESIDENT_CLAIM_REJECTED in m.events, f"{mismatched}: rejection not in trace")
+    return v.result(
+        f"{len(wire)} events replayed: {held} accepted, materialized (vLLM's events), blocking "
+        f"{len(conflicts)} refused requests, {ClaimState.EXPIRED} (released), {lost} "
+        f"post-release losses; {mismatched} refused; all match the backend's view"
+    )
+
+
+async def level_c1(target: Target, pool: ServedPool) -> LevelResult:
+    """Lowering hard to soft_priority on vLLM is classified unsound (``rejected``)."""
+
+    v = _Verdict("C1")
+    hard, _, _ = await _hard_probe(_Run(target, pool, "C1h"), ProtectionMode.HARD_PROTECTED)
+    soft, _, _ = await _hard_probe(_Run(target, pool, "C1s"), ProtectionMode.SOFT_PRIORITY)
+    for probe in (hard, soft):
+        if probe.decision is None or not probe.decision.accepted:
+            assert probe.mode is not None
+            return v.not_evaluated(f"the {probe.mode.value} probe claim was not accepted")
+    baseline, lowered = check_hard_lowering(hard), check_hard_lowering(soft)
+    v.cite(*hard.named(E.ACTIVE_REQUEST_REFUSED))
+    v.cite(*soft.named(E.RESIDENT_CLAIM_DEMOTED, E.RESIDENT_CLAIM_HARMED, claim_id=soft.claim_id))
+    v.require(
+        baseline.lowering_class is not LoweringClass.REJECTED,
+        f"the hard claim itself breaks {', '.join(baseline.violated)}: no sound baseline",
+    )
+    v.require(
+        lowered.lowering_class is LoweringClass.REJECTED,
+        f"hard_protected -> soft_priority classified {lowered.lowering_class}",
+    )
+    if not lowered.violated:
+        return v.result(
+            f"{LoweringClass.REJECTED} by rule only: {lowered.reason}; no counterexample observed",
+            ConformanceStatus.APPROXIMATE,
+        )
+    return v.result(
+        f"hard_protected -> soft_priority: {lowered.lowering_class} ({lowered.reason}); "
+        f"hard baseline: {baseline.lowering_class}"
+    )
+
+
+ServedScenario = Callable[[Target, ServedPool], Awaitable[LevelResult]]
+
+SERVED_LEVELS: Mapping[str, ServedScenario] = {
+    "L1": level_l1,
+    "L2": level_l2,
+    "L3": level_l3,
+    "L4": level_l4,
+    "L5": level_l5,
+    "L6": level_l6,
+    "L7": level_l7,
+    "C1": level_c1,
+}
+"""Every level's served variant, keyed as ``scenarios.LEVELS``."""
