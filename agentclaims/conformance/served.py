@@ -64,6 +64,7 @@ __all__ = ["SERVED_LEVELS", "ServedPool", "served_pool"]
 
 E = EventName
 _EXPIRING_TTL_S = 3.0
+_BURSTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,28 +184,47 @@ class _Run:
 
     def burst_shape(self, held_blocks: int) -> tuple[int, int, int]:
         """(requests, prompt tokens, reply tokens) of a burst that cannot all start beside
-        ``held_blocks``: each starts needing ``start`` blocks and ``n * start`` exceeds the rest."""
+        ``held_blocks``: each starts needing ``start`` blocks and ``n * start`` exceeds the
+        rest, while ``n - 1`` of them fit to their end (no preemption among them)."""
         bs = self.pool.block_size
         prompt = 3 * bs + 4
         start = -(-prompt // bs)
         free = max(0, self.pool.usable_blocks - held_blocks)
         n = free // start + 1
-        reply = self.pool.max_model_len - prompt - 1
+        grown = max(start, free // max(1, n - 1))
+        reply = max(1, min(grown * bs, self.pool.max_model_len) - prompt - 1)
         return n, prompt, reply
 
     async def burst(self, tag: str, held_blocks: int) -> tuple[list[ActiveOutcome], int]:
-        """The burst; its outcomes and the blocks it would need all at once."""
+        """The burst; its outcomes and the blocks it would need all at once. Concurrent
+        requests overlap only if none ends before the last arrives: a burst that shows no
+        collision (no request refused or deferred, no hold shed) is sent again, at most
+        ``_BURSTS`` times; the level then sees that it never collided."""
         n, prompt, reply = self.burst_shape(held_blocks)
-        outcomes = await asyncio.gather(
-            *(
-                self.serve(
-                    f"{self.level}-{tag}-{i}", _tokens(f"{self.level}:{tag}:{i}", prompt), reply
+        outcomes: list[ActiveOutcome] = []
+        for attempt in range(_BURSTS):
+            since = max((e.seq for e in await self.events()), default=0)
+            outcomes = await asyncio.gather(
+                *(
+                    self.serve(
+                        f"{self.level}-{tag}{attempt}-{i}",
+                        _tokens(f"{self.level}:{tag}:{attempt}:{i}", prompt),
+                        reply,
+                    )
+                    for i in range(n)
                 )
-                for i in range(n)
             )
-        )
+            if await self.collided(outcomes, since):
+                break
         demand = n * -(-(prompt + reply) // self.pool.block_size)
         return list(outcomes), demand
+
+    async def collided(self, outcomes: Sequence[ActiveOutcome], since: int) -> bool:
+        """Whether the burst met the claims: a request refused, or an event of it."""
+        if any(not o.served for o in outcomes):
+            return True
+        names = (E.ACTIVE_REQUEST_REFUSED, E.ACTIVE_REQUEST_DEFERRED, E.RESIDENT_CLAIM_DEMOTED)
+        return bool(select_events([e for e in await self.events() if e.seq > since], *names))
 
     async def pressure(self, tag: str) -> None:
         """Unclaimed full-length prompts, one after another, turning the whole pool over."""

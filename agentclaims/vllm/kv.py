@@ -30,6 +30,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -79,6 +80,9 @@ __all__ = ["UpstreamResult", "UpstreamText", "VllmKV"]
 log = logging.getLogger("agentclaims.vllm")
 
 _CONTRACT_EVENTS = {e.value for e in EventName}
+_STOCK_DESCRIPTOR = Path(__file__).parents[2] / "integrations" / "descriptors" / "vllm-stock.yaml"
+"""Stock vLLM's descriptor (every held mode rejected), where the repository is at hand; else
+the vLLM KV side without a connector serves none (every mode unknown: fail closed)."""
 _KINDS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
 
@@ -177,7 +181,7 @@ class VllmKV:
         self._started: asyncio.Task[None] | None = None
         self.runtime_version: str | None = None
         """vLLM's version (from its /version), known once started."""
-        self.lowering = CONNECTOR_DESCRIPTOR
+        self.lowering: Path | None = CONNECTOR_DESCRIPTOR
         """What the gateway checks and serves as this KV side's lowering."""
         self.claim_gate: Callable[[ClaimSpec], str | None] | None = None
         """Asked about every claim before it is sent: a reason refuses it here (tenant limits)."""
@@ -228,6 +232,8 @@ class VllmKV:
         client.skip_events((await client.complete([1], max_tokens=1)).last_seq)  # history before
         answer = await client.operate([{"op": "revoke_all", "reason": "gateway_restart"}])
         self.connector = bool(answer.results)  # stock vLLM ignores the operations
+        if not self.connector:
+            self.lowering = _STOCK_DESCRIPTOR if _STOCK_DESCRIPTOR.is_file() else None
         async with self._lock:
             self._absorb(answer)
 
@@ -576,7 +582,7 @@ class VllmKV:
 
     def _refuse(self, spec: ClaimSpec, reason: str, request_id: str | None) -> ClaimDecision:
         """A claim refused before it reached vLLM: its events and decision, as the engine's."""
-        self._claims[spec.claim_id] = _Claim(spec, ClaimState.REFUSED, 0)
+        self._claims[spec.claim_id] = _Claim(spec, ClaimState.REFUSED, 0, end_reason=reason)
         self._emit(
             EventName.RESIDENT_CLAIM_SUBMITTED,
             spec.claim_id,
@@ -618,6 +624,7 @@ class VllmKV:
             state,
             int(result.get("blocks") or 0),
             hashes=tuple(hashes[: spec.footprint_blocks]),
+            end_reason=None if accepted else str(result.get("reason")),
         )
         self._claims[spec.claim_id] = claim
         if claim.held and self.observer is not None:
@@ -967,7 +974,8 @@ class VllmKV:
             )
         if status != 200:
             raise BackendError(f"vLLM could not reset its prefix cache: HTTP {status}: {data}")
-        if self.observer is not None:
+        if self.observer is not None:  # vLLM publishes the clear with its next step's events
+            await client.operate([])
             await self.observer.cleared(clears, timeout_s=2.0)
         async with self._lock:
             self._claims.clear()
