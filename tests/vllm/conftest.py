@@ -26,6 +26,8 @@ class VllmServer:
     model: str
     key: str
     pid: int
+    events: str
+    """vLLM's KV events endpoint (ipc://)."""
 
 
 def _vllm_python() -> str:
@@ -60,19 +62,31 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @contextlib.contextmanager
 def serve_vllm(
-    tiny_model: str, tmp_path_factory: pytest.TempPathFactory, name: str = "server"
+    tiny_model: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str = "server",
+    *,
+    connector: bool = True,
 ) -> Iterator[VllmServer]:
-    """`agentclaims vllm serve` with the connector, 41 blocks x 32 tokens, max length 256, on
-    a free loopback port; stopped (its whole process group) at the end."""
+    """`agentclaims vllm serve --dev-mode` (``/reset_prefix_cache`` for fresh conformance
+    instances), with the connector (41 blocks x 32 tokens, max length 256) or stock
+    (``connector=False``), its KV events on an ipc:// endpoint of its own, on a free loopback
+    port; stopped (its whole process group) at the end."""
     python = _vllm_python()
     port = free_port()
-    log = tmp_path_factory.mktemp("vllm-log") / f"{name}.log"
+    where = tmp_path_factory.mktemp(f"vllm-{name}")
+    log = where / f"{name}.log"
+    events = f"ipc://{where}/events.kv"
+    claims = (
+        ("--claims-key", KEY, "--max-ttl-s", "120", "--max-defer-s", str(MAX_DEFER_S))
+        if connector
+        else ("--no-connector",)
+    )
     with log.open("w") as sink:
         proc = subprocess.Popen(
             [
                 *_cli("vllm", "serve", "--model", tiny_model, "--port", str(port)),
-                *("--python", python, "--claims-key", KEY, "--max-ttl-s", "120"),
-                *("--max-defer-s", str(MAX_DEFER_S)),
+                *("--python", python, "--kv-events", events, "--dev-mode", *claims),
             ],
             stdout=sink,
             stderr=subprocess.STDOUT,
@@ -92,7 +106,7 @@ def serve_vllm(
             if time.monotonic() > deadline:
                 pytest.fail(f"vLLM not healthy within 240 s:\n{log.read_text()[-4000:]}")
             time.sleep(0.5)
-        yield VllmServer(url, tiny_model, KEY, proc.pid)
+        yield VllmServer(url, tiny_model, KEY, proc.pid, events)
     finally:
         stop(proc, group=True, timeout_s=30)
 
