@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import re
@@ -64,6 +65,7 @@ from agentclaims.lowering.served import CONNECTOR_DESCRIPTOR
 from agentclaims.protocol import (
     PROMPT_OBJECT,
     RENEW_AS_IS,
+    SEQUENCE_OBJECT,
     ActiveOutcome,
     ActiveRequest,
     ClaimDecision,
@@ -125,6 +127,19 @@ def _prompt_ids(data: Mapping[str, Any]) -> list[int] | None:
     if isinstance(ids, list) and all(isinstance(t, int) for t in ids):
         return ids
     return None
+
+
+def _sequence_ids(
+    data: Mapping[str, Any], prompt: Sequence[int] | None, block_size: int
+) -> list[int] | None:
+    """The full blocks of prompt + reply that vLLM computed (so cached): the reply's last
+    token never had its KV computed, so it ends no block. ``None`` without the reply's ids."""
+    reply = (data.get("choices") or [{}])[0].get("token_ids")
+    if prompt is None or not isinstance(reply, list):
+        return None
+    tokens = [*prompt, *(int(t) for t in reply)]
+    full = (len(tokens) - 1) // block_size * block_size
+    return tokens[:full] if full else None
 
 
 def _client_payload(data: Mapping[str, Any], *, keep_token_ids: bool) -> dict[str, Any]:
@@ -440,10 +455,15 @@ class VllmKV:
         if cache_salt:  # vLLM's own per-request salt: a tenant's blocks are its own
             forwarded["cache_salt"] = cache_salt
         wants_ids = bool(body.get("return_token_ids"))
-        if tokens is None:
-            forwarded["return_token_ids"] = True
+        on_reply = {s.claim_id for s in specs if s.object_id == SEQUENCE_OBJECT}
+        if tokens is None or on_reply:
+            forwarded["return_token_ids"] = True  # the prompt's and the reply's token ids
         gated = {spec.claim_id: reason for spec in specs if (reason := self._gated(spec))}
-        ops = [self._hold_op(spec) for spec in specs if spec.claim_id not in gated]
+        ops = [
+            self._hold_op(spec, all_blocks=spec.claim_id in on_reply)
+            for spec in specs
+            if spec.claim_id not in gated
+        ]
         forwarded["kv_transfer_params"] = {"agentclaims": client.envelope(ops, tenant)}
         status, data = await self._post(_KINDS[kind], forwarded)
         if status != 200 or not isinstance(data, dict):
@@ -455,17 +475,38 @@ class VllmKV:
         if tokens is None:
             tokens = _prompt_ids(data)
         payload = _client_payload(data, keep_token_ids=wants_ids)
+        sequence = _sequence_ids(data, tokens, self.block_size)
+        seq_hashes = (
+            hash_token_blocks(sequence, self.block_size, cache_salt=cache_salt) if sequence else []
+        )
         if answer.served and tokens is not None:
             if not hashes:
                 hashes = hash_token_blocks(list(tokens), self.block_size, cache_salt=cache_salt)
             self._last_stored = tuple(hashes)
-            footprint = max((s.footprint_blocks for s in specs), default=0)
-            await self._seen_stored(hashes[:footprint])
+            footprint = max(
+                (s.footprint_blocks for s in specs if s.claim_id not in on_reply), default=0
+            )
+            await self._seen_stored([*hashes[:footprint], *(seq_hashes if on_reply else ())])
         async with self._lock:
             if tokens is not None and prompt_pid is None:
                 hashes, prompt_pid = self._register(tokens, cache_salt)
+            seq_pid = self._register(sequence, cache_salt)[1] if sequence else None
+            specs = [
+                dataclasses.replace(spec, object_id=seq_pid, footprint_blocks=len(seq_hashes))
+                if spec.claim_id in on_reply and seq_pid is not None
+                else spec
+                for spec in specs
+            ]
             self._absorb(answer)
-            result = self._result(answer, specs, prompt_pid, hashes, gated)
+            result = self._result(
+                answer,
+                specs,
+                prompt_pid,
+                hashes,
+                gated,
+                sequence=(seq_pid, seq_hashes),
+                on_reply=on_reply,
+            )
         return UpstreamResult(payload, result)
 
     async def _seen_stored(self, hashes: Sequence[BlockHash], timeout_s: float = 1.0) -> None:
@@ -474,12 +515,14 @@ class VllmKV:
         if self.observer is not None and hashes:
             await self.observer.wait_resident(hashes, timeout_s)
 
-    def _hold_op(self, spec: ClaimSpec) -> dict[str, Any]:
+    def _hold_op(self, spec: ClaimSpec, *, all_blocks: bool = False) -> dict[str, Any]:
+        """The connector's ``hold``; ``all_blocks``: every full block the request leaves
+        cached, its reply's included (``@sequence``: known only when it finishes)."""
         op: dict[str, Any] = {
             "op": "hold",
             "claim_id": spec.claim_id,
             "mode": spec.protection_mode.value,
-            "blocks": spec.footprint_blocks,
+            "blocks": "all" if all_blocks else spec.footprint_blocks,
             "ttl_s": spec.ttl_s,
         }
         hint = spec.reuse_hint
@@ -510,10 +553,18 @@ class VllmKV:
                     raise UsageError(f"{where}.object_id", "@prompt has no full block to claim")
                 data["object_id"] = prompt_pid
                 data.setdefault("footprint_blocks", prompt_blocks)
+            elif data.get("object_id") == SEQUENCE_OBJECT:
+                if "footprint_blocks" in data:
+                    raise UsageError(
+                        f"{where}.footprint_blocks",
+                        "@sequence holds every full block of prompt and reply: give none",
+                    )
+                data["footprint_blocks"] = max(1, prompt_blocks)  # known when it finishes
             elif data.get("object_id") != prompt_pid:
                 raise UsageError(
                     f"{where}.object_id",
-                    "on vLLM a claim sent with a request names that request's prompt (@prompt)",
+                    "on vLLM a claim sent with a request names that request's prompt "
+                    "(@prompt) or its prompt and reply (@sequence)",
                 )
             try:
                 spec = ClaimSpec.from_dict(data)
@@ -531,8 +582,12 @@ class VllmKV:
         prompt_pid: str | None,
         hashes: Sequence[BlockHash],
         gated: Mapping[str, str],
+        *,
+        sequence: tuple[str | None, Sequence[BlockHash]] = (None, ()),
+        on_reply: frozenset[str] | set[str] = frozenset(),
     ) -> ServeResult:
         bs = self.block_size
+        seq_pid, seq_hashes = sequence
         rid = RequestId(self._our_request(answer.request_id) or answer.request_id)
         if answer.refused is not None or answer.finish_reason == "abort":
             refused = answer.refused or {}
@@ -558,12 +613,12 @@ class VllmKV:
         decisions = tuple(
             self._refuse(spec, gated[spec.claim_id], rid)
             if spec.claim_id in gated
-            else self._decide(spec, answer, hashes)
+            else self._decide(spec, answer, seq_hashes if spec.claim_id in on_reply else hashes)
             for spec in specs
         )
         return ServeResult(
             outcome,
-            {"prompt": prompt_pid, "sequence": None, "messages": []},
+            {"prompt": prompt_pid, "sequence": seq_pid, "messages": []},
             decisions,
             events_seq=self._seq,
             cached_tokens=answer.cached_tokens,

@@ -419,3 +419,42 @@ async def test_tenants_and_the_ledger_on_vllm(vllm_server: VllmServer, tmp_path:
         assert all(e["seq"] > cursor for e in page["events"])
     finally:
         stop(second)
+
+
+async def test_a_sequence_claim_holds_the_prompt_and_the_reply_blocks(gateway: str) -> None:
+    """`@sequence` on vLLM: the connector holds every full block the request leaves cached,
+    the reply's included (all but the reply's last token, whose KV is never computed); the
+    next turn over prompt + reply hits those blocks after pressure."""
+    from agentclaims.engine import hash_token_blocks
+
+    prompt = [3 + (31 + 11 * i) % 997 for i in range(100)]
+    claim = {"claim_id": "seq-1", "object_id": "@sequence", "protection_mode": "hard_protected"}
+    body = {
+        "prompt": prompt,
+        "max_tokens": 60,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "agentclaims": {"owner_scope": "wf-seq", "claims": [claim]},
+    }
+    async with (
+        HTTPBackend(gateway) as backend,
+        httpx2.AsyncClient(base_url=gateway, timeout=60) as http,
+    ):
+        answer = (await http.post("/v1/completions", json=body)).json()
+        [decision] = answer["agentclaims"]["decisions"]
+        assert decision["state"] == "materialized", decision
+        reply = answer["choices"][0]["token_ids"]
+        sequence = (prompt + reply)[: (len(prompt) + len(reply) - 1) // BS * BS]
+        assert len(sequence) == 4 * BS  # 159 computed tokens: 3 prompt blocks + 1 of the reply
+        hashes = hash_token_blocks(sequence, BS)
+        pid = answer["agentclaims"]["prefix_ids"]["sequence"]
+        assert (await backend.get_claim("seq-1", "wf-seq")).object_id == pid
+        for k in range(8):
+            filler = [3 + (4000 + 97 * k + 5 * i) % 997 for i in range(200)]
+            await http.post("/v1/completions", json={"prompt": filler, "max_tokens": 2})
+        assert await backend.block_residency(hashes) == [True] * 4
+        turn = {"prompt": [*sequence, 7, 8, 9], "max_tokens": 2, "temperature": 0}
+        again = (await http.post("/v1/completions", json=turn)).json()
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 4 * BS
+        await backend.release_claim("seq-1", "wf-seq")
