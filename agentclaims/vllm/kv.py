@@ -13,9 +13,15 @@ which is also the text side (vLLM writes the replies). For each completion it::
 
 A claim on an already served prefix (``POST /v1/claims``) re-runs that prefix for one token
 with a ``hold``: its blocks are prefix-cache hits, held when the request finishes. Release and
-renew ride on a one-token request. Residency is known only for held claims (an unheld prefix
-reports 0: fail closed). It has no instance control and no per-block residency, so the
-conformance levels that need them report ``not_exposed`` on it.
+renew ride on a one-token request. A claim sent with a request names its ``@prompt`` or its
+``@sequence`` (prompt and reply: every full block the request leaves cached, held when it
+finishes).
+
+With ``kv_events`` (vLLM's ZMQ KV events endpoint) an observer joins vLLM's own block events to
+the gateway's hashes: per-block residency, materialization seen in vLLM's cache, losses after a
+claim's end, and harm (fail closed) if a held block is ever removed. A fresh instance for the
+conformance suite is every hold revoked and vLLM's prefix cache reset; without ``kv_events``
+residency is known only for held claims (an unheld prefix reports 0: fail closed).
 """
 
 from __future__ import annotations
