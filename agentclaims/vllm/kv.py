@@ -707,8 +707,9 @@ class VllmKV:
         observer = self.observer
         if observer is None or claim.state is not ClaimState.ACCEPTED or not claim.held:
             return
-        if observer.leading_run(claim.hashes) < len(claim.hashes):
-            return
+        wanted = claim.spec.footprint_blocks
+        if len(claim.hashes) != wanted or observer.leading_run(claim.hashes) < wanted:
+            return  # not every claimed block is known, or not all seen cached yet
         claim.state = ClaimState.MATERIALIZED
         self._emit(
             EventName.RESIDENT_CLAIM_MATERIALIZED,
