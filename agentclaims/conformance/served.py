@@ -9,9 +9,9 @@ keeps its obligation and changes its set-up:
 - the pool is vLLM's (``usable_blocks``); a fresh instance is every hold revoked and vLLM's
   prefix cache reset; residency is vLLM's own KV events joined to the gateway's hashes;
 - "resident" is a full-length prompt, "pressure" enough full-length prompts to turn the pool
-  over, and an active request that cannot fit beside the claims is a *burst*: concurrent
-  requests that, with the claimed blocks held up to the connector's cap, need more blocks than
-  the pool has, whatever their order;
+  over, and an active request that cannot fit beside the claims is a full-length request sent
+  while a long-running one decodes, with claims held up to the connector's cap (the cap leaves
+  room for one max-length request, so a single request never conflicts);
 - an expiring claim runs on a TTL of seconds, waited out;
 - L2 and L6 cannot be arranged on vLLM and report ``not_exposed`` (why, in the detail);
 - on stock vLLM (no connector answers) a claim that must be held is refused, and the levels
@@ -65,6 +65,7 @@ __all__ = ["SERVED_LEVELS", "ServedPool", "served_pool"]
 E = EventName
 _EXPIRING_TTL_S = 3.0
 _BURSTS = 3
+_LONG_HEAD_START_S = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,56 +172,51 @@ class _Run:
             )
         return decision
 
-    async def fill(self, mode: ProtectionMode, probe_blocks: int) -> list[str]:
-        """Claims of ``mode`` beside the probe's, up to the connector's cap on held blocks."""
-        ids = []
-        room = self.pool.cap_blocks - probe_blocks
-        for i in range(room // self.pool.prompt_blocks):
-            cid = f"{self.level}-filler-{i}"
-            decision = await self.claim(cid, self.prompt(f"filler-{i}"), mode)
-            if decision.accepted:
-                ids.append(cid)
-        return ids
-
-    def burst_shape(self, held_blocks: int) -> tuple[int, int, int]:
-        """(requests, prompt tokens, reply tokens) of a burst that cannot all start beside
-        ``held_blocks``: each starts needing ``start`` blocks and ``n * start`` exceeds the
-        rest, while ``n - 1`` of them fit to their end (no preemption among them)."""
-        bs = self.pool.block_size
-        prompt = 3 * bs + 4
-        start = -(-prompt // bs)
-        free = max(0, self.pool.usable_blocks - held_blocks)
-        n = free // start + 1
-        grown = max(start, free // max(1, n - 1))
-        reply = max(1, min(grown * bs, self.pool.max_model_len) - prompt - 1)
-        return n, prompt, reply
+    async def fill(self, mode: ProtectionMode, probe_blocks: int) -> tuple[list[str], int]:
+        """Claims of ``mode`` beside the probe's, up to the connector's cap on held blocks
+        (the last one as long as the room left); their ids and the blocks held in all."""
+        ids: list[str] = []
+        held = probe_blocks
+        full = self.pool.prompt_blocks
+        while self.pool.cap_blocks - held >= 1:
+            blocks = min(full, self.pool.cap_blocks - held)
+            cid = f"{self.level}-filler-{len(ids)}"
+            decision = await self.claim(cid, self.prompt(f"filler-{len(ids)}", blocks), mode)
+            if not decision.accepted:
+                break
+            ids.append(cid)
+            held += blocks
+        return ids, held
 
     async def burst(self, tag: str, held_blocks: int) -> tuple[list[ActiveOutcome], int]:
-        """The burst; its outcomes and the blocks it would need all at once. Concurrent
-        requests overlap only if none ends before the last arrives: a burst that shows no
-        collision (no request refused or deferred, no hold shed) is sent again, at most
-        ``_BURSTS`` times; the level then sees that it never collided."""
-        n, prompt, reply = self.burst_shape(held_blocks)
+        """Active work that cannot fit beside ``held_blocks``: a long-running request (two
+        blocks from its start, growing while it decodes), and, while it runs, a full-length
+        one. With the holds at the connector's cap, what is left is one max-length request's
+        worth and a watermark, so the second cannot start beside the first without held
+        blocks, whichever is admitted first. Its outcomes and the blocks both want at once.
+        If nothing met the claims (the first ended before the second came: a slow machine),
+        it is sent again, at most ``_BURSTS`` times."""
+        bs, mml = self.pool.block_size, self.pool.max_model_len
+        long_prompt = bs + 8
+        long_reply = max(1, min(mml - long_prompt - 1, 4 * bs))
+        full = self.pool.prompt_blocks * bs
         outcomes: list[ActiveOutcome] = []
         for attempt in range(_BURSTS):
             since = max((e.seq for e in await self.events()), default=0)
-            outcomes = await asyncio.gather(
-                *(
-                    self.serve(
-                        f"{self.level}-{tag}{attempt}-{i}",
-                        _tokens(f"{self.level}:{tag}:{attempt}:{i}", prompt),
-                        reply,
-                    )
-                    for i in range(n)
-                )
+            name = f"{self.level}-{tag}{attempt}"
+            first = asyncio.ensure_future(
+                self.serve(f"{name}-long", _tokens(f"{name}:long", long_prompt), long_reply)
             )
+            await asyncio.sleep(_LONG_HEAD_START_S)
+            second = await self.serve(f"{name}-full", _tokens(f"{name}:full", full))
+            outcomes = [await first, second]
             if await self.collided(outcomes, since):
                 break
-        demand = n * -(-(prompt + reply) // self.pool.block_size)
-        return list(outcomes), demand
+        demand = -(-(long_prompt + long_reply) // bs) + -(-(full + 1) // bs)
+        return outcomes, held_blocks + demand
 
     async def collided(self, outcomes: Sequence[ActiveOutcome], since: int) -> bool:
-        """Whether the burst met the claims: a request refused, or an event of it."""
+        """Whether the active work met the claims: a request refused, or an event of it."""
         if any(not o.served for o in outcomes):
             return True
         names = (E.ACTIVE_REQUEST_REFUSED, E.ACTIVE_REQUEST_DEFERRED, E.RESIDENT_CLAIM_DEMOTED)
@@ -281,8 +277,7 @@ async def _hard_probe(
     resident = run.prompt("resident")
     cid = ProbeRecord.claim_id
     decision = await run.claim(cid, resident, mode)
-    fillers = await run.fill(mode, run.pool.prompt_blocks) if decision.accepted else []
-    held = run.pool.prompt_blocks * (1 + len(fillers)) if decision.accepted else 0
+    fillers, held = await run.fill(mode, run.pool.prompt_blocks) if decision.accepted else ([], 0)
     outcomes, demand = await run.burst("active", held)
     if mode is not ProtectionMode.HARD_PROTECTED:
         await run.pressure("after")  # what the shed holds let go is now evicted
@@ -300,7 +295,7 @@ async def _hard_probe(
         resident_lost=await lost_blocks(run.target, hashes),
         events=tuple(await run.events()),
         claim_view=view,
-        demand_blocks=held + demand,
+        demand_blocks=demand,
     )
     return record, outcomes, fillers
 
@@ -327,7 +322,7 @@ async def level_l3(target: Target, pool: ServedPool) -> LevelResult:
         return v.result("")
     refused = [o for o in outcomes if not o.served]
     refused_ids = {o.request_id for o in refused}
-    v.require(bool(refused), f"all {len(outcomes)} burst requests served beside the hard claims")
+    v.require(bool(refused), f"all {len(outcomes)} active requests served beside the hard claims")
     for o in refused:
         v.require(
             cid in o.blocking_claim_ids,
@@ -352,7 +347,7 @@ async def level_l3(target: Target, pool: ServedPool) -> LevelResult:
     state = None if probe.claim_view is None else probe.claim_view.state
     v.require(state is ClaimState.MATERIALIZED, f"claim ended up {state}, expected materialized")
     return v.result(
-        f"{len(refused)} of {len(outcomes)} burst requests refused "
+        f"{len(refused)} of {len(outcomes)} active requests refused "
         f"({Feasibility.INFEASIBLE_PRESERVE_RESIDENT_AND_ACTIVE.value}, blocking [{cid}, "
         f"{len(fillers)} more]) beside {probe.demand_blocks} blocks wanted of "
         f"{pool.usable_blocks}; 0 claimed blocks lost"
@@ -370,7 +365,7 @@ async def level_l4(target: Target, pool: ServedPool) -> LevelResult:
     ):
         return v.result("")
     unserved = [o for o in outcomes if not o.served]
-    v.require(not unserved, f"{len(unserved)} burst requests not served beside soft claims")
+    v.require(not unserved, f"{len(unserved)} active requests not served beside soft claims")
     return await _ended_before_loss(
         v, target, list(probe.events), probe.resident, probe.claim_id, E.RESIDENT_CLAIM_DEMOTED
     )
@@ -439,8 +434,8 @@ async def level_l7(target: Target, pool: ServedPool) -> LevelResult:
     await target.backend.submit_claim(
         claim_spec(mismatched, other, ProtectionMode.HARD_PROTECTED, wrong), None
     )
-    fillers = await run.fill(ProtectionMode.HARD_PROTECTED, pool.prompt_blocks)
-    outcomes, _ = await run.burst("conflict", pool.prompt_blocks * (1 + len(fillers)))
+    _, held_blocks = await run.fill(ProtectionMode.HARD_PROTECTED, pool.prompt_blocks)
+    outcomes, _ = await run.burst("conflict", held_blocks)
     conflicts = sorted(str(o.request_id) for o in outcomes if not o.served)
     v.require(bool(conflicts), "no burst request was refused beside the hard claims")
     await target.release_claim(held, OWNER_SCOPE)

@@ -263,6 +263,7 @@ async def test_conformance_over_the_gateway_on_vllm_runs_every_level_it_can(gate
         desc = await backend.descriptor()
     status = {level: r.status for level, r in results.items()}
     details = {level: r.detail for level, r in results.items()}
+    report = "\n".join(f"{level} {status[level].value}: {details[level]}" for level in results)
     assert status == {
         "L1": ConformanceStatus.PASS,
         "L2": ConformanceStatus.NOT_EXPOSED,
@@ -272,7 +273,7 @@ async def test_conformance_over_the_gateway_on_vllm_runs_every_level_it_can(gate
         "L6": ConformanceStatus.NOT_EXPOSED,
         "L7": ConformanceStatus.PASS,
         "C1": ConformanceStatus.PASS,
-    }, details
+    }, report
     assert "write no-admit" in details["L2"]
     assert "block 0" in details["L6"]
     assert all(results[level].evidence for level in ("L3", "L4", "L5", "L7", "C1"))
