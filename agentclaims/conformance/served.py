@@ -189,7 +189,7 @@ class _Run:
         return ids, held
 
     async def burst(self, tag: str, held_blocks: int) -> tuple[list[ActiveOutcome], int]:
-        """Active work that cannot fit beside ``held_blocks``: a long-running request (two
+        """Active work that cannot fit beside ``held_blocks``: a long-running request (three
         blocks from its start, growing while it decodes), and, while it runs, a full-length
         one. With the holds at the connector's cap, what is left is one max-length request's
         worth and a watermark, so the second cannot start beside the first without held
@@ -197,7 +197,7 @@ class _Run:
         If nothing met the claims (the first ended before the second came: a slow machine),
         it is sent again, at most ``_BURSTS`` times."""
         bs, mml = self.pool.block_size, self.pool.max_model_len
-        long_prompt = bs + 8
+        long_prompt = 2 * bs + 8  # three blocks: the rest, 9 at the cap, is short of 7
         long_reply = max(1, min(mml - long_prompt - 1, 4 * bs))
         full = self.pool.prompt_blocks * bs
         outcomes: list[ActiveOutcome] = []
@@ -212,7 +212,7 @@ class _Run:
             outcomes = [await first, second]
             if await self.collided(outcomes, since):
                 break
-        demand = -(-(long_prompt + long_reply) // bs) + -(-(full + 1) // bs)
+        demand = -(-(long_prompt + long_reply) // bs) + -(-full // bs)
         return outcomes, held_blocks + demand
 
     async def collided(self, outcomes: Sequence[ActiveOutcome], since: int) -> bool:
