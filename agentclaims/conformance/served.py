@@ -272,7 +272,7 @@ async def _hard_probe(
     run: _Run, mode: ProtectionMode
 ) -> tuple[ProbeRecord, list[ActiveOutcome], list[str]]:
     """The probe on the served pool: a claimed full-length prompt, claims of the same mode
-    up to the cap beside it, then a burst that cannot fit beside them."""
+    up to the cap beside it, then active work that cannot fit beside them."""
     await run.fresh()
     resident = run.prompt("resident")
     cid = ProbeRecord.claim_id
