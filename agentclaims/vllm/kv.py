@@ -1023,6 +1023,15 @@ class VllmKV:
         if others:
             raise ContractViolation(f"a fresh instance would drop live claims of {others}")
         client = await self._connector_ready()
+        held = await client.operate([])
+        async with self._lock:
+            self._absorb(held)
+            ours = sum(c.held_blocks for c in self._claims.values() if c.held)
+        if held.held_blocks > ours:  # another gateway on this vLLM holds claims too
+            raise ContractViolation(
+                f"a fresh instance would drop live claims: the connector holds "
+                f"{held.held_blocks} blocks, this gateway's claims {ours}"
+            )
         answer = await client.operate([{"op": "revoke_all", "reason": "fresh_instance"}])
         async with self._lock:
             self._absorb(answer)
