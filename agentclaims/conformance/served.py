@@ -65,7 +65,7 @@ __all__ = ["SERVED_LEVELS", "ServedPool", "served_pool"]
 E = EventName
 _EXPIRING_TTL_S = 3.0
 _BURSTS = 3
-_LONG_HEAD_START_S = 0.3
+_LONG_HEAD_START_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +198,7 @@ class _Run:
         it is sent again, at most ``_BURSTS`` times."""
         bs, mml = self.pool.block_size, self.pool.max_model_len
         long_prompt = 2 * bs + 8  # three blocks: the rest, 9 at the cap, is short of 7
-        long_reply = max(1, min(mml - long_prompt - 1, 4 * bs))
+        long_reply = max(1, mml - long_prompt - 1)  # as long as it may: it must outlast the gap
         full = self.pool.prompt_blocks * bs
         outcomes: list[ActiveOutcome] = []
         for attempt in range(_BURSTS):
