@@ -65,7 +65,7 @@ __all__ = ["SERVED_LEVELS", "ServedPool", "served_pool"]
 E = EventName
 _EXPIRING_TTL_S = 3.0
 _BURSTS = 3
-_LONG_HEAD_START_S = 0.1
+_LONG_START_WAIT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,12 +190,12 @@ class _Run:
 
     async def burst(self, tag: str, held_blocks: int) -> tuple[list[ActiveOutcome], int]:
         """Active work that cannot fit beside ``held_blocks``: a long-running request (three
-        blocks from its start, growing while it decodes), and, while it runs, a full-length
-        one. With the holds at the connector's cap, what is left is one max-length request's
+        blocks from its start, growing while it decodes), and, once vLLM's events show it past
+        its prefill, a full-length one. With the holds at the connector's cap, what is left is one max-length request's
         worth and a watermark, so the second cannot start beside the first without held
         blocks, whichever is admitted first. Its outcomes and the blocks both want at once.
-        If nothing met the claims (the first ended before the second came: a slow machine),
-        it is sent again, at most ``_BURSTS`` times."""
+        If nothing met the claims (the first ended before the second came), it is sent
+        again, at most ``_BURSTS`` times."""
         bs, mml = self.pool.block_size, self.pool.max_model_len
         long_prompt = 2 * bs + 8  # three blocks: the rest, 9 at the cap, is short of 7
         long_reply = max(1, mml - long_prompt - 1)  # as long as it may: it must outlast the gap
@@ -204,16 +204,26 @@ class _Run:
         for attempt in range(_BURSTS):
             since = max((e.seq for e in await self.events()), default=0)
             name = f"{self.level}-{tag}{attempt}"
-            first = asyncio.ensure_future(
-                self.serve(f"{name}-long", _tokens(f"{name}:long", long_prompt), long_reply)
-            )
-            await asyncio.sleep(_LONG_HEAD_START_S)
+            long_tokens = _tokens(f"{name}:long", long_prompt)
+            first = asyncio.ensure_future(self.serve(f"{name}-long", long_tokens, long_reply))
+            await self._running(first, self.hashes(long_tokens))
             second = await self.serve(f"{name}-full", _tokens(f"{name}:full", full))
             outcomes = [await first, second]
             if await self.collided(outcomes, since):
                 break
         demand = -(-(long_prompt + long_reply) // bs) + -(-full // bs)
         return outcomes, held_blocks + demand
+
+    async def _running(
+        self, request: asyncio.Future[ActiveOutcome], prompt: Sequence[BlockHash]
+    ) -> None:
+        """Until ``request`` is past its prefill (its prompt's blocks are in vLLM's cache, as
+        its KV events show), or has ended, or ``_LONG_START_WAIT_S`` have passed."""
+        deadline = time.monotonic() + _LONG_START_WAIT_S
+        while not request.done() and time.monotonic() < deadline:
+            if all(await self.target.survival(prompt)):
+                return
+            await asyncio.sleep(0.01)
 
     async def collided(self, outcomes: Sequence[ActiveOutcome], since: int) -> bool:
         """Whether the active work met the claims: a request refused, or an event of it."""
