@@ -14,8 +14,7 @@ from langchain_core.tools import tool as langchain_tool
 from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import create_react_agent
-from servers import gateway_process
-from surface import SCRIPT, SCRIPT_JSON, ask, log_lines, search, sync_graph
+from surface import SCRIPT, ask, log_lines, search, sync_graph
 
 import agentclaims
 from agentclaims.backends.embedded import EmbeddedBackend
@@ -26,24 +25,6 @@ from agentclaims.errors import UsageError
 from agentclaims.session import ClaimedSession
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-@pytest.fixture(scope="module")
-def gateway_url(tmp_path_factory: pytest.TempPathFactory):
-    script = tmp_path_factory.mktemp("gw") / "script.json"
-    script.write_text(json.dumps(SCRIPT_JSON))
-    with gateway_process("--blocks", "2048", "--block-size", "16", "--script", str(script)) as url:
-        yield url
-
-
-@pytest.fixture(params=["embedded", "http"])
-async def backend(request: pytest.FixtureRequest):
-    if request.param == "embedded":
-        b: Any = EmbeddedBackend(num_blocks=2048, block_size=16, script=SCRIPT)
-    else:
-        b = HTTPBackend(request.getfixturevalue("gateway_url"))
-    yield b
-    await b.aclose()
 
 
 def react(backend: Any, **options: Any) -> Any:

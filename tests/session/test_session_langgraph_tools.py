@@ -5,7 +5,6 @@ across by the agent's claim, fed to the tool-time model; on both backends."""
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Annotated, Any
 
 import pytest
@@ -14,34 +13,13 @@ from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, create_react_agent, tools_condition
 from langgraph.types import Command
-from servers import gateway_process
-from surface import SCRIPT, SCRIPT_JSON, ask, log_lines
+from surface import ask, log_lines
 
 import agentclaims
-from agentclaims.backends.embedded import EmbeddedBackend
-from agentclaims.backends.http import HTTPBackend
 from agentclaims.bindings.decorators import claimed_session
 from agentclaims.session import current_session
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-@pytest.fixture(scope="module")
-def gateway_url(tmp_path_factory: pytest.TempPathFactory):
-    script = tmp_path_factory.mktemp("gw") / "script.json"
-    script.write_text(json.dumps(SCRIPT_JSON))
-    with gateway_process("--blocks", "2048", "--block-size", "16", "--script", str(script)) as url:
-        yield url
-
-
-@pytest.fixture(params=["embedded", "http"])
-async def backend(request: pytest.FixtureRequest):
-    if request.param == "embedded":
-        b: Any = EmbeddedBackend(num_blocks=2048, block_size=16, script=SCRIPT)
-    else:
-        b = HTTPBackend(request.getfixturevalue("gateway_url"))
-    yield b
-    await b.aclose()
 
 
 @tool
