@@ -126,7 +126,9 @@ def run(args: argparse.Namespace) -> int:
         f"{args.workflows} concurrent supervisor workflows, KV pool of {result['kv_blocks']} blocks x {BLOCK_SIZE} tokens\n"
     )
     print(_table(result))
+    logs = Path(result["logs"])
     print(
-        f"\noutcome logs: {result['logs']}  (summarise with: agentclaims report {result['logs']})"
+        f"\noutcome logs: {logs}/claims and {logs}/lru  (summarise with: agentclaims report "
+        f"{logs / 'claims'}; add {logs / 'lru'} for both)"
     )
     return 0
