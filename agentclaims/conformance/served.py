@@ -38,9 +38,9 @@ from agentclaims.conformance.probe import (
 )
 from agentclaims.conformance.scenarios import (
     LevelResult,
-    _check_envelope,
     _ended_before_loss,
     _Verdict,
+    check_replay,
 )
 from agentclaims.conformance.target import Target
 from agentclaims.contract import (
@@ -54,10 +54,9 @@ from agentclaims.contract import (
     LoweringClass,
     ProtectionMode,
     RequestId,
-    rebuild_claims,
 )
 from agentclaims.engine.blocks import hash_token_blocks
-from agentclaims.errors import AgentClaimsError, OperationNotExposed
+from agentclaims.errors import OperationNotExposed
 from agentclaims.protocol import ActiveOutcome, ActiveRequest, ActiveServing, ClaimDecision
 
 __all__ = ["SERVED_LEVELS", "ServedPool", "served_pool"]
@@ -464,40 +463,19 @@ async def level_l7(target: Target, pool: ServedPool) -> LevelResult:
         ]
     )
     v.cite(*select_events(wire, E.RESIDENT_CLAIM_BLOCK_LOST_AFTER_RELEASE, claim_id=held)[:1])
-    try:
-        rebuilt = rebuild_claims(wire)
-    except AgentClaimsError as exc:
-        v.fail(f"the stream does not replay: {exc}")
+    replayed = await check_replay(
+        v,
+        target,
+        wire,
+        held,
+        mismatched,
+        conflicts,
+        lost,
+        usable_blocks=pool.usable_blocks,
+        distinct=True,
+    )
+    if not replayed:
         return v.result("")
-    _check_envelope(v, wire, pool.usable_blocks)
-    for cid in (held, mismatched):
-        view = await target.get_claim(cid, OWNER_SCOPE)
-        hist = rebuilt.get(cid)
-        if not v.require(hist is not None, f"no event names claim {cid}"):
-            continue
-        assert hist is not None
-        v.require(
-            hist.state is view.state, f"{cid}: rebuilt {hist.state}, backend says {view.state}"
-        )
-        v.require(
-            hist.end_reason == view.end_reason,
-            f"{cid}: rebuilt end reason {hist.end_reason!r}, backend says {view.end_reason!r}",
-        )
-    h = rebuilt.get(held)
-    if h is not None:
-        v.require(E.RESIDENT_CLAIM_ACCEPTED in h.events, f"{held}: acceptance not in the trace")
-        v.require(h.materialized, f"{held}: materialization not in the trace")
-        v.require(
-            sorted(set(h.blocking_requests)) == conflicts,
-            f"{held}: rebuilt blocking requests {sorted(set(h.blocking_requests))}, refused {conflicts}",
-        )
-        v.require(
-            lost > 0 and h.blocks_lost_after_release == lost,
-            f"{held}: {lost} blocks lost, trace counts {h.blocks_lost_after_release}",
-        )
-    m = rebuilt.get(mismatched)
-    if m is not None:
-        v.require(E.RESIDENT_CLAIM_REJECTED in m.events, f"{mismatched}: rejection not in trace")
     return v.result(
         f"{len(wire)} events replayed: {held} accepted, materialized (vLLM's events), blocking "
         f"{len(conflicts)} refused requests, {ClaimState.EXPIRED} (released), {lost} "
