@@ -36,7 +36,10 @@ from agentclaims.contract import BlockHash, ClaimId, ClaimSpec, OwnerScope, Pref
 from agentclaims.errors import BackendUnavailable, UnknownClaim, UsageError
 from agentclaims.protocol import (
     EXTENSION_KEY,
+    INSTANCE_HEADER,
+    INSTANCE_URL_HEADER,
     RENEW_AS_IS,
+    ROUTER_SAFE_HEADER,
     ClaimDecision,
     ClaimView,
     Descriptor,
@@ -46,10 +49,8 @@ from agentclaims.protocol import (
 
 __all__ = ["FleetBackend", "RoutedBackend"]
 
-INSTANCE_HEADER = "x-agentclaims-instance"
-INSTANCE_URL_HEADER = "x-agentclaims-instance-url"
-ROUTER_SAFE_HEADER = "X-Agentclaims-Router-Safe"
 SESSION_HEADER = "X-Session-ID"
+"""The routing key vllm-router reads first."""
 
 
 class RoutedBackend(HTTPBackend):
@@ -191,15 +192,13 @@ class FleetBackend(BackendPool):
         self._sessions: dict[str, RoutedBackend] = {}
         self._retired: list[RoutedBackend] = []
         self._pending: set[asyncio.Task[None]] = set()
-        self._discovered = False
         self._lost: set[str] = set()
         # the pool's own books: claim homes and the merged event stream
         self._home: dict[str, str] = {}
         self._log: list[tuple[str, Any]] = []
         self._cursors: dict[str, int] = {}
-        self._affinity: dict[str, str] = {}
-        self._load: dict[str, int] = {}
-        self._by_name: dict[str, Any] = {}
+        self._workers: int | None = None
+        """How many workers the router lists (after ``discover``)."""
 
     # ------------------------------------------------------------------ members
     @property
@@ -253,19 +252,19 @@ class FleetBackend(BackendPool):
             instance = answer.headers.get(INSTANCE_HEADER)
             if instance:
                 self._member(instance, answer.headers.get(INSTANCE_URL_HEADER) or url)
-        self._discovered = True
         self._workers = max(1, len(urls))
         return list(self._members)
 
     async def _ensure(self) -> None:
-        if not self._discovered:
+        if self._workers is None:
             await self.discover()
 
     def max_hops(self) -> int:
         """Reroutes a session may make: one per other worker (``max_hops`` if given)."""
         if self._max_hops is not None:
             return self._max_hops
-        return max(1, getattr(self, "_workers", len(self._members) or 2) - 1)
+        workers = self._workers if self._workers is not None else len(self._members) or 2
+        return max(1, workers - 1)
 
     # ------------------------------------------------------------------ sessions
     def assign(self, session_id: str) -> RoutedBackend:

@@ -49,6 +49,9 @@ from agentclaims.lowering import (
 )
 from agentclaims.protocol import (
     EXTENSION_KEY,
+    INSTANCE_HEADER,
+    INSTANCE_URL_HEADER,
+    ROUTER_SAFE_HEADER,
     ActiveRequest,
     ActiveServing,
     ClaimsProtocol,
@@ -100,14 +103,6 @@ class KVSide(ClaimsProtocol, ActiveServing, Protocol):
 
 
 Handler = Callable[[Request], Awaitable[Response]]
-
-INSTANCE_HEADER = "X-Agentclaims-Instance"
-"""Names the gateway instance that answered (every response): claims live per instance."""
-INSTANCE_URL_HEADER = "X-Agentclaims-Instance-URL"
-"""Where that instance's claims API is reached directly (``--advertise-url``), when known."""
-ROUTER_SAFE_HEADER = "X-Agentclaims-Router-Safe"
-"""A client behind a router sends ``1``: no claim outcome is then a status routers retry."""
-
 
 @dataclass(frozen=True, slots=True)
 class Instance:

@@ -329,11 +329,3 @@ class Ledger:
             return page
         mine = {e.seq for t, e in scanned if t == tenant}
         return replace(page, events=tuple(e for e in page.events if e.seq in mine))
-
-    def digest(self) -> tuple[int, int, int]:
-        """(events, claims, owners) rows: what a test compares to see that nothing changed."""
-        n = [
-            int(self._db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
-            for table in ("events", "claims", "owners")
-        ]
-        return n[0], n[1], n[2]

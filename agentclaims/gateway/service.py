@@ -70,10 +70,6 @@ class Service:
                 raise UsageError("api_keys", f"the {kv.name} KV side cannot enforce tenant limits")
             kv.claim_gate = self.gate
 
-    @property
-    def enabled(self) -> bool:
-        return self.ledger is not None
-
     # ------------------------------------------------------------------ start and stop
     async def ready(self) -> None:
         """Once, before the first operation: account for every claim an earlier gateway on

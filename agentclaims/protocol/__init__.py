@@ -6,6 +6,9 @@ I/O or imports a server, an engine or a client library.
 
 from agentclaims.protocol.api import (
     EXTENSION_KEY,
+    INSTANCE_HEADER,
+    INSTANCE_URL_HEADER,
+    ROUTER_SAFE_HEADER,
     ActiveServing,
     ClaimsProtocol,
     InstanceControl,
@@ -42,8 +45,11 @@ __all__ = [
     "ACTIVE_REQUEST_DEFERRED",
     "ACTIVE_REQUEST_REFUSED",
     "EXTENSION_KEY",
+    "INSTANCE_HEADER",
+    "INSTANCE_URL_HEADER",
     "PROMPT_OBJECT",
     "RENEW_AS_IS",
+    "ROUTER_SAFE_HEADER",
     "SEQUENCE_OBJECT",
     "SERVED_ACTIONS",
     "ActiveOutcome",

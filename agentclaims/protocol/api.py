@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXTENSION_KEY",
+    "INSTANCE_HEADER",
+    "INSTANCE_URL_HEADER",
+    "ROUTER_SAFE_HEADER",
     "ActiveServing",
     "ClaimsProtocol",
     "InstanceControl",
@@ -47,6 +50,12 @@ __all__ = [
 
 EXTENSION_KEY = "agentclaims"
 """Key of the extension object in a completion request's body and in its response."""
+INSTANCE_HEADER = "X-Agentclaims-Instance"
+"""Names the gateway instance that answered (every response): claims live per instance."""
+INSTANCE_URL_HEADER = "X-Agentclaims-Instance-URL"
+"""Where that instance's claims API is reached directly (``--advertise-url``), when known."""
+ROUTER_SAFE_HEADER = "X-Agentclaims-Router-Safe"
+"""A client behind a router sends ``1``: no claim outcome is then a status routers retry."""
 
 
 @runtime_checkable

@@ -135,12 +135,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                 with attempt:
                     response = await self._forward_routed(session, request, suffix, body, streaming)
                     if response.status_code in (409, 503):
-                        raw = await response.aread()
-                        try:
-                            parsed = json.loads(raw)
-                        except json.JSONDecodeError:
-                            parsed = {}
-                        outcome = outcome_from_error(parsed)
+                        outcome = outcome_from_error(_json(await response.aread()))
                         if outcome is not None:
                             await self._react(session, outcome)
                     session.note_call(retried=attempt.retry_state.attempt_number > 1)
@@ -236,6 +231,7 @@ def _api_key(backend: Backend) -> str | None:
 
 
 def _json(raw: bytes) -> Any:
+    """``raw`` as JSON, or ``None`` when it is not (an outcome is then not read from it)."""
     try:
         return json.loads(raw)
     except ValueError:
@@ -253,11 +249,7 @@ def _relayed(
 def _refusal(raw: bytes, status: int) -> ClaimRefused:
     """The SDK's own error for a request refused or deferred outside any session (there is
     no reaction policy to apply): the engine's detail (shortfall, blocking claims) in it."""
-    try:
-        parsed = json.loads(raw)
-    except json.JSONDecodeError:
-        parsed = {}
-    outcome = outcome_from_error(parsed) if isinstance(parsed, dict) else None
+    outcome = outcome_from_error(_json(raw))
     if outcome is None:
         return ClaimRefused(f"HTTP {status}: {raw[:200].decode(errors='replace')}")
     return ClaimRefused(
