@@ -74,6 +74,23 @@ async def turn(client: Any, messages: list[dict[str, Any]], text: str) -> str:
     return content
 
 
+async def two_claimed_turns(
+    client: Any, session: ClaimedSession, messages: list[dict[str, Any]]
+) -> tuple[str, list[str]]:
+    """Two turns with a tool call between, settled: the instance that served them and the
+    claims the session holds there (at least one)."""
+    await turn(client, messages, "first turn")
+    async with session.tool_call("pytest"):
+        pass
+    await turn(client, messages, "second turn")
+    await session.settle()
+    first = session.backend.instance
+    held = [h.claim_id for h in session.io.held.values()]
+    assert first is not None
+    assert held
+    return first, held
+
+
 def log_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -198,15 +215,7 @@ async def test_a_killed_instance_is_failed_over_its_claims_reported_lost(
         async with ClaimedSession(backend, log_dir=tmp_path) as session:
             messages = [{"role": "system", "content": "be brief " * 10}]
             with session.node("agent"):
-                await turn(client, messages, "first turn")
-                async with session.tool_call("pytest"):
-                    pass
-                await turn(client, messages, "second turn")
-                first = session.backend.instance
-                assert first is not None
-                await session.settle()
-                before = [h.claim_id for h in session.io.held.values()]
-                assert before
+                first, before = await two_claimed_turns(client, session, messages)
                 fleet.kill(first)
                 await turn(client, messages, "third turn after the crash")
                 async with session.tool_call("pytest"):
@@ -276,15 +285,7 @@ async def test_a_session_the_router_moves_by_itself_reports_its_claims_lost(
         async with ClaimedSession(backend, log_dir=tmp_path) as session:
             messages = [{"role": "system", "content": "be brief " * 10}]
             with session.node("agent"):
-                await turn(client, messages, "first turn")
-                async with session.tool_call("pytest"):
-                    pass
-                await turn(client, messages, "second turn")
-                await session.settle()
-                first = session.backend.instance
-                before = [h.claim_id for h in session.io.held.values()]
-                assert first is not None
-                assert before
+                first, before = await two_claimed_turns(client, session, messages)
                 fleet.kill(first)
                 await asyncio.sleep(3.0)  # health checks every 1 s, one failure ejects
                 await turn(client, messages, "third turn, elsewhere")
