@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentclaims.conformance.lowering import check_hard_lowering
+from agentclaims.conformance.lowering import LoweringVerdict, check_hard_lowering
 from agentclaims.conformance.probe import (
     OWNER_SCOPE,
     PROBE_ACTIVE_BLOCKS,
@@ -490,6 +490,13 @@ async def level_c1(backend: Target) -> LevelResult:
     v.cite(*hard.named(E.ACTIVE_REQUEST_REFUSED))
     v.cite(*soft.named(E.RESIDENT_CLAIM_HARMED, claim_id=soft.claim_id))
     v.cite(*soft.named(E.ALLOCATION_VICTIM_SELECTED, claim_id=soft.claim_id)[:1])
+    return c1_verdict(v, baseline, lowered)
+
+
+def c1_verdict(v: _Verdict, baseline: LoweringVerdict, lowered: LoweringVerdict) -> LevelResult:
+    """C1 from the two classifications, on any engine: the hard probe's lowering must be
+    sound and hard -> soft_priority ``rejected`` (``approximate`` when only the rule says so,
+    no counterexample seen)."""
     v.require(
         baseline.lowering_class is not LoweringClass.REJECTED,
         f"the hard claim itself breaks {', '.join(baseline.violated)}: "

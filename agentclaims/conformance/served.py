@@ -40,6 +40,7 @@ from agentclaims.conformance.scenarios import (
     LevelResult,
     _ended_before_loss,
     _Verdict,
+    c1_verdict,
     check_replay,
 )
 from agentclaims.conformance.target import Target
@@ -51,7 +52,6 @@ from agentclaims.contract import (
     ConformanceStatus,
     EventName,
     Feasibility,
-    LoweringClass,
     ProtectionMode,
     RequestId,
 )
@@ -496,23 +496,7 @@ async def level_c1(target: Target, pool: ServedPool) -> LevelResult:
     baseline, lowered = check_hard_lowering(hard), check_hard_lowering(soft)
     v.cite(*hard.named(E.ACTIVE_REQUEST_REFUSED))
     v.cite(*soft.named(E.RESIDENT_CLAIM_DEMOTED, E.RESIDENT_CLAIM_HARMED, claim_id=soft.claim_id))
-    v.require(
-        baseline.lowering_class is not LoweringClass.REJECTED,
-        f"the hard claim itself breaks {', '.join(baseline.violated)}: no sound baseline",
-    )
-    v.require(
-        lowered.lowering_class is LoweringClass.REJECTED,
-        f"hard_protected -> soft_priority classified {lowered.lowering_class}",
-    )
-    if not lowered.violated:
-        return v.result(
-            f"{LoweringClass.REJECTED} by rule only: {lowered.reason}; no counterexample observed",
-            ConformanceStatus.APPROXIMATE,
-        )
-    return v.result(
-        f"hard_protected -> soft_priority: {lowered.lowering_class} ({lowered.reason}); "
-        f"hard baseline: {baseline.lowering_class}"
-    )
+    return c1_verdict(v, baseline, lowered)
 
 
 ServedScenario = Callable[[Target, ServedPool], Awaitable[LevelResult]]
