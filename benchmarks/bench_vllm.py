@@ -41,6 +41,7 @@ KEY = "bench-claims-key"
 SERVER = ("--blocks", "97", "--max-model-len", "1024")
 TURNS = 3  # worker LLM calls per assignment (a tool call between each)
 TOOL_S = 0.15
+LOG_DIR = None
 
 
 def start(argv: list[str], url: str, timeout_s: float = 300) -> subprocess.Popen[bytes]:
@@ -74,6 +75,8 @@ def build_graph(model: Any, topic: str) -> Any:
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
     from langgraph.graph import END, START, StateGraph
 
+    import agentclaims
+
     system = SystemMessage(("You coordinate a small team of agents on " + topic + ". ") * 6)
 
     async def call(history: list[Any], prompt: str) -> list[Any]:
@@ -91,9 +94,11 @@ def build_graph(model: Any, topic: str) -> Any:
     def worker(name: str) -> Any:
         async def run(state: State) -> dict[str, Any]:
             history = state[name] or [SystemMessage((f"You are the {name} on {topic}. ") * 6)]  # type: ignore[literal-required]
+            session = agentclaims.current_session()
             for turn in range(TURNS):
                 history = await call(history, f"{name} turn {turn}: continue")
-                await asyncio.sleep(TOOL_S)  # the tool runs; the agent's prefix waits
+                async with session.tool_call("search"):  # the agent's prefix waits on it
+                    await asyncio.sleep(TOOL_S)
                 history = [
                     *history[:-1],
                     history[-1],
@@ -134,7 +139,7 @@ async def workflows(
     async def one(i: int) -> float:
         graph = build_graph(model, f"{label} topic {i} " + "x" * i)  # no set-up hits another's
         claimed = agentclaims.claimed_session(
-            graph, backend=backend, planner=planner, reaction=reaction
+            graph, backend=backend, planner=planner, reaction=reaction, log_dir=LOG_DIR
         )
         started = time.monotonic()
         run = claimed.run()

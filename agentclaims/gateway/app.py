@@ -47,6 +47,7 @@ from agentclaims.lowering import (
     reference_descriptor,
     serve_lowering,
 )
+from agentclaims.observability import timing
 from agentclaims.protocol import (
     EXTENSION_KEY,
     INSTANCE_HEADER,
@@ -329,7 +330,6 @@ class _Gateway:
                 "decisions": [d.to_dict() for d in result.decisions],
                 "events_seq": result.events_seq,
                 **self.instance.fields,
-                **self.instance.fields,
             },
         }
 
@@ -363,6 +363,7 @@ class _Gateway:
             "prefix_ids": result.prefix_ids,
             "decisions": [d.to_dict() for d in result.decisions],
             "events_seq": result.events_seq,
+            **({"deferred_s": result.deferred_s} if result.deferred_s else {}),
             **self.instance.fields,
         }
         return respond(body, payload)  # JSON, or server-sent events (#13)
@@ -633,6 +634,7 @@ class _Gateway:
         async def run(request: Request) -> Response:
             self.calls[name] += 1
             started = time.perf_counter()
+            waited = timing.track()
             try:
                 service = self.service
                 if not open_route:
@@ -644,6 +646,9 @@ class _Gateway:
                     await service.ready()
                 response = await handler(request)
                 response.headers.update(self.instance.headers)
+                response.headers["server-timing"] = timing.server_timing(
+                    time.perf_counter() - started, waited[0]
+                )
                 return response
             finally:
                 self.prometheus.observe(name, time.perf_counter() - started)

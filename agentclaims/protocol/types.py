@@ -190,6 +190,9 @@ class ServeResult(Wire):
     """Prompt tokens served from the device prefix cache."""
     block_hashes: tuple[BlockHash, ...] = ()
     """The request's full blocks, in order (prompt then reply)."""
+    deferred_s: float = 0.0
+    """Seconds the engine held the request back, inside itself, for claims' blocks before it
+    ran (a deferral the client did not have to retry; 0: none)."""
 
     wire_name: ClassVar[str] = "serve_result"
 

@@ -215,6 +215,8 @@ class ClaimedSession:
         self._closed = False
         self._lock = asyncio.Lock()
         self._background: asyncio.Future[None] | None = None
+        self._replanned: dict[str, float] = {}
+        """node -> the start of the wait in which its lapsed claim was re-planned (once)."""
         self._requests = itertools.count(1)
         self.loop: asyncio.AbstractEventLoop | None = None
         """The event loop the session runs on (set when it is entered): synchronous code in
@@ -414,8 +416,11 @@ class ClaimedSession:
         latency_s: float,
         tool_names: Sequence[str] = (),
         request_id: str | None = None,
+        retried: bool = False,
     ) -> None:
-        """Record an answered call and re-plan the claim on ``node``'s conversation prefix."""
+        """Record an answered call and re-plan the claim on ``node``'s conversation prefix.
+        ``retried``: the call was deferred or refused first (memory pressure); so was one the
+        engine itself held back for claims' blocks (``deferred_s`` in the answer)."""
         answered = getattr(self.backend, "answered_by", None)
         if callable(answered):  # a fleet: the instance the answer names (streamed ones too)
             answered(extension)
@@ -426,6 +431,11 @@ class ClaimedSession:
         st.llm_calls += 1
         st.prompt_tokens += prompt
         st.cached_tokens += cached
+        held_back = float(extension.get("deferred_s") or 0.0)
+        if held_back > 0:  # deferred inside the engine (a vLLM connector's admission hook)
+            st.deferrals += 1
+            st.deferral_s += held_back
+        self.note_call(retried=retried or held_back > 0)
         prefix_ids = extension.get("prefix_ids") or {}
         sequence = prefix_ids.get("sequence") or prefix_ids.get("prompt")
         ste = self.workflow.near_ste(node)
@@ -549,9 +559,16 @@ class ClaimedSession:
         del self.io.held[held.node]
         reason = "demoted" if what.endswith("demoted") else "expired"
         await self.io.release(backend, held, reason)
+        # One re-plan per wait: a claim that lapses again before the node's next call would
+        # only be claimed again on the same evidence, a pin renewed forever by its heartbeat.
+        wait = self.workflow.wait_started(held.node)
+        if policy == "replan" and wait is not None and self._replanned.get(held.node) == wait:
+            policy = "drop"
         if policy == "drop":
             self.log_reaction("drop", claim_id=held.claim_id, outcome=what, node=held.node)
             return
+        if wait is not None:
+            self._replanned[held.node] = wait
         ctx = self.workflow.context(held.node, held.prefix_id, ())
         plan = self.planner.plan(ctx)
         self.stats.claims_replanned += 1

@@ -86,7 +86,9 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         ext = session.before_call(node, step)
         body[EXTENSION_KEY] = {**(body.get(EXTENSION_KEY) or {}), **ext}
         started = session.clock()
-        response = await self._send_with_reactions(session, request, suffix, body, streaming)
+        response, retried = await self._send_with_reactions(
+            session, request, suffix, body, streaming
+        )
         if response.status_code != 200:
             await response.aread()
             return _relayed(response, request, httpx2.ByteStream(response.content))
@@ -100,6 +102,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                 latency_s=session.clock() - started,
                 tool_names=tools,
                 request_id=data.get("id"),
+                retried=retried,
             )
 
         if streaming:
@@ -117,7 +120,9 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         suffix: str,
         body: dict[str, Any],
         streaming: bool = False,
-    ) -> httpx2.Response:
+    ) -> tuple[httpx2.Response, bool]:
+        """The answer, and whether it needed a retry (deferred or refused first)."""
+
         def before_sleep(state: tenacity.RetryCallState) -> None:
             delay = state.next_action.sleep if state.next_action is not None else 0.0
             session.stats.deferrals += 1
@@ -138,8 +143,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                         outcome = outcome_from_error(_json(await response.aread()))
                         if outcome is not None:
                             await self._react(session, outcome)
-                    session.note_call(retried=attempt.retry_state.attempt_number > 1)
-                    return response
+                    return response, attempt.retry_state.attempt_number > 1
         except RetryRequested as exc:
             session.stats.fails += 1
             session.log_reaction("fail", outcome=exc.outcome.to_dict(), reason="deadline")

@@ -146,6 +146,11 @@ class WorkflowModel:
         self._asked_tools[node] = bool(tool_names)
         return self._steps.pop(node, None)
 
+    def wait_started(self, node: str) -> float | None:
+        """When ``node``'s current wait (since its last answered call) began, if it waits."""
+        waiting = self._waiting.get(node)
+        return None if waiting is None else waiting[1]
+
     def note_call(self, *, retried: bool) -> None:
         """Record an answered LLM call; one that needed a retry (deferred or refused first)
         met memory pressure. ``pressure`` is the recent share of such calls."""

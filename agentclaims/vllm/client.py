@@ -37,6 +37,8 @@ class ConnectorAnswer:
     last_seq: int = 0
     held_blocks: int = 0
     refused: Mapping[str, Any] | None = None
+    deferred_s: float = 0.0
+    """Seconds the connector's admission hook held the request back for claims' blocks."""
     text: str = ""
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
@@ -150,6 +152,7 @@ class ConnectorClient:
             last_seq=int(answer.get("last_seq") or 0),
             held_blocks=int(answer.get("held_blocks") or 0),
             refused=answer.get("refused"),
+            deferred_s=float(answer.get("deferred_s") or 0.0),
             text=str(choice.get("text") or ""),
             raw=data,
         )

@@ -68,6 +68,7 @@ from agentclaims.errors import (
     UsageError,
 )
 from agentclaims.lowering.served import CONNECTOR_DESCRIPTOR
+from agentclaims.observability import timing
 from agentclaims.protocol import (
     PROMPT_OBJECT,
     RENEW_AS_IS,
@@ -288,7 +289,8 @@ class VllmKV:
 
     async def _get(self, path: str) -> dict[str, Any]:
         try:
-            response = await self._http.get(self.upstream + path)
+            with timing.upstream():
+                response = await self._http.get(self.upstream + path)
         except httpx2.TransportError as exc:
             raise BackendUnavailable(f"vLLM at {self.upstream} unreachable: {exc!r}") from exc
         if response.status_code != 200:
@@ -298,7 +300,8 @@ class VllmKV:
 
     async def _post(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
         try:
-            response = await self._http.post(self.upstream + path, json=dict(body))
+            with timing.upstream():
+                response = await self._http.post(self.upstream + path, json=dict(body))
         except httpx2.TransportError as exc:
             raise BackendUnavailable(f"vLLM at {self.upstream} unreachable: {exc!r}") from exc
         try:
@@ -629,6 +632,7 @@ class VllmKV:
             events_seq=self._seq,
             cached_tokens=answer.cached_tokens,
             block_hashes=tuple(hashes),
+            deferred_s=answer.deferred_s,
         )
 
     def _gated(self, spec: ClaimSpec) -> str | None:

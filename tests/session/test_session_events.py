@@ -228,3 +228,30 @@ async def test_harm_during_a_tool_call_counts_after_the_node_supersedes_the_clai
     assert info.value.event is not None
     assert info.value.event.data["cause"] == "evicted"
     await backend.aclose()
+
+
+async def test_a_claim_is_replanned_once_per_wait(tmp_path: Path) -> None:
+    """A claim that lapses again in the same wait (no call of its node in between) is
+    dropped, not claimed again on the same evidence; the node's next call plans afresh."""
+    t = FakeTime()
+    backend = make_backend(t)
+    async with claimed(backend, t, tmp_path, ProtectionMode.EXPIRING, ttl_s=1.0) as session:
+        with session.node("a"):
+            await ask(backend, PROMPT)
+        await session.settle()
+        for other in ("b", "c"):  # two TTLs end while "a" still waits
+            t.ns += 5_000_000_000
+            with session.node(other):
+                await ask(backend, [{"role": "user", "content": f"short {other}"}])
+            await session.settle()
+        assert session.stats.claims_expired == 2
+        assert session.stats.claims_replanned == 1
+        assert "a" not in session.claims
+        with session.node("a"):  # a new wait: its claim is planned again
+            await ask(backend, PROMPT)
+        await session.settle()
+        assert "a" in session.claims
+    written = lines(tmp_path, session)
+    assert [d["node"] for d in written if d["event"] == "reaction_replan"] == ["a"]
+    assert [d["node"] for d in written if d["event"] == "reaction_drop"] == ["a"]
+    await backend.aclose()

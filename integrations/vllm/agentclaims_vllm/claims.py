@@ -117,6 +117,7 @@ class ClaimBook:
         self.events: deque[dict[str, Any]] = deque(maxlen=event_buffer)
         self.seq = 0
         self._judged: dict[str, str] = {}  # request id -> last verdict action reported
+        self._held_back: dict[str, float] = {}  # request id -> when claims first deferred it
 
     # ------------------------------------------------------------------ accounting
     @property
@@ -374,6 +375,7 @@ class ClaimBook:
         shortfall = needed_blocks - free
         retry = max(0.0, min(h.expires_at for h in blocking) - self.clock())
         action = "defer" if retry <= self.max_defer_s else "refuse"
+        self._held_back.setdefault(request_id, self.clock())
         if self._judged.get(request_id) != action:
             self._judged[request_id] = action
             self.emit(
@@ -389,6 +391,9 @@ class ClaimBook:
             )
         return Verdict(action, ids, shortfall, retry)
 
-    def forget(self, request_id: str) -> None:
-        """The request left the engine: stop tracking its verdict."""
+    def forget(self, request_id: str) -> float | None:
+        """The request left the engine: stop tracking its verdict. Returns the seconds held
+        claims kept it waiting (deferred), if they did."""
         self._judged.pop(request_id, None)
+        since = self._held_back.pop(request_id, None)
+        return None if since is None else max(0.0, self.clock() - since)

@@ -22,7 +22,8 @@ or defer a request that would need held blocks. Claim operations ride on request
 
 ``release`` and ``renew`` apply when the request arrives; ``hold`` when it finishes, on its own
 leading full blocks (before vLLM frees them). The answer comes back in the response's
-``kv_transfer_params["agentclaims"]``: the decisions and the claim events after ``since``.
+``kv_transfer_params["agentclaims"]``: the decisions, the claim events after ``since``, and
+``deferred_s`` when held claims kept the request waiting before it ran.
 A request carrying only operations (one prompt token, ``max_tokens: 1``) is how a gateway
 releases a claim between turns.
 """
@@ -212,7 +213,7 @@ class AgentClaimsConnector(KVConnectorBase_V1):
     ) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
         book = self.book
-        book.forget(rid)
+        held_back = book.forget(rid)
         envelope = self._ops.pop(rid, None)
         results = self._receipts.pop(rid, None)
         refusal = self._pending_refusals.pop(rid, None)
@@ -260,6 +261,8 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             "max_ttl_s": book.max_ttl_s,
             "max_defer_s": book.max_defer_s,
         }
+        if held_back is not None and refusal is None:
+            answer["deferred_s"] = round(held_back, 6)  # served after held claims' deferral
         if refusal is not None:
             answer["refused"] = {
                 "action": "refuse_active",
