@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
+import random
 import statistics
 import subprocess
 import sys
@@ -40,8 +43,8 @@ from servers import free_port, stop, wait_healthy  # noqa: E402
 KEY = "bench-claims-key"
 SERVER = ("--blocks", "97", "--max-model-len", "1024")
 TURNS = 3  # worker LLM calls per assignment (a tool call between each)
-TOOL_S = 0.15
-LOG_DIR = None
+TOOL_S = 0.5
+LOG_DIR: str | None = None  # outcome logs of the workflows, when set
 
 
 def start(argv: list[str], url: str, timeout_s: float = 300) -> subprocess.Popen[bytes]:
@@ -69,7 +72,7 @@ class State(TypedDict):
     writer: list[Any]
 
 
-def build_graph(model: Any, topic: str) -> Any:
+def build_graph(model: Any, topic: str, tool_s: float = TOOL_S) -> Any:
     """supervisor -> researcher (TURNS calls, a tool between each) -> supervisor -> writer ->
     supervisor -> end. Routing is by the step counter (the tiny model writes gibberish)."""
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
@@ -95,10 +98,11 @@ def build_graph(model: Any, topic: str) -> Any:
         async def run(state: State) -> dict[str, Any]:
             history = state[name] or [SystemMessage((f"You are the {name} on {topic}. ") * 6)]  # type: ignore[literal-required]
             session = agentclaims.current_session()
+            assert session is not None, "runs inside its claimed session"
             for turn in range(TURNS):
                 history = await call(history, f"{name} turn {turn}: continue")
                 async with session.tool_call("search"):  # the agent's prefix waits on it
-                    await asyncio.sleep(TOOL_S)
+                    await asyncio.sleep(tool_s)
                 history = [
                     *history[:-1],
                     history[-1],
@@ -124,7 +128,7 @@ def build_graph(model: Any, topic: str) -> Any:
 
 
 async def workflows(
-    gateway: Any, n: int, planner: str, label: str, reaction: str = "defer"
+    gateway: Any, n: int, planner: str, label: str, reaction: str = "defer", tool_s: float = TOOL_S
 ) -> dict[str, Any]:
     """``n`` concurrent workflows through ``gateway`` (a URL, or a backend such as a
     ``FleetBackend``), claims planned by ``planner``."""
@@ -137,7 +141,9 @@ async def workflows(
     sessions: list[Any] = []
 
     async def one(i: int) -> float:
-        graph = build_graph(model, f"{label} topic {i} " + "x" * i)  # no set-up hits another's
+        graph = build_graph(
+            model, f"{label} topic {i} " + "x" * i, tool_s
+        )  # no set-up hits another's
         claimed = agentclaims.claimed_session(
             graph, backend=backend, planner=planner, reaction=reaction, log_dir=LOG_DIR
         )
@@ -168,41 +174,171 @@ async def workflows(
     }
 
 
-async def latencies(
-    vurl: str, gurl: str, n: int, body: dict[str, Any]
-) -> tuple[list[float], list[float]]:
+async def churn(
+    vurl: str, model: str, stop: asyncio.Event, rate: float, tokens: int
+) -> dict[str, Any]:
+    """Another tenant's one-shot prompts (``tokens`` random token ids each, never reused) sent
+    straight to vLLM at ``rate`` per second until ``stop``: the pressure that turns the pool
+    over while the agents wait on their tools. At most 8 in flight (a slower set-up sends
+    fewer; the count is reported)."""
+    rng = random.Random(7)
+    sent, latency = 0, []
+    limit = asyncio.Semaphore(8)
+    async with httpx2.AsyncClient(timeout=120) as http:
+
+        async def one(prompt: list[int]) -> None:
+            t = time.perf_counter()
+            try:
+                await http.post(
+                    f"{vurl}/v1/completions",
+                    json={"model": model, "prompt": prompt, "max_tokens": 1},
+                )
+                latency.append(time.perf_counter() - t)
+            finally:
+                limit.release()
+
+        tasks = []
+        next_at = time.monotonic()
+        while not stop.is_set():
+            await limit.acquire()
+            tasks.append(asyncio.create_task(one([rng.randrange(3, 2040) for _ in range(tokens)])))
+            sent += 1
+            next_at += 1.0 / rate
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(0.0, next_at - time.monotonic()))
+        await asyncio.gather(*tasks)
+    return {
+        "requests": sent,
+        "p50_ms": round(statistics.median(latency) * 1e3, 1) if latency else None,
+    }
+
+
+async def under_pressure(
+    gateway: str, vurl: str, model: str, planner: str, label: str, args: Any
+) -> dict[str, Any]:
+    """The workflows on ``gateway`` while another tenant's churn runs on ``vurl``."""
+    stop = asyncio.Event()
+    pressure = asyncio.create_task(churn(vurl, model, stop, args.churn_rate, args.churn_tokens))
+    try:
+        out = await workflows(gateway, args.workflows, planner, label, tool_s=args.tool_s)
+    finally:
+        stop.set()
+    out["churn"] = await pressure
+    return out
+
+
+def _timing(header: str) -> dict[str, float]:
+    """``Server-Timing: gateway;dur=0.412, upstream;dur=41.0`` -> ms by name."""
+    out = {}
+    for part in header.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        if dur:
+            out[name] = float(dur)
+    return out
+
+
+async def latencies(vurl: str, gurl: str, n: int, body: dict[str, Any]) -> dict[str, float]:
     """``n`` chat requests straight to vLLM and ``n`` through the gateway, interleaved (each
-    pair sees the same machine load)."""
-    direct, through = [], []
+    pair sees the same machine load, the order alternating). Two measures of what the gateway
+    adds: the end-to-end difference (client clock; includes vLLM's own variance) and the
+    gateway's own time (its ``Server-Timing``: time in the gateway minus the wait on vLLM)."""
+    direct: list[float] = []
+    through: list[float] = []
+    own: list[float] = []
     async with httpx2.AsyncClient(timeout=60) as http:
-        for i in range(n):
-            for url, sink in ((vurl, direct), (gurl, through)):
+        for i in range(n + 5):
+            pair = ((vurl, direct), (gurl, through))
+            for url, sink in pair if i % 2 else pair[::-1]:
                 payload = {
                     **body,
-                    "messages": [{"role": "user", "content": f"probe {i} {url} " * 20}],
+                    "messages": [{"role": "user", "content": f"probe {i} " * 20}],
                 }
                 t = time.perf_counter()
                 r = await http.post(f"{url}/v1/chat/completions", json=payload)
-                sink.append(time.perf_counter() - t)
+                elapsed = time.perf_counter() - t
                 assert r.status_code == 200, r.text[:300]
-    return direct, through
+                if i < 5:
+                    continue  # warm-up: connections, first-request paths
+                sink.append(elapsed)
+                if url == gurl:
+                    own.append(_timing(r.headers.get("server-timing", ""))["gateway"])
+    diffs = [b - a for a, b in zip(direct, through, strict=True)]
+    ms = 1e3
+    return {
+        "direct_p50_ms": round(statistics.median(direct) * ms, 2),
+        "gateway_p50_ms": round(statistics.median(through) * ms, 2),
+        "added_p50_ms": round(statistics.median(diffs) * ms, 2),
+        "added_p99_ms": round(pct(diffs, 0.99) * ms, 2),
+        "own_p50_ms": round(statistics.median(own), 3),
+        "own_p99_ms": round(pct(own, 0.99), 3),
+    }
 
 
-async def throughput(url: str, model: str, concurrent: int = 8, rounds: int = 3) -> float:
-    """Generated tokens per second, ``concurrent`` requests at a time, no claims."""
+async def throughput_round(http: httpx2.AsyncClient, url: str, model: str, rnd: int) -> float:
+    """Generated tokens per second of one round: 8 requests at once, 128 tokens each."""
+    body = {"model": model, "max_tokens": 128, "temperature": 0, "ignore_eos": True}
+
+    async def go(i: int) -> int:
+        prompt = [3 + (rnd * 977 + i * 131 + k) % 2040 for k in range(120)]
+        r = await http.post(f"{url}/v1/completions", json={**body, "prompt": prompt})
+        return int(r.json()["usage"]["completion_tokens"])
+
+    t = time.perf_counter()
+    tokens = sum(await asyncio.gather(*(go(i) for i in range(8))))
+    return tokens / (time.perf_counter() - t)
+
+
+def cpu_s(session: int) -> float:
+    """CPU seconds (user + system) used so far by the processes of one server: its session
+    (the API server, vLLM's engine core and worker), read from /proc."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # the process ended meanwhile
+        if int(fields[3]) == session:  # field 6 of stat: the session id
+            total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+async def throughput(
+    with_url: str, without_url: str, model: str, rounds: int, sessions: dict[str, int]
+) -> dict[str, Any]:
+    """vLLM's throughput with the connector loaded (no claim held) and without, round by
+    round, the order alternating, so both see the same machine: medians and the median of
+    the per-round ratios, of tokens per second (wall clock: other load on the machine moves
+    it) and of tokens per CPU second of the server's own processes (what the connector's
+    work costs vLLM, which other load does not inflate)."""
+    rates: dict[str, list[float]] = {"with": [], "without": []}
+    per_cpu: dict[str, list[float]] = {"with": [], "without": []}
+    urls = {"with": with_url, "without": without_url}
     async with httpx2.AsyncClient(timeout=120) as http:
-        body = {"model": model, "max_tokens": 64, "temperature": 0, "ignore_eos": True}
-
-        async def go(i: int) -> int:
-            prompt = [3 + (i * 131 + k) % 2040 for k in range(120)]
-            r = await http.post(f"{url}/v1/completions", json={**body, "prompt": prompt})
-            return int(r.json()["usage"]["completion_tokens"])
-
-        t = time.perf_counter()
-        tokens = 0
+        for url in urls.values():  # warm-up
+            await throughput_round(http, url, model, -1)
         for rnd in range(rounds):
-            tokens += sum(await asyncio.gather(*(go(rnd * 100 + i) for i in range(concurrent))))
-        return tokens / (time.perf_counter() - t)
+            order = ("with", "without") if rnd % 2 == 0 else ("without", "with")
+            for name in order:
+                before = cpu_s(sessions[name])
+                t = time.perf_counter()
+                rate = await throughput_round(http, urls[name], model, rnd)
+                tokens = rate * (time.perf_counter() - t)
+                rates[name].append(rate)
+                per_cpu[name].append(tokens / max(1e-9, cpu_s(sessions[name]) - before))
+
+    def ratio(d: dict[str, list[float]]) -> float:
+        pairs = zip(d["with"], d["without"], strict=True)
+        return round(statistics.median(a / b for a, b in pairs), 4)
+
+    return {
+        "connector_tok_s": round(statistics.median(rates["with"]), 1),
+        "stock_tok_s": round(statistics.median(rates["without"]), 1),
+        "ratio": ratio(rates),
+        "connector_tok_per_cpu_s": round(statistics.median(per_cpu["with"]), 1),
+        "stock_tok_per_cpu_s": round(statistics.median(per_cpu["without"]), 1),
+        "cpu_ratio": ratio(per_cpu),
+        "rounds": rounds,
+    }
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -211,65 +347,57 @@ def pct(xs: list[float], q: float) -> float:
 
 
 async def measure(
-    vurl: str, gurl: str, model_dir: str, connector: bool, args: Any
+    urls: dict[str, str], sessions: dict[str, int], model_dir: str, args: Any
 ) -> dict[str, Any]:
-    """Latency, throughput and the workflows on one vLLM (with or without the connector)."""
-    label = "connector" if connector else "stock"
+    """Throughput, latency and the workflows under pressure, on both vLLMs."""
     out: dict[str, Any] = {}
+    out["throughput"] = await throughput(
+        urls["vllm"], urls["stock_vllm"], model_dir, args.rounds, sessions
+    )
     body = {"model": model_dir, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
-    direct, through = await latencies(vurl, gurl, args.probes, body)
-    out[f"{label}_latency"] = {
-        "direct_p50_ms": round(statistics.median(direct) * 1e3, 2),
-        "gateway_p50_ms": round(statistics.median(through) * 1e3, 2),
-        "added_p50_ms": round((statistics.median(through) - statistics.median(direct)) * 1e3, 2),
-        "added_p99_ms": round((pct(through, 0.99) - pct(direct, 0.99)) * 1e3, 2),
-    }
-    out[f"{label}_throughput_tok_s"] = round(await throughput(vurl, model_dir), 1)
-    if connector:
-        out["claims"] = await workflows(gurl, args.workflows, "default", "claims")
-        out["no_claims"] = await workflows(gurl, args.workflows, "off", "no-claims")
-    else:
-        out["stock"] = await workflows(gurl, args.workflows, "off", "stock")
+    out["latency"] = await latencies(urls["vllm"], urls["gateway"], args.probes, body)
+    out["stock_latency"] = await latencies(
+        urls["stock_vllm"], urls["stock_gateway"], args.probes, body
+    )
+    runs = (
+        ("claims", urls["gateway"], urls["vllm"], "default"),
+        ("no_claims", urls["gateway"], urls["vllm"], "off"),
+        ("stock", urls["stock_gateway"], urls["stock_vllm"], "off"),
+    )
+    for name, gateway, vurl, planner in runs:
+        out[name] = await under_pressure(gateway, vurl, model_dir, planner, name, args)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--workflows", type=int, default=4)
-    parser.add_argument("--probes", type=int, default=100)
+    parser.add_argument("--probes", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=12, help="throughput rounds per vLLM")
+    parser.add_argument("--churn-rate", type=float, default=8.0, help="other tenant, req/s")
+    parser.add_argument("--churn-tokens", type=int, default=600)
+    parser.add_argument("--tool-s", type=float, default=TOOL_S)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     model_dir = tempfile.mkdtemp(prefix="bench-tiny-")
     subprocess.run(cli("vllm", "tiny-model", model_dir), check=True, capture_output=True)
-    out: dict[str, Any] = {}
-    for connector in (True, False):
-        vport, gport = free_port(), free_port()
-        vurl, gurl = f"http://127.0.0.1:{vport}", f"http://127.0.0.1:{gport}"
-        extra = ("--claims-key", KEY) if connector else ("--no-connector",)
-        vllm = start(
-            cli("vllm", "serve", "--model", model_dir, "--port", str(vport), *SERVER, *extra), vurl
-        )
-        try:
-            gateway = start(
-                cli(
-                    "serve",
-                    "--port",
-                    str(gport),
-                    "--kv",
-                    "vllm",
-                    "--upstream",
-                    vurl,
-                    "--claims-key",
-                    KEY,
-                ),
-                gurl,
-            )
-            try:
-                out.update(asyncio.run(measure(vurl, gurl, model_dir, connector, args)))
-            finally:
-                stop(gateway, group=True, timeout_s=30)
-        finally:
-            stop(vllm, group=True, timeout_s=30)
+    ports = {name: free_port() for name in ("vllm", "stock_vllm", "gateway", "stock_gateway")}
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    procs: list[subprocess.Popen[bytes]] = []
+    sessions: dict[str, int] = {}
+    try:
+        for name, extra in (("vllm", ("--claims-key", KEY)), ("stock_vllm", ("--no-connector",))):
+            argv = cli("vllm", "serve", "--model", model_dir, "--port", str(ports[name]))
+            procs.append(start([*argv, *SERVER, *extra], urls[name]))
+            sessions["with" if name == "vllm" else "without"] = procs[-1].pid
+        for name, upstream in (("gateway", "vllm"), ("stock_gateway", "stock_vllm")):
+            argv = cli("serve", "--port", str(ports[name]), "--kv", "vllm")
+            argv += ["--upstream", urls[upstream], "--claims-key", KEY]
+            procs.append(start(argv, urls[name]))
+        out = asyncio.run(measure(urls, sessions, model_dir, args))
+    finally:
+        for proc in reversed(procs):
+            stop(proc, group=True, timeout_s=30)
     report(out, args)
 
 
@@ -288,21 +416,34 @@ def report(out: dict[str, Any], args: Any) -> None:
         "refusals",
         "llm_calls",
     )
-    print(f"{args.workflows} concurrent supervisor workflows on vLLM (97 blocks x 32 tokens)\n")
+    print(
+        f"{args.workflows} concurrent supervisor workflows on vLLM (97 blocks x 32 tokens), "
+        f"tools {args.tool_s} s, another tenant sending {args.churn_rate:g} one-shot prompts/s "
+        f"of {args.churn_tokens} tokens\n"
+    )
+    setups = ("claims", "no_claims", "stock")
     print(f"{'':28}{'claims':>12}{'no claims':>12}{'stock':>12}")
     for row in rows:
-        print(f"{row:28}" + "".join(f"{out[k][row]:>12}" for k in ("claims", "no_claims", "stock")))
+        print(f"{row:28}" + "".join(f"{out[k][row]:>12}" for k in setups))
+    for row in ("requests", "p50_ms"):
+        print(f"{'churn ' + row:28}" + "".join(f"{out[k]['churn'][row]!s:>12}" for k in setups))
     stock = out["stock"]["cached_ratio"]
     ratio = out["claims"]["cached_ratio"] / stock if stock else float("inf")
     print(f"\ncached-token ratio, claims / stock: {ratio:.2f}x (goal >= 1.5x)")
-    for label in ("connector", "stock"):
-        lat = out[f"{label}_latency"]
+    for label, key in (("connector", "latency"), ("stock", "stock_latency")):
+        lat = out[key]
         print(
-            f"gateway added latency ({label} vLLM): p50 {lat['added_p50_ms']} ms, p99 {lat['added_p99_ms']} ms (goal p99 <= 2 ms)"
+            f"gateway added latency ({label} vLLM, {args.probes} interleaved pairs): end to end "
+            f"p50 {lat['added_p50_ms']} ms, p99 {lat['added_p99_ms']} ms; the gateway's own "
+            f"time p50 {lat['own_p50_ms']} ms, p99 {lat['own_p99_ms']} ms (goal p99 <= 2 ms)"
         )
-    c, s = out["connector_throughput_tok_s"], out["stock_throughput_tok_s"]
+    tp = out["throughput"]
     print(
-        f"vLLM throughput, connector loaded (no claims) vs stock: {c} vs {s} tok/s ({(c / s - 1) * 100:+.1f}%; goal >= -2%)"
+        f"vLLM throughput, connector loaded (no claims) vs stock, {tp['rounds']} alternating "
+        f"rounds: {tp['connector_tok_s']} vs {tp['stock_tok_s']} tok/s (medians), median ratio "
+        f"{tp['ratio']:.3f}; per CPU second of the server: {tp['connector_tok_per_cpu_s']} vs "
+        f"{tp['stock_tok_per_cpu_s']} tok, median ratio {tp['cpu_ratio']:.3f} "
+        f"({(tp['cpu_ratio'] - 1) * 100:+.1f}%; goal >= -2%)"
     )
 
 

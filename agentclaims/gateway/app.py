@@ -105,6 +105,7 @@ class KVSide(ClaimsProtocol, ActiveServing, Protocol):
 
 Handler = Callable[[Request], Awaitable[Response]]
 
+
 @dataclass(frozen=True, slots=True)
 class Instance:
     """Who this gateway is in a fleet (docs/fleet.md)."""

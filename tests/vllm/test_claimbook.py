@@ -459,6 +459,23 @@ def test_a_request_blocked_by_hard_holds_ending_soon_is_deferred_naming_them() -
     assert (expired["claim_id"], expired["reason"]) == ("h2", "ttl_ended")
 
 
+def test_forget_says_how_long_held_claims_kept_a_request_waiting() -> None:
+    """A deferred request, once it leaves, reports the seconds since its first deferral (what
+    the gateway returns as ``deferred_s``); one never deferred reports nothing."""
+    book, pool, clock = make(total=20, reserve=2, max_defer_s=30)
+    book.hold("h1", "t1", "expiring", pool.run(0, 14), ttl_s=5)
+    assert book.admit("r1", 10).action == "defer"
+    clock.advance(2)
+    assert book.admit("r1", 10).action == "defer"  # asked again: the wait runs from the first
+    clock.advance(3)
+    assert book.admit("r1", 10).action == "serve"
+    assert book.admit("r2", 1).action == "serve"
+    clock.advance(1)
+    assert book.forget("r1") == pytest.approx(6.0)
+    assert book.forget("r1") is None  # once
+    assert book.forget("r2") is None
+
+
 def test_a_request_blocked_past_max_defer_is_refused_naming_the_holds() -> None:
     """Hard holds that outlast max_defer_s turn the wait into a refusal naming them."""
     book, pool, _ = make(total=20, reserve=2, max_defer_s=30)

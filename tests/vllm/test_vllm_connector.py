@@ -90,6 +90,8 @@ async def test_a_request_that_needs_held_blocks_is_deferred_naming_them_then_run
     assert set(deferral["blocking_claim_ids"]) <= set(ids)
     assert deferral["blocking_claim_ids"]
     assert deferral["shortfall_blocks"] > 0
+    # the deferred request's own answer says how long the holds kept it waiting
+    assert any(a.deferred_s > 0 for a in answers), [a.deferred_s for a in answers]
 
 
 async def test_a_hopeless_wait_is_refused_naming_the_claims_and_served_after_release(

