@@ -47,7 +47,6 @@ from agentclaims.lowering import (
     reference_descriptor,
     serve_lowering,
 )
-from agentclaims.observability import timing
 from agentclaims.protocol import (
     EXTENSION_KEY,
     INSTANCE_HEADER,
@@ -63,6 +62,7 @@ from agentclaims.protocol import (
     error_body,
     exception_error,
     refusal_error,
+    timing,
 )
 
 __all__ = [

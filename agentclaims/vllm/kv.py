@@ -68,7 +68,6 @@ from agentclaims.errors import (
     UsageError,
 )
 from agentclaims.lowering.served import CONNECTOR_DESCRIPTOR
-from agentclaims.observability import timing
 from agentclaims.protocol import (
     PROMPT_OBJECT,
     RENEW_AS_IS,
@@ -80,6 +79,7 @@ from agentclaims.protocol import (
     EventPage,
     Renewal,
     ServeResult,
+    timing,
 )
 from agentclaims.vllm.client import ConnectorAnswer, ConnectorClient
 from agentclaims.vllm.observer import KVEventsObserver
