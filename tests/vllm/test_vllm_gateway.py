@@ -459,3 +459,47 @@ async def test_a_sequence_claim_holds_the_prompt_and_the_reply_blocks(gateway: s
         again = (await http.post("/v1/completions", json=turn)).json()
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 4 * BS
         await backend.release_claim("seq-1", "wf-seq")
+
+
+async def test_a_deferral_inside_vllm_reaches_the_session_as_pressure(gateway: str) -> None:
+    """Another owner's hard claims fill the pool up to the connector's cap (TTL 6 s); three
+    concurrent calls of one session cannot all start beside them, so the connector's admission
+    hook holds one back inside vLLM until the TTLs end. Its answer says for how long
+    (``agentclaims.deferred_s``); the session counts it as a deferral and as memory pressure,
+    as it would a retried 409."""
+    import asyncio
+
+    import agentclaims
+
+    async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
+        for i in range(5):  # 5 x 6 blocks: 30 of the 40, under the cap of 31
+            claim = {"claim_id": f"press-{i}", "object_id": "@prompt", "ttl_s": 6}
+            body = chat(words(f"fill{i}x", 34), owner_scope="wf-fill", claims=[claim])
+            body["agentclaims"]["claims"][0]["protection_mode"] = "hard_protected"
+            first = (await http.post("/v1/chat/completions", json=body)).json()
+            assert "agentclaims" in first, first
+            [decision] = first["agentclaims"]["decisions"]
+            assert decision["state"] == "materialized", decision
+            assert first["usage"]["prompt_tokens"] >= 6 * BS
+    backend = agentclaims.HTTPBackend(gateway, timeout_s=120)
+    client = agentclaims.openai_client(backend)
+    model = (await client.models.list()).data[0].id
+    async with agentclaims.ClaimedSession(backend, planner="off") as session:
+        with session.node("agent"):
+            replies = await asyncio.gather(
+                *(
+                    client.chat.completions.create(
+                        model=model,
+                        messages=[{"role": "user", "content": words(f"burst{k}x", 18)}],
+                        max_tokens=120,
+                        extra_body={"ignore_eos": True},
+                    )
+                    for k in range(3)
+                )
+            )
+    await backend.aclose()
+    held_back = [(r.model_extra or {}).get("agentclaims", {}).get("deferred_s", 0) for r in replies]
+    assert any(s > 0 for s in held_back), held_back
+    assert session.stats.deferrals == sum(1 for s in held_back if s > 0)
+    assert session.stats.deferral_s == pytest.approx(sum(held_back))
+    assert session.workflow.pressure > 0
