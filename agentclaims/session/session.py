@@ -453,6 +453,7 @@ class ClaimedSession:
                 latency_s=round(latency_s, 6),
                 step=step,
                 ste=ste,
+                **({"deferred_s": round(held_back, 6)} if held_back > 0 else {}),
                 **self._hop_fields(),
             )
         previous = self._background

@@ -461,7 +461,9 @@ async def test_a_sequence_claim_holds_the_prompt_and_the_reply_blocks(gateway: s
         await backend.release_claim("seq-1", "wf-seq")
 
 
-async def test_a_deferral_inside_vllm_reaches_the_session_as_pressure(gateway: str) -> None:
+async def test_a_deferral_inside_vllm_reaches_the_session_as_pressure(
+    gateway: str, tmp_path: Any
+) -> None:
     """Another owner's hard claims fill the pool up to the connector's cap (TTL 6 s); three
     concurrent calls of one session cannot all start beside them, so the connector's admission
     hook holds one back inside vLLM until the TTLs end. Its answer says for how long
@@ -484,7 +486,7 @@ async def test_a_deferral_inside_vllm_reaches_the_session_as_pressure(gateway: s
     backend = agentclaims.HTTPBackend(gateway, timeout_s=120)
     client = agentclaims.openai_client(backend)
     model = (await client.models.list()).data[0].id
-    async with agentclaims.ClaimedSession(backend, planner="off") as session:
+    async with agentclaims.ClaimedSession(backend, planner="off", log_dir=tmp_path) as session:
         with session.node("agent"):
             replies = await asyncio.gather(
                 *(
@@ -503,3 +505,11 @@ async def test_a_deferral_inside_vllm_reaches_the_session_as_pressure(gateway: s
     assert session.stats.deferrals == sum(1 for s in held_back if s > 0)
     assert session.stats.deferral_s == pytest.approx(sum(held_back))
     assert session.workflow.pressure > 0
+    import json
+
+    logged = [
+        json.loads(line)
+        for line in (tmp_path / f"{session.workflow_id}.jsonl").read_text().splitlines()
+    ]
+    calls = [d for d in logged if d["event"] == "llm_call"]
+    assert sorted(d.get("deferred_s", 0) for d in calls) == pytest.approx(sorted(held_back))
