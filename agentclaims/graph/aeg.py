@@ -207,7 +207,7 @@ class AgentExecutionGraph:
         self._node(node)
         plain: list[str] = []
         choice: list[tuple[str, int]] = []
-        for _, target, data in self._g.out_edges(node, data=True):
+        for target, data in self._g.succ[node].items():
             if data["kind"] == "plain":
                 plain.append(target)
             else:

@@ -251,7 +251,10 @@ class SteTracker:
         if h == 0 or not nxt:
             return Reuse(0.0, INF, h)
         # a walk from each next step, with h - 1 steps left, must reach ``node``
-        table = self._bounded_table(frozenset((u,)), h - 1, frozenset(nxt))
+        targets, starts = frozenset((u,)), frozenset(nxt)
+        if self._out_of_reach(targets, h - 1, starts):
+            return Reuse(0.0, INF, h)
+        table = self._bounded_table(targets, h - 1, starts)
         return _step_reuse(plain, kept, table, h)
 
     def precompute(self, frontiers: Iterable[Iterable[str]] | None = None) -> int:
@@ -355,6 +358,8 @@ class SteTracker:
     def _reuse(self, targets: frozenset[int], horizon: int) -> Reuse:
         if not self._frontier.isdisjoint(targets):
             return Reuse(1.0, 0.0, horizon)
+        if self._out_of_reach(targets, horizon, self._frontier):
+            return Reuse(0.0, INF, horizon)
         self._sync_rows()
         return _combine(
             self._bounded_table(targets, horizon, self._frontier), self._frontier, horizon
@@ -378,7 +383,10 @@ class SteTracker:
         if changed:
             index, rows = self._c.structure.index, self._c.rows
             for name in changed:
-                rows.pop(index[name], None)
+                u = index[name]
+                row = rows.get(u)
+                if row is not None and row[1]:  # counts only weigh choices: plain rows stay
+                    del rows[u]
 
     def _backward(self, targets: frozenset[int], horizon: int) -> dict[int, int]:
         """Distance to ``targets`` of every node within ``horizon`` steps of them (cached until
@@ -390,6 +398,17 @@ class SteTracker:
                 del self._c.backward[next(iter(self._c.backward))]
             self._c.backward[(targets, horizon)] = back
         return back
+
+    def _out_of_reach(
+        self, targets: frozenset[int], horizon: int, frontier: frozenset[int]
+    ) -> bool:
+        """Whether no walk of at most ``horizon`` steps leads from ``frontier`` to ``targets``
+        (read off the cached backward search): every hit probability the frontier would read
+        is then exactly 0, whatever the counts, and no table needs computing. Never on a graph
+        with a node of unknown targets (it may go anywhere)."""
+        return not self._c.any_wildcard and self._backward(targets, horizon).keys().isdisjoint(
+            frontier
+        )
 
     def _bounded_table(
         self, targets: frozenset[int], horizon: int, frontier: frozenset[int]
