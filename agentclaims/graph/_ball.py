@@ -68,8 +68,9 @@ def _relevant_ball(
 ) -> dict[int, int]:
     """Nodes on some frontier-to-target walk of at most ``horizon`` steps, with their
     distance from the frontier: the backward distances ``back`` bound the forward search.
-    Every other node's hit probability is exactly 0 where the frontier could read it."""
-    dist = {f: 0 for f in frontier if f in back}
+    Every other node's hit probability is exactly 0 where the frontier could read it.
+    ``back`` may hold nodes farther than ``horizon`` from the targets (a deeper search)."""
+    dist = {f: 0 for f in frontier if back.get(f, horizon + 1) <= horizon}
     layer = list(dist)
     for depth in range(1, horizon + 1):
         nxt = []
