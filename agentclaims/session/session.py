@@ -45,9 +45,21 @@ if TYPE_CHECKING:
     from agentclaims.backends.pool import BackendPool
     from agentclaims.observability import WorkflowLog
 
-__all__ = ["END_REASONS", "ClaimedSession", "HeldClaim", "SessionStats", "current_session"]
+__all__ = [
+    "AUTO_PLANNER",
+    "END_REASONS",
+    "ClaimedSession",
+    "HeldClaim",
+    "SessionStats",
+    "current_session",
+]
 
 END_REASONS = ("completed", "error", "cancelled", "closed")
+
+AUTO_PLANNER = "auto"
+"""The default ``planner``: the preset follows what the backend says it does (see below)."""
+_RANKED, _UNRANKED = "ranked", "default"
+"""What ``auto`` plans on a backend that ranks by reuse hints, and on any other."""
 """How a session's run ended (``ClaimedSession.end_reason``, ``session_ended.reason``)."""
 
 _current: ContextVar[ClaimedSession | None] = ContextVar("agentclaims_session", default=None)
@@ -125,7 +137,7 @@ class ClaimedSession:
         workflow_id: str | None = None,
         thread_id: str | None = None,
         graph: AgentExecutionGraph | None = None,
-        planner: ClaimPlanner | PlannerPolicy | str = "default",
+        planner: ClaimPlanner | PlannerPolicy | str = "auto",
         reaction: ReactionPolicy | str = "defer",
         tool_times: ToolTimeModel | None = None,
         log_dir: str | Path | None = None,
@@ -160,8 +172,17 @@ class ClaimedSession:
         ):
             if not isinstance(value, int | float) or value < 0:
                 raise UsageError(name, f"must be a number >= 0, got {value!r}")
+        self._auto_planner = planner == AUTO_PLANNER
+        """The planner follows the backend: ``ranked`` where it ranks by hints, else
+        ``default`` (until the backend's descriptor is read, ``default``)."""
         if isinstance(planner, str):
-            planner = ClaimPlanner(PlannerPolicy.named(planner))
+            if planner != AUTO_PLANNER and planner not in PlannerPolicy.preset_names():
+                raise UnknownNameError(
+                    "planner policy", planner, [AUTO_PLANNER, *PlannerPolicy.preset_names()]
+                )
+            planner = ClaimPlanner(
+                PlannerPolicy.named(_UNRANKED if self._auto_planner else planner)
+            )
         elif isinstance(planner, PlannerPolicy):
             planner = ClaimPlanner(planner)
         elif not isinstance(planner, ClaimPlanner):
@@ -476,7 +497,22 @@ class ClaimedSession:
         return self.workflow.plan_after_call(node, prefix_id, tool_names)
 
     # ------------------------------------------------------------------ claims
+    async def _follow_backend(self) -> None:
+        """With the default planner (``"auto"``): plan ``ranked`` (soft: every prefix claimed
+        ``best_effort`` with its reuse hint, ranked by the backend, never harmed) on a backend
+        whose descriptor states ``ranks_by_hints``, and ``default`` on any other. The
+        descriptor is the one the claims read anyway (once per backend, again after a
+        reroute)."""
+        if not self._auto_planner:
+            return
+        ranks = await self.io.ranks_by_hints(self.backend)
+        policy = PlannerPolicy.named(_RANKED if ranks else _UNRANKED)
+        if self.planner.policy != policy:
+            self.planner.policy = policy
+            self.io.policy = policy
+
     async def _replan(self, node: str, prefix_id: str | None, tool_names: Sequence[str]) -> None:
+        await self._follow_backend()
         old = self.io.held.pop(node, None)
         if prefix_id:
             ctx, plan = self.workflow.plan_after_call(node, prefix_id, tool_names)
