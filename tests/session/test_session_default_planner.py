@@ -29,6 +29,19 @@ def _backend(ranking: bool) -> EmbeddedBackend:
     )
 
 
+async def _planned(
+    ranking: bool, tmp_path: Path, **options: object
+) -> tuple[ClaimedSession, set[object]]:
+    """The session and the modes it planned, on a fresh engine that ranks or does not."""
+    backend = _backend(ranking)
+    try:
+        session, planned = await _three_calls(backend, tmp_path, **options)
+    finally:
+        await backend.aclose()
+    assert planned
+    return session, {line["mode"] for line in planned}
+
+
 async def _three_calls(
     backend: EmbeddedBackend, tmp_path: Path, **options: object
 ) -> tuple[ClaimedSession, list[dict[str, object]]]:
@@ -65,38 +78,25 @@ async def test_descriptor_states_whether_the_engine_ranks_by_hints():
 async def test_ranking_backend_gets_ranked_plans_without_naming_a_preset(tmp_path):
     """No ``planner`` option, an engine with ``NextUsePolicy``: every claim is ``best_effort``
     (ranked by its hint, never a pin), as the ``ranked`` preset plans."""
-    backend = _backend(True)
-    try:
-        session, planned = await _three_calls(backend, tmp_path)
-    finally:
-        await backend.aclose()
+    session, modes = await _planned(True, tmp_path)
     assert session.planner.policy.name == "ranked"
-    assert planned
-    assert {line["mode"] for line in planned} == {"best_effort"}
+    assert modes == {"best_effort"}
     assert session.stats.claims_accepted >= 1
 
 
 async def test_non_ranking_backend_keeps_the_default_mapping(tmp_path):
     """The same workflow on an LRU engine: the ``default`` mapping, which pins the prefix
     across a short, sure tool wait (``hard_protected``)."""
-    backend = _backend(False)
-    try:
-        session, planned = await _three_calls(backend, tmp_path)
-    finally:
-        await backend.aclose()
+    session, modes = await _planned(False, tmp_path)
     assert session.planner.policy.name == "default"
-    assert "hard_protected" in {line["mode"] for line in planned}
+    assert "hard_protected" in modes
 
 
 async def test_a_named_planner_is_kept_on_a_ranking_backend(tmp_path):
     """A preset the user names wins over the backend's capability."""
-    backend = _backend(True)
-    try:
-        session, planned = await _three_calls(backend, tmp_path, planner="default")
-    finally:
-        await backend.aclose()
+    session, modes = await _planned(True, tmp_path, planner="default")
     assert session.planner.policy.name == "default"
-    assert "hard_protected" in {line["mode"] for line in planned}
+    assert "hard_protected" in modes
 
 
 def test_unknown_planner_name_lists_auto():
