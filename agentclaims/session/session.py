@@ -252,6 +252,7 @@ class ClaimedSession:
         over this session's such waits, ``agentclaims.session.toolhold``)."""
         self.last_agent: str | None = None
         """The node of the latest LLM call: the agent a tool run by LangGraph serves."""
+        self._pressed = False  # the latest call needed a retry (memory pressure)
 
     # ------------------------------------------------------------------ views
     @property
@@ -300,6 +301,8 @@ class ClaimedSession:
     async def __aenter__(self) -> ClaimedSession:
         if self._token is not None or self._closed:
             raise UsageError("session", "a ClaimedSession can be entered once")
+        if self.pool is not None:  # a pool with an admission window may make it wait
+            await self.pool.admit(self.session_id)
         if self._log_dir is not None or self._log_stream is not None:
             from agentclaims.observability import WorkflowLog
 
@@ -449,6 +452,10 @@ class ClaimedSession:
         st.cached_tokens += cached
         prefix_ids = extension.get("prefix_ids") or {}
         sequence = prefix_ids.get("sequence") or prefix_ids.get("prompt")
+        if self.pool is not None:
+            self.pool.observe_call(
+                prompt_tokens=prompt, cached_tokens=min(cached, prompt), pressed=self._pressed
+            )
         ste = self.workflow.near_ste(node)
         step = self.workflow.after_call(node, tool_names)
         if self.log is not None:
@@ -488,6 +495,7 @@ class ClaimedSession:
 
     def note_call(self, *, retried: bool) -> None:
         """Record an answered LLM call; one that needed a retry met memory pressure."""
+        self._pressed = retried
         self.workflow.note_call(retried=retried)
 
     def plan_after_call(
@@ -552,6 +560,8 @@ class ClaimedSession:
 
     async def _react(self, taken: EventOutcomes, *, lapses: bool = True) -> None:
         for held, ev in taken.harmed:
+            if self.pool is not None:
+                self.pool.observe_call(prompt_tokens=0, cached_tokens=0, pressed=False, harmed=1)
             if self.io.held.get(held.node) is held:
                 del self.io.held[held.node]
                 held.end_reason = "harmed"
