@@ -48,6 +48,10 @@ __all__ = ["BackendPool"]
 class BackendPool:
     """Several backends behind one name; ``assign`` keeps a session on one member."""
 
+    admission: AdmissionWindow | None = None
+    """The admission window sessions enter through (``None``: every session at once; a
+    subclass that does not take one, such as ``FleetBackend``, admits every session)."""
+
     def __init__(
         self, backends: Sequence[Backend], *, admission: AdmissionWindow | None = None
     ) -> None:
@@ -67,7 +71,6 @@ class BackendPool:
         self._log: list[tuple[str, ClaimEvent]] = []  # the pool's merged event stream
         self._cursors: dict[str, int] = dict.fromkeys(names, 0)
         self.admission = admission
-        """The admission window sessions enter through (``None``: every session at once)."""
 
     @property
     def backends(self) -> list[Backend]:

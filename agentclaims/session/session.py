@@ -55,12 +55,13 @@ __all__ = [
 ]
 
 END_REASONS = ("completed", "error", "cancelled", "closed")
+"""How a session's run ended (``ClaimedSession.end_reason``, ``session_ended.reason``)."""
 
 AUTO_PLANNER = "auto"
-"""The default ``planner``: the preset follows what the backend says it does (see below)."""
+"""The default ``planner``: the preset follows what the backend says it does
+(``ClaimedSession._follow_backend``)."""
 _RANKED, _UNRANKED = "ranked", "default"
 """What ``auto`` plans on a backend that ranks by reuse hints, and on any other."""
-"""How a session's run ended (``ClaimedSession.end_reason``, ``session_ended.reason``)."""
 
 _current: ContextVar[ClaimedSession | None] = ContextVar("agentclaims_session", default=None)
 _current_node: ContextVar[str | None] = ContextVar("agentclaims_node", default=None)
@@ -513,7 +514,10 @@ class ClaimedSession:
         reroute)."""
         if not self._auto_planner:
             return
-        ranks = await self.io.ranks_by_hints(self.backend)
+        try:
+            ranks = await self.io.ranks_by_hints(self.backend)
+        except BackendUnavailable:
+            return  # keep planning as before; a claim to submit meets the outage itself
         policy = PlannerPolicy.named(_RANKED if ranks else _UNRANKED)
         if self.planner.policy != policy:
             self.planner.policy = policy
