@@ -59,6 +59,9 @@ class _Caches:
     join_targets: frozenset[int] = frozenset()
     any_wildcard: bool = False
     backward: dict[frozenset[int], tuple[int, dict[int, int]]] = field(default_factory=dict)
+    balls: dict[tuple[frozenset[int], int, frozenset[int]], dict[int, int]] = field(
+        default_factory=dict
+    )
 
 
 class SteTracker:
@@ -417,16 +420,30 @@ class SteTracker:
         back = self._backward(targets, horizon)
         return all(back.get(f, INF) > horizon for f in frontier)
 
+    def _ball(
+        self, targets: frozenset[int], horizon: int, frontier: frozenset[int]
+    ) -> dict[int, int]:
+        """The relevant ball of a query (cached until the structure changes: it depends on
+        which edges exist, never on their counts)."""
+        key = (targets, horizon, frontier)
+        balls = self._c.balls
+        ball = balls.get(key)
+        if ball is None:
+            ball = _relevant_ball(self._backward(targets, horizon), frontier, horizon, self._row)
+            if len(balls) >= self._cache_size:
+                del balls[next(iter(balls))]
+            balls[key] = ball
+        return ball
+
     def _bounded_table(
         self, targets: frozenset[int], horizon: int, frontier: frozenset[int]
     ) -> Sequence[Sequence[float]] | Sequence[Mapping[int, float]]:
         """Hit table of ``targets`` as a walk from ``frontier`` reads it: over the horizon's
         ball, or over the whole chain where a node with unknown targets may go anywhere."""
-        ball = (
-            _forward_ball(frontier, horizon, self._c.structure.wildcard, self._row)
-            if self._c.any_wildcard
-            else _relevant_ball(self._backward(targets, horizon), frontier, horizon, self._row)
-        )
+        if self._c.any_wildcard:
+            ball = _forward_ball(frontier, horizon, self._c.structure.wildcard, self._row)
+        else:
+            ball = self._ball(targets, horizon, frontier)
         if ball is None:
             return self._table(targets, horizon)
         return _ball_table(ball, targets, horizon, self._c.rows, self._row)
