@@ -304,16 +304,21 @@ class ClaimedSession:
             raise UsageError("session", "a ClaimedSession can be entered once")
         if self.pool is not None:  # a pool with an admission window may make it wait
             await self.pool.admit(self.session_id)
-        if self._log_dir is not None or self._log_stream is not None:
-            from agentclaims.observability import WorkflowLog
+        try:
+            if self._log_dir is not None or self._log_stream is not None:
+                from agentclaims.observability import WorkflowLog
 
-            self.log = WorkflowLog(
-                self.workflow_id,
-                self.session_id,
-                directory=self._log_dir,
-                stream=self._log_stream,
-                thread_id=self.thread_id,
-            )
+                self.log = WorkflowLog(
+                    self.workflow_id,
+                    self.session_id,
+                    directory=self._log_dir,
+                    stream=self._log_stream,
+                    thread_id=self.thread_id,
+                )
+        except BaseException:
+            if self.pool is not None:  # not entered after all: its slot goes to the next one
+                self.pool.release(self.session_id)
+            raise
         self._started = self.clock()
         self.loop = asyncio.get_running_loop()
         self._token = _current.set(self)
