@@ -12,13 +12,22 @@ from typing import TYPE_CHECKING, Any
 from agentclaims.backends.base import EXTENSION_KEY, Backend
 
 if TYPE_CHECKING:
+    from agentclaims.backends.admission import AdmissionWindow
     from agentclaims.backends.embedded import EmbeddedBackend
     from agentclaims.backends.fleet import FleetBackend
     from agentclaims.backends.http import HTTPBackend
 
-__all__ = ["EXTENSION_KEY", "Backend", "EmbeddedBackend", "FleetBackend", "HTTPBackend"]
+__all__ = [
+    "EXTENSION_KEY",
+    "AdmissionWindow",
+    "Backend",
+    "EmbeddedBackend",
+    "FleetBackend",
+    "HTTPBackend",
+]
 
 _LAZY = {
+    "AdmissionWindow": "agentclaims.backends.admission",
     "EmbeddedBackend": "agentclaims.backends.embedded",
     "FleetBackend": "agentclaims.backends.fleet",
     "HTTPBackend": "agentclaims.backends.http",

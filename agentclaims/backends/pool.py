@@ -7,6 +7,11 @@ preferably one where its prefix is already resident.
 The pool speaks the claims protocol itself: a claim goes to its owner's member and every later
 operation on it to the member that holds it; events of all members come as one stream whose
 cursor is the pool's own (each event keeps its member's ``seq``).
+
+With ``admission`` (an :class:`~agentclaims.backends.admission.AdmissionWindow`, off by
+default) the pool also bounds how many sessions run at once: a session entering waits for a
+slot (FIFO), its calls and harmed claims feed the window's AIMD controller, and its end frees
+the slot.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from agentclaims.backends.admission import AdmissionWindow
 from agentclaims.backends.base import Backend
 from agentclaims.contract import (
     BlockHash,
@@ -42,7 +48,15 @@ __all__ = ["BackendPool"]
 class BackendPool:
     """Several backends behind one name; ``assign`` keeps a session on one member."""
 
-    def __init__(self, backends: Sequence[Backend]) -> None:
+    admission: AdmissionWindow | None = None
+    """The admission window sessions enter through (``None``: every session at once; a
+    subclass that does not take one, such as ``FleetBackend``, admits every session)."""
+
+    def __init__(
+        self, backends: Sequence[Backend], *, admission: AdmissionWindow | None = None
+    ) -> None:
+        if admission is not None and not isinstance(admission, AdmissionWindow):
+            raise UsageError("admission", f"expected an AdmissionWindow or None, got {admission!r}")
         members = list(backends)
         if not members:
             raise UsageError("backends", "a pool needs at least one backend")
@@ -56,6 +70,7 @@ class BackendPool:
         self._home: dict[str, str] = {}  # claim id -> member holding it
         self._log: list[tuple[str, ClaimEvent]] = []  # the pool's merged event stream
         self._cursors: dict[str, int] = dict.fromkeys(names, 0)
+        self.admission = admission
 
     @property
     def backends(self) -> list[Backend]:
@@ -112,11 +127,30 @@ class BackendPool:
         others = await self.candidates(session_id, prefix_ids)
         return self.move(session_id, others[0].name) if others else None
 
+    async def admit(self, session_id: str) -> None:
+        """Wait for the session's slot in the admission window (at once without one)."""
+        if self.admission is not None:
+            await self.admission.acquire(session_id)
+
+    def observe_call(
+        self, *, prompt_tokens: int, cached_tokens: int, pressed: bool, harmed: int = 0
+    ) -> None:
+        """One answered call of a session (and claims harmed since): the window's signals."""
+        if self.admission is not None:
+            self.admission.observe(
+                prompt_tokens=prompt_tokens,
+                cached_tokens=cached_tokens,
+                pressed=pressed,
+                harmed=harmed,
+            )
+
     def release(self, session_id: str) -> None:
-        """Forget a finished session's affinity."""
+        """Forget a finished session's affinity, and free its admission slot."""
         name = self._affinity.pop(session_id, None)
         if name is not None:
             self._load[name] -= 1
+        if self.admission is not None:
+            self.admission.cancel(session_id)
 
     async def aclose(self) -> None:
         for backend in self.backends:

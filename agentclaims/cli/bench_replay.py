@@ -100,6 +100,15 @@ def _table(comp: Comparison, out: TextIO) -> None:
         cells += [row[c] for c, _ in _COLUMNS[3:]]
         out.write(" ".join(fmt for _, fmt in _COLUMNS).format(*cells) + "\n")
     out.write("* uses information from the future (a ceiling, not an online policy)\n")
+    for name, row in data["policies"].items():
+        window = row.get("admission_window")
+        if window is not None:
+            low, high, final = window
+            out.write(
+                f"{name}: {row['admission_deferred']} traces waited for admission"
+                f" ({row['admission_wait_s']:,.0f} s in all, counted in completion);"
+                f" window {low}..{high}, {final} at the end (a timeline of its own)\n"
+            )
 
 
 def _plot(points: list[Comparison], path: str) -> None:
@@ -129,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         source = TraceSource.from_dir(args.traces, args.limit)
         names = resolve_policies(args.policies)
+        admission = getattr(args, "admission", "none")
+        if admission == "aimd" and "agentclaims" not in names:
+            names.insert(-1, "agentclaims")
         if args.sessions < 1:
             raise UsageError("sessions", f"must be >= 1, got {args.sessions}")
         if args.capacity_blocks is not None and args.capacity_blocks < 1:
@@ -145,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         main_frac = points[0].get("capacity_frac")
         points += [{"capacity_frac": f} for f in SWEEP_FRACS if f != main_frac]
-    progress = _Progress(len(source) * len(names) * len(points))
+    rows = len(names) + (admission == "aimd")
+    progress = _Progress(len(source) * rows * len(points))
     comparisons: list[Comparison] = []
     try:
         for point in points:
@@ -157,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
                     service=service,
                     working_set=ws,
                     on_run=progress.step,
+                    admission=admission,
                     **point,
                 )
             )

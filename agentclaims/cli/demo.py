@@ -47,7 +47,7 @@ async def _one_mode(
     claimed = claimed_session(
         build_supervisor(chat_model(backend)),
         backend=backend,
-        planner="default" if mode == "claims" else "off",
+        planner="auto" if mode == "claims" else "off",  # what a user gets by default
         reaction="defer",
         log_dir=logs / mode,
         reload_s_per_block=SERVICE.prefill_s_per_token * BLOCK_SIZE,

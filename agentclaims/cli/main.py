@@ -171,6 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--policies", nargs="+", default=None)
     replay.add_argument("--limit", type=int, default=None, help="first K traces only")
     replay.add_argument("--seed", type=int, default=0)
+    replay.add_argument(
+        "--admission",
+        choices=("none", "aimd"),
+        default="none",
+        help="aimd: add the agentclaims row behind the SDK's AIMD admission window",
+    )
     replay.add_argument("--json", action="store_true")
     replay.add_argument("--plot", default=None, metavar="FILE.png")
     replay.set_defaults(module="bench_replay")

@@ -151,6 +151,12 @@ class KVEngine(ClaimArbiter):
         return self._pool.policy
 
     @property
+    def ranks_by_hints(self) -> bool:
+        """Whether the policy ranks resident blocks by the claims' reuse hints (a
+        ``RankingPolicy`` such as ``NextUsePolicy``): the descriptor's ``ranks_by_hints``."""
+        return self._ranking is not None
+
+    @property
     def host_capacity(self) -> int:
         """Blocks the host tier holds (``host_blocks``)."""
         return self._pool.host_capacity

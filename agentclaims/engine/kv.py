@@ -39,6 +39,7 @@ from agentclaims.engine.tokenizer import WordTokenizer, tokenizer_named
 from agentclaims.errors import ContractViolation, UnknownClaim, UsageError
 from agentclaims.protocol import (
     PROMPT_OBJECT,
+    RANKS_BY_HINTS,
     RENEW_AS_IS,
     SEQUENCE_OBJECT,
     ActiveOutcome,
@@ -380,6 +381,7 @@ class ReferenceKV:
             "host_blocks": engine.host_capacity,
             "owner_cap_blocks": engine.owner_cap_blocks,
             "eviction_policy": engine.policy_name,
+            RANKS_BY_HINTS: engine.ranks_by_hints,
             "special_object_ids": [PROMPT_OBJECT, SEQUENCE_OBJECT],
         }
 

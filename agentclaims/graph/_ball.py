@@ -68,8 +68,9 @@ def _relevant_ball(
 ) -> dict[int, int]:
     """Nodes on some frontier-to-target walk of at most ``horizon`` steps, with their
     distance from the frontier: the backward distances ``back`` bound the forward search.
-    Every other node's hit probability is exactly 0 where the frontier could read it."""
-    dist = {f: 0 for f in frontier if f in back}
+    Every other node's hit probability is exactly 0 where the frontier could read it.
+    ``back`` may hold nodes farther than ``horizon`` from the targets (a deeper search)."""
+    dist = {f: 0 for f in frontier if back.get(f, horizon + 1) <= horizon}
     layer = list(dist)
     for depth in range(1, horizon + 1):
         nxt = []
@@ -95,21 +96,30 @@ def _ball_table(
     only nodes at distance ``<= horizon - k`` (anything else counts as 0, never read).
 
     ``rows`` holds the rows the searches that built ``ball`` loaded (every row read here);
-    ``row`` loads one that is missing."""
+    ``row`` loads one that is missing. Each node's row is looked up once, and the nodes are
+    visited nearest first, so each level stops at the first one out of its reach."""
+    steps: list[tuple[int, int, tuple[int, ...], tuple[tuple[int, float], ...]]] = []
+    for u, d in sorted(ball.items(), key=_distance):
+        if d >= horizon:  # out of reach at every level
+            break
+        if u in targets:
+            steps.append((d, u, (), ()))
+            continue
+        cached = rows.get(u)
+        plain, choice, _ = cached if cached is not None else row(u)
+        steps.append((d, u, plain, choice))
     current = {u: 1.0 if u in targets else 0.0 for u in ball}
     table = [current]
     for k in range(1, horizon + 1):
         prev = current
         current = {}
         reach = horizon - k
-        for u, d in ball.items():
+        for d, u, plain, choice in steps:
             if d > reach:
-                continue
+                break
             if u in targets:
                 current[u] = 1.0
                 continue
-            cached = rows.get(u)
-            plain, choice, _ = cached if cached is not None else row(u)
             miss = 1.0
             for v in plain:
                 miss *= 1.0 - prev.get(v, 0.0)
@@ -119,6 +129,10 @@ def _ball_table(
             current[u] = 1.0 - miss * (1.0 - hit)
         table.append(current)
     return table
+
+
+def _distance(item: tuple[int, int]) -> int:
+    return item[1]
 
 
 def _or_ste_within(

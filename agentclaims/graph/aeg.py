@@ -127,7 +127,10 @@ class AgentExecutionGraph:
         return list(self._warnings)
 
     def __contains__(self, node: object) -> bool:
-        return node in self._g
+        try:
+            return node in self._g._node  # the node attribute dict: no view on the way
+        except TypeError:  # unhashable
+            return False
 
     def __len__(self) -> int:
         return int(self._g.number_of_nodes())
@@ -183,7 +186,7 @@ class AgentExecutionGraph:
     def successors(self, node: str) -> list[str]:
         """The known successors of ``node``."""
         self._node(node)
-        return list(self._g.successors(node))
+        return list(self._g._succ[node])
 
     def predecessors(self, node: str) -> list[str]:
         """The known predecessors of ``node``."""
@@ -207,7 +210,7 @@ class AgentExecutionGraph:
         self._node(node)
         plain: list[str] = []
         choice: list[tuple[str, int]] = []
-        for _, target, data in self._g.out_edges(node, data=True):
+        for target, data in self._g._succ[node].items():
             if data["kind"] == "plain":
                 plain.append(target)
             else:
@@ -327,8 +330,9 @@ class AgentExecutionGraph:
             if name not in self._g:
                 self._g.add_node(name, **_node_attrs("agent", frozenset()))
                 structure = True
-        if self._g.has_edge(source, target):
-            self._g.edges[source, target]["count"] += count
+        edge = self._g._succ.get(source, {}).get(target)
+        if edge is not None:
+            edge["count"] += count
         else:
             self._g.add_edge(source, target, kind="conditional", count=count, join=False)
             structure = True
@@ -437,8 +441,10 @@ class AgentExecutionGraph:
     # ------------------------------------------------------------------ internals
 
     def _node(self, node: str) -> dict[str, Any]:
+        # the hot reads (here, ``successors``, ``split_transitions``, ``observe_transition``)
+        # go to the DiGraph's own dicts (``_node``, ``_succ``), not through its views
         try:
-            return cast(dict[str, Any], self._g.nodes[node])
+            return cast(dict[str, Any], self._g._node[node])
         except (KeyError, TypeError):
             raise UsageError("node", f"unknown node {node!r}") from None
 

@@ -126,13 +126,15 @@ def _step_reuse(
     """Reuse one step ahead: the ``plain`` next steps all run, one of ``choice`` is taken with
     its probability, and ``table`` (``horizon - 1`` steps) says how likely each of them goes
     on to hit the targets."""
-    reuse_at = {v: [row[v] for row in table] for v in (*plain, *(v for v, _ in choice))}
     cumulative = [0.0]
     for k in range(horizon):
+        row = table[k]
         miss = 1.0
         for v in plain:
-            miss *= 1.0 - reuse_at[v][k]
-        hit = sum(q * reuse_at[v][k] for v, q in choice)
+            miss *= 1.0 - row[v]
+        hit = 0.0
+        for v, q in choice:
+            hit += q * row[v]
         cumulative.append(1.0 - miss * (1.0 - hit))
     return _from_cumulative(cumulative, horizon)
 

@@ -125,7 +125,7 @@ class ToolTimeModel:
             return self._prior_mean
         if statistic == "mean":
             return statistics.fmean(ordered)
-        return statistics.median(ordered)
+        return _median(ordered)
 
     def ttl(
         self,
@@ -151,20 +151,7 @@ class ToolTimeModel:
             if mu <= 0.0:
                 return 0.0
             return mu * math.log(benefit / mu) if benefit > mu else 0.0
-        n = len(ordered)
-        best_tau = 0.0
-        best = bisect.bisect_right(ordered, 0.0) / n * benefit  # tau = 0
-        # candidates: every observed duration up to _TTL_CANDIDATES of them, else that many
-        # evenly spaced order statistics (F is exact at each; the argmax is then within
-        # benefit / _TTL_CANDIDATES of the exact one), so a call costs the same at any history
-        step = max(1, n // _TTL_CANDIDATES)
-        right = bisect.bisect_right
-        for i in range(step - 1, n, step):
-            tau = ordered[i]
-            value = right(ordered, tau) / n * benefit - tau
-            if value > best:
-                best, best_tau = value, tau
-        return best_tau
+        return _continuum_tau(ordered, benefit)
 
     def __repr__(self) -> str:
         return f"ToolTimeModel(tools={len(self._samples)}, history={self._history})"
@@ -175,6 +162,44 @@ class ToolTimeModel:
             ordered = sorted(self._samples.get(tool, ()))
             self._sorted[tool] = ordered
         return ordered
+
+
+def _continuum_tau(ordered: list[float], benefit: float) -> float:
+    """``argmax_tau F(tau) * benefit - tau`` over ``tau = 0`` and the candidate durations of
+    the sorted history ``ordered``; ties go to the shortest ``tau``.
+
+    Candidates: every observed duration up to ``_TTL_CANDIDATES`` of them, else that many
+    evenly spaced order statistics (F is exact at each; the argmax is then within ``benefit /
+    _TTL_CANDIDATES`` of the exact one), so a call costs the same at any history. They are
+    tried longest first: ``F * benefit`` only falls from one to the next and durations are
+    ``>= 0``, so once it is below the best value found (or not above the value at 0) no
+    shorter candidate can win, and the search stops there with the same answer as trying all.
+    """
+    n = len(ordered)
+    right = bisect.bisect_right
+    at_zero = right(ordered, 0.0) / n * benefit  # tau = 0
+    best, best_tau = -math.inf, 0.0
+    step = max(1, n // _TTL_CANDIDATES)
+    last = n - 1
+    for i in reversed(range(step - 1, n, step)):
+        tau = ordered[i]
+        # F(ordered[i]) counts the durations up to ordered[i]: i + 1 unless equal ones follow
+        j = i + 1 if i == last or ordered[i + 1] != tau else right(ordered, tau, i + 1)
+        gain = j / n * benefit
+        if gain < best or gain <= at_zero:
+            break
+        value = gain - tau
+        if value >= best:  # the shorter of equal values
+            best, best_tau = value, tau
+    return best_tau if best > at_zero else 0.0
+
+
+def _median(ordered: list[float]) -> float:
+    """The median of a sorted non-empty list (as ``statistics.median``, without sorting it)."""
+    mid = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[mid]
+    return (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _check_tool(tool: object) -> None:

@@ -58,7 +58,10 @@ class _Caches:
     log_pos: int = 0
     join_targets: frozenset[int] = frozenset()
     any_wildcard: bool = False
-    backward: dict[tuple[frozenset[int], int], dict[int, int]] = field(default_factory=dict)
+    backward: dict[frozenset[int], tuple[int, dict[int, int]]] = field(default_factory=dict)
+    balls: dict[tuple[frozenset[int], int, frozenset[int]], dict[int, int]] = field(
+        default_factory=dict
+    )
 
 
 class SteTracker:
@@ -150,8 +153,10 @@ class SteTracker:
     def move(self, frontier: Iterable[str]) -> None:
         """``advance`` without building the snapshot (for callers that ask about few nodes)."""
         self._fresh()
+        self._move_to(_frontier_indices(self._c.structure, frontier))
+
+    def _move_to(self, new: frozenset[int]) -> None:
         s = self._c.structure
-        new = _frontier_indices(s, frontier)
         if s.group_target and (self._satisfied or self._frontier):
             self._satisfied = _update_satisfied(s, self._frontier, new, self._satisfied)
         self._frontier = new
@@ -196,7 +201,8 @@ class SteTracker:
         if not self._c.any_wildcard and not self._c.join_targets:
             # only OR steps: STE is the shortest walk, read off the cached backward search
             back = self._backward(frozenset((target,)), self._horizon)
-            near = [back[f] for f in self._frontier if f in back]
+            horizon = self._horizon
+            near = [d for f in self._frontier if (d := back.get(f, INF)) <= horizon]
             return float(min(near)) if near else None
         s, joins = self._c.structure, self._c.join_targets
         return _or_ste_within(s, self._frontier, target, self._horizon, joins)
@@ -237,7 +243,7 @@ class SteTracker:
             raise UsageError("node", f"unknown node {node!r}")
         u = s.index[node]
         if s.wildcard[u]:  # successors unknown until observed: assume it may come right back
-            self.move([node])
+            self._move_to(frozenset((u,)))
             return Reuse(1.0, 1.0, h)
         skip = {s.index[n] for n in exclude if n in s.index}
         self._sync_rows()
@@ -247,11 +253,14 @@ class SteTracker:
         total = sum(q for _, q in kept)
         kept = [(v, q / total) for v, q in kept] if total > 0 else []
         nxt = [*plain, *(v for v, _ in kept)]
-        self.move([s.names[v] for v in nxt] or [END])
+        self._move_to(frozenset(nxt) if nxt else frozenset((s.index[END],)))
         if h == 0 or not nxt:
             return Reuse(0.0, INF, h)
         # a walk from each next step, with h - 1 steps left, must reach ``node``
-        table = self._bounded_table(frozenset((u,)), h - 1, frozenset(nxt))
+        targets, starts = frozenset((u,)), frozenset(nxt)
+        if self._out_of_reach(targets, h - 1, starts):
+            return Reuse(0.0, INF, h)
+        table = self._bounded_table(targets, h - 1, starts)
         return _step_reuse(plain, kept, table, h)
 
     def precompute(self, frontiers: Iterable[Iterable[str]] | None = None) -> int:
@@ -355,6 +364,8 @@ class SteTracker:
     def _reuse(self, targets: frozenset[int], horizon: int) -> Reuse:
         if not self._frontier.isdisjoint(targets):
             return Reuse(1.0, 0.0, horizon)
+        if self._out_of_reach(targets, horizon, self._frontier):
+            return Reuse(0.0, INF, horizon)
         self._sync_rows()
         return _combine(
             self._bounded_table(targets, horizon, self._frontier), self._frontier, horizon
@@ -378,29 +389,61 @@ class SteTracker:
         if changed:
             index, rows = self._c.structure.index, self._c.rows
             for name in changed:
-                rows.pop(index[name], None)
+                u = index[name]
+                row = rows.get(u)
+                if row is not None and row[1]:  # counts only weigh choices: plain rows stay
+                    del rows[u]
 
     def _backward(self, targets: frozenset[int], horizon: int) -> dict[int, int]:
         """Distance to ``targets`` of every node within ``horizon`` steps of them (cached until
-        the structure changes)."""
-        back = self._c.backward.get((targets, horizon))
-        if back is None:
-            back = _backward_distances(self._c.structure.preds, targets, horizon)
-            if len(self._c.backward) >= self._cache_size:
+        the structure changes). One search per target set serves every horizon up to the one
+        it ran to (the tracker's, or a deeper one asked for), so the map may also hold nodes
+        farther than ``horizon``: readers compare the distances with their horizon."""
+        cached = self._c.backward.get(targets)
+        if cached is None or cached[0] < horizon:
+            depth = max(horizon, self._horizon)
+            back = _backward_distances(self._c.structure.preds, targets, depth)
+            if cached is None and len(self._c.backward) >= self._cache_size:
                 del self._c.backward[next(iter(self._c.backward))]
-            self._c.backward[(targets, horizon)] = back
-        return back
+            self._c.backward[targets] = cached = (depth, back)
+        return cached[1]
+
+    def _out_of_reach(
+        self, targets: frozenset[int], horizon: int, frontier: frozenset[int]
+    ) -> bool:
+        """Whether no walk of at most ``horizon`` steps leads from ``frontier`` to ``targets``
+        (read off the cached backward search): every hit probability the frontier would read
+        is then exactly 0, whatever the counts, and no table needs computing. Never on a graph
+        with a node of unknown targets (it may go anywhere)."""
+        if self._c.any_wildcard:
+            return False
+        back = self._backward(targets, horizon)
+        return all(back.get(f, INF) > horizon for f in frontier)
+
+    def _ball(
+        self, targets: frozenset[int], horizon: int, frontier: frozenset[int]
+    ) -> dict[int, int]:
+        """The relevant ball of a query (cached until the structure changes: it depends on
+        which edges exist, never on their counts)."""
+        key = (targets, horizon, frontier)
+        balls = self._c.balls
+        ball = balls.get(key)
+        if ball is None:
+            ball = _relevant_ball(self._backward(targets, horizon), frontier, horizon, self._row)
+            if len(balls) >= self._cache_size:
+                del balls[next(iter(balls))]
+            balls[key] = ball
+        return ball
 
     def _bounded_table(
         self, targets: frozenset[int], horizon: int, frontier: frozenset[int]
     ) -> Sequence[Sequence[float]] | Sequence[Mapping[int, float]]:
         """Hit table of ``targets`` as a walk from ``frontier`` reads it: over the horizon's
         ball, or over the whole chain where a node with unknown targets may go anywhere."""
-        ball = (
-            _forward_ball(frontier, horizon, self._c.structure.wildcard, self._row)
-            if self._c.any_wildcard
-            else _relevant_ball(self._backward(targets, horizon), frontier, horizon, self._row)
-        )
+        if self._c.any_wildcard:
+            ball = _forward_ball(frontier, horizon, self._c.structure.wildcard, self._row)
+        else:
+            ball = self._ball(targets, horizon, frontier)
         if ball is None:
             return self._table(targets, horizon)
         return _ball_table(ball, targets, horizon, self._c.rows, self._row)

@@ -23,6 +23,15 @@ The default mapping, in order (every threshold lives in ``PlannerPolicy``)::
 
 The default never issues ``soft_priority``: a soft claim can be lost without a refusal (true
 harm), while ``expiring`` turns pressure into a deferral that ends with the TTL.
+
+Which policy a session gets by default (``ClaimedSession(planner="auto")``) depends on its
+backend: where the descriptor states ``ranks_by_hints`` (the backend ranks resident blocks by
+predicted next use from the claims' reuse hints, e.g. the reference engine with
+``NextUsePolicy``), the ``ranked`` preset: soft by default (every prefix ``best_effort`` with its
+hint: ranked, never harmed), no pins (``ranked-hard`` adds ``hard_protected`` where the agent is
+sure of a short tool wait and the pool has room; measured in the replay it cost hits, so it is
+opt-in). On a backend that does not rank, the ``default`` mapping above: without a ranking, a
+best-effort hint is only a hint, and the pins are what keeps a prefix.
 """
 
 from __future__ import annotations
@@ -180,6 +189,11 @@ class PlannerPolicy:
                 raise UsageError(f"policy.{f.name}", f"must be >= 0, got {value}")
         if self.min_ttl_s > self.max_ttl_s:
             raise UsageError("policy.min_ttl_s", "must not exceed max_ttl_s")
+
+    @classmethod
+    def preset_names(cls) -> list[str]:
+        """The names ``named`` knows, sorted."""
+        return sorted(_PRESETS)
 
     @classmethod
     def named(cls, name: str) -> PlannerPolicy:

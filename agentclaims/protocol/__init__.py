@@ -27,6 +27,7 @@ from agentclaims.protocol.codec import (
 )
 from agentclaims.protocol.types import (
     PROMPT_OBJECT,
+    RANKS_BY_HINTS,
     RENEW_AS_IS,
     SEQUENCE_OBJECT,
     SERVED_ACTIONS,
@@ -38,6 +39,7 @@ from agentclaims.protocol.types import (
     EventPage,
     Renewal,
     ServeResult,
+    ranks_by_hints,
     stated_class,
 )
 
@@ -48,6 +50,7 @@ __all__ = [
     "INSTANCE_HEADER",
     "INSTANCE_URL_HEADER",
     "PROMPT_OBJECT",
+    "RANKS_BY_HINTS",
     "RENEW_AS_IS",
     "ROUTER_SAFE_HEADER",
     "SEQUENCE_OBJECT",
@@ -69,6 +72,7 @@ __all__ = [
     "exception_error",
     "outcome_from_error",
     "raise_for_error",
+    "ranks_by_hints",
     "refusal_error",
     "stated_class",
     "supports",

@@ -22,6 +22,7 @@ from agentclaims.contract.wire import Wire
 
 __all__ = [
     "PROMPT_OBJECT",
+    "RANKS_BY_HINTS",
     "RENEW_AS_IS",
     "SEQUENCE_OBJECT",
     "SERVED_ACTIONS",
@@ -33,6 +34,7 @@ __all__ = [
     "EventPage",
     "Renewal",
     "ServeResult",
+    "ranks_by_hints",
     "stated_class",
 ]
 
@@ -241,6 +243,19 @@ def _owned_by(event: ClaimEvent, id_prefix: str) -> bool:
 Descriptor = Mapping[str, Any]
 """What a backend can honour (``GET /v1/descriptor``): its identity, block size, the lowering
 descriptor it was checked on, and per mode (``modes``) the class the checker gave it."""
+
+
+RANKS_BY_HINTS = "ranks_by_hints"
+"""Descriptor capability: ``true`` when the backend ranks resident blocks by predicted next use
+from the claims' reuse hints (the reference engine with ``NextUsePolicy``). Best-effort claims
+carrying hints are then ranked with everything else (never harmed); a session's default planner
+(``"auto"``) plans ``ranked`` there. Absent, or anything but ``true``: the backend does not."""
+
+
+def ranks_by_hints(descriptor: Descriptor) -> bool:
+    """Whether ``descriptor`` states the ``ranks_by_hints`` capability (fail closed: only a
+    JSON ``true`` counts)."""
+    return descriptor.get(RANKS_BY_HINTS) is True
 
 
 def stated_class(descriptor: Descriptor, mode: ProtectionMode) -> LoweringClass:

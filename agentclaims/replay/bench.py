@@ -7,12 +7,34 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentclaims.errors import UsageError
+from agentclaims.backends.admission import AdmissionWindow
+from agentclaims.errors import UnknownNameError, UsageError
 from agentclaims.replay.harness import ReplayResult, TraceInput, run_replay, working_set_blocks
 from agentclaims.replay.model import ServiceModel
 from agentclaims.replay.policies import FUTURE_POLICIES, POLICY_NAMES, make_policy
 
-__all__ = ["Comparison", "compare_policies", "gap_closed", "resolve_policies"]
+__all__ = [
+    "ADMISSION_MODES",
+    "ADMITTED_ROW",
+    "Comparison",
+    "aimd_window",
+    "compare_policies",
+    "gap_closed",
+    "resolve_policies",
+]
+
+ADMISSION_MODES = ("none", "aimd")
+"""``--admission``: ``aimd`` adds the row ``agentclaims+aimd``, the agentclaims policy with the
+SDK's AIMD admission window on the number of traces running at once."""
+ADMITTED_ROW = "agentclaims+aimd"
+
+
+def aimd_window(sessions: int) -> AdmissionWindow:
+    """The admission window of the ``agentclaims+aimd`` row: it starts with every slot open
+    (``sessions``, as without admission), halves on pressure (requests that waited for memory,
+    harm, a hit-ratio collapse, running requests filling the pool) and grows back by one per
+    healthy period of 32 requests, between 1 and ``sessions``."""
+    return AdmissionWindow(initial=sessions, min_window=1, max_window=sessions)
 
 
 def resolve_policies(names: Sequence[str] | None) -> list[str]:
@@ -74,10 +96,17 @@ def compare_policies(
     service: ServiceModel | None = None,
     working_set: int | None = None,
     on_run: Callable[[str], Callable[[int], None] | None] | None = None,
+    admission: str = "none",
 ) -> Comparison:
     """Replay ``traces`` under each policy at one capacity (blocks, or a fraction of the
-    working set). ``on_run(name)`` may return a per-trace progress callback."""
+    working set). ``on_run(name)`` may return a per-trace progress callback. ``admission=
+    "aimd"`` adds the row ``agentclaims+aimd`` (the agentclaims policy behind the SDK's AIMD
+    admission window, :func:`aimd_window`) next to ``agentclaims`` without it."""
+    if admission not in ADMISSION_MODES:
+        raise UnknownNameError("admission", admission, ADMISSION_MODES)
     names = resolve_policies(policies)
+    if admission == "aimd" and "agentclaims" not in names:
+        names.insert(-1, "agentclaims")
     service = service or ServiceModel()
     ws = working_set if working_set is not None else working_set_blocks(traces, sessions, service)
     if capacity_blocks is None:
@@ -87,9 +116,12 @@ def compare_policies(
         capacity_blocks = max(1, int(ws * frac))
     results: dict[str, ReplayResult] = {}
     ordered = ["lru", *(n for n in names if n not in ("lru", "opt")), "opt"]
+    if admission == "aimd":
+        ordered.insert(ordered.index("agentclaims") + 1, ADMITTED_ROW)
     for name in ordered:
+        admitted = name == ADMITTED_ROW
         policy = make_policy(
-            name,
+            "agentclaims" if admitted else name,
             service=service,
             block_size=block_size,
             schedule=results["lru"].schedule if name == "opt" else None,
@@ -103,6 +135,8 @@ def compare_policies(
             service=service,
             record=name == "lru",
             progress=on_run(name) if on_run else None,
+            admission=aimd_window(sessions) if admitted else None,
         )
+        results[name].policy = name
     results["lru"].schedule = None
     return Comparison(capacity_blocks, ws, sessions, results)

@@ -18,6 +18,13 @@
 The optimum needs next-use times: :func:`run_replay` with ``record=True`` returns the start
 sequence number of every request, and :class:`~agentclaims.replay.policies.OptimalPolicy`
 reads them (per trace, as each trace is loaded).
+
+With ``admission`` (an :class:`~agentclaims.backends.admission.AdmissionWindow`) a trace whose
+slot is free starts only once the window admits it (FIFO across slots), and its completion time
+counts the wait. The window sees what a session's pool sees, per request as it starts: its
+prompt and hit tokens, whether it waited for memory, claims harmed since, and the share of the
+pool held by running requests (KV usage). This changes the timeline: compare such a run with
+the same policy without admission, not with the rows of one shared timeline.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agentclaims.backends.admission import AdmissionWindow
 from agentclaims.contract import ArbiterAction
 from agentclaims.engine import KVEngine
 from agentclaims.errors import UsageError
@@ -69,6 +77,12 @@ class ReplayResult:
     true_harm: int = 0
     peak_protected_blocks: int = 0
     oversize: int = 0
+    admission_deferred: int = 0
+    """Traces that waited for the admission window (0 without one)."""
+    admission_wait_s: float = 0.0
+    """Their total wait for it, in modelled seconds (counted in their completion times)."""
+    admission_window: tuple[int, int, int] | None = None
+    """The window's smallest, largest and final size (``None`` without one)."""
     wall_s: float = 0.0
     cpu_s: float = 0.0
     """CPU seconds of this process the replay took (what other load on the machine does not
@@ -139,8 +153,13 @@ class _Replay:
         service: ServiceModel,
         record: bool,
         progress: Callable[[int], None] | None,
+        admission: AdmissionWindow | None = None,
     ) -> None:
         self.traces = traces
+        self.admission = admission
+        self._admitting: dict[str, SessionState] = {}  # trace key -> root waiting for a slot
+        self._harm_seen = 0
+        self._window_range = (admission.window, admission.window) if admission else (0, 0)
         self.engine = engine
         self.policy = policy
         self.sessions = sessions
@@ -213,6 +232,10 @@ class _Replay:
                 self._force_head()
         if engine is not None:
             res.true_harm = engine.stats.true_harm
+        if self.admission is not None:
+            low, high = self._window_range
+            res.admission_deferred = self.admission.stats.deferred
+            res.admission_window = (low, high, self.admission.window)
         res.completion_s_mean = (
             sum(self._completions) / len(self._completions) if self._completions else 0.0
         )
@@ -235,7 +258,10 @@ class _Replay:
             if self.policy is not None:
                 self.policy.on_trace(trace, ordinal)
             root = self._session(trace.root, ordinal, None)
-            root.started_at = t
+            root.started_at = t  # its completion time counts any wait for admission
+            if self.admission is not None and not self.admission.request(f"t{ordinal}"):
+                self._admitting[f"t{ordinal}"] = root
+                return
             self._advance(root, t)
             return
 
@@ -287,7 +313,39 @@ class _Replay:
             self.policy.on_trace_end(s.ordinal)
         if self.progress is not None:
             self.progress(self.result.traces)
+        if self.admission is not None:
+            self._admitted(self.admission.release(f"t{s.ordinal}"))
         self._next_trace(self._slot_of.pop(s.ordinal), t)
+
+    def _admitted(self, keys: list[str]) -> None:
+        """Start the traces the admission window just let in."""
+        for key in keys:
+            root = self._admitting.pop(key)
+            self.result.admission_wait_s += self.now - root.started_at
+            self._advance(root, self.now)
+
+    def _observe(self, req: TraceRequest, hit_tokens: int, arrived: float) -> None:
+        """What the admission window learns from one request starting."""
+        assert self.admission is not None
+        engine = self.engine
+        harmed = 0
+        usage = None
+        if engine is not None:
+            harmed = engine.stats.true_harm - self._harm_seen
+            self._harm_seen = engine.stats.true_harm
+            usage = min(1.0, engine.active_blocks / engine.num_blocks)
+        self._admitted(
+            self.admission.observe(
+                prompt_tokens=max(1, req.input_tokens),
+                cached_tokens=min(hit_tokens, max(1, req.input_tokens)),
+                pressed=self.now > arrived,
+                harmed=harmed,
+                kv_usage=usage,
+            )
+        )
+        low, high = self._window_range
+        w = self.admission.window
+        self._window_range = (min(low, w), max(high, w))
 
     # ------------------------------------------------------------------ requests
     def _arrive(self, s: SessionState, req: TraceRequest) -> None:
@@ -348,6 +406,8 @@ class _Replay:
             self.policy.on_begin(s, req, self.now)
         service = self.service.seconds(info.timeline_prefill, req.output_tokens)
         self._push(self.now + service, _FINISH, (s, req, rid))
+        if self.admission is not None:
+            self._observe(req, hit_tokens, arrived)
         return True
 
     def _blocked(self, action: ArbiterAction, retry_after_s: float | None) -> bool:
@@ -427,11 +487,13 @@ def run_replay(
     record: bool = False,
     progress: Callable[[int], None] | None = None,
     engine_factory: Callable[..., KVEngine] = KVEngine,
+    admission: AdmissionWindow | None = None,
 ) -> ReplayResult:
     """Replay ``traces`` on a fresh engine of ``capacity_blocks`` blocks under ``policy``.
 
     ``record=True`` keeps each request's start sequence number (``result.schedule``), which
     :class:`~agentclaims.replay.policies.OptimalPolicy` needs as its view of the future.
+    ``admission`` bounds the traces running at once (module doc).
     """
     _check_sessions(sessions)
     if (
@@ -453,6 +515,8 @@ def run_replay(
         policy_name=policy.name,
         event_buffer=64,
     )
-    run = _Replay(traces, engine, policy, sessions, service or ServiceModel(), record, progress)
+    run = _Replay(
+        traces, engine, policy, sessions, service or ServiceModel(), record, progress, admission
+    )
     clock_box.append(run)
     return run.run()

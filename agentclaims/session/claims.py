@@ -38,7 +38,7 @@ from agentclaims.errors import (
 )
 from agentclaims.lowering import MappingResult, honours, trusted_modes
 from agentclaims.planner import ClaimPlan, PlannerPolicy, PrefixContext, relax_mode
-from agentclaims.protocol import Renewal
+from agentclaims.protocol import Renewal, ranks_by_hints
 from agentclaims.session.reactions import ReactionPolicy
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ class ClaimIO:
         self._log = log
         self.held: dict[str, HeldClaim] = {}  # node -> claim held for its next call
         self.ended: list[HeldClaim] = []
-        self._backend_facts: dict[str, tuple[CacheIdentity, dict[ProtectionMode, Any]]] = {}
+        self._backend_facts: dict[str, tuple[CacheIdentity, dict[ProtectionMode, Any], bool]] = {}
         self._cursor: dict[str, int] = {}
         self._harmed: set[str] = set()  # claims whose harm was counted
         self.calling: str | None = None
@@ -146,9 +146,10 @@ class ClaimIO:
 
     async def _facts(
         self, backend: ClaimsProtocol
-    ) -> tuple[CacheIdentity, dict[ProtectionMode, MappingResult]]:
-        """``backend``'s cache identity and what it honours per mode, from its descriptor,
-        read once (and its lowering checked again: ``agentclaims.lowering.trusted_modes``)."""
+    ) -> tuple[CacheIdentity, dict[ProtectionMode, MappingResult], bool]:
+        """``backend``'s cache identity, what it honours per mode and whether it ranks by
+        reuse hints, from its descriptor, read once (and its lowering checked again:
+        ``agentclaims.lowering.trusted_modes``)."""
         facts = self._backend_facts.get(backend.name)
         if facts is None:
             desc = await backend.descriptor()
@@ -156,7 +157,8 @@ class ClaimIO:
                 ident = CacheIdentity.from_dict(desc.get("cache_identity"))
             except UsageError as exc:
                 raise BackendError(f"backend {backend.name!r}: bad descriptor: {exc}") from exc
-            facts = self._backend_facts[backend.name] = (ident, trusted_modes(desc))
+            facts = (ident, trusted_modes(desc), ranks_by_hints(desc))
+            self._backend_facts[backend.name] = facts
         return facts
 
     def forget(self, backend_name: str) -> None:
@@ -171,6 +173,10 @@ class ClaimIO:
     async def lowering(self, backend: ClaimsProtocol) -> dict[ProtectionMode, MappingResult]:
         """Per mode, the checker's verdict on ``backend``'s lowering (read once)."""
         return (await self._facts(backend))[1]
+
+    async def ranks_by_hints(self, backend: ClaimsProtocol) -> bool:
+        """Whether ``backend``'s descriptor states ``ranks_by_hints`` (read once)."""
+        return (await self._facts(backend))[2]
 
     def _unproven(
         self,

@@ -38,8 +38,10 @@ class SessionOptions(TypedDict, total=False):
     """The workflow's Agent Execution Graph. Default: an empty one, learned online from the
     calls the session sees (a ``ClaimedGraph`` passes the graph extracted from LangGraph)."""
     planner: ClaimPlanner | PlannerPolicy | str
-    """How claims are planned: a preset name (``default``, ``conservative``, ``aggressive``,
-    ``priority``, ``off``), a ``PlannerPolicy`` or a ``ClaimPlanner``. Default: ``"default"``."""
+    """How claims are planned: ``auto``, a preset name (``default``, ``conservative``,
+    ``aggressive``, ``priority``, ``ranked``, ``ranked-hard``, ``off``), a ``PlannerPolicy`` or
+    a ``ClaimPlanner``. Default: ``"auto"``: ``ranked`` on a backend whose descriptor states
+    ``ranks_by_hints`` (soft, ranked claims), ``default`` on any other."""
     reaction: ReactionPolicy | str
     """What to do when the backend refuses or defers: a name (``defer``, ``reroute``,
     ``relax``, ``fail``) or a ``ReactionPolicy``. Default: ``"defer"``."""

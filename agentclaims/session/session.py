@@ -45,10 +45,23 @@ if TYPE_CHECKING:
     from agentclaims.backends.pool import BackendPool
     from agentclaims.observability import WorkflowLog
 
-__all__ = ["END_REASONS", "ClaimedSession", "HeldClaim", "SessionStats", "current_session"]
+__all__ = [
+    "AUTO_PLANNER",
+    "END_REASONS",
+    "ClaimedSession",
+    "HeldClaim",
+    "SessionStats",
+    "current_session",
+]
 
 END_REASONS = ("completed", "error", "cancelled", "closed")
 """How a session's run ended (``ClaimedSession.end_reason``, ``session_ended.reason``)."""
+
+AUTO_PLANNER = "auto"
+"""The default ``planner``: the preset follows what the backend says it does
+(``ClaimedSession._follow_backend``)."""
+_RANKED, _UNRANKED = "ranked", "default"
+"""What ``auto`` plans on a backend that ranks by reuse hints, and on any other."""
 
 _current: ContextVar[ClaimedSession | None] = ContextVar("agentclaims_session", default=None)
 _current_node: ContextVar[str | None] = ContextVar("agentclaims_node", default=None)
@@ -125,7 +138,7 @@ class ClaimedSession:
         workflow_id: str | None = None,
         thread_id: str | None = None,
         graph: AgentExecutionGraph | None = None,
-        planner: ClaimPlanner | PlannerPolicy | str = "default",
+        planner: ClaimPlanner | PlannerPolicy | str = "auto",
         reaction: ReactionPolicy | str = "defer",
         tool_times: ToolTimeModel | None = None,
         log_dir: str | Path | None = None,
@@ -160,8 +173,17 @@ class ClaimedSession:
         ):
             if not isinstance(value, int | float) or value < 0:
                 raise UsageError(name, f"must be a number >= 0, got {value!r}")
+        self._auto_planner = planner == AUTO_PLANNER
+        """The planner follows the backend: ``ranked`` where it ranks by hints, else
+        ``default`` (until the backend's descriptor is read, ``default``)."""
         if isinstance(planner, str):
-            planner = ClaimPlanner(PlannerPolicy.named(planner))
+            if planner != AUTO_PLANNER and planner not in PlannerPolicy.preset_names():
+                raise UnknownNameError(
+                    "planner policy", planner, [AUTO_PLANNER, *PlannerPolicy.preset_names()]
+                )
+            planner = ClaimPlanner(
+                PlannerPolicy.named(_UNRANKED if self._auto_planner else planner)
+            )
         elif isinstance(planner, PlannerPolicy):
             planner = ClaimPlanner(planner)
         elif not isinstance(planner, ClaimPlanner):
@@ -233,6 +255,7 @@ class ClaimedSession:
         over this session's such waits, ``agentclaims.session.toolhold``)."""
         self.last_agent: str | None = None
         """The node of the latest LLM call: the agent a tool run by LangGraph serves."""
+        self._pressed = False  # the latest call needed a retry (memory pressure)
 
     # ------------------------------------------------------------------ views
     @property
@@ -281,16 +304,23 @@ class ClaimedSession:
     async def __aenter__(self) -> ClaimedSession:
         if self._token is not None or self._closed:
             raise UsageError("session", "a ClaimedSession can be entered once")
-        if self._log_dir is not None or self._log_stream is not None:
-            from agentclaims.observability import WorkflowLog
+        if self.pool is not None:  # a pool with an admission window may make it wait
+            await self.pool.admit(self.session_id)
+        try:
+            if self._log_dir is not None or self._log_stream is not None:
+                from agentclaims.observability import WorkflowLog
 
-            self.log = WorkflowLog(
-                self.workflow_id,
-                self.session_id,
-                directory=self._log_dir,
-                stream=self._log_stream,
-                thread_id=self.thread_id,
-            )
+                self.log = WorkflowLog(
+                    self.workflow_id,
+                    self.session_id,
+                    directory=self._log_dir,
+                    stream=self._log_stream,
+                    thread_id=self.thread_id,
+                )
+        except BaseException:
+            if self.pool is not None:  # not entered after all: its slot goes to the next one
+                self.pool.release(self.session_id)
+            raise
         self._started = self.clock()
         self.loop = asyncio.get_running_loop()
         self._token = _current.set(self)
@@ -438,6 +468,10 @@ class ClaimedSession:
         self.note_call(retried=retried or held_back > 0)
         prefix_ids = extension.get("prefix_ids") or {}
         sequence = prefix_ids.get("sequence") or prefix_ids.get("prompt")
+        if self.pool is not None:
+            self.pool.observe_call(
+                prompt_tokens=prompt, cached_tokens=min(cached, prompt), pressed=self._pressed
+            )
         ste = self.workflow.near_ste(node)
         step = self.workflow.after_call(node, tool_names)
         if self.log is not None:
@@ -478,6 +512,7 @@ class ClaimedSession:
 
     def note_call(self, *, retried: bool) -> None:
         """Record an answered LLM call; one that needed a retry met memory pressure."""
+        self._pressed = retried
         self.workflow.note_call(retried=retried)
 
     def plan_after_call(
@@ -487,7 +522,25 @@ class ClaimedSession:
         return self.workflow.plan_after_call(node, prefix_id, tool_names)
 
     # ------------------------------------------------------------------ claims
+    async def _follow_backend(self) -> None:
+        """With the default planner (``"auto"``): plan ``ranked`` (soft: every prefix claimed
+        ``best_effort`` with its reuse hint, ranked by the backend, never harmed) on a backend
+        whose descriptor states ``ranks_by_hints``, and ``default`` on any other. The
+        descriptor is the one the claims read anyway (once per backend, again after a
+        reroute)."""
+        if not self._auto_planner:
+            return
+        try:
+            ranks = await self.io.ranks_by_hints(self.backend)
+        except BackendUnavailable:
+            return  # keep planning as before; a claim to submit meets the outage itself
+        policy = PlannerPolicy.named(_RANKED if ranks else _UNRANKED)
+        if self.planner.policy != policy:
+            self.planner.policy = policy
+            self.io.policy = policy
+
     async def _replan(self, node: str, prefix_id: str | None, tool_names: Sequence[str]) -> None:
+        await self._follow_backend()
         old = self.io.held.pop(node, None)
         if prefix_id:
             ctx, plan = self.workflow.plan_after_call(node, prefix_id, tool_names)
@@ -527,6 +580,8 @@ class ClaimedSession:
 
     async def _react(self, taken: EventOutcomes, *, lapses: bool = True) -> None:
         for held, ev in taken.harmed:
+            if self.pool is not None:
+                self.pool.observe_call(prompt_tokens=0, cached_tokens=0, pressed=False, harmed=1)
             if self.io.held.get(held.node) is held:
                 del self.io.held[held.node]
                 held.end_reason = "harmed"

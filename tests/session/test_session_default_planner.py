@@ -1,0 +1,105 @@
+"""The planner a session gets by default follows its backend: ``ranked`` (soft, hinted
+best-effort claims) where the backend's descriptor says it ranks by reuse hints, ``default``
+elsewhere. Real sessions on embedded reference engines, real HTTP through the gateway app."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import agentclaims
+from agentclaims.backends.embedded import EmbeddedBackend
+from agentclaims.engine import NextUsePolicy
+from agentclaims.errors import UnknownNameError
+from agentclaims.gateway.text import Reply
+from agentclaims.protocol import RANKS_BY_HINTS, ranks_by_hints
+from agentclaims.session import ClaimedSession
+
+SYSTEM = "you are a careful agent " * 40
+
+
+def _backend(ranking: bool) -> EmbeddedBackend:
+    return EmbeddedBackend(
+        num_blocks=512,
+        block_size=16,
+        script=lambda request: Reply.tool("search"),
+        eviction_policy=NextUsePolicy() if ranking else None,
+    )
+
+
+async def _planned(
+    ranking: bool, tmp_path: Path, **options: object
+) -> tuple[ClaimedSession, set[object]]:
+    """The session and the modes it planned, on a fresh engine that ranks or does not."""
+    backend = _backend(ranking)
+    try:
+        session, planned = await _three_calls(backend, tmp_path, **options)
+    finally:
+        await backend.aclose()
+    assert planned
+    return session, {line["mode"] for line in planned}
+
+
+async def _three_calls(
+    backend: EmbeddedBackend, tmp_path: Path, **options: object
+) -> tuple[ClaimedSession, list[dict[str, object]]]:
+    """One agent calling the model three times, a tool between calls; the planned claims."""
+    client = agentclaims.openai_client(backend)
+    session = ClaimedSession(backend, log_dir=tmp_path, **options)  # type: ignore[arg-type]
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "go"}]
+    async with session:
+        with session.node("agent"):
+            for _ in range(3):
+                reply = await client.chat.completions.create(model="scripted", messages=messages)
+                messages.append({"role": "assistant", "content": str(reply.choices[0].message)})
+                async with session.tool_call("search"):
+                    pass
+                messages.append({"role": "user", "content": "result " * 10})
+        await session.settle()
+    lines = [json.loads(line) for line in session.log_path.read_text().splitlines()]  # type: ignore[union-attr]
+    return session, [line for line in lines if line["event"] == "claim_planned"]
+
+
+async def test_descriptor_states_whether_the_engine_ranks_by_hints():
+    """The capability is the descriptor's ``ranks_by_hints``, through the gateway's HTTP."""
+    ranking, plain = _backend(True), _backend(False)
+    try:
+        assert (await ranking.descriptor())[RANKS_BY_HINTS] is True
+        assert (await plain.descriptor())[RANKS_BY_HINTS] is False
+        assert not ranks_by_hints({})  # absent: does not rank
+        assert not ranks_by_hints({RANKS_BY_HINTS: "yes"})  # fail closed on anything else
+    finally:
+        await ranking.aclose()
+        await plain.aclose()
+
+
+async def test_ranking_backend_gets_ranked_plans_without_naming_a_preset(tmp_path):
+    """No ``planner`` option, an engine with ``NextUsePolicy``: every claim is ``best_effort``
+    (ranked by its hint, never a pin), as the ``ranked`` preset plans."""
+    session, modes = await _planned(True, tmp_path)
+    assert session.planner.policy.name == "ranked"
+    assert modes == {"best_effort"}
+    assert session.stats.claims_accepted >= 1
+
+
+async def test_non_ranking_backend_keeps_the_default_mapping(tmp_path):
+    """The same workflow on an LRU engine: the ``default`` mapping, which pins the prefix
+    across a short, sure tool wait (``hard_protected``)."""
+    session, modes = await _planned(False, tmp_path)
+    assert session.planner.policy.name == "default"
+    assert "hard_protected" in modes
+
+
+async def test_a_named_planner_is_kept_on_a_ranking_backend(tmp_path):
+    """A preset the user names wins over the backend's capability."""
+    session, modes = await _planned(True, tmp_path, planner="default")
+    assert session.planner.policy.name == "default"
+    assert "hard_protected" in modes
+
+
+def test_unknown_planner_name_lists_auto():
+    backend = _backend(False)
+    with pytest.raises(UnknownNameError, match="auto"):
+        ClaimedSession(backend, planner="ranked-soft")
