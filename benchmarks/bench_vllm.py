@@ -182,7 +182,10 @@ async def churn(
     """Another tenant's one-shot prompts (``tokens`` random token ids each, never reused) sent
     straight to vLLM at ``rate`` per second until ``stop``: the pressure that turns the pool
     over while the agents wait on their tools. At most 8 in flight (a slower set-up sends
-    fewer; the count is reported)."""
+    fewer; the count is reported). ``rate`` 0: no other tenant."""
+    if rate <= 0:
+        await stop.wait()
+        return {"requests": 0, "p50_ms": None}
     rng = random.Random(7)
     sent, latency = 0, []
     limit = asyncio.Semaphore(8)
