@@ -21,6 +21,7 @@ from agentclaims.conformance.probe import (
     PROBE_CLAIM_ID,
     PROBE_RESIDENT_BLOCKS,
     PROBE_USABLE_BLOCKS,
+    ProbeRecord,
     allocator_probe,
     claim_spec,
     lost_blocks,
@@ -149,6 +150,17 @@ def _single(v: _Verdict, events: list[ClaimEvent], what: str) -> ClaimEvent | No
     return None
 
 
+def _hard_claim_held(v: _Verdict, probe: ProbeRecord) -> list[ClaimEvent] | None:
+    """Cite the probe claim's acceptance, materialization and any victim or harm events of it;
+    the latter, or ``None`` after recording that the hard claim was not accepted (L3)."""
+    cid = probe.claim_id
+    v.cite(*probe.named(E.RESIDENT_CLAIM_ACCEPTED, E.RESIDENT_CLAIM_MATERIALIZED, claim_id=cid))
+    victims = probe.named(E.ALLOCATION_VICTIM_SELECTED, E.RESIDENT_CLAIM_HARMED, claim_id=cid)
+    v.cite(*victims)
+    accepted = probe.decision is not None and probe.decision.accepted
+    return victims if v.require(accepted, "the hard claim was not accepted") else None
+
+
 # ---------------------------------------------------------------------------------- L1 / L2
 async def level_l1(backend: Target) -> LevelResult:
     """No accepted claim: evictions happen, and none of them is harm."""
@@ -200,12 +212,8 @@ async def level_l3(backend: Target) -> LevelResult:
     v = _Verdict("L3")
     probe = await allocator_probe(backend, mode=ProtectionMode.HARD_PROTECTED)
     cid = probe.claim_id
-    v.cite(*probe.named(E.RESIDENT_CLAIM_ACCEPTED, E.RESIDENT_CLAIM_MATERIALIZED, claim_id=cid))
-    victims = probe.named(E.ALLOCATION_VICTIM_SELECTED, E.RESIDENT_CLAIM_HARMED, claim_id=cid)
-    v.cite(*victims)
-    if not v.require(
-        probe.decision is not None and probe.decision.accepted, "the hard claim was not accepted"
-    ):
+    victims = _hard_claim_held(v, probe)
+    if victims is None:
         return v.result("")
     v.require(not probe.outcome.served, f"active request served ({probe.outcome.action.value})")
     v.require(not victims, f"{len(victims)} claimed victim/harm events")

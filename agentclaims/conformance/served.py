@@ -39,6 +39,7 @@ from agentclaims.conformance.probe import (
 from agentclaims.conformance.scenarios import (
     LevelResult,
     _ended_before_loss,
+    _hard_claim_held,
     _Verdict,
     c1_verdict,
     check_replay,
@@ -322,12 +323,8 @@ async def level_l3(target: Target, pool: ServedPool) -> LevelResult:
         _Run(target, pool, "L3"), ProtectionMode.HARD_PROTECTED
     )
     cid = probe.claim_id
-    v.cite(*probe.named(E.RESIDENT_CLAIM_ACCEPTED, E.RESIDENT_CLAIM_MATERIALIZED, claim_id=cid))
-    victims = probe.named(E.ALLOCATION_VICTIM_SELECTED, E.RESIDENT_CLAIM_HARMED, claim_id=cid)
-    v.cite(*victims)
-    if not v.require(
-        probe.decision is not None and probe.decision.accepted, "the hard claim was not accepted"
-    ):
+    victims = _hard_claim_held(v, probe)
+    if victims is None:
         return v.result("")
     refused = [o for o in outcomes if not o.served]
     refused_ids = {o.request_id for o in refused}
