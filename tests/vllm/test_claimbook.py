@@ -460,8 +460,9 @@ def test_a_request_blocked_by_hard_holds_ending_soon_is_deferred_naming_them() -
 
 
 def test_forget_says_how_long_held_claims_kept_a_request_waiting() -> None:
-    """A deferred request, once it leaves, reports the seconds since its first deferral (what
-    the gateway returns as ``deferred_s``); one never deferred reports nothing."""
+    """A deferred request, once it leaves, reports the seconds from its first deferral to the
+    moment it could run (what the gateway returns as ``deferred_s``), not its run time; one
+    never deferred reports nothing."""
     book, pool, clock = make(total=20, reserve=2, max_defer_s=30)
     book.hold("h1", "t1", "expiring", pool.run(0, 14), ttl_s=5)
     assert book.admit("r1", 10).action == "defer"
@@ -470,8 +471,8 @@ def test_forget_says_how_long_held_claims_kept_a_request_waiting() -> None:
     clock.advance(3)
     assert book.admit("r1", 10).action == "serve"
     assert book.admit("r2", 1).action == "serve"
-    clock.advance(1)
-    assert book.forget("r1") == pytest.approx(6.0)
+    clock.advance(1)  # it runs: not a wait
+    assert book.forget("r1") == pytest.approx(5.0)
     assert book.forget("r1") is None  # once
     assert book.forget("r2") is None
 

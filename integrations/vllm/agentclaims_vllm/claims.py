@@ -77,6 +77,9 @@ class Verdict:
     retry_after_s: float | None = None
 
 
+_SERVE = Verdict("serve")
+
+
 @dataclass(slots=True)
 class _Tenant:
     quota_blocks: int
@@ -117,7 +120,8 @@ class ClaimBook:
         self.events: deque[dict[str, Any]] = deque(maxlen=event_buffer)
         self.seq = 0
         self._judged: dict[str, str] = {}  # request id -> last verdict action reported
-        self._held_back: dict[str, float] = {}  # request id -> when claims first deferred it
+        self._held_back: dict[str, tuple[float, float | None]] = {}
+        """request id -> (when held claims first stood in its way, when it was let run)."""
 
     # ------------------------------------------------------------------ accounting
     @property
@@ -343,11 +347,12 @@ class ClaimBook:
         (demoted, farthest next use first) until it fits; if hard holds are still in the way,
         it is deferred (one of them ends by TTL first) or refused, naming them. A request that
         does not fit for other reasons (active work) is left to the scheduler."""
+        if not self.holds:
+            return self._serve(request_id)  # asked for every waiting request: nothing held
         self.expire_due()
         free = self.pool.num_free()
         if needed_blocks <= free:
-            self._judged.pop(request_id, None)
-            return Verdict("serve")
+            return self._serve(request_id)
         soft = [h for h in self.holds.values() if h.mode in SOFT_MODES]
         # shed only where shedding can make it fit: blocks only soft holds keep come free
         only_soft = {id(b) for h in soft for b in h.blocks} - {
@@ -367,17 +372,15 @@ class ClaimBook:
             )
             free = self.pool.num_free()
             if needed_blocks <= free:
-                self._judged.pop(request_id, None)
-                return Verdict("serve")
+                return self._serve(request_id)
         blocking = [h for h in self.holds.values() if h.mode in HARD_MODES]
         if not blocking or needed_blocks > free + self.held_blocks:
-            self._judged.pop(request_id, None)
-            return Verdict("serve")  # not the claims' doing: the scheduler queues it
+            return self._serve(request_id)  # not the claims' doing: the scheduler queues it
         ids = tuple(sorted(h.claim_id for h in blocking))
         shortfall = needed_blocks - free
         retry = max(0.0, min(h.expires_at for h in blocking) - self.clock())
         action = "defer" if retry <= self.max_defer_s else "refuse"
-        self._held_back.setdefault(request_id, self.clock())
+        self._held_back.setdefault(request_id, (self.clock(), None))
         if self._judged.get(request_id) != action:
             self._judged[request_id] = action
             self.emit(
@@ -393,9 +396,20 @@ class ClaimBook:
             )
         return Verdict(action, ids, shortfall, retry)
 
+    def _serve(self, request_id: str) -> Verdict:
+        """The request may run: its verdict ends, and so does its wait, if claims held it back."""
+        self._judged.pop(request_id, None)
+        held = self._held_back.get(request_id)
+        if held is not None and held[1] is None:
+            self._held_back[request_id] = (held[0], self.clock())
+        return _SERVE
+
     def forget(self, request_id: str) -> float | None:
         """The request left the engine: stop tracking its verdict. Returns the seconds held
-        claims kept it waiting (deferred), if they did."""
+        claims kept it waiting (deferred) before it could run, if they did."""
         self._judged.pop(request_id, None)
-        since = self._held_back.pop(request_id, None)
-        return None if since is None else max(0.0, self.clock() - since)
+        held = self._held_back.pop(request_id, None)
+        if held is None:
+            return None
+        since, until = held
+        return max(0.0, (self.clock() if until is None else until) - since)

@@ -177,12 +177,9 @@ class AgentClaimsConnector(KVConnectorBase_V1):
     ) -> tuple[int | None, bool]:
         """The admission hook: 0 (nothing to load) when the request may run, ``None`` (ask
         again next step) while held blocks stand in the way."""
-        book = self.book
-        if not book.holds:
-            return 0, False  # nothing held: nothing can stand in the way
         bs = self._block_size
         needed = -(-request.num_tokens // bs) - num_computed_tokens // bs
-        verdict = book.admit(request.request_id, needed)
+        verdict = self.book.admit(request.request_id, needed)
         if verdict.action == "serve":
             return 0, False
         if verdict.action == "refuse":
