@@ -176,6 +176,8 @@ class ClaimedSession:
         self._auto_planner = planner == AUTO_PLANNER
         """The planner follows the backend: ``ranked`` where it ranks by hints, else
         ``default`` (until the backend's descriptor is read, ``default``)."""
+        self._ranking: bool | None = None
+        """With ``auto``: whether the backend last read ranks by hints (``None``: not read)."""
         if isinstance(planner, str):
             if planner != AUTO_PLANNER and planner not in PlannerPolicy.preset_names():
                 raise UnknownNameError(
@@ -255,7 +257,6 @@ class ClaimedSession:
         over this session's such waits, ``agentclaims.session.toolhold``)."""
         self.last_agent: str | None = None
         """The node of the latest LLM call: the agent a tool run by LangGraph serves."""
-        self._pressed = False  # the latest call needed a retry (memory pressure)
 
     # ------------------------------------------------------------------ views
     @property
@@ -465,12 +466,13 @@ class ClaimedSession:
         if held_back > 0:  # deferred inside the engine (a vLLM connector's admission hook)
             st.deferrals += 1
             st.deferral_s += held_back
-        self.note_call(retried=retried or held_back > 0)
+        pressed = retried or held_back > 0
+        self.note_call(retried=pressed)
         prefix_ids = extension.get("prefix_ids") or {}
         sequence = prefix_ids.get("sequence") or prefix_ids.get("prompt")
         if self.pool is not None:
             self.pool.observe_call(
-                prompt_tokens=prompt, cached_tokens=min(cached, prompt), pressed=self._pressed
+                prompt_tokens=prompt, cached_tokens=min(cached, prompt), pressed=pressed
             )
         ste = self.workflow.near_ste(node)
         step = self.workflow.after_call(node, tool_names)
@@ -512,7 +514,6 @@ class ClaimedSession:
 
     def note_call(self, *, retried: bool) -> None:
         """Record an answered LLM call; one that needed a retry met memory pressure."""
-        self._pressed = retried
         self.workflow.note_call(retried=retried)
 
     def plan_after_call(
@@ -534,8 +535,9 @@ class ClaimedSession:
             ranks = await self.io.ranks_by_hints(self.backend)
         except BackendUnavailable:
             return  # keep planning as before; a claim to submit meets the outage itself
-        policy = PlannerPolicy.named(_RANKED if ranks else _UNRANKED)
-        if self.planner.policy != policy:
+        if ranks is not self._ranking:  # per call: only a change of backend changes it
+            self._ranking = ranks
+            policy = PlannerPolicy.named(_RANKED if ranks else _UNRANKED)
             self.planner.policy = policy
             self.io.policy = policy
 
