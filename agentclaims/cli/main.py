@@ -161,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
         "sdk", help="SDK time per LLM call (the whole path, no I/O) on a 1,000-node graph"
     )
     sdk.add_argument("--json", action="store_true")
+    sdk.add_argument(
+        "--runs", type=int, default=5, help="times the same walk runs (each call: its median)"
+    )
     sdk.set_defaults(module="bench_sdk")
     replay = bench_sub.add_parser("replay", help="replay agentic traces under each policy")
     replay.add_argument("--traces", required=True, help="folder of trace_*.json[.gz] files")

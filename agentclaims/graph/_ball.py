@@ -45,12 +45,15 @@ def _search(
 
 
 def _forward_ball(
-    frontier: frozenset[int], horizon: int, wildcard: Sequence[bool], row: Callable[[int], Row]
+    frontier: frozenset[int],
+    horizon: int,
+    wildcard: Sequence[bool],
+    successors: Callable[[int], Sequence[int]],
 ) -> dict[int, int] | None:
     """Nodes within ``horizon`` steps of ``frontier``, with their distance (``None`` if a
     node of unknown targets can still move). Nothing farther affects a reuse within the
     horizon."""
-    return _search(frontier, horizon, lambda u: row(u)[2], wildcard)
+    return _search(frontier, horizon, successors, wildcard)
 
 
 def _backward_distances(
@@ -64,7 +67,10 @@ def _backward_distances(
 
 
 def _relevant_ball(
-    back: Mapping[int, int], frontier: frozenset[int], horizon: int, row: Callable[[int], Row]
+    back: Mapping[int, int],
+    frontier: frozenset[int],
+    horizon: int,
+    successors: Callable[[int], Sequence[int]],
 ) -> dict[int, int]:
     """Nodes on some frontier-to-target walk of at most ``horizon`` steps, with their
     distance from the frontier: the backward distances ``back`` bound the forward search.
@@ -75,7 +81,7 @@ def _relevant_ball(
     for depth in range(1, horizon + 1):
         nxt = []
         for u in layer:
-            for v in row(u)[2]:
+            for v in successors(u):
                 if v not in dist and v in back and depth + back[v] <= horizon:
                     dist[v] = depth
                     nxt.append(v)
@@ -85,50 +91,91 @@ def _relevant_ball(
     return dist
 
 
-def _ball_table(
-    ball: Mapping[int, int],
-    targets: frozenset[int],
-    horizon: int,
-    rows: Mapping[int, Row],
-    row: Callable[[int], Row],
-) -> list[dict[int, float]]:
-    """``_hit_table`` restricted to what the frontier can read: with ``k`` steps left,
-    only nodes at distance ``<= horizon - k`` (anything else counts as 0, never read).
+class _Step:
+    """One node of a ball plan: its position, its successors' positions in the ball (plain;
+    choices as ``(position, index in the row's choices)``), the choice weights last read and
+    the count version they were read at."""
 
-    ``rows`` holds the rows the searches that built ``ball`` loaded (every row read here);
-    ``row`` loads one that is missing. Each node's row is looked up once, and the nodes are
-    visited nearest first, so each level stops at the first one out of its reach."""
-    steps: list[tuple[int, int, tuple[int, ...], tuple[tuple[int, float], ...]]] = []
-    for u, d in sorted(ball.items(), key=_distance):
-        if d >= horizon:  # out of reach at every level
-            break
-        if u in targets:
-            steps.append((d, u, (), ()))
-            continue
-        cached = rows.get(u)
-        plain, choice, _ = cached if cached is not None else row(u)
-        steps.append((d, u, plain, choice))
-    current = {u: 1.0 if u in targets else 0.0 for u in ball}
-    table = [current]
-    for k in range(1, horizon + 1):
-        prev = current
-        current = {}
-        reach = horizon - k
-        for d, u, plain, choice in steps:
-            if d > reach:
+    __slots__ = ("choice_at", "choice_from", "i", "plain_at", "u", "version")
+
+    def __init__(
+        self, u: int, i: int, plain_at: list[int], choice_from: list[tuple[int, int]]
+    ) -> None:
+        self.u, self.i, self.plain_at, self.choice_from = u, i, plain_at, choice_from
+        self.choice_at: list[tuple[int, float]] = []
+        self.version = -1  # weights never read
+
+
+class BallPlan:
+    """What a hit table over one ball needs that only the structure decides: the ball's
+    positions, the level-0 values, and which nodes each level computes (a node ``d`` steps
+    from the frontier and ``b`` from the targets is read with at most ``horizon - d`` steps
+    left and is not 0 with fewer than ``b``: it is computed at those levels alone, and counts
+    as 0 at the others). Only the choice weights change with the counts; ``table`` reads them
+    again for the nodes whose counts changed since."""
+
+    __slots__ = ("base", "levels", "position", "weighted")
+
+    def __init__(
+        self,
+        ball: Mapping[int, int],
+        targets: frozenset[int],
+        horizon: int,
+        row: Callable[[int], Row],
+        back: Mapping[int, int] | None,
+    ) -> None:
+        order = sorted(ball.items(), key=_distance)
+        position = {u: i for i, (u, _) in enumerate(order)}
+        self.position = position
+        self.base = [1.0 if u in targets else 0.0 for u, _ in order]
+        self.levels: list[list[_Step]] = [[] for _ in range(horizon + 1)]
+        self.weighted: list[_Step] = []
+        for i, (u, d) in enumerate(order):
+            if d >= horizon:  # out of reach at every level
                 break
-            if u in targets:
-                current[u] = 1.0
-                continue
-            miss = 1.0
-            for v in plain:
-                miss *= 1.0 - prev.get(v, 0.0)
-            hit = 0.0
-            for v, q in choice:
-                hit += q * prev.get(v, 0.0)
-            current[u] = 1.0 - miss * (1.0 - hit)
-        table.append(current)
-    return table
+            first = 1 if back is None else max(1, back.get(u, horizon + 1))
+            if u in targets or first > horizon - d:
+                continue  # 1.0 (a target) or 0.0 at every level it is read, as in ``base``
+            plain, choice, _ = row(u)
+            step = _Step(
+                u,
+                i,
+                [position[v] for v in plain if v in position],
+                [(position[v], j) for j, (v, _) in enumerate(choice) if v in position],
+            )
+            if step.choice_from:
+                self.weighted.append(step)
+            for k in range(first, horizon - d + 1):
+                self.levels[k].append(step)
+
+    def table(
+        self, names: Sequence[str], versions: Mapping[str, int], row: Callable[[int], Row]
+    ) -> list[list[float]]:
+        """``table[k][position[u]]``: the probability that a walk from ``u`` hits the
+        targets within ``k`` steps, with the counts as they are now (``versions``: each
+        node's count version; ``row`` gives a node's row)."""
+        for step in self.weighted:
+            version = versions.get(names[step.u], 0)
+            if version != step.version:
+                choice = row(step.u)[1]
+                step.choice_at = [(at, choice[j][1]) for at, j in step.choice_from]
+                step.version = version
+        base = self.base
+        table = [base]
+        prev = base
+        for level in self.levels[1:]:
+            current = base.copy()
+            for step in level:
+                miss = 1.0
+                for v in step.plain_at:
+                    miss *= 1.0 - prev[v]
+                hit = 0.0
+                for v, q in step.choice_at:
+                    hit += q * prev[v]
+                current[step.i] = 1.0 - miss * (1.0 - hit)
+            table.append(current)
+            prev = current
+        return table
 
 
 def _distance(item: tuple[int, int]) -> int:

@@ -90,7 +90,7 @@ class AgentExecutionGraph:
     caches of steps-to-execution can key on it.
     """
 
-    __slots__ = ("_count_log", "_g", "_smoothing", "_warnings", "structure_version", "version")
+    __slots__ = ("_count_versions", "_g", "_smoothing", "_warnings", "structure_version", "version")
 
     def __init__(self, *, smoothing: float = 1.0) -> None:
         if not isinstance(smoothing, int | float) or not math.isfinite(smoothing) or smoothing <= 0:
@@ -100,7 +100,7 @@ class AgentExecutionGraph:
         self._warnings: list[GraphWarning] = []
         self.version = 0
         self.structure_version = 0
-        self._count_log: list[str] = []  # sources whose counts changed, in order
+        self._count_versions: dict[str, int] = {}  # node -> changes of its counts
         self._g.add_node(START, **_node_attrs("start", frozenset()))
         self._g.add_node(END, **_node_attrs("end", frozenset()))
 
@@ -215,13 +215,15 @@ class AgentExecutionGraph:
                 plain.append(target)
             else:
                 choice.append((target, data["count"]))
-        probs: dict[str, float] = {}
-        if choice:
-            alpha = self._smoothing
-            denominator = sum(c for _, c in choice) + alpha * len(choice)
-            for target, count in choice:
-                probs[target] = (count + alpha) / denominator
-        return plain, probs
+        weights = _smoothed([count for _, count in choice], self._smoothing)
+        return plain, dict(zip((target for target, _ in choice), weights, strict=True))
+
+    def _choice_weights(self, node: str) -> list[float]:
+        """The probabilities of ``split_transitions`` alone, in the order of its choices, for
+        a node known to exist (the STE tracker's hot path: it keeps which successors they
+        belong to)."""
+        counts = [d["count"] for d in self._g._succ[node].values() if d["kind"] != "plain"]
+        return _smoothed(counts, self._smoothing)
 
     # ------------------------------------------------------------------ building
 
@@ -340,7 +342,7 @@ class AgentExecutionGraph:
             self._g.nodes[source]["targets_unknown"] = False
             structure = True
         if not structure:
-            self._count_log.append(source)
+            self._count_versions[source] = self._count_versions.get(source, 0) + 1
         self._changed(structure=structure)
 
     def observe_run(self, path: Sequence[str]) -> None:
@@ -469,12 +471,12 @@ class AgentExecutionGraph:
         if target == START:
             raise UsageError(field or "target", f"{START} has no predecessors")
 
-    def counts_changed(self, since: int = 0) -> tuple[list[str], int]:
-        """Nodes whose out-edge counts changed (without a structure change) since position
-        ``since`` of the change log, and the log's current position. With
-        ``structure_version``, this tells a cache which ``transition_probabilities`` changed."""
-        log = self._count_log
-        return log[since:], len(log)
+    def count_version(self, node: str) -> int:
+        """How many times ``node``'s out-edge counts changed without a structure change.
+        With ``structure_version``, this tells a cache whether ``node``'s
+        ``transition_probabilities`` are still the ones it holds."""
+        self._node(node)
+        return self._count_versions.get(node, 0)
 
     def _changed(self, *, structure: bool) -> None:
         self.version += 1
@@ -486,6 +488,12 @@ def _node_attrs(
     kind: str, prefixes: frozenset[str], targets_unknown: bool = False
 ) -> dict[str, Any]:
     return {"kind": kind, "prefixes": prefixes, "targets_unknown": targets_unknown, "joins": ()}
+
+
+def _smoothed(counts: list[int], alpha: float) -> list[float]:
+    """Additive smoothing: ``(count + alpha) / (total + alpha * n)`` for each count."""
+    denominator = sum(counts) + alpha * len(counts)
+    return [(count + alpha) / denominator for count in counts]
 
 
 def _check_name(field: str, name: object) -> None:

@@ -15,7 +15,7 @@ incremental :class:`~agentclaims.graph.tracker.SteTracker` caches the hit tables
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -102,8 +102,8 @@ def _hit_table(chain: _Chain, targets: frozenset[int], horizon: int) -> list[lis
 
 
 def _combine(
-    table: Sequence[Sequence[float]] | Sequence[Mapping[int, float]],
-    frontier: frozenset[int],
+    table: Sequence[Sequence[float]],
+    frontier: Iterable[int],
     horizon: int,
 ) -> Reuse:
     """Frontier-level reuse from a hit table (independent frontier branches)."""
@@ -120,7 +120,7 @@ def _combine(
 def _step_reuse(
     plain: Sequence[int],
     choice: Sequence[tuple[int, float]],
-    table: Sequence[Sequence[float]] | Sequence[Mapping[int, float]],
+    table: Sequence[Sequence[float]],
     horizon: int,
 ) -> Reuse:
     """Reuse one step ahead: the ``plain`` next steps all run, one of ``choice`` is taken with

@@ -144,14 +144,29 @@ class ToolTimeModel:
         _check_seconds("queue_delay_s", queue_delay_s)
         _check_seconds("eta", eta)
         _check_seconds("reload_s", reload_s)
-        benefit = queue_delay_s * eta + reload_s
-        ordered = self._ordered(tool)
+        return self._ttl(self._ordered(tool), queue_delay_s * eta + reload_s)
+
+    def _ttl(self, ordered: list[float], benefit: float) -> float:
         if len(ordered) <= self._cold_start:
             mu = statistics.fmean(ordered) if ordered else self._prior_mean
             if mu <= 0.0:
                 return 0.0
             return mu * math.log(benefit / mu) if benefit > mu else 0.0
         return _continuum_tau(ordered, benefit)
+
+    def forecast(
+        self, tool: str, *, queue_delay_s: float, reload_s: float = 0.0
+    ) -> tuple[float, float]:
+        """``(predict(tool), ttl(tool, queue_delay_s=..., reload_s=...))`` in one call (the
+        session's per-call path asks for both)."""
+        _check_tool(tool)
+        _check_seconds("queue_delay_s", queue_delay_s)
+        _check_seconds("reload_s", reload_s)
+        ordered = self._ordered(tool)
+        return (
+            _median(ordered) if ordered else self._prior_mean,
+            self._ttl(ordered, queue_delay_s + reload_s),
+        )
 
     def __repr__(self) -> str:
         return f"ToolTimeModel(tools={len(self._samples)}, history={self._history})"

@@ -12,9 +12,9 @@ from typing import Final
 
 from agentclaims.errors import UsageError
 from agentclaims.graph._ball import (
+    BallPlan,
     Row,
     _backward_distances,
-    _ball_table,
     _forward_ball,
     _or_ste_within,
     _relevant_ball,
@@ -54,14 +54,17 @@ class _Caches:
         default_factory=dict
     )
     tables: dict[tuple[frozenset[int], int], list[list[float]]] = field(default_factory=dict)
-    rows: dict[int, Row] = field(default_factory=dict)
-    log_pos: int = 0
+    rows: dict[int, tuple[int, Row]] = field(default_factory=dict)  # (count version, row)
+    skeletons: dict[int, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(
+        default_factory=dict
+    )
+    returns: dict[tuple[int, frozenset[int], int], tuple[frozenset[int], bool]] = field(
+        default_factory=dict
+    )
     join_targets: frozenset[int] = frozenset()
     any_wildcard: bool = False
     backward: dict[frozenset[int], tuple[int, dict[int, int]]] = field(default_factory=dict)
-    balls: dict[tuple[frozenset[int], int, frozenset[int]], dict[int, int]] = field(
-        default_factory=dict
-    )
+    plans: dict[tuple[frozenset[int], int, frozenset[int]], BallPlan] = field(default_factory=dict)
 
 
 class SteTracker:
@@ -245,22 +248,32 @@ class SteTracker:
         if s.wildcard[u]:  # successors unknown until observed: assume it may come right back
             self._move_to(frozenset((u,)))
             return Reuse(1.0, 1.0, h)
-        skip = {s.index[n] for n in exclude if n in s.index}
-        self._sync_rows()
+        skip = frozenset(s.index[n] for n in exclude if n in s.index)
+        # which steps come next, and whether any walk from them can come back within the
+        # horizon, is structure (smoothing gives every choice a weight): cached per query
+        key = (u, skip, h)
+        known = self._c.returns.get(key)
+        if known is None:
+            _, _, every = self._skeleton(u)
+            nxt = frozenset(v for v in every if v not in skip)
+            back = h > 0 and bool(nxt) and not self._out_of_reach(frozenset((u,)), h - 1, nxt)
+            if len(self._c.returns) >= self._cache_size:
+                del self._c.returns[next(iter(self._c.returns))]
+            known = self._c.returns[key] = (nxt, back)
+        starts, back = known
+        self._move_to(starts or frozenset((s.index[END],)))
+        if not back:
+            return Reuse(0.0, INF, h)
+        # a walk from each next step, with h - 1 steps left, must reach ``node``
         plain, choice, _ = self._row(u)
         plain = tuple(v for v in plain if v not in skip)
         kept = [(v, q) for v, q in choice if v not in skip]
         total = sum(q for _, q in kept)
-        kept = [(v, q / total) for v, q in kept] if total > 0 else []
-        nxt = [*plain, *(v for v, _ in kept)]
-        self._move_to(frozenset(nxt) if nxt else frozenset((s.index[END],)))
-        if h == 0 or not nxt:
-            return Reuse(0.0, INF, h)
-        # a walk from each next step, with h - 1 steps left, must reach ``node``
-        targets, starts = frozenset((u,)), frozenset(nxt)
-        if self._out_of_reach(targets, h - 1, starts):
-            return Reuse(0.0, INF, h)
-        table = self._bounded_table(targets, h - 1, starts)
+        kept = [(v, q / total) for v, q in kept]
+        table, position = self._bounded_table(frozenset((u,)), h - 1, starts)
+        if position is not None:
+            plain = tuple(position[v] for v in plain)
+            kept = [(position[v], q) for v, q in kept]
         return _step_reuse(plain, kept, table, h)
 
     def precompute(self, frontiers: Iterable[Iterable[str]] | None = None) -> int:
@@ -300,7 +313,6 @@ class SteTracker:
             structure=structure,
             join_targets=frozenset(structure.group_target),
             any_wildcard=any(structure.wildcard),
-            log_pos=self._graph.counts_changed(2**62)[1],  # rows start fresh: skip the log
         )
 
     def _refresh(self) -> None:
@@ -366,33 +378,41 @@ class SteTracker:
             return Reuse(1.0, 0.0, horizon)
         if self._out_of_reach(targets, horizon, self._frontier):
             return Reuse(0.0, INF, horizon)
-        self._sync_rows()
-        return _combine(
-            self._bounded_table(targets, horizon, self._frontier), self._frontier, horizon
-        )
+        table, position = self._bounded_table(targets, horizon, self._frontier)
+        frontier = self._frontier if position is None else [position[f] for f in self._frontier]
+        return _combine(table, frontier, horizon)
 
     def _row(self, u: int) -> Row:
         """Node ``u``'s plain successors, choice successors with probabilities, and all of
-        them (cached; ``_sync_rows`` drops the rows whose counts changed)."""
-        row = self._c.rows.get(u)
-        if row is None:
-            graph, s = self._graph, self._c.structure
-            name = s.names[u]
-            plain_names, probs = graph.split_transitions(name)
-            plain = tuple(s.index[v] for v in plain_names)
-            choice = tuple((s.index[v], p) for v, p in probs.items())
-            row = self._c.rows[u] = (plain, choice, (*plain, *(v for v, _ in choice)))
+        them: cached with the node's count version, so a row whose counts changed since is
+        built again (rows of plain successors only never change). Which successors are plain
+        and which a choice is structure (``_skeleton``): a new row only reweighs its choices."""
+        name = self._c.structure.names[u]
+        version = self._graph._count_versions.get(name, 0)  # the hot path: no method call
+        cached = self._c.rows.get(u)
+        if cached is not None and (cached[0] == version or not cached[1][1]):
+            return cached[1]
+        plain, targets, every = self._skeleton(u)
+        weights = self._graph._choice_weights(name)
+        row = (plain, tuple(zip(targets, weights, strict=True)), every)
+        self._c.rows[u] = (version, row)
         return row
 
-    def _sync_rows(self) -> None:
-        changed, self._c.log_pos = self._graph.counts_changed(self._c.log_pos)
-        if changed:
-            index, rows = self._c.structure.index, self._c.rows
-            for name in changed:
-                u = index[name]
-                row = rows.get(u)
-                if row is not None and row[1]:  # counts only weigh choices: plain rows stay
-                    del rows[u]
+    def _successors(self, u: int) -> tuple[int, ...]:
+        """Every successor of ``u`` (structure: what the searches walk)."""
+        return self._skeleton(u)[2]
+
+    def _skeleton(self, u: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """Node ``u``'s plain successors, its choice successors, and all of them (cached until
+        the structure changes)."""
+        skeleton = self._c.skeletons.get(u)
+        if skeleton is None:
+            index = self._c.structure.index
+            plain_names, probs = self._graph.split_transitions(self._c.structure.names[u])
+            plain = tuple(index[v] for v in plain_names)
+            targets = tuple(index[v] for v in probs)
+            skeleton = self._c.skeletons[u] = (plain, targets, (*plain, *targets))
+        return skeleton
 
     def _backward(self, targets: frozenset[int], horizon: int) -> dict[int, int]:
         """Distance to ``targets`` of every node within ``horizon`` steps of them (cached until
@@ -420,30 +440,29 @@ class SteTracker:
         back = self._backward(targets, horizon)
         return all(back.get(f, INF) > horizon for f in frontier)
 
-    def _ball(
-        self, targets: frozenset[int], horizon: int, frontier: frozenset[int]
-    ) -> dict[int, int]:
-        """The relevant ball of a query (cached until the structure changes: it depends on
-        which edges exist, never on their counts)."""
-        key = (targets, horizon, frontier)
-        balls = self._c.balls
-        ball = balls.get(key)
-        if ball is None:
-            ball = _relevant_ball(self._backward(targets, horizon), frontier, horizon, self._row)
-            if len(balls) >= self._cache_size:
-                del balls[next(iter(balls))]
-            balls[key] = ball
-        return ball
-
     def _bounded_table(
         self, targets: frozenset[int], horizon: int, frontier: frozenset[int]
-    ) -> Sequence[Sequence[float]] | Sequence[Mapping[int, float]]:
-        """Hit table of ``targets`` as a walk from ``frontier`` reads it: over the horizon's
-        ball, or over the whole chain where a node with unknown targets may go anywhere."""
+    ) -> tuple[Sequence[Sequence[float]], Mapping[int, int] | None]:
+        """Hit table of ``targets`` as a walk from ``frontier`` reads it, and the positions of
+        the nodes in it: over the horizon's ball (its own positions), or over the whole chain
+        (``None``: a node's index is its position) where a node with unknown targets may go
+        anywhere."""
+        names, versions = self._c.structure.names, self._graph._count_versions
         if self._c.any_wildcard:
-            ball = _forward_ball(frontier, horizon, self._c.structure.wildcard, self._row)
-        else:
-            ball = self._ball(targets, horizon, frontier)
-        if ball is None:
-            return self._table(targets, horizon)
-        return _ball_table(ball, targets, horizon, self._c.rows, self._row)
+            ball = _forward_ball(frontier, horizon, self._c.structure.wildcard, self._successors)
+            if ball is None:
+                return self._table(targets, horizon), None
+            once = BallPlan(ball, targets, horizon, self._row, None)
+            return once.table(names, versions, self._row), once.position
+        # the ball and its plan depend on which edges exist, never on their counts: cached
+        # until the structure changes
+        key = (targets, horizon, frontier)
+        plan = self._c.plans.get(key)
+        if plan is None:
+            back = self._backward(targets, horizon)
+            ball = _relevant_ball(back, frontier, horizon, self._successors)
+            plan = BallPlan(ball, targets, horizon, self._row, back)
+            if len(self._c.plans) >= self._cache_size:
+                del self._c.plans[next(iter(self._c.plans))]
+            self._c.plans[key] = plan
+        return plan.table(names, versions, self._row), plan.position

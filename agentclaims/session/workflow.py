@@ -71,6 +71,8 @@ class WorkflowModel:
         self._waiting: dict[str, tuple[str, float]] = {}  # node -> (wait key, since)
         self._asked_tools: dict[str, bool] = {}  # node -> did its last reply call tools
         self._tools_without_calls: set[str] = set()  # nodes seen running tools unasked
+        self._after_reply_cache: dict[tuple[str, bool], tuple[tuple[str, ...], str]] = {}
+        self._after_reply_of: tuple[AgentExecutionGraph, int] | None = None
 
     # ------------------------------------------------------------------ the graph
     @property
@@ -177,34 +179,23 @@ class WorkflowModel:
     # ------------------------------------------------------------------ planning
     def context(self, node: str, prefix_id: str, tool_names: Sequence[str]) -> PrefixContext:
         """What we know about ``node``'s next call, seen from the step after this call."""
-        graph = self.graph
         tracker = self.tracker
-        succ = [s for s in graph.successors(node) if s != END] if node in graph else []
         footprint = prefix_blocks(prefix_id)
         reload_s = footprint * self.reload_s_per_block
         key = wait_key(node, tool_names)
-        wait = self.tool_times.predict(key) if self.tool_times.count(key) else None
-        ttl = (
-            self.tool_times.ttl(key, queue_delay_s=self.queue_delay_s, reload_s=reload_s)
-            if wait is not None or tool_names
-            else None
-        )
+        wait: float | None = None
+        ttl: float | None = None
+        if tool_names or self.tool_times.count(key):  # a tool's prior until it has a history
+            wait, ttl = self.tool_times.forecast(
+                key, queue_delay_s=self.queue_delay_s, reload_s=reload_s
+            )
         if tool_names:
             waiting = "tool"
-            if wait is None:
-                wait = self.tool_times.predict(key)  # the prior, until the tool has a history
             reuse_p, ste = 1.0, 1.0  # the tool result comes back to this very agent
         else:
-            # no tool was called, so no tool step comes next (unless this agent's code is seen
-            # running tools without the model asking: then anything may follow)
-            tools_next = (
-                []
-                if node in self._tools_without_calls
-                else [v for v in succ if graph.node_kind(v) == "tool"]
-            )
+            tools_next, waiting = self._after_reply(node)
             reuse_p = tracker.return_reuse(node, exclude=tools_next).probability
             ste = tracker.near_ste(node)
-            waiting = "human" if not [v for v in succ if v not in tools_next] else "llm"
         return PrefixContext(
             prefix_id=prefix_id,
             footprint_blocks=footprint,
@@ -215,6 +206,24 @@ class WorkflowModel:
             ttl_s=ttl,
             pressure=self.pressure,
         )
+
+    def _after_reply(self, node: str) -> tuple[tuple[str, ...], str]:
+        """After a reply of ``node`` that called no tool: the tool steps that cannot come next
+        and what the wait is for (``"human"`` where nothing else may follow, else ``"llm"``).
+        No tool step comes next unless this agent's code is seen running tools without the
+        model asking (then anything may follow). Cached until the graph's structure changes."""
+        graph = self.graph
+        if self._after_reply_of != (graph, graph.structure_version):
+            self._after_reply_cache.clear()
+            self._after_reply_of = (graph, graph.structure_version)
+        unasked = node in self._tools_without_calls
+        known = self._after_reply_cache.get((node, unasked))
+        if known is None:
+            succ = [s for s in graph.successors(node) if s != END] if node in graph else []
+            tools = () if unasked else tuple(v for v in succ if graph.node_kind(v) == "tool")
+            waiting = "llm" if any(v not in tools for v in succ) else "human"
+            known = self._after_reply_cache[(node, unasked)] = (tools, waiting)
+        return known
 
     def plan_after_call(
         self, node: str, prefix_id: str, tool_names: Sequence[str] = ()

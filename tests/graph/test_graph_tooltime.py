@@ -124,3 +124,30 @@ def test_ttl_is_near_the_exact_argmax_and_history_stays_sorted(
     tau = m.ttl("t", queue_delay_s=benefit)
     if len(kept) > 100:
         assert value(tau) >= value(exact) - benefit / 64 - 1e-9
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.floats(0.0, 50.0), max_size=40),
+    st.integers(0, 10),
+    st.floats(0.0, 20.0),
+    st.floats(0.0, 5.0),
+)
+def test_forecast_is_predict_and_ttl_in_one_call(
+    durations: list[float], cold: int, queue_delay: float, reload: float
+) -> None:
+    """``forecast`` answers exactly what ``predict`` and ``ttl`` answer, prior included."""
+    model = ToolTimeModel(cold_start_samples=cold)
+    model.observe_many("search", durations)
+    assert model.forecast("search", queue_delay_s=queue_delay, reload_s=reload) == (
+        model.predict("search"),
+        model.ttl("search", queue_delay_s=queue_delay, reload_s=reload),
+    )
+
+
+def test_forecast_rejects_bad_input() -> None:
+    model = ToolTimeModel()
+    with pytest.raises(UsageError, match="queue_delay_s"):
+        model.forecast("search", queue_delay_s=-1.0)
+    with pytest.raises(UsageError, match="tool"):
+        model.forecast("", queue_delay_s=1.0)

@@ -1,0 +1,42 @@
+"""`agentclaims bench sdk` times the same deterministic walk several times (figures are
+printed, not asserted)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from agentclaims.cli import bench_sdk
+from agentclaims.errors import UsageError
+
+
+def test_runs_repeat_the_same_calls_and_each_call_takes_its_median() -> None:
+    """Every run plans the same claims (the virtual clock), one figure per call survives
+    into the per-call medians, and they lie within what the runs measured."""
+    result = bench_sdk.bench_sdk(nodes=80, calls=600, seed=4, runs=3)
+    assert result["runs"] == 3
+    assert len(result["per_run"]) == 3
+    assert sum(result["plans"].values()) == 600
+    assert result["plans"].get("none", 0) < 600  # claims were built and serialised too
+    assert 0 < result["cpu_median_us"] <= result["cpu_p99_us"]
+    lowest = min(r["cpu_median_us"] for r in result["per_run"])
+    highest = max(r["cpu_median_us"] for r in result["per_run"])
+    assert lowest * 0.5 <= result["cpu_median_us"] <= highest * 1.5
+    assert result["meets_goal"] == (result["cpu_p99_us"] <= bench_sdk.GOAL_P99_US)
+
+
+def test_a_bad_run_count_is_refused() -> None:
+    with pytest.raises(UsageError, match="runs"):
+        bench_sdk.bench_sdk(nodes=20, calls=10, runs=0)
+
+
+def test_cli_prints_json_and_refuses_bad_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_sdk.run(argparse.Namespace(json=True, runs=1)) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["graph_nodes"] >= 1_000
+    assert out["calls"] == 20_000
+    assert out["per_run_cpu_p99_median_us"] == out["per_run"][0]["cpu_p99_us"]
+    assert bench_sdk.run(argparse.Namespace(json=False, runs=0)) == 2
+    assert "runs: must be an integer >= 1" in capsys.readouterr().err
