@@ -8,13 +8,18 @@ runner, with the connector and the refusing scheduler loaded through vLLM's own 
 seconds. Without the HTTP server and its process hops an engine step is shorter, so the
 connector's per-step work weighs more here than behind the server: an upper bound on its cost.
 
-For each of ``--pairs`` fresh pairs (the start order drawn at random) the two engines take turns
+For each of ``--pairs`` fresh pairs (half start the connector's engine first, half second, in a
+random order with the controls) the two engines take turns
 for ``--rounds`` rounds (8 sequences, 128 tokens each, the same prompts for both; the order
 alternates every round; the waiting one is blocked on its pipe, using no CPU). The pair's ratio
 is the median of its per-round ratios (connector / stock, tokens per second and tokens per CPU
-second of the worker); the cost is the geometric mean over pairs, with a 95% interval over pairs.
-``--control`` pairs of two stock engines, measured the same way, show what two identical
-engines differ by. Run::
+second of the worker). The cost is the geometric mean over pairs with a 95% interval, and again
+with the start order taken out (the engine started second tends to be faster: the mean of the
+two orders' means). ``--control`` pairs of two stock engines, measured the same way, show what
+two identical engines differ by. ``--from-json`` pools the pairs of earlier runs.
+``--profile SECONDS`` instead samples one connector engine with py-spy and prints the share of
+its time in the connector's code and in vLLM's machinery for connectors (the attention layers
+and the scheduler update those wrap are vLLM's own work and not counted). Run::
 
     .venv/bin/python benchmarks/bench_vllm_offline.py --model DIR [--pairs 12] [--json]
 
@@ -29,9 +34,11 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -177,20 +184,123 @@ def pair(python: str, model: str, kinds: tuple[str, str], rounds: int) -> dict[s
     return out
 
 
-def summary(ratios: list[float]) -> dict[str, float]:
-    """Geometric mean of ``ratios`` and a 95% interval over them (t on the log ratios)."""
-    logs = [math.log(r) for r in ratios]
-    mean = statistics.fmean(logs)
-    half = 0.0
-    if len(logs) > 1:
-        t95 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}
-        t = t95.get(len(logs), 2.2 if len(logs) < 13 else 2.1 if len(logs) < 21 else 2.0)
-        half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+_T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13)
+
+
+def _t95(df: int) -> float:
+    """Two-sided 95% quantile of Student's t with ``df`` degrees of freedom."""
+    return _T95[df - 1] if df <= len(_T95) else 2.12 if df < 20 else 2.09 if df < 30 else 2.04
+
+
+def _interval(mean: float, half: float, pairs: int) -> dict[str, float]:
     return {
         "ratio": round(math.exp(mean), 4),
         "low": round(math.exp(mean - half), 4),
         "high": round(math.exp(mean + half), 4),
-        "pairs": len(ratios),
+        "pairs": pairs,
+    }
+
+
+def summary(ratios: list[float]) -> dict[str, float]:
+    """Geometric mean of ``ratios`` and a 95% interval over them (t on the log ratios)."""
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    half = (
+        _t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+        if len(logs) > 1
+        else 0.0
+    )
+    return _interval(mean, half, len(logs))
+
+
+def balanced(first: list[float], second: list[float]) -> dict[str, float] | None:
+    """The connector's effect with the start order taken out: the mean of the two orders'
+    mean log ratios (``first``: pairs that started the connector's engine first), with a 95%
+    interval from the spread within each order. ``None`` below two pairs of each order."""
+    if min(len(first), len(second)) < 2:
+        return None
+    logs = [[math.log(r) for r in group] for group in (first, second)]
+    mean = (statistics.fmean(logs[0]) + statistics.fmean(logs[1])) / 2
+    se = 0.5 * math.sqrt(sum(statistics.variance(g) / len(g) for g in logs))
+    half = _t95(len(first) + len(second) - 2) * se
+    return _interval(mean, half, len(first) + len(second))
+
+
+def analyse(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every figure of a run (or of several runs' pairs pooled)."""
+    out: dict[str, Any] = {}
+    groups = {
+        "connector_first": [p for p in pairs if p["started"] == ["connector", "stock"]],
+        "connector_second": [p for p in pairs if p["started"] == ["stock", "connector"]],
+        "control": [p for p in pairs if p["started"] == ["stock", "stock"]],
+    }
+    for key in ("tok_s", "tok_cpu_s"):
+        ratios = {name: [p[f"{key}_ratio"] for p in rows] for name, rows in groups.items()}
+        both = ratios["connector_first"] + ratios["connector_second"]
+        out[key] = {
+            "connector": summary(both) if both else None,
+            "connector_order_balanced": balanced(
+                ratios["connector_first"], ratios["connector_second"]
+            ),
+            "control": summary(ratios["control"]) if ratios["control"] else None,
+            "median_pair": round(statistics.median(both), 4) if both else None,
+        }
+    return out
+
+
+# Frames of the connector's code and of vLLM's machinery for connectors (none of it runs
+# without one); and the vLLM work two of them wrap, which runs with or without a connector.
+CONNECTOR_FRAMES = ("agentclaims_vllm/", "kv_connector", "kv_transfer")
+WRAPPED_WORK = ("unified_attention", "Scheduler.update_from_output")
+
+
+def profile(python: str, model: str, seconds: int) -> dict[str, Any]:
+    """py-spy on one connector engine while it runs rounds: the share of its samples spent in
+    the connector's code and vLLM's connector machinery (the attention and the scheduler
+    update those wrap excluded), and the largest of those frames."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        raise SystemExit("--profile needs py-spy (the dev extra installs it)")
+    engine = Engine(python, model, "connector")
+    raw = Path(tempfile.mkdtemp(prefix="bench-offline-")) / "samples.txt"
+    try:
+        engine.ready()
+        argv = [spy, "record", "-p", str(engine.proc.pid), "-r", "250", "-d", str(seconds)]
+        recorder = subprocess.Popen(
+            [*argv, "-f", "raw", "-o", str(raw), "--nonblocking"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        r = 0
+        while recorder.poll() is None:
+            engine.run(r)
+            r += 1
+    finally:
+        engine.stop()
+    total, attributed = 0, 0
+    frames: dict[str, int] = {}
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        total += n
+        names = stack.split(";")
+        ours = [i for i, f in enumerate(names) if any(k in f for k in CONNECTOR_FRAMES)]
+        if not ours:
+            continue
+        below = names[ours[-1] + 1 :]
+        if any(w in f for f in below for w in WRAPPED_WORK):
+            continue  # vLLM's own work, called through a connector wrapper
+        attributed += n
+        top = names[ours[0]].split(" (")[0]
+        frames[top] = frames.get(top, 0) + n
+    if not total:
+        raise SystemExit("py-spy took no samples")
+    largest = sorted(frames.items(), key=lambda kv: -kv[1])[:5]
+    return {
+        "samples": total,
+        "rounds": r,
+        "connector_share": round(attributed / total, 4),
+        "frames": {name: round(n / total, 4) for name, n in largest},
     }
 
 
@@ -206,55 +316,88 @@ def vllm_python() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument(
-        "--model", required=True, help="a model folder (agentclaims vllm tiny-model)"
-    )
+    parser.add_argument("--model", help="a model folder (agentclaims vllm tiny-model)")
     parser.add_argument("--pairs", type=int, default=12, help="fresh connector/stock pairs")
     parser.add_argument("--control", type=int, default=6, help="fresh stock/stock pairs")
     parser.add_argument("--rounds", type=int, default=30, help="rounds per engine and pair")
     parser.add_argument("--seed", type=int, default=0, help="draws the start orders")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        metavar="SECONDS",
+        help="instead: py-spy one connector engine this long, print its connector share",
+    )
+    parser.add_argument(
+        "--from-json", nargs="+", metavar="FILE", help="report the pairs of earlier --json runs"
+    )
     parser.add_argument("--worker", choices=("connector", "stock"), help=argparse.SUPPRESS)
     parser.add_argument("--loading", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.model, args.worker, json.loads(args.loading))
         return
+    if not args.from_json and not args.model:
+        parser.error("--model is required (or --from-json)")
     if min(args.pairs, args.rounds) < 1 or args.control < 0:
         parser.error("--pairs and --rounds must be >= 1, --control >= 0")
+    if args.from_json:
+        pairs_done = [p for f in args.from_json for p in json.loads(Path(f).read_text())["pairs"]]
+        report(pairs_done, args)
+        return
     python = vllm_python()
+    if args.profile:
+        found = profile(python, args.model, args.profile)
+        if args.json:
+            print(json.dumps(found))
+            return
+        print(
+            f"{found['samples']:,} samples over {found['rounds']} rounds: "
+            f"{found['connector_share']:.2%} in the connector and vLLM's connector machinery"
+        )
+        for name, share in found["frames"].items():
+            print(f"  {share:6.2%}  {name}")
+        return
     rng = random.Random(args.seed)
-    plan: list[tuple[str, str]] = [
-        ("connector", "stock") if rng.random() < 0.5 else ("stock", "connector")
-        for _ in range(args.pairs)
-    ] + [("stock", "stock")] * args.control
-    rng.shuffle(plan)  # controls spread over the run, not all at its end
+    orders = [("connector", "stock"), ("stock", "connector")] * (args.pairs // 2)
+    if args.pairs % 2:
+        orders.append(rng.choice([("connector", "stock"), ("stock", "connector")]))
+    plan = orders + [("stock", "stock")] * args.control
+    rng.shuffle(plan)  # both orders and the controls spread over the run
     results = []
     for i, kinds in enumerate(plan, 1):
         results.append(pair(python, args.model, kinds, args.rounds))
         print(f"pair {i}/{len(plan)} {kinds}: {results[-1]['tok_s_ratio']:.4f}", file=sys.stderr)
-    connector = [r for r in results if "connector" in r["started"]]
-    control = [r for r in results if "connector" not in r["started"]]
-    out: dict[str, Any] = {"rounds": args.rounds, "pairs": results}
-    for name, rows in (("connector", connector), ("control", control)):
-        if rows:
-            out[name] = {
-                key: summary([r[f"{key}_ratio"] for r in rows]) for key in ("tok_s", "tok_cpu_s")
-            }
+    report(results, args)
+
+
+def report(results: list[dict[str, Any]], args: Any) -> None:
+    out: dict[str, Any] = {"rounds": args.rounds, "pairs": results, **analyse(results)}
     if args.json:
         print(json.dumps(out))
         return
+    rows = {
+        n: sum(1 for r in results if ("connector" in r["started"]) == c)
+        for n, c in (("connector", True), ("control", False))
+    }
     print(
-        f"{len(connector)} connector/stock pairs, {len(control)} stock/stock pairs, "
-        f"{args.rounds} alternating rounds each; ratio = geometric mean over pairs [95% interval]"
+        f"{rows['connector']} connector/stock pairs (both start orders), {rows['control']} "
+        f"stock/stock pairs; ratio [95% interval] over pairs"
     )
-    for name, label in (("connector", "connector / stock"), ("control", "stock / stock (A/A)")):
-        if name in out:
-            s, c = out[name]["tok_s"], out[name]["tok_cpu_s"]
-            print(
-                f"  {label:20} tokens/s {s['ratio']:.4f} [{s['low']:.4f}, {s['high']:.4f}]   "
-                f"tokens/CPU-s {c['ratio']:.4f} [{c['low']:.4f}, {c['high']:.4f}]"
-            )
+    labels = (
+        ("connector", "connector / stock"),
+        ("connector_order_balanced", "  start order out"),
+        ("control", "stock / stock (A/A)"),
+    )
+    for name, label in labels:
+        s, c = out["tok_s"][name], out["tok_cpu_s"][name]
+        if s is None:
+            continue
+        print(
+            f"  {label:20} tokens/s {s['ratio']:.4f} [{s['low']:.4f}, {s['high']:.4f}]   "
+            f"tokens/CPU-s {c['ratio']:.4f} [{c['low']:.4f}, {c['high']:.4f}]"
+        )
+    print(f"  median pair: {out['tok_s']['median_pair']} (tokens/s)")
 
 
 if __name__ == "__main__":
