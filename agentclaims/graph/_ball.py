@@ -5,9 +5,9 @@ if it is at most ``horizon`` steps away, and gets a non-zero value only from the
 frontier-to-target walk of at most ``horizon`` steps. The tracker
 (:class:`~agentclaims.graph.tracker.SteTracker`) computes its hit tables over that ball rather
 than over the whole chain (the same values where they are read), and answers a node's STE by a
-search over OR steps bounded by the horizon when it can. A node's successors come from the
-tracker's cached :data:`Row`; searches give up (``None``) where a node of unknown targets may go
-anywhere.
+search over OR steps bounded by the horizon when it can. Searches walk a node's successors as the
+tracker caches them and give up (``None``) where a node of unknown targets may go anywhere; a
+:class:`BallPlan` holds what a ball's hit table needs that only the structure decides.
 """
 
 from __future__ import annotations

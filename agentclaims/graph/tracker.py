@@ -72,9 +72,14 @@ class SteTracker:
 
     STE snapshots are cached by ``(frontier, satisfied join members)`` until the graph's
     structure changes (finished join members that bring no join closer reuse the plain
-    frontier's snapshot); hit tables for reuse are cached per (target set, horizon) until any
-    count changes. :meth:`precompute` warms the STE cache (by default every single-node
-    frontier), so a hot loop of :meth:`advance` + lookups costs dictionary hits.
+    frontier's snapshot). Reuse queries read what is structure from caches kept until the
+    structure changes: which steps follow a node and whether any walk from them comes back
+    within the horizon, backward searches, and the plan of each query's hit table over its
+    ball (:class:`~agentclaims.graph._ball.BallPlan`), which reads the choice weights again
+    only for nodes whose counts changed (``AgentExecutionGraph.count_version``); whole-chain
+    tables (a graph with a node of unknown targets) are cached until any count changes.
+    :meth:`precompute` warms the STE cache (by default every single-node frontier), so a hot
+    loop of :meth:`advance` + lookups costs dictionary hits.
 
     ``advance`` records the nodes that left the frontier as finished members of the AND-joins
     they feed, so a join that already got some of its inputs is not reported unreachable.

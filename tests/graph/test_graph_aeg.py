@@ -141,3 +141,22 @@ def test_copy_is_independent() -> None:
     other = g.copy()
     other.observe_transition("agent", "tools")
     assert g.edge_count("agent", "tools") == 0
+
+
+def test_count_version_moves_with_counts_not_with_structure() -> None:
+    """A known transition counted again moves its source's count version (a cache of its
+    probabilities is stale); a new edge changes the structure instead."""
+    g = AgentExecutionGraph()
+    g.add_node("a", "agent")
+    g.add_node("b", "agent")
+    g.add_edge("a", "b", "conditional")
+    before, structure = g.count_version("a"), g.structure_version
+    g.observe_transition("a", "b")
+    assert g.count_version("a") == before + 1
+    assert g.count_version("b") == 0
+    assert g.structure_version == structure
+    g.observe_transition("a", "c")  # a new edge and node: structure, not counts
+    assert g.count_version("a") == before + 1
+    assert g.structure_version > structure
+    with pytest.raises(UsageError, match="unknown node"):
+        g.count_version("nope")
