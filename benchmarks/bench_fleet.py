@@ -24,14 +24,13 @@ import asyncio
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_vllm import KEY, cli, start, workflows  # noqa: E402
+from bench_vllm import KEY, cli, start, tiny_model, workflows  # noqa: E402
 from servers import free_port, start_router, stop  # noqa: E402
 
 BLOCKS = 97
@@ -90,8 +89,7 @@ def main() -> None:
     parser.add_argument("--workflows", type=int, default=4)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    model_dir = tempfile.mkdtemp(prefix="bench-tiny-")
-    subprocess.run(cli("vllm", "tiny-model", model_dir), check=True, capture_output=True)
+    model_dir = tiny_model()
     out: dict[str, Any] = {}
     procs: list[tuple[subprocess.Popen[bytes], bool]] = []
     try:

@@ -67,6 +67,13 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "agentclaims.cli.main", *args]
 
 
+def tiny_model() -> str:
+    """A fresh folder with the tiny random-weight model the tests use (no hub)."""
+    model_dir = tempfile.mkdtemp(prefix="bench-tiny-")
+    subprocess.run(cli("vllm", "tiny-model", model_dir), check=True, capture_output=True)
+    return model_dir
+
+
 class State(TypedDict):
     step: int
     supervisor: list[Any]
@@ -436,8 +443,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each set-up (medians)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    model_dir = tempfile.mkdtemp(prefix="bench-tiny-")
-    subprocess.run(cli("vllm", "tiny-model", model_dir), check=True, capture_output=True)
+    model_dir = tiny_model()
     ports = {name: free_port() for name in ("vllm", "stock_vllm", "gateway", "stock_gateway")}
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     procs: list[subprocess.Popen[bytes]] = []

@@ -21,10 +21,10 @@ two identical engines differ by. ``--from-json`` pools the pairs of earlier runs
 its time in the connector's code and in vLLM's machinery for connectors (the attention layers
 and the scheduler update those wrap are vLLM's own work and not counted). Run::
 
-    .venv/bin/python benchmarks/bench_vllm_offline.py --model DIR [--pairs 12] [--json]
+    .venv/bin/python benchmarks/bench_vllm_offline.py [--model DIR] [--pairs 12] [--json]
 
-(``DIR`` from ``agentclaims vllm tiny-model DIR``; the workers run in vLLM's environment,
-``$AGENTCLAIMS_VLLM_PYTHON`` or ``.venv-vllm``.)
+(without ``--model``, a fresh tiny model, as ``agentclaims vllm tiny-model DIR`` builds; the
+workers run in vLLM's environment, ``$AGENTCLAIMS_VLLM_PYTHON`` or ``.venv-vllm``.)
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 SEQUENCES, PROMPT_TOKENS, MAX_TOKENS = 8, 40, 128
-KEY = "bench-claims-key"
 
 
 # ---------------------------------------------------------------------------- the worker
@@ -103,13 +102,11 @@ class Engine:
     """A worker process, spoken to over its pipes."""
 
     def __init__(self, python: str, model: str, kind: str) -> None:
-        from agentclaims.vllm.launch import CONNECTOR, SCHEDULER
+        from bench_vllm import KEY
 
-        extra = {"claims_key": KEY, "max_ttl_s": 600.0, "max_defer_s": 30.0}
-        loading = {
-            "kv_transfer_config": {**CONNECTOR, "kv_connector_extra_config": extra},
-            "scheduler_cls": SCHEDULER,
-        }
+        from agentclaims.vllm.launch import SCHEDULER, connector_config
+
+        loading = {"kv_transfer_config": connector_config(KEY), "scheduler_cls": SCHEDULER}
         self.kind = kind
         self.proc = subprocess.Popen(
             [
@@ -304,19 +301,11 @@ def profile(python: str, model: str, seconds: int) -> dict[str, Any]:
     }
 
 
-def vllm_python() -> str:
-    explicit = os.environ.get("AGENTCLAIMS_VLLM_PYTHON")
-    if explicit:
-        return explicit
-    local = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
-    if local.exists():
-        return str(local)
-    raise SystemExit("no vLLM environment: set AGENTCLAIMS_VLLM_PYTHON (make vllm-env builds one)")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--model", help="a model folder (agentclaims vllm tiny-model)")
+    parser.add_argument(
+        "--model", help="a model folder (default: a fresh tiny model, as the tests use)"
+    )
     parser.add_argument("--pairs", type=int, default=12, help="fresh connector/stock pairs")
     parser.add_argument("--control", type=int, default=6, help="fresh stock/stock pairs")
     parser.add_argument("--rounds", type=int, default=30, help="rounds per engine and pair")
@@ -337,15 +326,22 @@ def main() -> None:
     if args.worker:
         worker(args.model, args.worker, json.loads(args.loading))
         return
-    if not args.from_json and not args.model:
-        parser.error("--model is required (or --from-json)")
     if min(args.pairs, args.rounds) < 1 or args.control < 0:
         parser.error("--pairs and --rounds must be >= 1, --control >= 0")
     if args.from_json:
         pairs_done = [p for f in args.from_json for p in json.loads(Path(f).read_text())["pairs"]]
         report(pairs_done, args)
         return
-    python = vllm_python()
+    from bench_vllm import tiny_model
+
+    from agentclaims.errors import UsageError
+    from agentclaims.vllm.launch import vllm_python
+
+    try:
+        python = vllm_python()
+    except UsageError as exc:
+        raise SystemExit(f"bench_vllm_offline: {exc}") from None
+    args.model = args.model or tiny_model()
     if args.profile:
         found = profile(python, args.model, args.profile)
         if args.json:

@@ -22,15 +22,13 @@ import argparse
 import asyncio
 import json
 import math
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from bench_vllm import KEY, SERVER, cli, start, throughput
+from bench_vllm import KEY, SERVER, cli, start, throughput, tiny_model
 from servers import free_port, stop
 
 PAIRS = {
@@ -62,8 +60,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    model = tempfile.mkdtemp(prefix="bench-tiny-")
-    subprocess.run(cli("vllm", "tiny-model", model), check=True, capture_output=True)
+    model = tiny_model()
     out: dict[str, Any] = {name: pair(model, *sides, args.rounds) for name, sides in PAIRS.items()}
     # connector / stock in each start order: first / second, then second / first inverted
     for key in ("ratio", "cpu_ratio"):

@@ -132,17 +132,17 @@ class BackendPool:
         if self.admission is not None:
             await self.admission.acquire(session_id)
 
-    def observe_call(
-        self, *, prompt_tokens: int, cached_tokens: int, pressed: bool, harmed: int = 0
-    ) -> None:
-        """One answered call of a session (and claims harmed since): the window's signals."""
+    def observe_call(self, *, prompt_tokens: int, cached_tokens: int, pressed: bool) -> None:
+        """One answered call of a session: the window's signals."""
         if self.admission is not None:
             self.admission.observe(
-                prompt_tokens=prompt_tokens,
-                cached_tokens=cached_tokens,
-                pressed=pressed,
-                harmed=harmed,
+                prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, pressed=pressed
             )
+
+    def observe_harm(self, harmed: int = 1) -> None:
+        """Claims of a session harmed (apart from a call): pressure on the window."""
+        if self.admission is not None:
+            self.admission.observe(harmed=harmed)
 
     def release(self, session_id: str) -> None:
         """Forget a finished session's affinity, and free its admission slot."""

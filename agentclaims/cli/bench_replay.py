@@ -137,10 +137,8 @@ def _plot(points: list[Comparison], path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         source = TraceSource.from_dir(args.traces, args.limit)
-        names = resolve_policies(args.policies)
         admission = getattr(args, "admission", "none")
-        if admission == "aimd" and "agentclaims" not in names:
-            names.insert(-1, "agentclaims")
+        names = resolve_policies(args.policies, admission)
         if args.sessions < 1:
             raise UsageError("sessions", f"must be >= 1, got {args.sessions}")
         if args.capacity_blocks is not None and args.capacity_blocks < 1:

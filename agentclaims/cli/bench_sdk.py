@@ -37,7 +37,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentclaims.backends.embedded import EmbeddedBackend
 from agentclaims.contract import CacheIdentity, ClaimSpec
@@ -116,11 +116,19 @@ class _VirtualClock:
         return self.now
 
 
-def _run_once(
-    nodes: int, calls: int, seed: int
-) -> tuple[list[float], list[float], Counter[str], int, int, int]:
-    """One run of the walk: each call's wall and CPU microseconds, the plans made, and the
-    graph's node and edge counts and the claims held at the end."""
+class _Run(NamedTuple):
+    """One run of the walk."""
+
+    wall: list[float]  # each call's wall microseconds
+    cpu: list[float]  # each call's CPU microseconds
+    plans: Counter[str]
+    graph_nodes: int
+    graph_edges: int
+    held_at_end: int
+
+
+def _run_once(nodes: int, calls: int, seed: int) -> _Run:
+    """One run of the walk on a fresh graph and session."""
     graph = random_graph(nodes, seed=seed)
     backend = EmbeddedBackend(num_blocks=64)  # never contacted: only its name is read
     clock = _VirtualClock()
@@ -168,7 +176,7 @@ def _run_once(
         cpu.append((c1 - c0) / 1_000)
         modes[plan.mode.value if plan.mode is not None else "none"] += 1
         clock.now += delays[i]  # the model answers, the tools run: the next call comes later
-    return wall, cpu, modes, len(graph), len(graph.edges()), len(held)
+    return _Run(wall, cpu, modes, len(graph), len(graph.edges()), len(held))
 
 
 def bench_sdk(
@@ -181,22 +189,24 @@ def bench_sdk(
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
         raise UsageError("runs", f"must be an integer >= 1, got {runs!r}")
     results = [_run_once(nodes, calls, seed) for _ in range(runs)]
-    modes = results[0][2]
-    if any(r[2] != modes for r in results):  # the virtual clock makes every run the same
+    first = results[0]
+    if any(r.plans != first.plans for r in results):  # the virtual clock makes every run the same
         raise RuntimeError("bench sdk: runs of the same walk planned differently")
-    wall = [statistics.median(per_call) for per_call in zip(*(r[0] for r in results), strict=True)]
-    cpu = [statistics.median(per_call) for per_call in zip(*(r[1] for r in results), strict=True)]
+    wall = [
+        statistics.median(per_call) for per_call in zip(*(r.wall for r in results), strict=True)
+    ]
+    cpu = [statistics.median(per_call) for per_call in zip(*(r.cpu for r in results), strict=True)]
     per_run = [
         {
-            "cpu_median_us": round(statistics.median(r[1]), 2),
-            "cpu_p99_us": round(_percentile(r[1], 0.99), 2),
+            "cpu_median_us": round(statistics.median(r.cpu), 2),
+            "cpu_p99_us": round(_percentile(r.cpu, 0.99), 2),
         }
         for r in results
     ]
     cpu_p99 = _percentile(cpu, 0.99)
     return {
-        "graph_nodes": results[0][3],
-        "graph_edges": results[0][4],
+        "graph_nodes": first.graph_nodes,
+        "graph_edges": first.graph_edges,
         "calls": calls,
         "runs": runs,
         "median_us": round(statistics.median(wall), 2),
@@ -206,8 +216,8 @@ def bench_sdk(
         "max_us": round(max(wall), 2),
         "per_run": per_run,
         "per_run_cpu_p99_median_us": round(statistics.median(r["cpu_p99_us"] for r in per_run), 2),
-        "plans": dict(sorted(modes.items())),
-        "held_claims_at_end": results[0][5],
+        "plans": dict(sorted(first.plans.items())),
+        "held_claims_at_end": first.held_at_end,
         "goal_p99_us": GOAL_P99_US,
         "meets_goal": cpu_p99 <= GOAL_P99_US,
     }

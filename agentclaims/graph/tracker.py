@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 from agentclaims.errors import UsageError
 from agentclaims.graph._ball import (
@@ -41,6 +41,9 @@ from agentclaims.graph.reuse import (
 from agentclaims.graph.ste import SteSnapshot, _satisfied_lowers, _snapshot
 
 __all__ = ["SteTracker"]
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 _EMPTY: Final[frozenset[int]] = frozenset()
 _NO_PAIRS: Final[frozenset[tuple[int, int]]] = frozenset()
@@ -262,9 +265,7 @@ class SteTracker:
             _, _, every = self._skeleton(u)
             nxt = frozenset(v for v in every if v not in skip)
             back = h > 0 and bool(nxt) and not self._out_of_reach(frozenset((u,)), h - 1, nxt)
-            if len(self._c.returns) >= self._cache_size:
-                del self._c.returns[next(iter(self._c.returns))]
-            known = self._c.returns[key] = (nxt, back)
+            known = self._put(self._c.returns, key, (nxt, back))
         starts, back = known
         self._move_to(starts or frozenset((s.index[END],)))
         if not back:
@@ -295,7 +296,7 @@ class SteTracker:
         for key in keys:
             cache_key = (key, _NO_PAIRS)
             if cache_key not in self._c.snapshots:
-                self._store(cache_key, _snapshot(s, key, cache_key[1]))
+                self._put(self._c.snapshots, cache_key, _snapshot(s, key, cache_key[1]))
                 computed += 1
         for users in s.prefix_users.values():
             self._table(users, self._horizon)
@@ -342,7 +343,7 @@ class SteTracker:
         base = snapshots.get(base_key)
         if base is None:
             base = _snapshot(self._c.structure, self._frontier, _NO_PAIRS)
-            self._store(base_key, base)
+            self._put(snapshots, base_key, base)
         if not self._satisfied:
             return base
         key = (self._frontier, self._satisfied)
@@ -353,16 +354,16 @@ class SteTracker:
                 if _satisfied_lowers(self._c.structure, self._satisfied, base)
                 else base
             )
-            self._store(key, snap)
+            self._put(snapshots, key, snap)
         return snap
 
-    def _store(
-        self, key: tuple[frozenset[int], frozenset[tuple[int, int]]], snap: SteSnapshot
-    ) -> None:
-        snapshots = self._c.snapshots
-        if len(snapshots) >= self._cache_size:
-            del snapshots[next(iter(snapshots))]
-        snapshots[key] = snap
+    def _put(self, cache: dict[K, V], key: K, value: V) -> V:
+        """``cache[key] = value``, the oldest entry dropped first if a new key would take the
+        cache past ``cache_size``; returns ``value``."""
+        if key not in cache and len(cache) >= self._cache_size:
+            del cache[next(iter(cache))]
+        cache[key] = value
+        return value
 
     def _table(self, targets: frozenset[int], horizon: int) -> list[list[float]]:
         if self._graph.version != self._version:
@@ -428,9 +429,7 @@ class SteTracker:
         if cached is None or cached[0] < horizon:
             depth = max(horizon, self._horizon)
             back = _backward_distances(self._c.structure.preds, targets, depth)
-            if cached is None and len(self._c.backward) >= self._cache_size:
-                del self._c.backward[next(iter(self._c.backward))]
-            self._c.backward[targets] = cached = (depth, back)
+            cached = self._put(self._c.backward, targets, (depth, back))
         return cached[1]
 
     def _out_of_reach(
@@ -467,7 +466,5 @@ class SteTracker:
             back = self._backward(targets, horizon)
             ball = _relevant_ball(back, frontier, horizon, self._successors)
             plan = BallPlan(ball, targets, horizon, self._row, back)
-            if len(self._c.plans) >= self._cache_size:
-                del self._c.plans[next(iter(self._c.plans))]
-            self._c.plans[key] = plan
+            self._put(self._c.plans, key, plan)
         return plan.table(names, versions, self._row), plan.position

@@ -37,15 +37,20 @@ def aimd_window(sessions: int) -> AdmissionWindow:
     return AdmissionWindow(initial=sessions, min_window=1, max_window=sessions)
 
 
-def resolve_policies(names: Sequence[str] | None) -> list[str]:
+def resolve_policies(names: Sequence[str] | None, admission: str = "none") -> list[str]:
     """Check names (unknown -> ``UnknownNameError``); default: all; ``lru`` and ``opt`` are
-    always added (the gap needs both)."""
+    always added (the gap needs both), and with ``admission="aimd"`` ``agentclaims`` too (the
+    row its admitted variant is compared with)."""
+    if admission not in ADMISSION_MODES:
+        raise UnknownNameError("admission", admission, ADMISSION_MODES)
     chosen = list(POLICY_NAMES) if not names else list(dict.fromkeys(names))
     for name in chosen:
         make_policy(name, schedule={})  # raises UnknownNameError on a bad name
     for must in ("lru", "opt"):
         if must not in chosen:
             chosen.append(must)
+    if admission == "aimd" and "agentclaims" not in chosen:
+        chosen.insert(-1, "agentclaims")
     return chosen
 
 
@@ -102,11 +107,7 @@ def compare_policies(
     working set). ``on_run(name)`` may return a per-trace progress callback. ``admission=
     "aimd"`` adds the row ``agentclaims+aimd`` (the agentclaims policy behind the SDK's AIMD
     admission window, :func:`aimd_window`) next to ``agentclaims`` without it."""
-    if admission not in ADMISSION_MODES:
-        raise UnknownNameError("admission", admission, ADMISSION_MODES)
-    names = resolve_policies(policies)
-    if admission == "aimd" and "agentclaims" not in names:
-        names.insert(-1, "agentclaims")
+    names = resolve_policies(policies, admission)
     service = service or ServiceModel()
     ws = working_set if working_set is not None else working_set_blocks(traces, sessions, service)
     if capacity_blocks is None:

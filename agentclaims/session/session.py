@@ -535,7 +535,7 @@ class ClaimedSession:
             ranks = await self.io.ranks_by_hints(self.backend)
         except BackendUnavailable:
             return  # keep planning as before; a claim to submit meets the outage itself
-        if ranks is not self._ranking:  # per call: only a change of backend changes it
+        if ranks != self._ranking:  # per call: only a change of backend changes it
             self._ranking = ranks
             policy = PlannerPolicy.named(_RANKED if ranks else _UNRANKED)
             self.planner.policy = policy
@@ -583,7 +583,7 @@ class ClaimedSession:
     async def _react(self, taken: EventOutcomes, *, lapses: bool = True) -> None:
         for held, ev in taken.harmed:
             if self.pool is not None:
-                self.pool.observe_call(prompt_tokens=0, cached_tokens=0, pressed=False, harmed=1)
+                self.pool.observe_harm()
             if self.io.held.get(held.node) is held:
                 del self.io.held[held.node]
                 held.end_reason = "harmed"

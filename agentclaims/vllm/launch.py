@@ -16,7 +16,15 @@ from typing import Any
 
 from agentclaims.errors import UsageError
 
-__all__ = ["CONNECTOR", "default_kv_events", "kv_events_config", "serve_argv", "vllm_python"]
+__all__ = [
+    "CONNECTOR",
+    "SCHEDULER",
+    "connector_config",
+    "default_kv_events",
+    "kv_events_config",
+    "serve_argv",
+    "vllm_python",
+]
 
 CONNECTOR = {
     "kv_connector": "AgentClaimsConnector",
@@ -65,6 +73,22 @@ def kv_events_config(endpoint: str) -> dict[str, Any]:
         "endpoint": endpoint,
         "replay_endpoint": replay_endpoint(endpoint),
         "topic": "",
+    }
+
+
+def connector_config(
+    claims_key: str, *, max_ttl_s: float = 600.0, max_defer_s: float = 30.0
+) -> dict[str, Any]:
+    """vLLM's ``kv_transfer_config`` that loads the agentclaims connector (with the key that
+    signs claim operations, the longest TTL and the longest deferral it allows); vLLM's
+    ``scheduler_cls`` for its refusals is ``SCHEDULER``."""
+    return {
+        **CONNECTOR,
+        "kv_connector_extra_config": {
+            "claims_key": claims_key,
+            "max_ttl_s": max_ttl_s,
+            "max_defer_s": max_defer_s,
+        },
     }
 
 
@@ -139,14 +163,7 @@ def serve_argv(
     if connector:
         if not claims_key:
             raise UsageError("claims_key", "the connector needs a key to authenticate claims")
-        config = {
-            **CONNECTOR,
-            "kv_connector_extra_config": {
-                "claims_key": claims_key,
-                "max_ttl_s": max_ttl_s,
-                "max_defer_s": max_defer_s,
-            },
-        }
+        config = connector_config(claims_key, max_ttl_s=max_ttl_s, max_defer_s=max_defer_s)
         argv += ["--kv-transfer-config", json.dumps(config), "--scheduler-cls", SCHEDULER]
     return [*argv, *extra]
 
