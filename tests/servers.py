@@ -97,13 +97,21 @@ def gateway_process(*args: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def app_in_thread(app: Any) -> Iterator[str]:
-    """``app`` under uvicorn on a free loopback port in a thread; yields its root URL."""
+def app_in_thread(app: Any, *, keep_alive_s: int = 5) -> Iterator[str]:
+    """``app`` under uvicorn on a free loopback port in a thread (idle connections closed
+    after ``keep_alive_s``); yields its root URL."""
     import uvicorn
 
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=keep_alive_s,
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -64,13 +64,19 @@ def hash_token_blocks(
     *,
     cache_salt: str | None = None,
     hash_fn: HashFn = blake2b_hash,
+    known: Sequence[BlockHash] = (),
 ) -> list[BlockHash]:
-    """Chained hashes of every full block of ``token_ids``; the salt goes on block 0 only."""
+    """Chained hashes of every full block of ``token_ids``; the salt goes on block 0 only.
+
+    ``known``: the hashes of the first blocks, already computed for these same tokens (a
+    sequence's prompt, say): hashing goes on from there."""
     if block_size <= 0:
         raise UsageError("block_size", f"must be positive, got {block_size}")
-    hashes: list[BlockHash] = []
-    parent: BlockHash | None = None
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
+    if len(known) * block_size > len(token_ids):
+        raise UsageError("known", f"{len(known)} blocks known of {len(token_ids)} tokens")
+    hashes: list[BlockHash] = list(known)
+    parent: BlockHash | None = hashes[-1] if hashes else None
+    for start in range(len(hashes) * block_size, len(token_ids) - block_size + 1, block_size):
         extra: tuple[object, ...] = (
             ("cache_salt", cache_salt) if (start == 0 and cache_salt) else ()
         )

@@ -9,7 +9,6 @@ decoder recurses: a deeply nested body would otherwise raise ``RecursionError``)
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,45 +35,37 @@ class Limits:
     """Tokens of one prompt, once tokenized (a real engine's own limit applies too)."""
 
 
-def _depth(raw: bytes) -> int:
-    """The deepest nesting of objects and arrays in ``raw``, strings skipped (one pass)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for byte in raw:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x7B, 0x5B):  # { [
-            depth += 1
-            deepest = max(deepest, depth)
-        elif byte in (0x7D, 0x5D):  # } ]
-            depth -= 1
-    return deepest
-
-
-def _check_sizes(value: Any, limits: Limits, where: str) -> None:
-    stack: list[tuple[Any, str]] = [(value, where)]
+def _check_shape(value: Any, limits: Limits, where: str) -> None:
+    """Every container within ``limits.max_depth`` levels and ``limits.max_list_items``
+    items, every string (key or value) within ``limits.max_string_chars``: one walk over the
+    parsed body's containers (a path is spelt out only for a container, or for what is wrong)."""
+    max_chars = limits.max_string_chars
+    stack: list[tuple[Any, str, int]] = [(value, where, 1)]
     while stack:
-        item, path = stack.pop()
-        if isinstance(item, str):
-            if len(item) > limits.max_string_chars:
-                raise UsageError(
-                    path, f"a string of {len(item)} characters; at most {limits.max_string_chars}"
-                )
-        elif isinstance(item, list):
+        item, path, depth = stack.pop()
+        if depth > limits.max_depth:
+            raise UsageError("body.depth", f"nested over {limits.max_depth} levels deep at {path}")
+        if isinstance(item, list):
             if len(item) > limits.max_list_items:
                 raise UsageError(
                     path, f"a list of {len(item)} items; at most {limits.max_list_items}"
                 )
-            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
-        elif isinstance(item, Mapping):
-            stack.extend((v, f"{path}.{k}") for k, v in item.items())
+            pairs: Any = enumerate(item)
+            name = "{0}[{1}]"
+        else:
+            pairs = item.items()
+            name = "{0}.{1}"
+        for key, v in pairs:
+            if type(v) is str:
+                if len(v) > max_chars:
+                    raise UsageError(
+                        name.format(path, key),
+                        f"a string of {len(v)} characters; at most {max_chars}",
+                    )
+            elif isinstance(v, (list, dict)):
+                stack.append((v, name.format(path, key), depth + 1))
+            if type(key) is str and len(key) > max_chars:
+                raise UsageError(path, f"a key of {len(key)} characters; at most {max_chars}")
 
 
 def parse_body(raw: bytes, limits: Limits) -> dict[str, Any]:
@@ -83,19 +74,16 @@ def parse_body(raw: bytes, limits: Limits) -> dict[str, Any]:
         raise BodyTooLarge("body", f"{len(raw)} bytes; at most {limits.max_body_bytes}")
     if not raw:
         return {}
-    deepest = _depth(raw)
-    if deepest > limits.max_depth:
-        raise UsageError("body.depth", f"nested {deepest} levels deep; at most {limits.max_depth}")
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UsageError("body", f"not JSON: {exc}") from None
-    except RecursionError:  # pragma: no cover - the depth check comes first
-        raise UsageError("body.depth", "nested too deep") from None
+    except RecursionError:  # deeper than the parser goes: far past max_depth
+        raise UsageError("body.depth", f"nested far over {limits.max_depth} levels deep") from None
     if not isinstance(body, dict):
         raise UsageError("body", "expected a JSON object")
     messages = body.get("messages")
     if isinstance(messages, list) and len(messages) > limits.max_messages:
         raise UsageError("messages", f"{len(messages)} messages; at most {limits.max_messages}")
-    _check_sizes(body, limits, "body")
+    _check_shape(body, limits, "body")
     return body

@@ -15,9 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx2
-
-from agentclaims.errors import BackendError, BackendUnavailable, UsageError
+from agentclaims.errors import BackendError, UsageError
+from agentclaims.vllm.upstream import Upstream
 
 __all__ = ["ConnectorAnswer", "ConnectorClient"]
 
@@ -64,15 +63,15 @@ class ConnectorClient:
         model: str,
         tenant: str = "default",
         timeout_s: float = 60.0,
-        client: httpx2.AsyncClient | None = None,
+        client: Upstream | None = None,
     ) -> None:
         if not claims_key:
             raise UsageError("claims_key", "must be the key the connector was started with")
-        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self._client = client or Upstream(base_url, timeout_s=timeout_s)
+        self.base_url = self._client.base_url
         self.model = model
         self.tenant = tenant
         self._key = claims_key
-        self._client = client or httpx2.AsyncClient(timeout=timeout_s)
         self.cursor = 0
         """The last connector event sequence number read (events are asked for after it)."""
         self.seen: list[Mapping[str, Any]] = []
@@ -120,17 +119,9 @@ class ConnectorClient:
             body["kv_transfer_params"] = dict(kv_transfer_params)
         else:  # always signed: the answer then carries the events after the cursor
             body["kv_transfer_params"] = {EXTENSION_KEY: self.envelope(ops, tenant)}
-        url = f"{self.base_url}/v1/completions"
-        try:
-            response = await self._client.post(url, json=body)
-        except httpx2.TransportError as exc:
-            raise BackendUnavailable(f"vLLM at {self.base_url} unreachable: {exc!r}") from exc
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
-        if response.status_code != 200 or not isinstance(data, dict):
-            raise BackendError(f"vLLM answered HTTP {response.status_code}: {response.text[:300]}")
+        status, data = await self._client.post("/v1/completions", body)
+        if status != 200 or not isinstance(data, dict):
+            raise BackendError(f"vLLM answered HTTP {status}: {str(data)[:300]}")
         return self._answer(data)
 
     def _answer(self, data: Mapping[str, Any]) -> ConnectorAnswer:

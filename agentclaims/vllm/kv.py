@@ -40,8 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx2
-
 from agentclaims.contract import (
     ArbiterAction,
     BlockHash,
@@ -79,10 +77,10 @@ from agentclaims.protocol import (
     EventPage,
     Renewal,
     ServeResult,
-    timing,
 )
 from agentclaims.vllm.client import ConnectorAnswer, ConnectorClient
 from agentclaims.vllm.observer import KVEventsObserver
+from agentclaims.vllm.upstream import Upstream
 
 __all__ = ["UpstreamResult", "UpstreamText", "VllmKV"]
 
@@ -182,9 +180,9 @@ class VllmKV:
     ) -> None:
         if not upstream.startswith(("http://", "https://")):
             raise UsageError("upstream", f"must be the vLLM server's http(s) URL, got {upstream!r}")
-        self.upstream = upstream.rstrip("/").removesuffix("/v1")
+        self._http = Upstream(upstream, timeout_s=timeout_s)
+        self.upstream = self._http.base_url
         self.block_size = block_size
-        self._http = httpx2.AsyncClient(timeout=timeout_s)
         self._model = model
         self._key = claims_key
         self._connector = ConnectorClient(self.upstream, claims_key, model="", client=self._http)
@@ -261,11 +259,8 @@ class VllmKV:
 
     async def _pool_blocks(self) -> int:
         """vLLM's KV blocks less its null block, from its ``/metrics`` (``cache_config_info``)."""
-        try:
-            response = await self._http.get(self.upstream + "/metrics", timeout=10.0)
-        except httpx2.TransportError as exc:
-            raise BackendUnavailable(f"vLLM at {self.upstream} unreachable: {exc!r}") from exc
-        found = re.search(r'num_gpu_blocks="(\d+)"', response.text)
+        _, text = await self._http.get_text("/metrics", timeout_s=10.0)
+        found = re.search(r'num_gpu_blocks="(\d+)"', text)
         return max(0, int(found.group(1)) - 1) if found else 0
 
     # ------------------------------------------------------------------ upstream plumbing
@@ -281,33 +276,19 @@ class VllmKV:
     async def health(self) -> dict[str, Any]:
         """Whether vLLM answers its ``/health`` (for the gateway's own ``/health``)."""
         try:
-            response = await self._http.get(self.upstream + "/health", timeout=5.0)
-        except httpx2.TransportError as exc:
-            return {"usable": False, "detail": f"vLLM at {self.upstream} unreachable: {exc!r}"}
-        ok = response.status_code == 200
-        return {"usable": ok, "detail": f"vLLM /health: HTTP {response.status_code}"}
+            status, _ = await self._http.request("GET", "/health", timeout_s=5.0)
+        except BackendUnavailable as exc:
+            return {"usable": False, "detail": str(exc)}
+        return {"usable": status == 200, "detail": f"vLLM /health: HTTP {status}"}
 
     async def _get(self, path: str) -> dict[str, Any]:
-        try:
-            with timing.upstream():
-                response = await self._http.get(self.upstream + path)
-        except httpx2.TransportError as exc:
-            raise BackendUnavailable(f"vLLM at {self.upstream} unreachable: {exc!r}") from exc
-        if response.status_code != 200:
-            raise BackendError(f"vLLM {path}: HTTP {response.status_code}")
-        data: dict[str, Any] = response.json()
+        status, data = await self._http.get(path)
+        if status != 200 or not isinstance(data, dict):
+            raise BackendError(f"vLLM {path}: HTTP {status}")
         return data
 
     async def _post(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
-        try:
-            with timing.upstream():
-                response = await self._http.post(self.upstream + path, json=dict(body))
-        except httpx2.TransportError as exc:
-            raise BackendUnavailable(f"vLLM at {self.upstream} unreachable: {exc!r}") from exc
-        try:
-            return response.status_code, response.json()
-        except ValueError:
-            return response.status_code, {"error": {"message": response.text[:500]}}
+        return await self._http.post(path, body)
 
     async def _max_model_len(self) -> int | None:
         models = (await self._get("/v1/models")).get("data") or [{}]
@@ -341,9 +322,12 @@ class VllmKV:
 
     # ------------------------------------------------------------------ prefixes and events
     def _register(
-        self, tokens: Sequence[int], salt: str | None
+        self, tokens: Sequence[int], salt: str | None, hashes: list[BlockHash] | None = None
     ) -> tuple[list[BlockHash], str | None]:
-        hashes = hash_token_blocks(list(tokens), self.block_size, cache_salt=salt)
+        """Remember ``tokens`` under their prefix id (``hashes``: their block hashes, when
+        already known): the hashes and the id (``None`` without a full block)."""
+        if hashes is None:
+            hashes = hash_token_blocks(tokens, self.block_size, cache_salt=salt)
         if not hashes:
             return hashes, None
         pid = prefix_id_of(hashes)
@@ -484,13 +468,20 @@ class VllmKV:
         if tokens is None:
             tokens = _prompt_ids(data)
         payload = _client_payload(data, keep_token_ids=wants_ids)
+        if tokens is not None and prompt_pid is None:
+            hashes = hash_token_blocks(tokens, self.block_size, cache_salt=cache_salt)
         sequence = _sequence_ids(data, tokens, self.block_size)
         seq_hashes = (
-            hash_token_blocks(sequence, self.block_size, cache_salt=cache_salt) if sequence else []
+            hash_token_blocks(  # the prompt's full blocks start the sequence: hashed once
+                sequence,
+                self.block_size,
+                cache_salt=cache_salt,
+                known=hashes[: len(sequence) // self.block_size],
+            )
+            if sequence
+            else []
         )
         if answer.served and tokens is not None:
-            if not hashes:
-                hashes = hash_token_blocks(list(tokens), self.block_size, cache_salt=cache_salt)
             self._last_stored = tuple(hashes)
             footprint = max(
                 (s.footprint_blocks for s in specs if s.claim_id not in on_reply), default=0
@@ -498,8 +489,8 @@ class VllmKV:
             await self._seen_stored([*hashes[:footprint], *(seq_hashes if on_reply else ())])
         async with self._lock:
             if tokens is not None and prompt_pid is None:
-                hashes, prompt_pid = self._register(tokens, cache_salt)
-            seq_pid = self._register(sequence, cache_salt)[1] if sequence else None
+                hashes, prompt_pid = self._register(tokens, cache_salt, hashes)
+            seq_pid = self._register(sequence, cache_salt, seq_hashes)[1] if sequence else None
             specs = [
                 dataclasses.replace(spec, object_id=seq_pid, footprint_blocks=len(seq_hashes))
                 if spec.claim_id in on_reply and seq_pid is not None

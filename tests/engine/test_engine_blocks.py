@@ -84,3 +84,21 @@ def test_prefix_id_names_the_last_block_and_length() -> None:
     with pytest.raises(UsageError) as size:
         hash_token_blocks([1], 0)
     assert size.value.field == "block_size"
+
+
+@given(tokens, tokens, st.integers(1, 6), st.data(), st.sampled_from([None, "tenant-a"]))
+def test_hashing_goes_on_from_known_blocks(
+    prompt: list[int], reply: list[int], block_size: int, data: st.DataObject, salt: str | None
+) -> None:
+    """Continuing from a prefix's known hashes gives exactly the hashes from scratch."""
+    whole = hash_token_blocks(prompt + reply, block_size, cache_salt=salt)
+    head = hash_token_blocks(prompt, block_size, cache_salt=salt)
+    k = data.draw(st.integers(0, len(head)))
+    went_on = hash_token_blocks(prompt + reply, block_size, cache_salt=salt, known=head[:k])
+    assert went_on == whole
+
+
+def test_more_known_blocks_than_tokens_is_refused() -> None:
+    known = hash_token_blocks(list(range(8)), 4)
+    with pytest.raises(UsageError, match="known"):
+        hash_token_blocks(list(range(7)), 4, known=known)

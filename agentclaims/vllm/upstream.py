@@ -1,0 +1,112 @@
+"""One vLLM server's HTTP API as the gateway calls it: JSON in and out over a pool of
+keep-alive connections (aiohttp's client), every wait counted as upstream time.
+
+The gateway pays this client's CPU on every proxied request, so it is the lean one: aiohttp's
+C-accelerated HTTP parser costs about half what a pure-Python client stack does per request
+(docs/vllm.md, "Gateway added latency"). A connection is kept at most ``KEEP_ALIVE_S`` idle,
+less than vLLM's own idle timeout (uvicorn's 5 s), so the client never reuses a connection
+the server is closing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from agentclaims.errors import BackendUnavailable, UsageError
+from agentclaims.protocol import timing
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["KEEP_ALIVE_S", "Upstream"]
+
+KEEP_ALIVE_S = 3.0
+"""How long an idle connection to vLLM is kept for reuse (vLLM closes them after 5 s)."""
+
+_JSON = {"content-type": "application/json"}
+
+
+class Upstream:
+    """JSON requests to one HTTP server (``base_url``, no trailing ``/v1``).
+
+    Transport failures (refused, reset, timed out) raise ``BackendUnavailable`` naming the
+    server; any HTTP status comes back with the body, parsed when it is JSON and else as
+    ``{"error": {"message": <text>}}``: what a status means is the caller's to say."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = 120.0) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise UsageError("upstream", f"must be an http(s) URL, got {base_url!r}")
+        if not timeout_s > 0:
+            raise UsageError("timeout_s", f"must be positive, got {timeout_s!r}")
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        # made on first use: an aiohttp session belongs to the event loop that runs it
+        if self._session is None or self._session.closed:
+            import aiohttp
+
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEP_ALIVE_S),
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                json_serialize=json.dumps,
+            )
+        return self._session
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> tuple[int, bytes]:
+        """``method path`` (with ``body`` as JSON): the status and the raw body."""
+        import aiohttp
+
+        url = self.base_url + path
+        data = None if body is None else json.dumps(body).encode()
+        timeout = None if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            with timing.upstream():
+                async with self._client().request(
+                    method,
+                    url,
+                    data=data,
+                    headers=_JSON if data is not None else None,
+                    timeout=timeout,
+                ) as response:
+                    return response.status, await response.read()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise BackendUnavailable(f"vLLM at {self.base_url} unreachable: {exc!r}") from exc
+
+    async def get(self, path: str, *, timeout_s: float | None = None) -> tuple[int, Any]:
+        """``GET path``: the status and the body (JSON parsed; see the class)."""
+        status, raw = await self.request("GET", path, timeout_s=timeout_s)
+        return status, _parsed(raw)
+
+    async def get_text(self, path: str, *, timeout_s: float | None = None) -> tuple[int, str]:
+        """``GET path``: the status and the body as text (``/metrics``)."""
+        status, raw = await self.request("GET", path, timeout_s=timeout_s)
+        return status, raw.decode(errors="replace")
+
+    async def post(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
+        """``POST path`` with ``body`` as JSON: the status and the body (see the class)."""
+        status, raw = await self.request("POST", path, body)
+        return status, _parsed(raw)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _parsed(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"error": {"message": raw[:500].decode(errors="replace")}}
