@@ -13,9 +13,12 @@ It prints the cached-token ratio and recomputed prompt tokens of each, workflow 
 times, refusals and deferrals, the gateway's added latency (p50, p99) over calling vLLM
 directly, and vLLM's throughput with the connector loaded vs without. Run::
 
-    .venv/bin/python benchmarks/bench_vllm.py [--workflows 4] [--json]
+    .venv/bin/python benchmarks/bench_vllm.py [--workflows 4] [--layout pinned] [--json]
 
-(needs the vLLM environment: `make vllm-env`).
+(needs the vLLM environment: `make vllm-env`). ``--layout pinned`` (the default with two or
+more cores) runs the vLLM servers on the last core and the gateways and this client on the
+others, as docs/operations.md says to deploy them: a gateway that shares vLLM's cores waits
+for them, and its added latency is then vLLM's load, not its own work.
 """
 
 from __future__ import annotations
@@ -60,11 +63,22 @@ def start(argv: list[str], url: str, timeout_s: float = 300) -> subprocess.Popen
             return proc
         except AssertionError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"{argv[3:6]} did not start") from None
+                raise SystemExit(f"{' '.join(argv)} did not start") from None
 
 
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "agentclaims.cli.main", *args]
+
+
+def layout(name: str) -> tuple[list[str], list[str]]:
+    """The ``taskset`` prefixes for vLLM and for the gateways (``pinned``: vLLM on the last
+    core, the rest for the gateways and this client, which moves there now)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if name == "shared" or len(cores) < 2:
+        return [], []
+    rest = ",".join(map(str, cores[:-1]))
+    os.sched_setaffinity(0, set(cores[:-1]))
+    return ["taskset", "-c", str(cores[-1])], ["taskset", "-c", rest]
 
 
 def tiny_model() -> str:
@@ -441,9 +455,17 @@ def main() -> None:
     parser.add_argument("--churn-tokens", type=int, default=600)
     parser.add_argument("--tool-s", type=float, default=TOOL_S)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each set-up (medians)")
+    parser.add_argument(
+        "--layout",
+        choices=("pinned", "shared"),
+        default="pinned",
+        help="pinned: vLLM on the last core, the gateways and the client on the others "
+        "(with one core: shared); shared: every process on every core",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     model_dir = tiny_model()
+    on_vllm, on_gateway = layout(args.layout)
     ports = {name: free_port() for name in ("vllm", "stock_vllm", "gateway", "stock_gateway")}
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     procs: list[subprocess.Popen[bytes]] = []
@@ -451,14 +473,15 @@ def main() -> None:
     try:
         for name, extra in (("vllm", ("--claims-key", KEY)), ("stock_vllm", ("--no-connector",))):
             argv = cli("vllm", "serve", "--model", model_dir, "--port", str(ports[name]))
-            procs.append(start([*argv, *SERVER, *extra], urls[name]))
+            procs.append(start([*on_vllm, *argv, *SERVER, *extra], urls[name]))
             sessions["with" if name == "vllm" else "without"] = procs[-1].pid
         for name, upstream in (("gateway", "vllm"), ("stock_gateway", "stock_vllm")):
             argv = cli("serve", "--port", str(ports[name]), "--kv", "vllm")
             argv += ["--upstream", urls[upstream], "--claims-key", KEY]
-            procs.append(start(argv, urls[name]))
+            procs.append(start([*on_gateway, *argv], urls[name]))
             sessions[name] = procs[-1].pid
         out = asyncio.run(measure(urls, sessions, model_dir, args))
+        out["layout"] = "pinned" if on_vllm else "shared"
     finally:
         for proc in reversed(procs):
             stop(proc, group=True, timeout_s=30)
@@ -483,7 +506,7 @@ def report(out: dict[str, Any], args: Any) -> None:
     print(
         f"{args.workflows} concurrent supervisor workflows on vLLM (97 blocks x 32 tokens), "
         f"tools {args.tool_s} s, another tenant sending {args.churn_rate:g} one-shot prompts/s "
-        f"of {args.churn_tokens} tokens\n"
+        f"of {args.churn_tokens} tokens; layout {out['layout']}\n"
     )
     setups = ("claims", "no_claims", "stock")
     print(f"medians of {args.repeats} runs of each set-up, in turn\n")
