@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = vllm_sub.add_parser("tiny-model", help="build the tiny random-weight model (no hub)")
     tiny.add_argument("directory", metavar="DIR")
     tiny.add_argument("--python", default=None, help="the vLLM environment's Python")
+    tiny.add_argument("--layers", type=int, default=2, help="decoder layers (2)")
+    tiny.add_argument("--hidden", type=int, default=128, help="hidden size, a multiple of 64 (128)")
     tiny.set_defaults(module="vllm")
     vserve = vllm_sub.add_parser(
         "serve", help="start vLLM with the connector (vLLM's own arguments after --)"

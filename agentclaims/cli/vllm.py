@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: RET503 - serve execs vLLM
         python = vllm_python(args.python)
         if args.vllm == "tiny-model":
             cmd = [python, "-m", "agentclaims_vllm.tiny_model", args.directory]
+            cmd += ["--layers", str(args.layers), "--hidden", str(args.hidden)]
             return subprocess.run(cmd, check=False).returncode
         key = None
         if not args.no_connector:

@@ -6,6 +6,8 @@ Run in the vLLM server's environment (it needs ``transformers`` and ``tokenizers
 
 About 6 s and 2 MB. The output is gibberish; serve it with temperature 0 and ``ignore_eos``
 for deterministic lengths. Head size 32 (the CPU attention supports 32, 64, 80, ...).
+``--layers`` and ``--hidden`` make it deeper and wider (2 and 128 by default): a model whose
+decode step is more than vLLM's own per-step work, for throughput benchmarks.
 """
 
 from __future__ import annotations
@@ -33,8 +35,16 @@ def _corpus() -> list[str]:
     return [_CORPUS * 20, *(" ".join(words[i : i + 12]) for i in range(0, len(words), 12))]
 
 
-def build(directory: str | Path, *, seed: int = 0) -> Path:
-    """Write the tokenizer and model to ``directory`` (created); returns it."""
+HEAD_DIM = 32
+
+
+def build(directory: str | Path, *, seed: int = 0, layers: int = 2, hidden: int = 128) -> Path:
+    """Write the tokenizer and model to ``directory`` (created); returns it. ``hidden``: a
+    multiple of 64 (heads of 32, half as many KV heads), the MLP twice as wide."""
+    if not (isinstance(layers, int) and layers >= 1):
+        raise ValueError(f"layers must be a positive integer, got {layers!r}")
+    if not (isinstance(hidden, int) and hidden >= 64 and hidden % 64 == 0):
+        raise ValueError(f"hidden must be a positive multiple of 64, got {hidden!r}")
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -63,12 +73,12 @@ def build(directory: str | Path, *, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=VOCAB_SIZE,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // HEAD_DIM,
+        num_key_value_heads=hidden // HEAD_DIM // 2,
+        head_dim=HEAD_DIM,
         max_position_embeddings=2048,
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
@@ -82,8 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agentclaims_vllm.tiny_model", description=__doc__)
     parser.add_argument("directory")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=128, help="a multiple of 64")
     args = parser.parse_args(argv)
-    path = build(args.directory, seed=args.seed)
+    try:
+        path = build(args.directory, seed=args.seed, layers=args.layers, hidden=args.hidden)
+    except ValueError as exc:
+        parser.error(str(exc))
     print(path, file=sys.stderr)
     return 0
 
