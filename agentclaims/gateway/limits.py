@@ -35,6 +35,10 @@ class Limits:
     """Tokens of one prompt, once tokenized (a real engine's own limit applies too)."""
 
 
+_SCALARS = frozenset({int, float, bool, type(None)})
+"""What JSON parses to that holds no string and no container."""
+
+
 def _check_shape(value: Any, limits: Limits, where: str) -> None:
     """Every container within ``limits.max_depth`` levels and ``limits.max_list_items``
     items, every string (key or value) within ``limits.max_string_chars``: one walk over the
@@ -50,6 +54,8 @@ def _check_shape(value: Any, limits: Limits, where: str) -> None:
                 raise UsageError(
                     path, f"a list of {len(item)} items; at most {limits.max_list_items}"
                 )
+            if set(map(type, item)) <= _SCALARS:
+                continue  # numbers only (token ids, block hashes): nothing inside to check
             pairs: Any = enumerate(item)
             name = "{0}[{1}]"
         else:
