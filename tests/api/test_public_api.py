@@ -35,6 +35,7 @@ HEAVY = (
     "matplotlib",
     "uvicorn",
     "httpx2",
+    "aiohttp",
     "yaml",
     "jsonschema",
 )
