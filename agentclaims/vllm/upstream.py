@@ -20,10 +20,13 @@ from agentclaims.protocol import timing
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["KEEP_ALIVE_S", "Upstream"]
+__all__ = ["KEEP_ALIVE_S", "MAX_CONNECTIONS", "Upstream"]
 
 KEEP_ALIVE_S = 3.0
 """How long an idle connection to vLLM is kept for reuse (vLLM closes them after 5 s)."""
+MAX_CONNECTIONS = 256
+"""Connections open to one server at most: a request past them waits for one to come free
+(within its timeout)."""
 
 _JSON = {"content-type": "application/json"}
 
@@ -35,13 +38,20 @@ class Upstream:
     server; any HTTP status comes back with the body, parsed when it is JSON and else as
     ``{"error": {"message": <text>}}``: what a status means is the caller's to say."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, base_url: str, *, timeout_s: float = 120.0, max_connections: int = MAX_CONNECTIONS
+    ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise UsageError("upstream", f"must be an http(s) URL, got {base_url!r}")
         if not timeout_s > 0:
             raise UsageError("timeout_s", f"must be positive, got {timeout_s!r}")
+        if isinstance(max_connections, bool) or not (
+            isinstance(max_connections, int) and max_connections >= 1
+        ):
+            raise UsageError("max_connections", f"must be at least 1, got {max_connections!r}")
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.timeout_s = timeout_s
+        self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -50,7 +60,9 @@ class Upstream:
             import aiohttp
 
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEP_ALIVE_S),
+                connector=aiohttp.TCPConnector(
+                    limit=self.max_connections, keepalive_timeout=KEEP_ALIVE_S
+                ),
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 json_serialize=json.dumps,

@@ -39,8 +39,17 @@ def _app() -> Starlette:
         await asyncio.sleep(2.0)
         return JSONResponse({})
 
-    return Starlette(
+    async def held(request: Request) -> Response:
+        state = request.app.state
+        state.now += 1
+        state.most = max(state.most, state.now)
+        await asyncio.sleep(0.2)
+        state.now -= 1
+        return JSONResponse({"most": state.most})
+
+    app = Starlette(
         routes=[
+            Route("/held", held),
             Route("/health", health),
             Route("/v1/echo", echo, methods=["POST"]),
             Route("/v1/refuse", refuse, methods=["POST"]),
@@ -48,6 +57,8 @@ def _app() -> Starlette:
             Route("/slow", slow),
         ]
     )
+    app.state.now = app.state.most = 0
+    return app
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +129,17 @@ async def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None
     assert before[1]["peer"] != after[1]["peer"]
 
 
+async def test_requests_past_the_connection_limit_wait_for_one() -> None:
+    with app_in_thread(_app()) as url:
+        upstream = Upstream(url, max_connections=2)
+        try:
+            answers = await asyncio.gather(*(upstream.get("/held") for _ in range(5)))
+        finally:
+            await upstream.aclose()
+    assert all(status == 200 for status, _ in answers)
+    assert max(body["most"] for _, body in answers) == 2
+
+
 async def test_every_wait_counts_as_upstream_time(server: str) -> None:
     upstream = Upstream(server)
     try:
@@ -131,13 +153,15 @@ async def test_every_wait_counts_as_upstream_time(server: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("url", "timeout_s", "field"),
+    ("change", "field"),
     [
-        ("127.0.0.1:8000", 1.0, "upstream"),
-        ("ftp://h", 1.0, "upstream"),
-        ("http://h", 0, "timeout_s"),
+        ({"base_url": "127.0.0.1:8000"}, "upstream"),
+        ({"base_url": "ftp://h"}, "upstream"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"max_connections": 0}, "max_connections"),
+        ({"max_connections": True}, "max_connections"),
     ],
 )
-def test_bad_arguments_are_refused_naming_them(url: str, timeout_s: Any, field: str) -> None:
+def test_bad_arguments_are_refused_naming_them(change: dict[str, Any], field: str) -> None:
     with pytest.raises(UsageError, match=field):
-        Upstream(url, timeout_s=timeout_s)
+        Upstream(**{"base_url": "http://127.0.0.1:8000", **change})
