@@ -291,8 +291,9 @@ async def latencies(
                 if i < 5:
                     continue  # warm-up: connections, first-request paths
                 sink.append(elapsed)
-                if url == gurl:
-                    own.append(_timing(r.headers.get("server-timing", ""))["gateway"])
+                timing = _timing(r.headers.get("server-timing", ""))
+                if url == gurl and "gateway" in timing:  # a bare proxy says nothing
+                    own.append(timing["gateway"])
     diffs = [b - a for a, b in zip(direct, through, strict=True)]
     ms = 1e3
     return {
@@ -300,8 +301,8 @@ async def latencies(
         "gateway_p50_ms": round(statistics.median(through) * ms, 2),
         "added_p50_ms": round(statistics.median(diffs) * ms, 2),
         "added_p99_ms": round(pct(diffs, 0.99) * ms, 2),
-        "own_p50_ms": round(statistics.median(own), 3),
-        "own_p99_ms": round(pct(own, 0.99), 3),
+        "own_p50_ms": round(statistics.median(own), 3) if own else None,
+        "own_p99_ms": round(pct(own, 0.99), 3) if own else None,
         "gateway_cpu_ms_per_request": round(cpu / n * ms, 3),
     }
 
