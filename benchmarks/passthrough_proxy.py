@@ -45,7 +45,10 @@ def make_app(upstream: str) -> Any:
                 )
             data = json.dumps(json.loads(body)).encode() if body else None
             async with session[0].request(
-                scope["method"], upstream + scope["path"], data=data, headers=dict(_JSON)
+                scope["method"],
+                upstream + scope["path"],
+                data=data,
+                headers={"content-type": "application/json"},
             ) as response:
                 status, raw = response.status, await response.read()
             out = json.dumps(json.loads(raw)).encode()
