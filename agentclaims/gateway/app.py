@@ -253,6 +253,9 @@ class _Gateway:
         instance: Instance,
     ) -> None:
         self.kv = kv
+        self.upstream: UpstreamKV | None = kv if isinstance(kv, UpstreamKV) else None
+        """The KV side when an upstream engine writes the replies (asked once: a runtime
+        protocol check is too slow for every request)."""
         self.service = service
         self.instance = instance
         self.text = text
@@ -338,13 +341,13 @@ class _Gateway:
         self, request: Request, kind: str, body: Mapping[str, Any], ext: Extension
     ) -> Response:
         """The completion on an upstream engine (its own replies), with the claims."""
-        assert isinstance(self.kv, UpstreamKV)
+        assert self.upstream is not None
         stream_requested(body)  # (#13) a bad stream field is refused before anything runs
         tenant = _tenant(request)
         owner = self.service.owner(ext.default_owner, tenant)
         claims = self.service.claims(ext.claims, owner, tenant)
         cache_salt = self.service.salt(_optional_str(body, "cache_salt"), tenant)
-        up = await self.kv.complete(  # streamed by the gateway itself (#13)
+        up = await self.upstream.complete(  # streamed by the gateway itself (#13)
             kind, unstreamed(body), claims, owner, cache_salt
         )
         result: ServeResult = await self.service.served(
@@ -372,7 +375,7 @@ class _Gateway:
     async def chat_completions(self, request: Request) -> Response:
         body = await _json_object(request)
         ext = Extension.parse(body)
-        if isinstance(self.kv, UpstreamKV):
+        if self.upstream is not None:
             return await self._upstream(request, "chat", body, ext)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -406,7 +409,7 @@ class _Gateway:
     async def completions(self, request: Request) -> Response:
         body = await _json_object(request)
         ext = Extension.parse(body)
-        if isinstance(self.kv, UpstreamKV):
+        if self.upstream is not None:
             return await self._upstream(request, "completion", body, ext)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):

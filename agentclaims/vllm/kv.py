@@ -129,7 +129,7 @@ def _prompt_ids(data: Mapping[str, Any]) -> list[int] | None:
     ids = data.get("prompt_token_ids")
     if ids is None:
         ids = (data.get("choices") or [{}])[0].get("prompt_token_ids")
-    if isinstance(ids, list) and all(isinstance(t, int) for t in ids):
+    if isinstance(ids, list) and set(map(type, ids)) <= {int}:  # one pass, in C
         return ids
     return None
 
