@@ -1,7 +1,8 @@
 """A bare pass-through proxy, the floor for the gateway's added latency: the same server
-stack as `agentclaims serve` (uvicorn on httptools and uvloop) and the same HTTP client to vLLM
-(aiohttp), with none of the gateway's work. Each request's JSON is parsed and encoded again,
-as any proxy that reads what it forwards does. Used by benchmarks/bench_gateway_latency.py::
+stack as `agentclaims serve` (uvicorn on httptools and uvloop) and the same HTTP client to
+vLLM (`agentclaims.vllm.upstream.Upstream`, on aiohttp), with none of the gateway's work.
+Each request's JSON is parsed and encoded again, as any proxy that reads what it forwards
+does. Used by benchmarks/bench_gateway_latency.py::
 
     python benchmarks/passthrough_proxy.py --port 18003 --upstream http://127.0.0.1:8000
 """
@@ -16,16 +17,15 @@ _JSON = [(b"content-type", b"application/json")]
 
 
 def make_app(upstream: str) -> Any:
-    import aiohttp
+    from agentclaims.vllm.upstream import Upstream
 
-    session: list[aiohttp.ClientSession] = []
+    client = Upstream(upstream)  # the gateway's own client to vLLM, as it configures it
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
-            if session:
-                await session[0].close()
+            await client.aclose()
             await send({"type": "lifespan.shutdown.complete"})
             return
         body = b""
@@ -37,20 +37,8 @@ def make_app(upstream: str) -> Any:
         if scope["path"] == "/health":
             status, out = 200, b"{}"
         else:
-            if not session:
-                session.append(
-                    aiohttp.ClientSession(
-                        connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=3.0)
-                    )
-                )
-            data = json.dumps(json.loads(body)).encode() if body else None
-            async with session[0].request(
-                scope["method"],
-                upstream + scope["path"],
-                data=data,
-                headers={"content-type": "application/json"},
-            ) as response:
-                status, raw = response.status, await response.read()
+            forwarded = json.loads(body) if body else None
+            status, raw = await client.request(scope["method"], scope["path"], forwarded)
             out = json.dumps(json.loads(raw)).encode()
         headers = [*_JSON, (b"content-length", str(len(out)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -178,9 +178,7 @@ class VllmKV:
         kv_events_replay: str | None = None,
         events_python: str | None = None,
     ) -> None:
-        if not upstream.startswith(("http://", "https://")):
-            raise UsageError("upstream", f"must be the vLLM server's http(s) URL, got {upstream!r}")
-        self._http = Upstream(upstream, timeout_s=timeout_s)
+        self._http = Upstream(upstream, timeout_s=timeout_s)  # checks the URL
         self.upstream = self._http.base_url
         self.block_size = block_size
         self._model = model
@@ -287,9 +285,6 @@ class VllmKV:
             raise BackendError(f"vLLM {path}: HTTP {status}")
         return data
 
-    async def _post(self, path: str, body: Mapping[str, Any]) -> tuple[int, Any]:
-        return await self._http.post(path, body)
-
     async def _max_model_len(self) -> int | None:
         models = (await self._get("/v1/models")).get("data") or [{}]
         value = models[0].get("max_model_len")
@@ -312,7 +307,7 @@ class VllmKV:
             if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
                 return list(prompt)
             request["prompt"] = prompt
-        status, data = await self._post("/tokenize", request)
+        status, data = await self._http.post("/tokenize", request)
         if status != 200 or not isinstance(data, dict) or not isinstance(data.get("tokens"), list):
             message = (data.get("error") or {}).get("message") if isinstance(data, dict) else data
             raise UsageError(
@@ -458,7 +453,7 @@ class VllmKV:
             if spec.claim_id not in gated
         ]
         forwarded["kv_transfer_params"] = {"agentclaims": client.envelope(ops, tenant)}
-        status, data = await self._post(_KINDS[kind], forwarded)
+        status, data = await self._http.post(_KINDS[kind], forwarded)
         if status != 200 or not isinstance(data, dict):
             message = (data.get("error") or {}).get("message") if isinstance(data, dict) else data
             if status >= 500:
@@ -1031,7 +1026,7 @@ class VllmKV:
         async with self._lock:
             self._absorb(answer)
         clears = 0 if self.observer is None else self.observer.clears
-        status, data = await self._post("/reset_prefix_cache", {})
+        status, data = await self._http.post("/reset_prefix_cache", {})
         if status == 404:
             raise OperationNotExposed(
                 self.name,
