@@ -150,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="vLLM's dev endpoints (/reset_prefix_cache: conformance runs; not for shared use)",
     )
     vserve.add_argument("--python", default=None, help="the vLLM environment's Python")
+    vserve.add_argument(
+        "--ready-timeout-s",
+        type=float,
+        default=900.0,
+        help="how long vLLM may take to serve its first completion (900)",
+    )
     vserve.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then vLLM's arguments")
     vserve.set_defaults(module="vllm")
 

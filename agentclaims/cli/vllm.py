@@ -1,8 +1,10 @@
 """``agentclaims vllm tiny-model DIR`` and ``agentclaims vllm serve --model DIR --port N``.
 
 Both run in the vLLM server's own environment (found by ``agentclaims.vllm.vllm_python``).
-``serve`` replaces this process by vLLM's (``exec``): its PID is the server's, SIGTERM stops
-it and its engine. Exit status 2 on bad arguments or a missing environment.
+``serve`` runs vLLM under a supervisor (``agentclaims.vllm.supervise``): it says ``ready`` only
+once the engine has served one completion, SIGTERM stops vLLM and its engine (exit 0), and a
+vLLM that dies on its own (at start or later) ends it with exit status 1 and a message naming
+the process and signal. Exit status 2 on bad arguments or a missing environment.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from agentclaims.errors import UsageError
 __all__ = ["run"]
 
 
-def run(args: argparse.Namespace) -> int:  # noqa: RET503 - serve execs vLLM
+def run(args: argparse.Namespace) -> int:
     from agentclaims.vllm.launch import (
         default_kv_events,
         new_claims_key,
@@ -62,12 +64,18 @@ def run(args: argparse.Namespace) -> int:  # noqa: RET503 - serve execs vLLM
         print(f"agentclaims vllm: {exc}", file=sys.stderr)
         return 2
     env = server_env(dev_mode=args.dev_mode)
+    events = args.kv_events or default_kv_events(args.port)
     print(
-        f"agentclaims vllm: KV events on {args.kv_events or default_kv_events(args.port)} "
-        "(pass it to the gateway: --kv-events)",
+        f"agentclaims vllm: KV events on {events} (pass it to the gateway: --kv-events)",
         file=sys.stderr,
     )
     if key:
         env["AGENTCLAIMS_CLAIMS_KEY"] = key
     sys.stderr.flush()
-    os.execve(argv[0], argv, env)
+    from agentclaims.vllm.supervise import Supervisor
+
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    url = f"http://{host}:{args.port}"
+    return Supervisor(
+        argv, env, url=url, kv_events=events, ready_timeout_s=args.ready_timeout_s
+    ).run()

@@ -6,13 +6,14 @@ stopped by PID. `make test` builds the vLLM environment first; without it these 
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
-import httpx2
 import pytest
 from servers import free_port, stop
 
@@ -28,6 +29,8 @@ class VllmServer:
     pid: int
     events: str
     """vLLM's KV events endpoint (ipc://)."""
+    log: Path
+    """Everything ``agentclaims vllm serve`` and vLLM printed."""
 
 
 def _vllm_python() -> str:
@@ -94,21 +97,25 @@ def serve_vllm(
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM exited {proc.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                if httpx2.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx2.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM not healthy within 240 s:\n{log.read_text()[-4000:]}")
-            time.sleep(0.5)
-        yield VllmServer(url, tiny_model, KEY, proc.pid, events)
+        wait_ready(proc, where / "events.kv.state.json", log, timeout_s=240)
+        yield VllmServer(url, tiny_model, KEY, proc.pid, events, log)
     finally:
         stop(proc, group=True, timeout_s=30)
+
+
+def wait_ready(proc: subprocess.Popen[bytes], state: Path, log: Path, *, timeout_s: float) -> None:
+    """Until ``agentclaims vllm serve`` says ready (its state file: the engine served a first
+    completion); a failure with its log if it exits or takes longer than ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"vLLM exited {proc.returncode}:\n{log.read_text()[-4000:]}")
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(state.read_text()).get("state") == "ready":
+                return
+        if time.monotonic() > deadline:
+            pytest.fail(f"vLLM not ready within {timeout_s:.0f} s:\n{log.read_text()[-4000:]}")
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")

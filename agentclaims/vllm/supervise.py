@@ -1,0 +1,304 @@
+"""``agentclaims vllm serve``'s watch over the vLLM server it starts.
+
+vLLM's ``/health`` answers before its engine has run a single step, and a dead engine is, to a
+client, an HTTP 500 followed by a closed port. The supervisor makes both explicit:
+
+- **Ready means served.** After ``/health`` answers, one real completion goes through the
+  engine (one prompt token, one generated: shorter than a block, so nothing is cached). Only
+  then does it print ``agentclaims vllm: ready ...``. A server whose engine cannot run (a
+  worker killed by SIGILL on a CPU with AMX, say) never says it is ready.
+- **A death is named.** vLLM's output passes through line by line. The lines that tell why
+  the engine died are kept: the ``agentclaims_vllm.watch`` plugin's (which process, which
+  signal), vLLM's own (``Worker proc ... died unexpectedly``, ``EngineCore encountered a
+  fatal error``) and Python's fault handler's (``Fatal Python error: Illegal instruction``).
+  When vLLM stops without being asked, the supervisor exits 1 with one message naming them.
+- **The gateway hears it too.** The state (``starting``, ``ready``, ``dead`` with its reason
+  and signal, ``stopped``) is written as JSON beside the KV events endpoint
+  (``state_path``), where a gateway on the same host (it already reads that endpoint) finds
+  it and names the signal in its 503.
+
+SIGTERM or SIGINT stops vLLM (SIGTERM to it, then SIGKILL to its processes after
+``stop_timeout_s``) and exits 0; a supervisor killed outright takes vLLM with it (vLLM gets
+SIGTERM: Linux's parent-death signal). Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["DeathCause", "Supervisor", "state_path"]
+
+EXIT_DIED = 1
+"""The exit status when vLLM stopped without being asked (at start or later)."""
+
+_WATCH = re.compile(
+    r"agentclaims: vLLM process (?P<name>\S+) \(pid (?P<pid>\d+)\) ended by "
+    r"(?:signal (?P<signal>SIG\w+) \(\d+\)|exit status (?P<status>\d+))"
+)
+"""``agentclaims_vllm.watch.LINE`` (the connector's distribution is not importable here)."""
+_VLLM_REASONS = (
+    re.compile(r"Worker proc \S+ died unexpectedly \(exit code: [^)]*\)"),
+    re.compile(r"Engine core proc \S+ died unexpectedly"),
+    re.compile(r"Fatal Python error: [^\r\n]+"),
+    re.compile(r"EngineCore encountered a fatal error"),
+    re.compile(r"EngineDeadError"),
+)
+
+
+def state_path(kv_events: str) -> Path:
+    """Where ``agentclaims vllm serve`` writes its state for the vLLM whose KV events are on
+    ``kv_events`` (``ipc:///DIR/NAME`` -> ``/DIR/NAME.state.json``)."""
+    return Path(kv_events.removeprefix("ipc://") + ".state.json")
+
+
+def read_state(kv_events: str) -> dict[str, Any] | None:
+    """The supervisor's last state for that vLLM, or ``None`` (none written, or unreadable)."""
+    try:
+        data = json.loads(state_path(kv_events).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass
+class DeathCause:
+    """What vLLM's processes said as they died, in the order they said it."""
+
+    signal: str | None = None
+    """The signal a vLLM process ended by (``SIGILL``), from the watch plugin."""
+    process: str | None = None
+    """Which one (``VLLM::Worker (pid 2886)``)."""
+    lines: list[str] = field(default_factory=list)
+    """vLLM's own reasons (at most one of each kind)."""
+    _kinds: set[int] = field(default_factory=set, repr=False)
+
+    def read(self, line: str) -> bool:
+        """Keep what ``line`` tells of a death; whether it told anything."""
+        told = False
+        if (m := _WATCH.search(line)) is not None and (m["signal"] or m["status"] != "0"):
+            if self.signal is None and self.process is None:
+                self.signal = m["signal"]
+                self.process = f"{m['name']} (pid {m['pid']})"
+            told = True
+        for kind, pattern in enumerate(_VLLM_REASONS):
+            if (r := pattern.search(line)) is not None:
+                if kind not in self._kinds:  # each kind once: a traceback repeats itself
+                    self._kinds.add(kind)
+                    self.lines.append(r.group(0))
+                told = True
+        return told
+
+    @property
+    def known(self) -> bool:
+        return bool(self.signal or self.process or self.lines)
+
+    def __str__(self) -> str:
+        head = (
+            f"vLLM's {self.process} was killed by {self.signal}"
+            if self.signal
+            else f"vLLM's {self.process} exited with an error"
+            if self.process
+            else "vLLM's engine died"
+        )
+        return head + (f" (vLLM: {'; '.join(self.lines)})" if self.lines else "")
+
+
+class Supervisor:
+    """Run vLLM (``argv``, ``env``), say when it is ready, name how it died."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: dict[str, str],
+        *,
+        url: str,
+        kv_events: str,
+        ready_timeout_s: float = 900.0,
+        stop_timeout_s: float = 60.0,
+        out: IO[str] | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self.env = {**env, "AGENTCLAIMS_VLLM_WATCH": "1", "PYTHONFAULTHANDLER": "1"}
+        self.url = url.rstrip("/")
+        self.state_file = state_path(kv_events)
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.out = out or sys.stdout
+        self.cause = DeathCause()
+        self._stop = threading.Event()
+        self._proc: subprocess.Popen[str] | None = None
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> int:
+        """Until vLLM stops: 0 after a stop that was asked for, ``EXIT_DIED`` otherwise."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        self._write_state("starting")
+        self._proc = proc = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            preexec_fn=_die_with_parent,
+        )
+        self._write_state("starting", pid=proc.pid)
+        reader = threading.Thread(target=self._relay, args=(proc,), daemon=True)
+        reader.start()
+        ready = self._await_ready(proc)
+        if ready is not None:
+            self._say(
+                f"ready: one completion served by the engine in {ready * 1000:.0f} ms, "
+                f"{self.url}/v1"
+            )
+            self._write_state("ready", pid=proc.pid)
+        while proc.poll() is None and not self._stop.is_set():
+            if self.cause.known:  # the engine died; vLLM's API server closes within seconds
+                self._stop_vllm(proc, grace_s=10.0)
+                break
+            self._stop.wait(0.2)
+        if self._stop.is_set():
+            self._stop_vllm(proc, grace_s=self.stop_timeout_s)
+        proc.wait()
+        reader.join(timeout=5.0)
+        if self._stop.is_set() and not self.cause.known:
+            self._write_state("stopped", pid=proc.pid)
+            self._say("stopped")
+            return 0
+        reason = str(self.cause) if self.cause.known else "vLLM exited on its own"
+        when = "before it was ready" if ready is None else "while serving"
+        self._write_state("dead", pid=proc.pid, reason=reason, signal=self.cause.signal)
+        self._say(f"vLLM died {when} (exit status {proc.returncode}): {reason}")
+        return EXIT_DIED
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if not self._stop.is_set():
+            self._say(f"signal {signum}: stopping vLLM")
+        self._stop.set()
+
+    def _relay(self, proc: subprocess.Popen[str]) -> None:
+        """vLLM's output, passed through; the lines that name a death kept."""
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.out.write(line)
+            self.out.flush()
+            if not self._stop.is_set():
+                self.cause.read(line)
+
+    def _await_ready(self, proc: subprocess.Popen[str]) -> float | None:
+        """``/health``, then one completion; its time, or ``None`` if vLLM died (or was
+        stopped) first, or ``ready_timeout_s`` passed."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None or self._stop.is_set() or self.cause.known:
+                return None
+            if self._get("/health") == 200:
+                break
+            self._stop.wait(0.5)
+        else:
+            self._say(f"vLLM not healthy within {self.ready_timeout_s:.0f} s")
+            return None
+        start = time.monotonic()
+        try:
+            models = json.loads(self._request("/v1/models")[1] or b"{}")
+            model = models["data"][0]["id"]
+            status, body = self._request(
+                "/v1/completions",
+                {"model": model, "prompt": [1], "max_tokens": 1, "temperature": 0},
+                timeout_s=max(1.0, deadline - time.monotonic()),
+            )
+        except (OSError, ValueError, KeyError, IndexError) as exc:
+            status, body = 0, repr(exc).encode()
+        if status != 200:
+            self.cause.lines.append(
+                f"the first completion answered HTTP {status}: {body[:300].decode(errors='replace')}"
+            )
+            return None
+        return time.monotonic() - start
+
+    def _stop_vllm(self, proc: subprocess.Popen[str], *, grace_s: float) -> None:
+        if proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self._say(f"vLLM did not stop within {grace_s:.0f} s: killing its processes")
+            with contextlib.suppress(ProcessLookupError):
+                for pid in _descendants(proc.pid):
+                    os.kill(pid, signal.SIGKILL)
+                proc.kill()
+
+    # ------------------------------------------------------------------ plumbing
+    def _get(self, path: str) -> int:
+        try:
+            return self._request(path, timeout_s=2.0)[0]
+        except OSError:
+            return 0
+
+    def _request(
+        self, path: str, body: dict[str, Any] | None = None, *, timeout_s: float = 10.0
+    ) -> tuple[int, bytes]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.url + path, data=data, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                return int(response.status), response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def _write_state(self, state: str, **data: Any) -> None:
+        record = {"state": state, "url": self.url, "at": time.time(), **data}
+        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps(record), encoding="utf-8")
+            tmp.replace(self.state_file)
+
+    def _say(self, message: str) -> None:
+        print(f"agentclaims vllm: {message}", file=sys.stderr, flush=True)
+
+
+def _die_with_parent() -> None:
+    """In vLLM's process, before it starts: SIGTERM when the supervisor dies (even by
+    ``kill -9``), so no vLLM outlives the command that started it (Linux)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from ``/proc``), deepest last."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
