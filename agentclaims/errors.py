@@ -203,4 +203,5 @@ class Forbidden(AgentClaimsError):
 
 
 class ServiceUnavailable(BackendUnavailable):
-    """The gateway is shutting down or its claim ledger is unusable: nothing was changed."""
+    """The gateway is shutting down, its claim ledger is unusable, or the engine behind it is
+    dead (a gateway on vLLM): nothing was changed; HTTP 503 ``unavailable``."""

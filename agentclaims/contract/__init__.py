@@ -15,6 +15,7 @@ from agentclaims.contract.ids import (
 )
 from agentclaims.contract.lifecycle import LEGAL_TRANSITIONS, check_transition
 from agentclaims.contract.names import (
+    BACKEND_RESTART,
     ArbiterAction,
     ClaimState,
     ConformanceStatus,
@@ -33,6 +34,7 @@ from agentclaims.contract.predicates import (
 )
 
 __all__ = [
+    "BACKEND_RESTART",
     "LEGAL_TRANSITIONS",
     "SCHEMA_VERSION",
     "SESSION_STATES",

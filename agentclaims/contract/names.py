@@ -5,6 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 __all__ = [
+    "BACKEND_RESTART",
     "ArbiterAction",
     "ClaimState",
     "ConformanceStatus",
@@ -14,6 +15,11 @@ __all__ = [
     "LoweringClass",
     "ProtectionMode",
 ]
+
+
+BACKEND_RESTART = "backend_restart"
+"""The cause (harm) or reason (expiry) of a claim whose KV side went away with its blocks: a
+gateway restart the ledger could not carry over, a vLLM engine that died or restarted."""
 
 
 class ProtectionMode(StrEnum):

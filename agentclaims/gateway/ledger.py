@@ -22,12 +22,13 @@ from typing import Any
 from agentclaims.contract import ClaimEvent, ClaimState, EventName, ProtectionMode
 from agentclaims.contract.events import STATE_OF_EVENT
 from agentclaims.contract.ids import ClaimId
+from agentclaims.contract.names import BACKEND_RESTART
 from agentclaims.errors import ServiceUnavailable
 from agentclaims.protocol import EventPage
 
 __all__ = ["RESTART_CAUSE", "Ledger", "LedgerClaim"]
 
-RESTART_CAUSE = "backend_restart"
+RESTART_CAUSE = BACKEND_RESTART
 """The cause (harm) or reason (expiry) of a claim the gateway could not carry over a restart."""
 
 _SCHEMA = """

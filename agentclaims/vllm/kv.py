@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from agentclaims.contract import (
+    BACKEND_RESTART,
     ArbiterAction,
     BlockHash,
     CacheIdentity,
@@ -63,6 +64,7 @@ from agentclaims.errors import (
     BackendUnavailable,
     ContractViolation,
     OperationNotExposed,
+    ServiceUnavailable,
     UsageError,
 )
 from agentclaims.lowering.served import CONNECTOR_DESCRIPTOR
@@ -229,12 +231,21 @@ class VllmKV:
         """The connector's limits as it last answered: ``cap_blocks``, ``max_ttl_s``,
         ``max_defer_s`` (what a hold may take, how long a request may be deferred)."""
         self._judging: set[asyncio.Task[None]] = set()
+        self.engine_dead: str | None = None
+        """Why vLLM's engine is known dead (its 500, a refused connection, ``/health`` 503):
+        every request answers 503 with it until a vLLM answers ``/health`` again."""
+        self._kv_events = kv_events
+        self._probed_at = 0.0
+        self._http.on_engine_dead = self._engine_died
 
     async def start(self) -> None:
         """Once, before anything else: end every hold the connector still has from an earlier
         gateway (this one has no record of them: a restart, a crash). Each ends with its
         ``resident_claim_expired`` (reason ``revoked: gateway_restart``), read into this
-        gateway's stream: no claim disappears silently."""
+        gateway's stream: no claim disappears silently. While vLLM's engine is dead: a
+        ``BackendUnavailable`` naming why, until a vLLM answers again (then once more)."""
+        if self.engine_dead is not None:
+            await self._revive()
         if self._started is None:
             self._started = asyncio.ensure_future(self._revoke_orphans())
         await asyncio.shield(self._started)
@@ -254,6 +265,81 @@ class VllmKV:
             self.lowering = _STOCK_DESCRIPTOR if _STOCK_DESCRIPTOR.is_file() else None
         async with self._lock:
             self._absorb(answer)
+
+    # ------------------------------------------------------------------ a dead engine
+    def _engine_died(self, seen: str) -> None:
+        """vLLM's engine is gone (``seen``: how the gateway knows). Fail closed, once: every
+        live claim ends with its event (a materialized one ``resident_claim_harmed``, cause
+        ``backend_restart``: its blocks went with the engine; one not yet seen resident
+        ``resident_claim_expired``, reason ``backend_restart``), and every request answers
+        503 until a vLLM answers ``/health`` again."""
+        if self.engine_dead is not None:
+            return
+        self.engine_dead = seen
+        self._started = None  # a vLLM that comes back is started afresh (orphans, pool, version)
+        self._probed_at = time.monotonic()
+        log.error(
+            "agentclaims: %s; every claim on it ends (%s)", self._dead_reason(), BACKEND_RESTART
+        )
+        for claim in self._claims.values():
+            if not claim.state.live:
+                continue
+            cid = claim.spec.claim_id
+            if claim.state is ClaimState.MATERIALIZED:
+                claim.state, claim.end_reason = ClaimState.HARMED, "harmed"
+                self._emit(
+                    EventName.RESIDENT_CLAIM_HARMED,
+                    cid,
+                    None,
+                    cause=BACKEND_RESTART,
+                    detail=self._dead_reason(),
+                    predicate="leading_prefix_at_least",
+                    predicate_before=True,
+                    predicate_after=False,
+                    state=ClaimState.HARMED.value,
+                )
+            else:
+                claim.state, claim.end_reason = ClaimState.EXPIRED, BACKEND_RESTART
+                self._emit(
+                    EventName.RESIDENT_CLAIM_EXPIRED,
+                    cid,
+                    None,
+                    reason=BACKEND_RESTART,
+                    detail=self._dead_reason(),
+                    state=ClaimState.EXPIRED.value,
+                )
+            claim.held_blocks = 0
+
+    def _dead_reason(self) -> str:
+        """Why the engine is dead, with the signal where ``agentclaims vllm serve`` (its state
+        file beside the KV events endpoint) has named it."""
+        reason = f"vLLM's engine is dead ({self.engine_dead})"
+        if self._kv_events is not None:
+            from agentclaims.vllm.supervise import read_state
+
+            state = read_state(self._kv_events) or {}
+            if state.get("state") == "dead" and state.get("reason"):
+                reason += f": {state['reason']}"
+        return reason
+
+    async def _revive(self) -> None:
+        """While dead: ask vLLM's ``/health`` (at most once a second); a 200 means a vLLM is
+        back (a restart: nothing of the old one's claims survives), else 503 as before."""
+        now = time.monotonic()
+        if now - self._probed_at >= 1.0:
+            self._probed_at = now
+            with contextlib.suppress(BackendUnavailable):
+                status, _ = await self._http.request("GET", "/health", timeout_s=5.0)
+                if status == 200 and self.engine_dead is not None:
+                    log.warning("agentclaims: vLLM at %s answers again", self.upstream)
+                    self.engine_dead = None
+                    return
+        raise self._dead_error()
+
+    def _dead_error(self) -> ServiceUnavailable:
+        return ServiceUnavailable(
+            f"{self._dead_reason()}; every claim held there has ended ({BACKEND_RESTART})"
+        )
 
     async def _pool_blocks(self) -> int:
         """vLLM's KV blocks less its null block, from its ``/metrics`` (``cache_config_info``)."""
@@ -276,7 +362,16 @@ class VllmKV:
         try:
             status, _ = await self._http.request("GET", "/health", timeout_s=5.0)
         except BackendUnavailable as exc:
-            return {"usable": False, "detail": str(exc)}
+            return {
+                "usable": False,
+                "detail": self._dead_reason() if self.engine_dead else str(exc),
+            }
+        if status == 503:  # vLLM's answer for a dead engine (EngineDeadError)
+            self._engine_died(f"vLLM at {self.upstream} /health: HTTP 503")
+        if status == 200 and self.engine_dead is not None:
+            return {"usable": False, "detail": f"{self._dead_reason()}; vLLM answers again"}
+        if status != 200 and self.engine_dead is not None:
+            return {"usable": False, "detail": self._dead_reason()}
         return {"usable": status == 200, "detail": f"vLLM /health: HTTP {status}"}
 
     async def _get(self, path: str) -> dict[str, Any]:
@@ -456,6 +551,8 @@ class VllmKV:
         status, data = await self._http.post(_KINDS[kind], forwarded)
         if status != 200 or not isinstance(data, dict):
             message = (data.get("error") or {}).get("message") if isinstance(data, dict) else data
+            if self.engine_dead is not None:
+                raise self._dead_error()
             if status >= 500:
                 raise BackendUnavailable(f"vLLM answered HTTP {status}: {message}")
             raise UsageError("body", f"vLLM refused the request: {message}")
@@ -887,7 +984,8 @@ class VllmKV:
         return self._view(claim)
 
     async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
-        await self.start()
+        if self.engine_dead is None:  # else its claims have all ended: nothing to hand back
+            await self.start()
         claim = self._owned(claim_id, owner_scope)
         if claim.state in (ClaimState.MATERIALIZED, ClaimState.ACCEPTED, ClaimState.DEMOTED):
             client = await self._connector_ready()
@@ -900,7 +998,8 @@ class VllmKV:
     async def events(
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None
     ) -> EventPage:
-        await self.start()
+        if self.engine_dead is None:  # a dead engine's events stay readable: they say so
+            await self.start()
         if self._judging:
             await asyncio.gather(*list(self._judging), return_exceptions=True)
         async with self._lock:
@@ -913,6 +1012,8 @@ class VllmKV:
         """Leading blocks known resident: those vLLM's events show cached (with the observer),
         and those of held claims (unknown is 0: fail closed)."""
         out = dict.fromkeys(prefix_ids, 0)
+        if self.engine_dead is not None:
+            return out  # its cache went with it
         if self.observer is not None:
             await self._settle()
             for pid in out:

@@ -170,6 +170,12 @@ class Supervisor:
             self._write_state("ready", pid=proc.pid)
         while proc.poll() is None and not self._stop.is_set():
             if self.cause.known:  # the engine died; vLLM's API server closes within seconds
+                settle = time.monotonic() + 1.0  # the watch's line (the signal) comes apace
+                while self.cause.signal is None and time.monotonic() < settle:
+                    self._stop.wait(0.05)
+                self._write_state(
+                    "dead", pid=proc.pid, reason=str(self.cause), signal=self.cause.signal
+                )
                 self._stop_vllm(proc, grace_s=10.0)
                 break
             self._stop.wait(0.2)

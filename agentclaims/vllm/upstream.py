@@ -11,7 +11,7 @@ the server is closing.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentclaims.errors import BackendUnavailable, UsageError
@@ -20,7 +20,7 @@ from agentclaims.protocol import timing
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["KEEP_ALIVE_S", "MAX_CONNECTIONS", "Upstream"]
+__all__ = ["ENGINE_DEAD", "KEEP_ALIVE_S", "MAX_CONNECTIONS", "Upstream"]
 
 KEEP_ALIVE_S = 3.0
 """How long an idle connection to vLLM is kept for reuse (vLLM closes them after 5 s)."""
@@ -29,6 +29,8 @@ MAX_CONNECTIONS = 256
 (within its timeout)."""
 
 _JSON = {"content-type": "application/json"}
+ENGINE_DEAD = b"EngineCore encountered an issue"
+"""The start of vLLM's own message for a dead engine (``EngineDeadError``, an HTTP 500)."""
 
 
 class Upstream:
@@ -53,6 +55,9 @@ class Upstream:
         self.timeout_s = timeout_s
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self.on_engine_dead: Callable[[str], None] | None = None
+        """Called (with what was seen) when vLLM's engine is dead: its own 500 for a dead
+        engine, or a refused connection (no vLLM listens: it stopped, or died)."""
 
     def _client(self) -> aiohttp.ClientSession:
         # made on first use: an aiohttp session belongs to the event loop that runs it
@@ -91,9 +96,14 @@ class Upstream:
                     headers=_JSON if data is not None else None,
                     timeout=timeout,
                 ) as response:
-                    return response.status, await response.read()
+                    status, raw = response.status, await response.read()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            if isinstance(exc, aiohttp.ClientConnectorError) and self.on_engine_dead:
+                self.on_engine_dead(f"vLLM at {self.base_url} refused the connection: {exc}")
             raise BackendUnavailable(f"vLLM at {self.base_url} unreachable: {exc!r}") from exc
+        if status == 500 and ENGINE_DEAD in raw and self.on_engine_dead is not None:
+            self.on_engine_dead(f"vLLM at {self.base_url} answered: {ENGINE_DEAD.decode()}")
+        return status, raw
 
     async def get(self, path: str, *, timeout_s: float | None = None) -> tuple[int, Any]:
         """``GET path``: the status and the body (JSON parsed; see the class)."""

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,8 @@ class VllmServer:
     """vLLM's KV events endpoint (ipc://)."""
     log: Path
     """Everything ``agentclaims vllm serve`` and vLLM printed."""
+    process: subprocess.Popen[bytes] = field(compare=False, repr=False)
+    """``agentclaims vllm serve``'s process (vLLM runs under it)."""
 
 
 def _vllm_python() -> str:
@@ -70,11 +73,14 @@ def serve_vllm(
     name: str = "server",
     *,
     connector: bool = True,
+    env: dict[str, str] | None = None,
+    ready: bool = True,
 ) -> Iterator[VllmServer]:
     """`agentclaims vllm serve --dev-mode` (``/reset_prefix_cache`` for fresh conformance
     instances), with the connector (41 blocks x 32 tokens, max length 256) or stock
     (``connector=False``), its KV events on an ipc:// endpoint of its own, on a free loopback
-    port; stopped (its whole process group) at the end."""
+    port, once it says it is ready (``ready=False``: as soon as it started; ``env``: more
+    environment for it); stopped (its whole process group) at the end."""
     python = _vllm_python()
     port = free_port()
     where = tmp_path_factory.mktemp(f"vllm-{name}")
@@ -94,11 +100,13 @@ def serve_vllm(
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=None if env is None else {**os.environ, **env},
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(proc, where / "events.kv.state.json", log, timeout_s=240)
-        yield VllmServer(url, tiny_model, KEY, proc.pid, events, log)
+        if ready:
+            wait_ready(proc, where / "events.kv.state.json", log, timeout_s=240)
+        yield VllmServer(url, tiny_model, KEY, proc.pid, events, log, proc)
     finally:
         stop(proc, group=True, timeout_s=30)
 
