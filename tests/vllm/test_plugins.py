@@ -1,0 +1,144 @@
+"""The connector distribution's vLLM plugins without vLLM: the AMX permission
+(``agentclaims_vllm.amx``, real ``arch_prctl`` syscalls on this host) and the exit watch's
+reading of a real child's status (``agentclaims_vllm.watch``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from agentclaims_vllm import amx, watch
+from agentclaims_vllm.amx import AmxPermission, cpu_has_amx, request_amx_permission
+
+WITH_AMX = "processor\t: 0\nflags\t\t: fpu sse avx512f amx_bf16 amx_tile amx_int8\n"
+WITHOUT_AMX = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n"
+HOST_AMX = cpu_has_amx()
+
+
+def test_amx_is_read_from_the_cpu_flags() -> None:
+    assert cpu_has_amx(WITH_AMX)
+    assert not cpu_has_amx(WITHOUT_AMX)
+    assert not cpu_has_amx("processor\t: 0\nmodel name\t: amx_tile in a name\n")
+    assert not cpu_has_amx("")
+    assert cpu_has_amx() == ("amx_tile" in Path("/proc/cpuinfo").read_text())
+
+
+def test_nothing_is_done_off_x86_or_without_amx() -> None:
+    assert request_amx_permission(machine="aarch64").permission is AmxPermission.NOT_APPLICABLE
+    report = request_amx_permission(cpuinfo=WITHOUT_AMX, machine="x86_64")
+    assert report.permission is AmxPermission.NO_AMX
+    assert "nothing to do" in str(report)
+
+
+def _in_child(code: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "AGENTCLAIMS_AMX_LOGGED"}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="arch_prctl is Linux's")
+def test_the_kernel_is_really_asked_and_its_answer_reported() -> None:
+    """Where the flags say AMX, the real syscall is made: on an AMX CPU the kernel grants it
+    (and the process then holds the permission); on a CPU without AMX the kernel refuses
+    (EOPNOTSUPP), and the report says so and what to do."""
+    done = _in_child(
+        f"""
+        from agentclaims_vllm import amx
+        report = amx.request_amx_permission(cpuinfo={WITH_AMX!r})
+        print(report.permission.value, amx._permitted())
+        print(report)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    first, text = done.stdout.splitlines()
+    if HOST_AMX:
+        assert first == "granted True"
+    else:
+        assert first == "refused False"
+        assert "EOPNOTSUPP" in text or "ENOTSUP" in text or "EINVAL" in text
+        assert "--dtype float16" in text
+
+
+def test_the_plugin_says_what_it_did_once_per_server() -> None:
+    """The first process logs one line on stderr; its children (the environment marks it)
+    and later calls log at debug level only."""
+    done = _in_child(
+        """
+        import os, subprocess, sys
+        from agentclaims_vllm import amx
+        amx.register()
+        amx.register()
+        subprocess.run([sys.executable, "-c", "from agentclaims_vllm import amx; amx.register()"])
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "agentclaims AMX:" in line]
+    assert len(lines) == 1, done.stderr
+    expected = "granted" if HOST_AMX else "no_amx"
+    assert lines[0].startswith("INFO agentclaims AMX: " + expected)
+
+
+def test_the_watch_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    monkeypatch.delenv(watch.ENV, raising=False)
+    before = threading.active_count()
+    watch.register()
+    assert threading.active_count() == before
+
+
+@pytest.mark.parametrize("sig", [signal.SIGILL, signal.SIGKILL])
+def test_the_watch_reads_a_childs_signal_and_leaves_it_to_be_reaped(sig: signal.Signals) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    os.kill(child.pid, sig)
+    status = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+    assert status is not None
+    assert watch.describe(status) == f"signal {sig.name} ({int(sig)})"
+    assert child.wait(timeout=10) == -sig  # still there for its parent to reap
+    line = f"agentclaims: vLLM process VLLM::Worker (pid {child.pid}) ended by " + watch.describe(
+        status
+    )
+    match = watch.LINE.search(line)
+    assert match is not None
+    assert match["signal"] == sig.name
+
+
+def test_a_clean_exit_is_described_as_such() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    status = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+    assert status is not None
+    assert watch.describe(status) == "exit status 3"
+    assert child.wait(timeout=10) == 3
+
+
+def test_the_supervisor_reads_the_watch_line_as_the_plugin_writes_it() -> None:
+    from agentclaims.vllm.supervise import DeathCause
+
+    cause = DeathCause()
+    written = "agentclaims: vLLM process VLLM::Worker (pid 12) ended by signal SIGILL (4)"
+    assert watch.LINE.search(written) is not None
+    assert cause.read(f"(EngineCore pid=3) ERROR 12-01 [watch.py:79] {written}")
+    assert cause.signal == "SIGILL"
+    assert str(cause) == "vLLM's VLLM::Worker (pid 12) was killed by SIGILL"
+    assert not DeathCause().read(
+        "agentclaims: vLLM process VLLM::Worker (pid 12) ended by exit status 0"
+    )  # a clean exit is no death
+
+
+def test_amx_module_names_the_syscall_it_makes() -> None:
+    assert (amx.SYS_ARCH_PRCTL, amx.ARCH_REQ_XCOMP_PERM, amx.XFEATURE_XTILEDATA) == (
+        158,
+        0x1023,
+        18,
+    )
