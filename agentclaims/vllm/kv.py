@@ -267,14 +267,19 @@ class VllmKV:
             self._absorb(answer)
 
     # ------------------------------------------------------------------ a dead engine
-    def _engine_died(self, seen: str) -> None:
-        """vLLM's engine is gone (``seen``: how the gateway knows). Fail closed, once: every
+    def _engine_died(self, seen: str, refused: bool = False) -> None:
+        """vLLM's engine is gone (``seen``: how the gateway knows; ``refused``: a refused
+        connection, which says so only of a vLLM this side had started on). Fail closed, once: every
         live claim ends with its event (a materialized one ``resident_claim_harmed``, cause
         ``backend_restart``: its blocks went with the engine; one not yet seen resident
         ``resident_claim_expired``, reason ``backend_restart``), and every request answers
         503 until a vLLM answers ``/health`` again."""
         if self.engine_dead is not None:
             return
+        if refused and not (
+            self._started and self._started.done() and not self._started.exception()
+        ):
+            return  # never served here: nothing of it was known, nothing is lost
         self.engine_dead = seen
         self._started = None  # a vLLM that comes back is started afresh (orphans, pool, version)
         self._probed_at = time.monotonic()

@@ -50,6 +50,18 @@ _WATCH = re.compile(
     r"(?:signal (?P<signal>SIG\w+) \(\d+\)|exit status (?P<status>\d+))"
 )
 """``agentclaims_vllm.watch.LINE`` (the connector's distribution is not importable here)."""
+_WORKER_DIED = re.compile(
+    r"Worker proc (?P<name>\S+) died unexpectedly \(exit code: (?P<code>-?\d+)"
+)
+"""vLLM's own line, when its monitor saw the exit status (a signal is its negative)."""
+_FAULTS = {
+    "Illegal instruction": "SIGILL",
+    "Segmentation fault": "SIGSEGV",
+    "Floating point exception": "SIGFPE",
+    "Bus error": "SIGBUS",
+    "Aborted": "SIGABRT",
+}
+"""Python's fault handler's words for the signals it reports (``PYTHONFAULTHANDLER=1``)."""
 _VLLM_REASONS = (
     re.compile(r"Worker proc \S+ died unexpectedly \(exit code: [^)]*\)"),
     re.compile(r"Engine core proc \S+ died unexpectedly"),
@@ -79,7 +91,9 @@ class DeathCause:
     """What vLLM's processes said as they died, in the order they said it."""
 
     signal: str | None = None
-    """The signal a vLLM process ended by (``SIGILL``), from the watch plugin."""
+    """The signal a vLLM process ended by (``SIGILL``): from the watch plugin's line, else
+    vLLM's own exit code, else Python's fault handler (the watch may lose the race to vLLM's
+    own reaping of the child)."""
     process: str | None = None
     """Which one (``VLLM::Worker (pid 2886)``)."""
     lines: list[str] = field(default_factory=list)
@@ -94,6 +108,13 @@ class DeathCause:
                 self.signal = m["signal"]
                 self.process = f"{m['name']} (pid {m['pid']})"
             told = True
+        if self.signal is None and (w := _WORKER_DIED.search(line)) and int(w["code"]) < 0:
+            with contextlib.suppress(ValueError):  # the watch lost the race to vLLM's reaping
+                self.signal = signal.Signals(-int(w["code"])).name
+                self.process = self.process or w["name"]
+        fault = line.partition("Fatal Python error: ")[2].strip()
+        if self.signal is None and fault in _FAULTS:
+            self.signal = _FAULTS[fault]
         for kind, pattern in enumerate(_VLLM_REASONS):
             if (r := pattern.search(line)) is not None:
                 if kind not in self._kinds:  # each kind once: a traceback repeats itself
@@ -108,7 +129,7 @@ class DeathCause:
 
     def __str__(self) -> str:
         head = (
-            f"vLLM's {self.process} was killed by {self.signal}"
+            f"vLLM's {self.process or 'process'} was killed by {self.signal}"
             if self.signal
             else f"vLLM's {self.process} exited with an error"
             if self.process

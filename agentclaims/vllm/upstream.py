@@ -55,9 +55,10 @@ class Upstream:
         self.timeout_s = timeout_s
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
-        self.on_engine_dead: Callable[[str], None] | None = None
-        """Called (with what was seen) when vLLM's engine is dead: its own 500 for a dead
-        engine, or a refused connection (no vLLM listens: it stopped, or died)."""
+        self.on_engine_dead: Callable[[str, bool], None] | None = None
+        """Called when vLLM's engine is dead, with what was seen and whether it was a refused
+        connection (no vLLM listens: it stopped, or died) rather than vLLM's own 500 for a
+        dead engine."""
 
     def _client(self) -> aiohttp.ClientSession:
         # made on first use: an aiohttp session belongs to the event loop that runs it
@@ -99,10 +100,10 @@ class Upstream:
                     status, raw = response.status, await response.read()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             if isinstance(exc, aiohttp.ClientConnectorError) and self.on_engine_dead:
-                self.on_engine_dead(f"vLLM at {self.base_url} refused the connection: {exc}")
+                self.on_engine_dead(f"vLLM at {self.base_url} refused the connection: {exc}", True)
             raise BackendUnavailable(f"vLLM at {self.base_url} unreachable: {exc!r}") from exc
         if status == 500 and ENGINE_DEAD in raw and self.on_engine_dead is not None:
-            self.on_engine_dead(f"vLLM at {self.base_url} answered: {ENGINE_DEAD.decode()}")
+            self.on_engine_dead(f"vLLM at {self.base_url} answered: {ENGINE_DEAD.decode()}", False)
         return status, raw
 
     async def get(self, path: str, *, timeout_s: float | None = None) -> tuple[int, Any]:

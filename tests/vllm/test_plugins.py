@@ -142,3 +142,26 @@ def test_amx_module_names_the_syscall_it_makes() -> None:
         0x1023,
         18,
     )
+
+
+def test_the_signal_is_named_when_the_watch_lost_the_race_to_vllms_reaping() -> None:
+    """vLLM's own exit code, else Python's fault handler's words, name the signal."""
+    from agentclaims.vllm.supervise import DeathCause
+
+    by_code = DeathCause()
+    assert by_code.read(
+        "(EngineCore pid=5) ERROR [multiproc_executor.py:315] Worker proc VllmWorker-0 died "
+        "unexpectedly (exit code: -9), shutting down executor."
+    )
+    assert (by_code.signal, by_code.process) == ("SIGKILL", "VllmWorker-0")
+    by_fault = DeathCause()
+    assert by_fault.read("Fatal Python error: Illegal instruction")
+    assert by_fault.signal == "SIGILL"
+    assert str(by_fault) == (
+        "vLLM's process was killed by SIGILL (vLLM: Fatal Python error: Illegal instruction)"
+    )
+    unknown = DeathCause()
+    assert unknown.read("Worker proc VllmWorker-0 died unexpectedly (exit code: None), ...")
+    assert unknown.signal is None
+    assert str(unknown).startswith("vLLM's engine died (vLLM: Worker proc VllmWorker-0 died")
+    assert not DeathCause().read("INFO 12-01 [api_server.py:1] Starting vLLM API server")
