@@ -65,10 +65,7 @@ __all__ = ["SERVED_LEVELS", "ServedPool", "served_pool"]
 E = EventName
 _EXPIRING_TTL_S = 3.0
 _BURSTS = 3
-_LONG_START_WAIT_S = 0.25
-"""How long the burst's second request waits for the first to be seen past its prefill: far
-less than the first's decode (about 180 tokens), so the two meet however late vLLM's KV
-events arrive on a loaded machine (waiting on the events alone let the first finish)."""
+_LONG_START_WAIT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,9 +218,7 @@ class _Run:
         self, request: asyncio.Future[ActiveOutcome], prompt: Sequence[BlockHash]
     ) -> None:
         """Until ``request`` is past its prefill (its prompt's blocks are in vLLM's cache, as
-        its KV events show), or has ended, or ``_LONG_START_WAIT_S`` have passed. The two
-        requests collide at admission whichever vLLM admits first; this only lets the
-        first get ahead."""
+        its KV events show), or has ended, or ``_LONG_START_WAIT_S`` have passed."""
         deadline = time.monotonic() + _LONG_START_WAIT_S
         while not request.done() and time.monotonic() < deadline:
             if all(await self.target.survival(prompt)):
