@@ -64,8 +64,7 @@ __all__ = ["SERVED_LEVELS", "ServedPool", "served_pool"]
 
 E = EventName
 _EXPIRING_TTL_S = 3.0
-_BURSTS = 3
-_LONG_START_WAIT_S = 5.0
+_BURSTS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,41 +188,35 @@ class _Run:
         return ids, held
 
     async def burst(self, tag: str, held_blocks: int) -> tuple[list[ActiveOutcome], int]:
-        """Active work that cannot fit beside ``held_blocks``: a long-running request (three
-        blocks from its start, growing while it decodes), and, once vLLM's events show it past
-        its prefill, a full-length one. With the holds at the connector's cap, what is left is one max-length request's
-        worth and a watermark, so the second cannot start beside the first without held
-        blocks, whichever is admitted first. Its outcomes and the blocks both want at once.
-        If nothing met the claims (the first ended before the second came), it is sent
+        """Active work that cannot fit beside ``held_blocks``: two long-running requests sent
+        at once, each with a prompt of two blocks over half of what the holds leave free (at the
+        cap: one max-length request's worth and a watermark) and a reply as long as the model
+        allows. Whichever vLLM admits first, the other cannot start beside it without held
+        blocks, and both live for many decode steps, so they meet at admission however slow
+        the machine is (no wait on vLLM's events, no race with a short request). Their
+        outcomes and the blocks both want at once. If nothing met the claims, they are sent
         again, at most ``_BURSTS`` times."""
         bs, mml = self.pool.block_size, self.pool.max_model_len
-        long_prompt = 2 * bs + 8  # three blocks: the rest, 9 at the cap, is short of 7
-        long_reply = max(1, mml - long_prompt - 1)  # as long as it may: it must outlast the gap
-        full = self.pool.prompt_blocks * bs
+        free = max(1, self.pool.usable_blocks - held_blocks)
+        # a margin over half: vLLM may hold a block more than the prompt for the first decode
+        blocks = min(free // 2 + 2, free, max(1, (mml - 2) // bs))
+        reply = max(1, mml - blocks * bs - 1)  # as long as it may: the two must overlap
         outcomes: list[ActiveOutcome] = []
         for attempt in range(_BURSTS):
             since = max((e.seq for e in await self.events()), default=0)
             name = f"{self.level}-{tag}{attempt}"
-            long_tokens = _tokens(f"{name}:long", long_prompt)
-            first = asyncio.ensure_future(self.serve(f"{name}-long", long_tokens, long_reply))
-            await self._running(first, self.hashes(long_tokens))
-            second = await self.serve(f"{name}-full", _tokens(f"{name}:full", full))
-            outcomes = [await first, second]
+            outcomes = list(
+                await asyncio.gather(
+                    *(
+                        self.serve(f"{name}-{part}", _tokens(f"{name}:{part}", blocks * bs), reply)
+                        for part in ("a", "b")
+                    )
+                )
+            )
             if await self.collided(outcomes, since):
                 break
-        demand = -(-(long_prompt + long_reply) // bs) + -(-full // bs)
+        demand = 2 * -(-(blocks * bs + reply) // bs)
         return outcomes, held_blocks + demand
-
-    async def _running(
-        self, request: asyncio.Future[ActiveOutcome], prompt: Sequence[BlockHash]
-    ) -> None:
-        """Until ``request`` is past its prefill (its prompt's blocks are in vLLM's cache, as
-        its KV events show), or has ended, or ``_LONG_START_WAIT_S`` have passed."""
-        deadline = time.monotonic() + _LONG_START_WAIT_S
-        while not request.done() and time.monotonic() < deadline:
-            if all(await self.target.survival(prompt)):
-                return
-            await asyncio.sleep(0.01)
 
     async def collided(self, outcomes: Sequence[ActiveOutcome], since: int) -> bool:
         """Whether the active work met the claims: a request refused, or an event of it."""
