@@ -42,11 +42,10 @@ def _host_has_amx() -> bool:
     return "amx_tile" in flags.split()
 
 
-def _say(request: pytest.FixtureRequest, line: str) -> None:
+def _say(capsys: pytest.CaptureFixture[str], line: str) -> None:
     """A line in the test run's own output (not captured)."""
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"\n{line}")
+    with capsys.disabled():
+        print(f"\n{line}")
 
 
 def _descendants(pid: int) -> dict[int, str]:
@@ -71,16 +70,16 @@ def _descendants(pid: int) -> dict[int, str]:
 
 
 def test_the_amx_plugin_ran_in_vllm_and_said_what_it_did(
-    vllm_server: VllmServer, request: pytest.FixtureRequest
+    vllm_server: VllmServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     log = vllm_server.log.read_text()
     if _host_has_amx():
         assert "agentclaims AMX: granted" in log, log[-3000:]
-        _say(request, "this host's CPU has AMX: the plugin granted vLLM's processes AMX tile data")
+        _say(capsys, "this host's CPU has AMX: the plugin granted vLLM's processes AMX tile data")
     else:
         assert "agentclaims AMX: no_amx: the CPU has no AMX; nothing to do" in log, log[-3000:]
         _say(
-            request,
+            capsys,
             "this host's CPU has no AMX (no amx_tile flag): the AMX plugin did nothing, and "
             "the test of vLLM without it (SIGILL on AMX) has nothing to show here",
         )
@@ -91,7 +90,7 @@ def test_without_the_plugin_an_amx_host_names_sigill_and_with_it_serves(
     vllm_server: VllmServer,
     tiny_model: str,
     tmp_path_factory: pytest.TempPathFactory,
-    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The session's server (plugin on) has served; one without the AMX plugin
     (``VLLM_PLUGINS`` names only the watch) dies at its first completion on an AMX CPU."""
@@ -102,7 +101,7 @@ def test_without_the_plugin_an_amx_host_names_sigill_and_with_it_serves(
     )
     assert answer.status_code == 200, answer.text
     if not _host_has_amx():
-        _say(request, "no AMX on this host: vLLM without the AMX plugin is not started here")
+        _say(capsys, "no AMX on this host: vLLM without the AMX plugin is not started here")
         return
     plugins = {"VLLM_PLUGINS": "agentclaims_watch"}
     with serve_vllm(
