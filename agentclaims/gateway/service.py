@@ -170,44 +170,57 @@ class Service:
             )
 
     def gate(self, spec: ClaimSpec) -> str | None:
-        """The KV side's claim gate: the tenant's limits, checked as the arbiter admits the
-        claim; a claim let through is reserved until its decision is recorded."""
-        if self.keys is None or self.ledger is None:
+        """The KV side's claim gate: the tenant's limits, every one of them, for every mode,
+        checked as the arbiter admits the claim (sent with a request or on its own); a claim
+        let through is reserved until its decision is recorded."""
+        if self.keys is None:
             return None
-        name = self._tenant_of_id.get(spec.claim_id) or self.ledger.owners.get(spec.owner_scope)
+        name = self._tenant_of_id.get(spec.claim_id)
+        if name is None and self.ledger is not None:
+            name = self.ledger.owners.get(spec.owner_scope)
         tenant = self.keys.tenants.get(name) if name is not None else None
         if tenant is None:
             return None
-        live, used = self.ledger.usage(tenant.name)
-        for t, fp, p in self._reserved.values():  # let through, not yet decided
-            if t == tenant.name:
-                live, used = live + 1, used + (fp if p else 0)
-        protected = spec.protection_mode.value != "best_effort"
-        reason = None
-        if tenant.max_claims is not None and live + 1 > tenant.max_claims:
-            reason = (
-                f"tenant {tenant.name!r} has {live} live claims, "
-                f"at most {tenant.max_claims} allowed"
-            )
-        elif protected and tenant.quota_blocks is not None:
-            if used + spec.footprint_blocks > tenant.quota_blocks:
-                reason = (
-                    f"tenant {tenant.name!r} would protect {used + spec.footprint_blocks} "
-                    f"blocks, over its quota of {tenant.quota_blocks}"
-                )
-        elif (
+        reason = self._over_limits(spec, tenant)
+        if reason is not None:
+            self.counts[tenant.name, "claims_refused"] += 1
+            return reason
+        if self.ledger is not None:
+            protected = spec.protection_mode.value != "best_effort"
+            self._reserved[spec.claim_id] = (tenant.name, spec.footprint_blocks, protected)
+        return None
+
+    def _over_limits(self, spec: ClaimSpec, tenant: Tenant) -> str | None:
+        """The first of ``tenant``'s limits ``spec`` would break, or ``None``. The TTL is
+        checked on its own; the counts need the ledger's books (and the claims let through,
+        not yet decided)."""
+        if (
             tenant.max_ttl_s is not None
             and spec.ttl_s is not None
             and spec.ttl_s > tenant.max_ttl_s
         ):
-            reason = (
+            return (
                 f"ttl_s {spec.ttl_s:g} is over tenant {tenant.name!r}'s maximum of "
                 f"{tenant.max_ttl_s:g} s"
             )
-        if reason is not None:
-            self.counts[tenant.name, "claims_refused"] += 1
-            return reason
-        self._reserved[spec.claim_id] = (tenant.name, spec.footprint_blocks, protected)
+        if self.ledger is None:
+            return None
+        live, used = self.ledger.usage(tenant.name)
+        for t, fp, p in self._reserved.values():
+            if t == tenant.name:
+                live, used = live + 1, used + (fp if p else 0)
+        if tenant.max_claims is not None and live + 1 > tenant.max_claims:
+            return (
+                f"tenant {tenant.name!r} has {live} live claims, "
+                f"at most {tenant.max_claims} allowed"
+            )
+        wanted = used + spec.footprint_blocks
+        protected = spec.protection_mode.value != "best_effort"
+        if protected and tenant.quota_blocks is not None and wanted > tenant.quota_blocks:
+            return (
+                f"tenant {tenant.name!r} would protect {wanted} blocks, over its quota of "
+                f"{tenant.quota_blocks}"
+            )
         return None
 
     # ------------------------------------------------------------------ after each operation
