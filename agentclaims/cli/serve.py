@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ipaddress
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -128,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
                 _say(f"signal {sig}: stopping; new requests get 503, in-flight ones finish")
             gateway.service.stopping = True
             super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM:  # a service manager's clean stop exits 0, not by the signal
+                with contextlib.suppress(ValueError, AttributeError):
+                    self._captured_signals.remove(sig)
 
     config = uvicorn.Config(
         app,
@@ -140,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         # one a client is just reusing (a reset the client cannot tell from a failure)
         timeout_keep_alive=args.keep_alive_s,
     )
-    Server(config).run()  # uvicorn re-raises the signal that stopped it once it is done
+    Server(config).run()  # uvicorn re-raises SIGINT once it is done (SIGTERM: exit 0)
     return 0
 
 

@@ -722,6 +722,7 @@ def create_app(
         [(path, methods) for path, _, methods in table] + [("/openapi.json", ["GET"])],
         name,
         Extension,
+        keys=keys is not None,
     )
 
     async def openapi_route(request: Request) -> Response:

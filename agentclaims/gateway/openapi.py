@@ -149,11 +149,23 @@ _QUERY = {
 }
 
 
-def openapi(routes: Sequence[tuple[str, list[str]]], name: str, extension: type) -> dict[str, Any]:
+_BEARER = {
+    "bearer": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "A tenant's or operator's API key (agentclaims serve --api-keys)",
+    }
+}
+
+
+def openapi(
+    routes: Sequence[tuple[str, list[str]]], name: str, extension: type, *, keys: bool = False
+) -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``routes`` (path, methods): a summary per operation, its
     parameters, its request and response bodies, every error as the agentclaims error body
-    (docs/gateway.md), and the bearer key every route but ``/health`` and ``/openapi.json``
-    takes when the gateway has keys (docs/operations.md)."""
+    (docs/gateway.md), and the security in force: with ``keys`` (``--api-keys``), the bearer
+    key every route but ``/health`` and ``/openapi.json`` requires (docs/operations.md);
+    without, no security at all (anonymous access is what such a gateway allows)."""
     defs: dict[str, Any] = {"Error": _ERROR}
     bodies = _bodies(defs, extension)
     error = {
@@ -176,8 +188,7 @@ def openapi(routes: Sequence[tuple[str, list[str]]], name: str, extension: type)
                     **{k: {**error, "description": v} for k, v in _ERRORS.items()},
                 },
             }
-            if key not in _OPEN:
-                op["security"] = [{"bearer": []}, {}]  # {}: a gateway without keys
+            op["security"] = [{"bearer": []}] if keys and key not in _OPEN else []
             params = [
                 {"name": p.strip("{}"), "in": "path", "required": True, "schema": _STR}
                 for p in path.split("/")
@@ -205,13 +216,7 @@ def openapi(routes: Sequence[tuple[str, list[str]]], name: str, extension: type)
         "paths": paths,
         "components": {
             "schemas": dict(sorted(defs.items())),
-            "securitySchemes": {
-                "bearer": {
-                    "type": "http",
-                    "scheme": "bearer",
-                    "description": "A tenant's or operator's API key (agentclaims serve --api-keys)",
-                }
-            },
+            **({"securitySchemes": _BEARER} if keys else {}),
         },
     }
 

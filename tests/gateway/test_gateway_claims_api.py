@@ -299,6 +299,9 @@ async def test_openapi_describes_every_route(backend: EmbeddedBackend) -> None:
     assert renew["parameters"][0]["name"] == "claim_id"
     assert {"400", "404", "409"} <= set(renew["responses"])
     assert all(op["summary"] != path for path, ops in doc["paths"].items() for op in ops.values())
+    # no --api-keys: no security is stated, as none is in force
+    assert all(op["security"] == [] for ops in doc["paths"].values() for op in ops.values())
+    assert "securitySchemes" not in doc["components"]
 
 
 async def test_openapi_bodies_are_the_wire_types_schemas(backend: EmbeddedBackend) -> None:

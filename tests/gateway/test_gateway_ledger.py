@@ -159,8 +159,7 @@ def test_sigterm_finishes_the_request_in_flight_and_flushes_the_ledger(tmp_path:
         except httpx2.TransportError:
             pass
         thread.join(timeout=30)
-        # a clean stop; uvicorn then re-raises the SIGTERM, as a process stopped by it exits
-        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0  # a clean stop: what a service manager expects
     finally:
         if proc.poll() is None:
             stop(proc)

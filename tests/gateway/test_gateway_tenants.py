@@ -121,7 +121,14 @@ def test_every_route_needs_a_valid_key(
             assert r.json()["error"]["type"] == "unauthorized"
             assert message in r.json()["error"]["message"]
         assert http.get("/health").status_code == 200  # liveness stays open
-        assert http.get("/openapi.json").status_code == 200
+        doc = http.get("/openapi.json")
+        assert doc.status_code == 200
+        # the security in force: every route but these two requires a bearer key; no anonymous
+        for path, ops in doc.json()["paths"].items():
+            for method, op in ops.items():
+                open_route = path in ("/health", "/openapi.json")
+                assert op["security"] == ([] if open_route else [{"bearer": []}]), (method, path)
+        assert doc.json()["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     assert ledger_rows(ledger) == before
 
 
