@@ -111,6 +111,21 @@ def _service_families(snap: Mapping[str, Any]) -> Iterator[Metric]:
         for row in harm:
             family.add_metric([row["tenant"], row["cause"]], row["claims"])
         yield family
+    ends = snap.get("ends")
+    if ends is not None:
+        for how, why, doc in (
+            ("demoted", "reason", "Claims demoted, by tenant and reason"),
+            (
+                "expired",
+                "reason",
+                "Claims expired (TTL, release, revocation), by tenant and reason",
+            ),
+        ):
+            family = CounterMetricFamily(f"agentclaims_claims_{how}", doc, labels=["tenant", why])
+            for row in ends:
+                if row["end"] == how:
+                    family.add_metric([row["tenant"], row["why"]], row["claims"])
+            yield family
     ledger = snap.get("ledger")
     if ledger is not None:
         yield CounterMetricFamily(

@@ -39,6 +39,14 @@ _PAGE = 10_000
 _REMEMBERED = 100_000
 
 
+_ENDINGS = {
+    EventName.RESIDENT_CLAIM_HARMED: ("harmed", "cause"),
+    EventName.RESIDENT_CLAIM_DEMOTED: ("demoted", "reason"),
+    EventName.RESIDENT_CLAIM_EXPIRED: ("expired", "reason"),
+}
+"""The events that end a claim, counted per tenant: what each is called and its why field."""
+
+
 class Service:
     """Tenants, quotas and the ledger over one KV side (see the module's docstring)."""
 
@@ -62,8 +70,9 @@ class Service:
         self._secret = b"" if ledger is None else ledger.secret().encode()
         self.counts: Counter[tuple[str, str]] = Counter()
         """(tenant, what) -> n: requests, refused, deferred, claims_refused, per tenant."""
-        self.harm: Counter[tuple[str, str]] = Counter()
-        """(tenant, cause) -> claims harmed."""
+        self.ends: Counter[tuple[str, str, str]] = Counter()
+        """(tenant, how, why) -> claims ended so: ``harmed`` by cause, ``demoted`` and
+        ``expired`` by reason (``-``: a claim no tenant is known for)."""
         self.gaps = 0
         if keys is not None:
             if not hasattr(kv, "claim_gate"):
@@ -79,7 +88,9 @@ class Service:
         async with self._lock:
             if not self._ready:  # another request may have done it while this one waited
                 await self._sync_locked()
-                self._absorb(self.ledger.end_unaccounted(f"gateway-{uuid.uuid4().hex[:12]}"))
+                owners = {c.claim_id: c.tenant for c in self.ledger.live()}
+                ended = self.ledger.end_unaccounted(f"gateway-{uuid.uuid4().hex[:12]}")
+                self._absorb(ended, [owners.get(str(e.claim_id)) for e in ended])
                 self._ready = True
 
     async def close(self) -> None:
@@ -286,11 +297,12 @@ class Service:
             if page.gap:
                 self.gaps += 1  # the KV side dropped events before the ledger read them
             if page.events:
+                tenants = [self._tenant(ev) for ev in page.events]  # before ingest ends them
                 served = self.ledger.ingest(page.events, self._event_tenant)
                 for inner, outer in zip(page.events, served, strict=True):
                     self._inner.append(inner.seq)
                     self._outer.append(outer.seq)
-                self._absorb(served)
+                self._absorb(served, tenants)
                 if len(self._inner) > 2 * _REMEMBERED:
                     del self._inner[:_REMEMBERED], self._outer[:_REMEMBERED]
             self._cursor = page.next_since
@@ -306,13 +318,20 @@ class Service:
         key = event.claim_id if event.claim_id is not None else event.request_id
         return None if key is None else self._tenant_of_id.get(key)
 
-    def _absorb(self, served: Sequence[ClaimEvent]) -> None:
+    def _tenant(self, event: ClaimEvent) -> str | None:
+        """Whose claim ``event`` is about: the ledger's record of it, else this process's."""
         assert self.ledger is not None
-        for ev in served:
-            if ev.event is EventName.RESIDENT_CLAIM_HARMED:
-                claim = self.ledger.claims.get(ev.claim_id) if ev.claim_id else None
-                tenant = (claim.tenant if claim is not None else None) or "-"
-                self.harm[tenant, str(ev.data.get("cause"))] += 1
+        claim = self.ledger.claims.get(event.claim_id) if event.claim_id else None
+        return (claim.tenant if claim is not None else None) or self._event_tenant(event)
+
+    def _absorb(self, served: Sequence[ClaimEvent], tenants: Sequence[str | None]) -> None:
+        """Count how claims ended, per tenant (``tenants``: each event's, found before the
+        ledger took the events in and let go of the claims they end)."""
+        for ev, tenant in zip(served, tenants, strict=True):
+            ending = _ENDINGS.get(ev.event)
+            if ending is not None:
+                how, field = ending
+                self.ends[tenant or "-", how, str(ev.data.get(field))] += 1
 
     def outer_seq(self, inner: int) -> int:
         """The ledger's ``seq`` of the KV side's event ``inner`` (the last one at or before)."""
@@ -359,8 +378,13 @@ class Service:
             out["tenants"] = tenants
         if self.ledger is not None:
             out["harm"] = [
-                {"tenant": t, "cause": cause, "claims": n}
-                for (t, cause), n in sorted(self.harm.items())
+                {"tenant": t, "cause": why, "claims": n}
+                for (t, how, why), n in sorted(self.ends.items())
+                if how == "harmed"
+            ]
+            out["ends"] = [
+                {"tenant": t, "end": how, "why": why, "claims": n}
+                for (t, how, why), n in sorted(self.ends.items())
             ]
             out["ledger"] = {
                 "writes": self.ledger.writes,

@@ -21,6 +21,7 @@ from agentclaims.gateway.ledger import RESTART_CAUSE, Ledger
 
 ALPHA = "ak-alpha-0123456789abcdef"
 BETA = "ak-beta-0123456789abcdef"
+OPS = "ak-ops-0123456789abcdef"
 KEYS = f"""
 [[key]]
 key = "{ALPHA}"
@@ -29,6 +30,11 @@ tenant = "alpha"
 [[key]]
 key = "{BETA}"
 tenant = "beta"
+
+[[key]]
+key = "{OPS}"
+tenant = "ops"
+admin = true
 """
 
 
@@ -130,6 +136,19 @@ def test_kill_9_mid_workflow_loses_no_accepted_claim_silently(tmp_path: Path) ->
             out = turn(alpha, "wf-1", "a new turn after the restart", "wf-1-c9")
             assert out["decisions"][0]["decision"] == "accepted"
             assert out["events_seq"] > max(seqs)
+            # the harm is alpha's in the metrics, by cause (not tenant "-")
+            with httpx2.Client(base_url=url, headers={"Authorization": f"Bearer {OPS}"}) as ops:
+                metrics = ops.get("/metrics").text
+            harmed = len(set(accepted) - ended_before)
+            line = f'agentclaims_claims_harmed_total{{cause="{RESTART_CAUSE}",tenant="alpha"}}'
+            assert f"{line} {float(harmed)}" in metrics, metrics
+            assert 'tenant="-"' not in metrics
+            alpha.post("/v1/claims/wf-1-c9/release", json={"owner_scope": "wf-1"})
+            with httpx2.Client(base_url=url, headers={"Authorization": f"Bearer {OPS}"}) as ops:
+                metrics = ops.get("/metrics").text
+            assert (
+                'agentclaims_claims_expired_total{reason="released",tenant="alpha"} 1.0' in metrics
+            )
     finally:
         stop(proc)
 
