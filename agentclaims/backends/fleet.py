@@ -327,12 +327,12 @@ class FleetBackend(BackendPool):
         return None if routed is None else routed.instance
 
     def lose_instance(self, instance: str) -> list[str]:
-        """Forget the claims that lived on ``instance`` (it stopped answering); their ids."""
-        lost = [cid for cid, home in self._home.items() if home == instance]
-        for cid in lost:
-            del self._home[cid]
+        """The ids of every claim that lived on ``instance`` (it stopped answering), whichever
+        session made it. Each session sharing this fleet asks in its own failover and ends its
+        own: nothing is forgotten here, so the first session's failover cannot hide the
+        others' claims from them."""
         self._lost.add(instance)
-        return lost
+        return [cid for cid, home in self._home.items() if home == instance]
 
     async def aclose(self) -> None:
         if self._pending:

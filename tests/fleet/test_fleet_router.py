@@ -5,6 +5,7 @@ and refusals that never trip the router's circuit breaker."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -298,3 +299,60 @@ async def test_a_session_the_router_moves_by_itself_reports_its_claims_lost(
         assert failover["to_instance"] == session.backend.instance  # moved by the router
         assert "moved" in failover["reason"]
         await client.close()
+
+
+async def test_every_session_on_a_killed_instance_reports_its_own_claims_lost(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """Six sessions share one FleetBackend; the instance serving the most of them is killed
+    with kill -9 while they wait in a tool. Each of its sessions, going on at once, ends every
+    claim it had there ``instance_lost`` and names them in its own ``reaction_failover``: the
+    first failover does not hide the others' claims. The survivor's sessions lose nothing."""
+    n = 6
+    placed: dict[int, tuple[str, list[str]]] = {}
+    ended: dict[int, tuple[set[str], str]] = {}
+    all_placed, killed = asyncio.Event(), asyncio.Event()
+    async with FleetBackend(fleet.router_url) as backend:
+        client = agentclaims.openai_client(backend)
+
+        async def agent(i: int) -> None:
+            chat = [{"role": "system", "content": f"agent {i} " + "be brief " * 10}]
+            async with ClaimedSession(backend, log_dir=tmp_path, workflow_id=f"multi-{i}") as s:
+                with s.node("agent"):
+                    placed[i] = await two_claimed_turns(client, s, chat)
+                    if len(placed) == n:
+                        all_placed.set()
+                    async with s.tool_call("pytest"):
+                        await killed.wait()  # the crash happens while every agent is in a tool
+                    await turn(client, chat, "a turn after the crash")
+                    await s.settle()
+            lost = {h.claim_id for h in s.ended_claims if h.end_reason == "instance_lost"}
+            ended[i] = (lost, s.workflow_id)
+
+        async def crash() -> str:
+            await asyncio.wait_for(all_placed.wait(), 60)
+            homes = [placed[i][0] for i in range(n)]
+            dead = max(set(homes), key=homes.count)
+            fleet.kill(dead)
+            killed.set()
+            return dead
+
+        *_, dead = await asyncio.wait_for(
+            asyncio.gather(*(agent(i) for i in range(n)), crash()), 120
+        )
+        await client.close()
+    on_dead = [i for i in range(n) if placed[i][0] == dead]
+    assert len(on_dead) >= 3  # six sessions over two instances
+    for i in range(n):
+        before = set(placed[i][1])
+        lost, workflow = ended[i]
+        lines = log_lines(tmp_path / f"{workflow}.jsonl")
+        failovers = [line for line in lines if line["event"] == "reaction_failover"]
+        if i in on_dead:
+            assert lost == before, (i, lost, before)
+            assert len(failovers) == 1, (i, failovers)
+            assert set(failovers[0]["lost_claims"]) == before, (i, failovers[0])
+            assert failovers[0]["from_instance"] == dead
+        else:
+            assert not lost, (i, lost)
+            assert not failovers, (i, failovers)
