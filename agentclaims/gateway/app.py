@@ -451,6 +451,7 @@ class _Gateway:
         tenant = _tenant(request)
         spec = self.service.spec(ClaimSpec.from_dict(claim), tenant)
         hashes = _block_hashes(body) if body.get("block_hashes") is not None else None
+        self.service.check_prefix(spec, hashes, tenant)
         decision = await self.kv.submit_claim(spec, hashes)
         await self.service.decided([decision], {spec.claim_id: spec.owner_scope}, tenant)
         return JSONResponse(decision.to_dict())
@@ -491,13 +492,19 @@ class _Gateway:
     async def residency(self, request: Request) -> Response:
         """Leading resident blocks per prefix id, or (``block_hashes``) residency per block."""
         body = await _json_object(request)
+        tenant = _tenant(request)
         if "block_hashes" in body:
+            # a block hash names no tenant: per-block residency is the operator's (conformance)
+            TenantKeys.require_admin(tenant, "residency by block_hashes")
             hashes = _block_hashes(body)
             return JSONResponse({"resident": await self.kv.block_residency(hashes)})
         ids = body.get("prefix_ids")
         if not isinstance(ids, list) or not all(isinstance(p, str) for p in ids):
             raise UsageError("prefix_ids", "must be a list of prefix id strings")
-        return JSONResponse({"residency": await self.kv.residency(ids)})
+        mine = [p for p in ids if self.service.owns_prefix(p, tenant)]
+        residency = await self.kv.residency(mine) if mine else {}
+        # another tenant's prefix is, to this one, a prefix never served: 0 resident blocks
+        return JSONResponse({"residency": {p: residency.get(p, 0) for p in ids}})
 
     async def active(self, request: Request) -> Response:
         """Serve one active request given by token ids or block hashes (no text is written):

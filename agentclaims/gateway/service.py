@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from agentclaims.contract import ClaimEvent, ClaimSpec, EventName, OwnerScope
+from agentclaims.contract import ClaimEvent, ClaimSpec, EventName, OwnerScope, prefix_id_of
 from agentclaims.errors import Forbidden, ServiceUnavailable, UsageError
 from agentclaims.gateway.ledger import Ledger, LedgerClaim
 from agentclaims.gateway.tenants import Tenant, TenantKeys
@@ -65,6 +65,8 @@ class Service:
         self._inner: list[int] = []
         self._outer: list[int] = []
         self._reserved: dict[str, tuple[str, int, bool]] = {}
+        self._prefix_tenant: OrderedDict[str, str] = OrderedDict()
+        """Prefix ids given to tenants -> the tenant (the last ``_REMEMBERED``)."""
         self._tenant_of_id: OrderedDict[str, str] = OrderedDict()
         """Request and claim ids of this process -> tenant (events of claims never accepted)."""
         self._secret = b"" if ledger is None else ledger.secret().encode()
@@ -154,6 +156,13 @@ class Service:
                     item["owner_scope"] = owner
                 if tenant.max_ttl_s is not None and item.get("ttl_s") is None:
                     item["ttl_s"] = tenant.max_ttl_s
+                named = item.get("object_id")
+                if (
+                    isinstance(named, str)
+                    and not named.startswith("@")
+                    and not self.owns_prefix(named, tenant)
+                ):
+                    raise UsageError("object_id", f"unknown prefix {named!r}: serve it first")
                 if isinstance(item.get("claim_id"), str):
                     self._remember(item["claim_id"], tenant)
             out.append(item)
@@ -273,6 +282,7 @@ class Service:
         """After a completion: its tenant's counts, its claims recorded, its events in the
         ledger, and its ``events_seq`` in the ledger's numbering."""
         if tenant is not None:
+            self._own_prefixes(result.prefix_ids, tenant)
             self.counts[tenant.name, "requests"] += 1
             outcome = result.outcome
             if not outcome.served:
@@ -308,6 +318,43 @@ class Service:
             self._cursor = page.next_since
             if not page.more:
                 return
+
+    # ------------------------------------------------------------------ prefixes per tenant
+    def _own_prefixes(self, prefix_ids: Any, tenant: Tenant) -> None:
+        """The prefix ids a completion gave ``tenant``: its own from now on (a tenant's blocks
+        are hashed with its own salt, so no other tenant is ever given the same id)."""
+        if isinstance(prefix_ids, str):
+            self._prefix_tenant[prefix_ids] = tenant.name
+            self._prefix_tenant.move_to_end(prefix_ids)
+            while len(self._prefix_tenant) > _REMEMBERED:
+                self._prefix_tenant.popitem(last=False)
+        elif isinstance(prefix_ids, Mapping):
+            for value in prefix_ids.values():
+                self._own_prefixes(value, tenant)
+        elif isinstance(prefix_ids, list | tuple):
+            for value in prefix_ids:
+                self._own_prefixes(value, tenant)
+
+    def owns_prefix(self, prefix_id: str, tenant: Tenant | None) -> bool:
+        """Whether ``tenant`` may name ``prefix_id``: one it was given (any, without keys; an
+        operator's key, any). Another tenant's id is, to it, an id never issued."""
+        if tenant is None or tenant.admin:
+            return True
+        return self._prefix_tenant.get(prefix_id) == tenant.name
+
+    def check_prefix(
+        self, spec: ClaimSpec, hashes: Sequence[int] | None, tenant: Tenant | None
+    ) -> None:
+        """A claim on its own names a prefix ``tenant`` was given, and ``hashes`` (if any) are
+        that prefix's: else 400 ``unknown prefix``, as for an id never issued (nothing says
+        whether another tenant has it)."""
+        if tenant is None or tenant.admin:
+            return
+        named = spec.object_id
+        if hashes is not None and (not hashes or prefix_id_of(list(hashes)) != named):
+            raise UsageError("block_hashes", f"are not the blocks of prefix {named!r}")
+        if not self.owns_prefix(named, tenant):
+            raise UsageError("object_id", f"unknown prefix {named!r}: serve it first")
 
     def _remember(self, id_: str, tenant: Tenant) -> None:
         self._tenant_of_id[id_] = tenant.name

@@ -309,3 +309,58 @@ async def test_an_sdk_session_works_with_its_tenant_key(tmp_path: Path) -> None:
         async with agentclaims.HTTPBackend(url) as anonymous:
             with pytest.raises(agentclaims.Unauthorized):
                 await anonymous.descriptor()
+
+
+def test_another_tenants_prefix_id_is_to_it_a_prefix_never_served(
+    gateway: tuple[str, Path],
+) -> None:
+    """Beta naming alpha's prefix id (leaked in a log, say) learns nothing and pins nothing:
+    residency 0, a claim on it refused with the very answer an id never issued gets, and
+    per-block residency is an operator's route. Alpha's own view is unchanged."""
+    url, ledger = gateway
+    with client(url, ALPHA) as alpha, client(url, BETA) as beta, client(url, OPS) as ops:
+        served = chat(alpha, "pfx-a", text=PROMPT + " for alpha only")
+        assert served.status_code == 200, served.text
+        theirs = served.json()["agentclaims"]["prefix_ids"]["prompt"]
+        assert theirs
+        own = alpha.post("/v1/residency", json={"prefix_ids": [theirs]}).json()["residency"]
+        assert own[theirs] > 0
+        never = "pfx-0123456789abcdef-" + theirs.rsplit("-", 1)[1]
+        seen = beta.post("/v1/residency", json={"prefix_ids": [theirs, never]}).json()
+        assert seen == {"residency": {theirs: 0, never: 0}}
+        identity = beta.get("/v1/descriptor").json()["cache_identity"]
+        before = ledger_rows(ledger)
+
+        def claim_on(pid: str) -> httpx2.Response:
+            spec = {
+                "claim_id": f"steal-{pid[-6:]}",
+                "owner_scope": "pfx-b",
+                "object_id": pid,
+                "cache_identity": identity,
+                "footprint_blocks": 2,
+                "protection_mode": "hard_protected",
+            }
+            return beta.post("/v1/claims", json={"claim": spec})
+
+        stolen, unknown = claim_on(theirs), claim_on(never)
+        assert stolen.status_code == unknown.status_code == 400
+        assert stolen.json()["error"]["message"].replace(theirs, "PID") == unknown.json()["error"][
+            "message"
+        ].replace(never, "PID")
+        in_request = chat(
+            beta,
+            "pfx-b",
+            text="beta's own words",
+            claims=[{**prompt_claim("steal-2"), "object_id": theirs}],
+        )
+        assert in_request.status_code == 400
+        assert "unknown prefix" in in_request.json()["error"]["message"]
+        blocks = beta.post("/v1/residency", json={"block_hashes": [1, 2, 3]})
+        assert blocks.status_code == 403
+        assert ops.post("/v1/residency", json={"block_hashes": [1, 2, 3]}).status_code == 200
+        assert ledger_rows(ledger) == before  # nothing recorded for beta
+        # the operator may still name any prefix
+        assert (
+            ops.post("/v1/residency", json={"prefix_ids": [theirs]}).json()["residency"][theirs]
+            == own[theirs]
+        )
