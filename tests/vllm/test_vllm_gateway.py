@@ -373,6 +373,22 @@ async def test_tenants_and_the_ledger_on_vllm(vllm_server: VllmServer, tmp_path:
             ).json()
             assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
             assert theirs["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+            # alpha's prefix id is, to beta, one never served: no residency, no claim on it
+            alphas = again["agentclaims"]["prefix_ids"]["prompt"]
+            seen = (await beta.post("/v1/residency", json={"prefix_ids": [alphas]})).json()
+            assert seen == {"residency": {alphas: 0}}
+            identity = (await beta.get("/v1/descriptor")).json()["cache_identity"]
+            pin = {
+                "claim_id": "t-steal",
+                "owner_scope": "t-b",
+                "object_id": alphas,
+                "cache_identity": identity,
+                "footprint_blocks": 1,
+                "protection_mode": "hard_protected",
+            }
+            stolen = await beta.post("/v1/claims", json={"claim": pin})
+            assert stolen.status_code == 400
+            assert "unknown prefix" in stolen.json()["error"]["message"]
             big = {
                 "claim_id": "t-over",
                 "object_id": "@prompt",
