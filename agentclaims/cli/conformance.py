@@ -2,21 +2,24 @@
 
 ``--backend embedded`` runs them through the gateway app in-process (``EmbeddedBackend``) and
 ``--backend http://HOST:PORT`` through a gateway on the network: the same scenarios over the
-same claims protocol, so the same statuses. Exit status: 0 when every level passes, 1
-otherwise, 2 for an unknown backend name.
+same claims protocol, so the same statuses. ``--json`` prints ``{"backend", "target",
+"levels"}``: ``target`` is the runtime and version the backend's descriptor names, what a
+lowering descriptor citing the run must describe for it to count (docs/lowering.md). Exit
+status: 0 when every level passes, 1 otherwise, 2 for an unknown backend name.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentclaims.conformance import LevelResult, run_suite
-from agentclaims.errors import UnknownNameError
+from agentclaims.errors import AgentClaimsError, UnknownNameError
 
 if TYPE_CHECKING:
     from agentclaims.backends.http import HTTPBackend
@@ -27,7 +30,7 @@ _KNOWN_BACKENDS = ("embedded", "http://HOST:PORT", "https://HOST")
 _MAX_EVIDENCE_SHOWN = 4
 
 
-def _results_for(backend: str) -> dict[str, LevelResult]:
+def _results_for(backend: str) -> tuple[dict[str, LevelResult], dict[str, Any] | None]:
     if backend == "embedded":
         from agentclaims.backends.embedded import EmbeddedBackend
 
@@ -39,9 +42,20 @@ def _results_for(backend: str) -> dict[str, LevelResult]:
     raise UnknownNameError("backend", backend, _KNOWN_BACKENDS)
 
 
-async def _run(backend: HTTPBackend) -> dict[str, LevelResult]:
+async def _run(backend: HTTPBackend) -> tuple[dict[str, LevelResult], dict[str, Any] | None]:
+    """The levels, and what ran them: the runtime and version its descriptor names (what a
+    lowering descriptor citing this run must describe for the run to count)."""
     async with backend:
-        return await run_suite(backend)
+        target = None
+        with contextlib.suppress(AgentClaimsError):
+            lowering = (await backend.descriptor()).get("lowering") or {}
+            if isinstance(lowering, Mapping) and isinstance(lowering.get("runtime"), str):
+                version = lowering.get("runtime_version")
+                target = {
+                    "runtime": lowering["runtime"],
+                    "runtime_version": version if isinstance(version, str) else None,
+                }
+        return await run_suite(backend), target
 
 
 def _evidence_text(result: LevelResult) -> str:
@@ -68,13 +82,13 @@ def _table(backend: str, results: Mapping[str, LevelResult]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run the suite on ``args.backend``; print a table, or one JSON object with ``--json``."""
     try:
-        results = _results_for(args.backend)
+        results, target = _results_for(args.backend)
     except UnknownNameError as exc:
         print(f"agentclaims conformance: {exc}", file=sys.stderr)
         return 2
     if args.json:
         levels = {level: r.to_dict() for level, r in results.items()}
-        print(json.dumps({"backend": args.backend, "levels": levels}))
+        print(json.dumps({"backend": args.backend, "target": target, "levels": levels}))
     else:
         print(_table(args.backend, results))
     return 0 if all(r.passed for r in results.values()) else 1

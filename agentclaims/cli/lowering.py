@@ -1,7 +1,7 @@
 """``agentclaims lowering check FILE... [--json]``: classify lowering descriptors, fail closed.
 
-Each FILE is a descriptor (YAML, or ``.json``), or a folder of them (its ``*.yaml`` and
-``*.yml``, sorted). Every mode a descriptor describes is classified (docs/lowering.md); with
+Each FILE is a descriptor (YAML, or ``.json``), or a folder of them (its ``*.yaml``, ``*.yml``
+and ``*.json``, sorted; a folder with none is a failure, status 2). Every mode a descriptor describes is classified (docs/lowering.md); with
 ``--json`` one object ``{"mappings": [{"runtime", "version", "mode", "claimed", "class",
 "reasons"}]}`` is printed, else a table. A file that does not parse is named on stderr with each
 field that is wrong. Exit status: 2 when a file did not parse, else 1 when a mapping's class is
@@ -24,15 +24,27 @@ __all__ = ["run"]
 _PROG = "agentclaims lowering check"
 
 
-def _files(paths: Sequence[str]) -> list[Path]:
+_FORMATS = (".yaml", ".yml", ".json")
+"""What a folder is scanned for: every format the checker reads."""
+
+
+def _files(paths: Sequence[str]) -> tuple[list[Path], list[str]]:
+    """The descriptor files named (a folder: its YAML and JSON files, sorted), and the
+    folders that hold none (each a failure: a scan that finds nothing checks nothing)."""
     out: list[Path] = []
+    empty: list[str] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            out += sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+            found = sorted(p for p in path.iterdir() if p.suffix in _FORMATS and p.is_file())
+            if not found:
+                empty.append(
+                    f"{path}: no descriptor in it ({', '.join('*' + f for f in _FORMATS)})"
+                )
+            out += found
         else:
             out.append(path)
-    return out
+    return out, empty
 
 
 def _check(path: Path) -> DescriptorCheck:
@@ -57,8 +69,11 @@ def _table(path: Path, check: DescriptorCheck) -> str:
 def run(args: argparse.Namespace) -> int:
     """Check ``args.files``; print the mappings (a table, or JSON with ``args.json``)."""
     checks: list[tuple[Path, DescriptorCheck]] = []
-    unparsed = 0
-    for path in _files(args.files):
+    files, empty = _files(args.files)
+    for why in empty:
+        print(f"{_PROG}: {why}", file=sys.stderr)
+    unparsed = len(empty)
+    for path in files:
         try:
             checks.append((path, _check(path)))
         except DescriptorError as exc:

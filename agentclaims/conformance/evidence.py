@@ -16,10 +16,14 @@ from typing import Any
 
 from agentclaims.errors import UsageError
 
-__all__ = ["RunEvidence", "evidence_from_json", "self_test"]
+__all__ = ["REFERENCE_RUNTIME", "RunEvidence", "evidence_from_json", "self_test"]
 
 RunEvidence = dict[str, Any]
-"""``{"source": ..., "levels": {level: status}}``."""
+"""``{"source": ..., "levels": {level: status}, "target": {"runtime", "runtime_version"}}``:
+the target is what ran the suite, as its descriptor named it (``None`` when a saved run does
+not say: then it supports no descriptor)."""
+REFERENCE_RUNTIME = "agentclaims-reference-engine"
+"""The runtime the self-test runs on (the reference engine's descriptor names it so)."""
 
 
 async def self_test(block_size: int = 16) -> RunEvidence:
@@ -40,7 +44,11 @@ async def _self_test(block_size: int) -> RunEvidence:
 
         results = await run_suite(reference_target(block_size, run_id="self-test"))
         statuses = {level: r.status.value for level, r in results.items()}
-        cache[block_size] = {"source": "self_test:reference_engine", "levels": statuses}
+        cache[block_size] = {
+            "source": "self_test:reference_engine",
+            "levels": statuses,
+            "target": {"runtime": REFERENCE_RUNTIME, "runtime_version": None},
+        }
     return cache[block_size]
 
 
@@ -51,4 +59,17 @@ def evidence_from_json(path: str | Path) -> RunEvidence:
         levels = {str(k): str(v["status"]) for k, v in doc["levels"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError("evidence", f"{path}: not a conformance run ({exc})") from None
-    return {"source": f"conformance_run:{doc.get('backend', path)}", "levels": levels}
+    target = doc.get("target")
+    if isinstance(target, dict) and isinstance(target.get("runtime"), str):
+        version = target.get("runtime_version")
+        target = {
+            "runtime": target["runtime"],
+            "runtime_version": version if isinstance(version, str) else None,
+        }
+    else:
+        target = None
+    return {
+        "source": f"conformance_run:{doc.get('backend', path)}",
+        "levels": levels,
+        "target": target,
+    }

@@ -193,8 +193,15 @@ class Runs:
         *,
         base_dir: Path | None = None,
         self_test: bool = False,
+        targets: Mapping[str, Any] | None = None,
     ) -> None:
         self.read: dict[str, dict[str, str]] = {}
+        self.targets: dict[str, dict[str, Any]] = {
+            where: dict(t) for where, t in (targets or {}).items() if isinstance(t, Mapping)
+        }
+        """What ran each run read (``runtime``, ``runtime_version``): a run counts only for a
+        descriptor of that runtime and a range with that version. ``SELF_TEST`` ran on the
+        reference engine; a run that does not say what it ran on supports nothing."""
         self._given = dict(given or {})
         self._base_dir = base_dir
         self._self_test = self_test
@@ -223,7 +230,9 @@ class Runs:
         if where == SELF_TEST and self._self_test:
             from agentclaims.conformance import self_test
 
-            return dict(asyncio.run(self_test())["levels"])
+            tested = asyncio.run(self_test())
+            self.targets[where] = dict(tested["target"])
+            return dict(tested["levels"])
         if where.startswith("self_test:"):
             raise LookupError("not run here")
         if self._base_dir is None or not (self._base_dir / where).is_file():
@@ -231,9 +240,21 @@ class Runs:
         from agentclaims.conformance import evidence_from_json
 
         try:
-            return dict(evidence_from_json(self._base_dir / where)["levels"])
+            saved = evidence_from_json(self._base_dir / where)
         except UsageError as exc:
             raise LookupError(exc.message) from None
+        if saved["target"] is not None:
+            self.targets[where] = dict(saved["target"])
+        return dict(saved["levels"])
+
+    def target(self, where: str) -> dict[str, Any] | None:
+        """What ran the run at ``where``: as it said, or, for ``SELF_TEST``, the reference
+        engine; ``None`` when that is not known."""
+        if where == SELF_TEST:  # by its name: whatever a served section says it ran on
+            from agentclaims.conformance.evidence import REFERENCE_RUNTIME
+
+            return {"runtime": REFERENCE_RUNTIME, "runtime_version": None}
+        return self.targets.get(where)
 
 
 def check_descriptor(
@@ -258,7 +279,7 @@ def check_descriptor(
             if outside:
                 cls, reasons = LoweringClass.UNKNOWN, [outside]
             else:
-                cls, reasons = _Mapping(mode, mapping, descriptor.facts, runs).classify()
+                cls, reasons = _Mapping(mode, mapping, descriptor, runs).classify()
             cls, reasons = _capped(cls, claimed, reasons)
         reasons = list(dict.fromkeys(reasons))
         out.append(
@@ -294,13 +315,14 @@ class _Mapping:
     """One mode's mapping being classified: the reasons found so far, and the anchors that count."""
 
     def __init__(
-        self, mode: ProtectionMode, mapping: Mapping[str, Any], facts: Mapping[str, Any], runs: Runs
+        self, mode: ProtectionMode, mapping: Mapping[str, Any], descriptor: Descriptor, runs: Runs
     ) -> None:
         from agentclaims.conformance import MODE_LEVELS
 
         self.mode = mode
         self.mapping = mapping
-        self.facts = facts
+        self.descriptor = descriptor
+        self.facts = descriptor.facts
         self.runs = runs
         self.levels = MODE_LEVELS[mode]
         self.reasons: list[str] = []
@@ -319,6 +341,10 @@ class _Mapping:
         if isinstance(run, str):
             self.reasons.append(f"conformance run {where}: unavailable ({run}): supports nothing")
             return False
+        elsewhere = self._not_this_runtimes(where)
+        if elsewhere is not None:
+            self.reasons.append(f"conformance run {where}: {elsewhere}: supports nothing")
+            return False
         if not self.levels:
             self.reasons.append(
                 f"conformance run {where}: no level exercises {self.mode}: supports nothing here"
@@ -332,6 +358,24 @@ class _Mapping:
         for what in failed:
             self.reasons.append(f"conformance run {where}: {what}: cannot support {self.mode}")
         return not failed
+
+    def _not_this_runtimes(self, where: str) -> str | None:
+        """Why the run at ``where`` is not evidence about this descriptor's runtime (it ran on
+        another, on a version outside the range, or does not say what it ran on), or ``None``."""
+        target = self.runs.target(where)
+        d = self.descriptor
+        if target is None:
+            return (
+                "it does not say what it ran on (no target: rerun agentclaims conformance --json)"
+            )
+        if target.get("runtime") != d.runtime:
+            return f"it ran on {target.get('runtime')!r}, not on {d.runtime!r}"
+        version = target.get("runtime_version")
+        if d.versions.strip() != "*" and (
+            not isinstance(version, str) or not version_in_range(version, d.versions)
+        ):
+            return f"it ran on version {version!r}, outside the descriptor's range {d.versions}"
+        return None
 
     def classify(self) -> tuple[LoweringClass, list[str]]:
         mode, mapping = self.mode, self.mapping

@@ -403,7 +403,10 @@ def _problems(doc: object) -> list[tuple[str, str]]:
     if isinstance(version, bool) or version != DESCRIPTOR_VERSION:
         why = f"unknown version {_shown(version)}: this checker reads version {DESCRIPTOR_VERSION}"
         return [("descriptor_version", why)]
-    found = (p for error in _validator().iter_errors(doc) for p in _describe(error))
+    found = [p for error in _validator().iter_errors(doc) for p in _describe(error)]
+    versions = doc.get("versions")
+    if not found and isinstance(versions, str) and not range_admits_any(versions):
+        found.append(("versions", f"{_shown(versions)} matches no version: it describes nothing"))
     return sorted(dict.fromkeys(found))
 
 
@@ -443,6 +446,25 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
 # ---------------------------------------------------------------------- versions
 _CLAUSE = re.compile(r"(==|!=|>=|<=|>|<) ?([0-9]+(?:\.[0-9]+)*)(\.\*)?")
 _RELEASE = re.compile(r"[0-9]+(?:\.[0-9]+)*")
+
+
+def range_admits_any(versions: str) -> bool:
+    """Whether some version is in ``versions``. A range's edges are where its clauses name
+    versions, so it is enough to try each named version, one step either side of it at its
+    last place and one place further down, and the ends (0 and a very large one)."""
+    if versions.strip() == "*":
+        return True
+    tried: set[tuple[int, ...]] = {(0,), (10**9,)}
+    for clause in versions.split(","):
+        match = _CLAUSE.fullmatch(clause.strip())
+        if match is None:
+            continue
+        named = tuple(int(p) for p in match.group(2).split("."))
+        *head, last = named
+        tried |= {named, (*head, last + 1), (*named, 1)}
+        if last > 0:
+            tried.add((*head, last - 1))
+    return any(version_in_range(".".join(map(str, v)), versions) for v in tried)
 
 
 def version_in_range(version: str, versions: str) -> bool:

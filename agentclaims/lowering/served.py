@@ -77,16 +77,18 @@ def serve_lowering(
     name: str,
     runs: Mapping[str, Mapping[str, str]] | None = None,
     runtime_version: str | None = None,
+    targets: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ServedLowering:
-    """Check the descriptor of the KV side ``name`` (``runs`` by ``where``, else files beside
-    it) and say what to serve. A missing or unreadable descriptor makes every mode ``unknown``."""
+    """Check the descriptor of the KV side ``name`` (``runs`` by ``where``, each run on the
+    runtime ``targets`` names, else files beside it) and say what to serve. A missing or
+    unreadable descriptor makes every mode ``unknown``."""
     if source is None:
         return ServedLowering(None, _all_unknown(f"no lowering descriptor for KV side {name!r}"))
     try:
         descriptor = _descriptor(source, name)
     except DescriptorError as exc:
         return ServedLowering({"source": exc.file, "error": str(exc)}, _all_unknown(str(exc)))
-    found = Runs(runs, base_dir=descriptor.base_dir)
+    found = Runs(runs, base_dir=descriptor.base_dir, targets=targets)
     check = check_descriptor(
         descriptor, found, runtime_version=runtime_version, require_version=True
     )
@@ -97,6 +99,9 @@ def serve_lowering(
         "runtime_version": runtime_version,
         "descriptor": dict(descriptor.document),
         "runs": found.read,
+        "run_targets": {
+            where: found.targets[where] for where in found.read if where in found.targets
+        },
     }
     return ServedLowering(section, _by_mode(check))
 
@@ -164,10 +169,14 @@ def _checked(section_json: str) -> dict[ProtectionMode, MappingResult]:
     except DescriptorError as exc:
         return _all_unknown(str(exc))
     runs = section.get("runs")
+    targets = section.get("run_targets")
     version = section.get("runtime_version")
     check = check_descriptor(
         descriptor,
-        Runs(runs if isinstance(runs, Mapping) else None),
+        Runs(
+            runs if isinstance(runs, Mapping) else None,
+            targets=targets if isinstance(targets, Mapping) else None,
+        ),
         runtime_version=version if isinstance(version, str) else None,
         require_version=True,
     )

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _check_shape(doc: dict[str, object], backend: str) -> dict[str, dict[str, object]]:
-    assert set(doc) == {"backend", "levels"}
+    assert set(doc) == {"backend", "target", "levels"}
     assert doc["backend"] == backend
     levels = doc["levels"]
     assert isinstance(levels, dict)

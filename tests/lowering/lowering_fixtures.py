@@ -23,6 +23,16 @@ PASSING = dict.fromkeys(("L1", "L2", "L3", "L4", "L5", "L6", "L7", "C1"), "pass"
 """Every level of a run passed."""
 
 
+EXAMPLE_TARGET = {"runtime": "examplekv", "runtime_version": "1.4.2"}
+"""What the fixtures' runs ran on: good.yaml's runtime, a version in its range."""
+
+
+def ran_here(runs: dict[str, Any] | None, target: dict[str, Any] | None = None) -> Runs:
+    """``runs`` (where -> levels) given as run on ``target`` (default: ``EXAMPLE_TARGET``)."""
+    given = runs or {}
+    return Runs(given, targets=dict.fromkeys(given, target or EXAMPLE_TARGET))
+
+
 def check_file(path: Path) -> DescriptorCheck:
     """Check ``path`` as ``agentclaims lowering check`` does (runs beside it, self-test run)."""
     descriptor = load_descriptor(path)
@@ -43,5 +53,5 @@ def classes(
         descriptor = parse(doc, source="test")
     except DescriptorError:
         return dict.fromkeys(ProtectionMode, LoweringClass.UNKNOWN)
-    check = check_descriptor(descriptor, Runs(runs))
+    check = check_descriptor(descriptor, ran_here(runs))
     return {m.mode: m.lowering_class for m in check.mappings}

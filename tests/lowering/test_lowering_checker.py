@@ -4,7 +4,7 @@ what counts as evidence, what a conformance run supports, caps, versions, honour
 from __future__ import annotations
 
 import pytest
-from lowering_fixtures import FIXTURES, PASSING, RUN, check_file, document
+from lowering_fixtures import FIXTURES, PASSING, RUN, check_file, document, ran_here
 
 from agentclaims.contract import LoweringClass, ProtectionMode
 from agentclaims.lowering import (
@@ -25,7 +25,7 @@ def good() -> dict:
 
 
 def hard_of(doc: dict, runs: dict | None = None, **kwargs: object):
-    return check_descriptor(parse_descriptor(doc, source="t"), Runs(runs), **kwargs)[HARD]
+    return check_descriptor(parse_descriptor(doc, source="t"), ran_here(runs), **kwargs)[HARD]
 
 
 def test_a_level_that_did_not_pass_supports_nothing_of_its_mode() -> None:
@@ -64,7 +64,7 @@ def test_no_level_exercises_offloadable_so_no_run_supports_it() -> None:
     doc = document(FIXTURES / "offload-good.yaml")
     anchor = {"kind": "conformance_run", "where": RUN}
     doc["modes"]["offloadable"]["offload"]["evidence"] = [anchor]
-    check = check_descriptor(parse_descriptor(doc, source="t"), Runs({RUN: PASSING}))
+    check = check_descriptor(parse_descriptor(doc, source="t"), ran_here({RUN: PASSING}))
     mapping = check[ProtectionMode.OFFLOADABLE]
     assert f"conformance run {RUN}: no level exercises offloadable: supports nothing here" in (
         mapping.reasons

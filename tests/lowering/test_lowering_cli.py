@@ -67,7 +67,35 @@ def test_the_table_flags_a_mapping_below_its_claim(capsys) -> None:
 
 
 def test_a_folder_stands_for_its_yaml_files(capsys) -> None:
-    """A folder is read as its *.yaml and *.yml files, sorted (its .json files are not)."""
+    """A folder is read as its descriptor files, sorted (sub-folders are not scanned)."""
     code, out, _ = run(capsys, str(FIXTURES), "--json")
     assert code == 0
     assert [m["mode"] for m in json.loads(out)["mappings"]] == ["hard_protected", "offloadable"]
+
+
+def test_a_folder_is_scanned_for_every_format_the_checker_reads(capsys, tmp_path) -> None:
+    """A folder holding only an over-claiming .json fails as the file given directly does."""
+    import yaml
+
+    doc = yaml.safe_load((FIXTURES / "bad" / "missing-ordering.yaml").read_text())
+    (tmp_path / "over.json").write_text(json.dumps(doc))
+    direct, _, _ = run(capsys, str(tmp_path / "over.json"), "--json")
+    code, out, _ = run(capsys, str(tmp_path), "--json")
+    assert direct == code == 1
+    assert [m["class"] for m in json.loads(out)["mappings"]] == ["approximation_substrate"]
+
+
+def test_a_folder_with_no_descriptor_fails(capsys, tmp_path) -> None:
+    """Zero mappings from a scan that found nothing is not a pass: status 2, naming it."""
+    (tmp_path / "notes.txt").write_text("not a descriptor")
+    code, _, err = run(capsys, str(tmp_path))
+    assert code == 2
+    assert f"{tmp_path}: no descriptor in it (*.yaml, *.yml, *.json)" in err
+
+
+def test_a_version_range_that_matches_nothing_does_not_pass(capsys, tmp_path) -> None:
+    text = (FIXTURES / "good.yaml").read_text().replace('">=1.0,<2.0"', '">=2.0,<1.0"')
+    (tmp_path / "never.yaml").write_text(text)
+    code, _, err = run(capsys, str(tmp_path / "never.yaml"))
+    assert code == 2
+    assert "matches no version" in err

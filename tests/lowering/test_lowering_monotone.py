@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lowering_fixtures import FIXTURES, SHIPPED, document
+from lowering_fixtures import FIXTURES, SHIPPED, document, ran_here
 
 from agentclaims.conformance import evidence_from_json
 from agentclaims.contract import LoweringClass, ProtectionMode
 from agentclaims.errors import DescriptorError
-from agentclaims.lowering import SELF_TEST, Descriptor, Runs, check_descriptor, parse_descriptor
+from agentclaims.lowering import SELF_TEST, Descriptor, check_descriptor, parse_descriptor
 
 BASES = sorted(
     [*SHIPPED.glob("*.yaml"), *FIXTURES.glob("*.yaml"), *(FIXTURES / "bad").glob("*.yaml")]
@@ -79,7 +79,7 @@ class State:
             None,
             self.doc,
         )
-        check = check_descriptor(descriptor, Runs(copy.deepcopy(self.runs)))
+        check = check_descriptor(descriptor, ran_here(copy.deepcopy(self.runs)))
         return {m.mode: m.lowering_class for m in check.mappings}
 
 

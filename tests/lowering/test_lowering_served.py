@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx2
-from lowering_fixtures import FIXTURES, PASSING, RUN, document
+from lowering_fixtures import EXAMPLE_TARGET, FIXTURES, PASSING, RUN, document
 
 from agentclaims.contract import LoweringClass, ProtectionMode
 from agentclaims.gateway import ScriptedModel, create_app
@@ -23,6 +23,7 @@ def served(runtime_version: str | None = "1.2", **runs: Any) -> dict[str, Any]:
         name="examplekv",
         runs={RUN: PASSING},
         runtime_version=runtime_version,
+        targets={RUN: EXAMPLE_TARGET},
     )
     return {"lowering": out.section, "modes": out.modes}
 
