@@ -553,7 +553,15 @@ class VllmKV:
             if spec.claim_id not in gated
         ]
         forwarded["kv_transfer_params"] = {"agentclaims": client.envelope(ops, tenant)}
-        status, data = await self._http.post(_KINDS[kind], forwarded)
+        try:
+            status, data = await self._http.post(_KINDS[kind], forwarded)
+        except BackendUnavailable:
+            # vLLM closed the connection under the request (a dying API server does): ask its
+            # /health, which says whether the engine is dead (503, or no vLLM listening)
+            await self.health()
+            if self.engine_dead is not None:
+                raise self._dead_error() from None
+            raise
         if status != 200 or not isinstance(data, dict):
             message = (data.get("error") or {}).get("message") if isinstance(data, dict) else data
             if self.engine_dead is not None:
