@@ -24,6 +24,7 @@ from agentclaims.contract.names import (
     Feasibility,
     LoweringClass,
     ProtectionMode,
+    backend_restart_end,
 )
 from agentclaims.contract.predicates import (
     ContiguousRange,
@@ -60,6 +61,7 @@ __all__ = [
     "ProtectionMode",
     "RequestId",
     "ReuseHint",
+    "backend_restart_end",
     "check_transition",
     "hint_owner",
     "leading_run",

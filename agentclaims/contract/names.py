@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 __all__ = [
     "BACKEND_RESTART",
@@ -14,6 +15,7 @@ __all__ = [
     "Feasibility",
     "LoweringClass",
     "ProtectionMode",
+    "backend_restart_end",
 ]
 
 
@@ -173,3 +175,20 @@ _LOWERING_RANK = {
         )
     )
 }
+
+
+def backend_restart_end(materialized: bool) -> tuple[EventName, ClaimState, dict[str, Any]]:
+    """How a live claim ends when its KV side went away with its blocks (``BACKEND_RESTART``):
+    a materialized one is harmed (its predicate held, now its blocks are gone), one not yet
+    seen resident expires. The event, the state and the event's data."""
+    if materialized:
+        return (
+            EventName.RESIDENT_CLAIM_HARMED,
+            ClaimState.HARMED,
+            {"cause": BACKEND_RESTART, "state": ClaimState.HARMED.value},
+        )
+    return (
+        EventName.RESIDENT_CLAIM_EXPIRED,
+        ClaimState.EXPIRED,
+        {"reason": BACKEND_RESTART, "state": ClaimState.EXPIRED.value},
+    )

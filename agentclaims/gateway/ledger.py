@@ -19,10 +19,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from agentclaims.contract import ClaimEvent, ClaimState, EventName, ProtectionMode
+from agentclaims.contract import ClaimEvent, ClaimState, ProtectionMode
 from agentclaims.contract.events import STATE_OF_EVENT
 from agentclaims.contract.ids import ClaimId
-from agentclaims.contract.names import BACKEND_RESTART
+from agentclaims.contract.names import BACKEND_RESTART, backend_restart_end
 from agentclaims.errors import ServiceUnavailable
 from agentclaims.protocol import EventPage
 
@@ -287,13 +287,7 @@ class Ledger:
         events = []
         now = time.time_ns()
         for c in self.live():
-            harmed = c.state is ClaimState.MATERIALIZED
-            name = EventName.RESIDENT_CLAIM_HARMED if harmed else EventName.RESIDENT_CLAIM_EXPIRED
-            data: dict[str, Any] = (
-                {"cause": RESTART_CAUSE, "state": ClaimState.HARMED.value}
-                if harmed
-                else {"reason": RESTART_CAUSE, "state": ClaimState.EXPIRED.value}
-            )
+            name, _, data = backend_restart_end(c.state is ClaimState.MATERIALIZED)
             events.append(
                 ClaimEvent(
                     event=name,

@@ -157,12 +157,8 @@ class Service:
                 if tenant.max_ttl_s is not None and item.get("ttl_s") is None:
                     item["ttl_s"] = tenant.max_ttl_s
                 named = item.get("object_id")
-                if (
-                    isinstance(named, str)
-                    and not named.startswith("@")
-                    and not self.owns_prefix(named, tenant)
-                ):
-                    raise UsageError("object_id", f"unknown prefix {named!r}: serve it first")
+                if isinstance(named, str) and not named.startswith("@"):
+                    self._own_or_unknown(named, tenant)
                 if isinstance(item.get("claim_id"), str):
                     self._remember(item["claim_id"], tenant)
             out.append(item)
@@ -353,8 +349,12 @@ class Service:
         named = spec.object_id
         if hashes is not None and (not hashes or prefix_id_of(list(hashes)) != named):
             raise UsageError("block_hashes", f"are not the blocks of prefix {named!r}")
-        if not self.owns_prefix(named, tenant):
-            raise UsageError("object_id", f"unknown prefix {named!r}: serve it first")
+        self._own_or_unknown(named, tenant)
+
+    def _own_or_unknown(self, prefix_id: str, tenant: Tenant) -> None:
+        """``tenant``'s own prefix, or the 400 an id never issued gets."""
+        if not self.owns_prefix(prefix_id, tenant):
+            raise UsageError("object_id", f"unknown prefix {prefix_id!r}: serve it first")
 
     def _remember(self, id_: str, tenant: Tenant) -> None:
         self._tenant_of_id[id_] = tenant.name

@@ -55,6 +55,7 @@ from agentclaims.contract import (
     OwnerScope,
     PrefixId,
     RequestId,
+    backend_restart_end,
     owned_claim,
     prefix_id_of,
 )
@@ -283,37 +284,21 @@ class VllmKV:
         self.engine_dead = seen
         self._started = None  # a vLLM that comes back is started afresh (orphans, pool, version)
         self._probed_at = time.monotonic()
-        log.error(
-            "agentclaims: %s; every claim on it ends (%s)", self._dead_reason(), BACKEND_RESTART
-        )
+        detail = self._dead_reason()
+        log.error("agentclaims: %s; every claim on it ends (%s)", detail, BACKEND_RESTART)
         for claim in self._claims.values():
             if not claim.state.live:
                 continue
-            cid = claim.spec.claim_id
-            if claim.state is ClaimState.MATERIALIZED:
-                claim.state, claim.end_reason = ClaimState.HARMED, "harmed"
-                self._emit(
-                    EventName.RESIDENT_CLAIM_HARMED,
-                    cid,
-                    None,
-                    cause=BACKEND_RESTART,
-                    detail=self._dead_reason(),
-                    predicate="leading_prefix_at_least",
-                    predicate_before=True,
-                    predicate_after=False,
-                    state=ClaimState.HARMED.value,
-                )
-            else:
-                claim.state, claim.end_reason = ClaimState.EXPIRED, BACKEND_RESTART
-                self._emit(
-                    EventName.RESIDENT_CLAIM_EXPIRED,
-                    cid,
-                    None,
-                    reason=BACKEND_RESTART,
-                    detail=self._dead_reason(),
-                    state=ClaimState.EXPIRED.value,
-                )
+            name, claim.state, data = backend_restart_end(claim.state is ClaimState.MATERIALIZED)
+            claim.end_reason = "harmed" if claim.state is ClaimState.HARMED else BACKEND_RESTART
             claim.held_blocks = 0
+            if claim.state is ClaimState.HARMED:  # its predicate held, and went with the engine
+                data |= {
+                    "predicate": "leading_prefix_at_least",
+                    "predicate_before": True,
+                    "predicate_after": False,
+                }
+            self._emit(name, claim.spec.claim_id, None, **data, detail=detail)
 
     def _dead_reason(self) -> str:
         """Why the engine is dead, with the signal where ``agentclaims vllm serve`` (its state
@@ -373,10 +358,9 @@ class VllmKV:
             }
         if status == 503:  # vLLM's answer for a dead engine (EngineDeadError)
             self._engine_died(f"vLLM at {self.upstream} /health: HTTP 503")
-        if status == 200 and self.engine_dead is not None:
-            return {"usable": False, "detail": f"{self._dead_reason()}; vLLM answers again"}
-        if status != 200 and self.engine_dead is not None:
-            return {"usable": False, "detail": self._dead_reason()}
+        if self.engine_dead is not None:
+            again = "; vLLM answers again" if status == 200 else ""
+            return {"usable": False, "detail": self._dead_reason() + again}
         return {"usable": status == 200, "detail": f"vLLM /health: HTTP {status}"}
 
     async def _get(self, path: str) -> dict[str, Any]:

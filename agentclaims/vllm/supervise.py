@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["DeathCause", "Supervisor", "state_path"]
+__all__ = ["DeathCause", "Supervisor", "descendants", "read_state", "state_path"]
 
 EXIT_DIED = 1
 """The exit status when vLLM stopped without being asked (at start or later)."""
@@ -269,7 +269,7 @@ class Supervisor:
         except subprocess.TimeoutExpired:
             self._say(f"vLLM did not stop within {grace_s:.0f} s: killing its processes")
             with contextlib.suppress(ProcessLookupError):
-                for pid in _descendants(proc.pid):
+                for pid in descendants(proc.pid):
                     os.kill(pid, signal.SIGKILL)
                 proc.kill()
 
@@ -314,18 +314,22 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from ``/proc``), deepest last."""
+def descendants(pid: int) -> dict[int, str]:
+    """Every process below ``pid`` (from ``/proc``): its pid -> its name (``VLLM::Worker``)."""
     children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            head, _, tail = stat.read_text().rpartition(")")
+        except OSError:
             continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
+        child = int(stat.parent.name)
+        names[child] = head.partition("(")[2]
+        children.setdefault(int(tail.split()[1]), []).append(child)
+    found: dict[int, str] = {}
+    todo = [pid]
     while todo:
         for child in children.get(todo.pop(), []):
-            found.append(child)
+            found[child] = names[child]
             todo.append(child)
     return found

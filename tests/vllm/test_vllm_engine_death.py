@@ -26,6 +26,7 @@ from servers import gateway_process
 
 from agentclaims.backends import HTTPBackend
 from agentclaims.protocol import collect_events
+from agentclaims.vllm.supervise import descendants
 
 pytestmark = pytest.mark.vllm
 
@@ -46,27 +47,6 @@ def _say(capsys: pytest.CaptureFixture[str], line: str) -> None:
     """A line in the test run's own output (not captured)."""
     with capsys.disabled():
         print(f"\n{line}")
-
-
-def _descendants(pid: int) -> dict[int, str]:
-    """Every process under ``pid``: pid -> its name (``VLLM::Worker``, ...)."""
-    children: dict[int, list[int]] = {}
-    names: dict[int, str] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        head, _, tail = text.rpartition(")")
-        child = int(stat.parent.name)
-        names[child] = head.partition("(")[2]
-        children.setdefault(int(tail.split()[1]), []).append(child)
-    out, todo = {}, [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out[child] = names[child]
-            todo.append(child)
-    return out
 
 
 def test_the_amx_plugin_ran_in_vllm_and_said_what_it_did(
@@ -160,7 +140,7 @@ async def test_a_worker_killed_mid_run_is_named_and_every_claim_ends_with_harm(
                     http.post("/v1/completions", json=_completion(list(range(300, 340)), 200))
                 )
                 await asyncio.sleep(0.3)
-                [worker] = [p for p, n in _descendants(server.pid).items() if n == "VLLM::Worker"]
+                [worker] = [p for p, n in descendants(server.pid).items() if n == "VLLM::Worker"]
                 os.kill(worker, sig)
                 in_flight = await running
                 # it was answered before the worker died (a loaded machine) or is the 503
