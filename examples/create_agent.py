@@ -1,13 +1,16 @@
-"""LangGraph's prebuilt ReAct agent, unmodified, carrying claims through the chat model.
+"""A LangChain 1.x agent (`create_agent`), unmodified, claimed by wrapping its graph.
 
-Run: .venv/bin/python examples/react_prebuilt.py
+`claimed_session(agent, ...)` reads the agent's `model <-> tools` loop as its Agent Execution
+Graph and runs each call of the agent in a session of its own.
+
+Run: .venv/bin/python examples/create_agent.py
 """
 
 import asyncio
 
+from langchain.agents import create_agent
 from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
-from langgraph.prebuilt import create_react_agent
 
 import agentclaims
 from agentclaims.gateway.text import Reply, TextRequest
@@ -31,8 +34,10 @@ def script(request: TextRequest) -> Reply | str:
 
 async def main() -> None:
     backend = agentclaims.EmbeddedBackend(num_blocks=512, block_size=16, script=script)
-    agent = create_react_agent(
-        agentclaims.chat_model(backend), [search], prompt="You are a careful researcher. " * 20
+    agent = create_agent(
+        agentclaims.chat_model(backend),
+        [search],
+        system_prompt="You are a careful researcher. " * 20,
     )
     claimed = agentclaims.claimed_session(agent, backend=backend)
     run = claimed.run()  # this run's handle
