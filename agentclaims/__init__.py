@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from agentclaims.backends.pool import BackendPool
     from agentclaims.bindings.decorators import ClaimedGraph, ClaimedRun, claimed_session
     from agentclaims.bindings.langchain import chat_model
+    from agentclaims.bindings.middleware import ClaimsMiddleware
     from agentclaims.bindings.openai import openai_client, openai_sync_client
     from agentclaims.gateway.text import Reply
     from agentclaims.session import (
@@ -74,6 +75,7 @@ __all__ = [
     "ClaimedGraph",
     "ClaimedRun",
     "ClaimedSession",
+    "ClaimsMiddleware",
     "ContractViolation",
     "DeadlineExceeded",
     "DescriptorError",
@@ -120,6 +122,7 @@ _LAZY = {
     "current_session": "agentclaims.session",
     "openai_client": "agentclaims.bindings.openai",
     "chat_model": "agentclaims.bindings.langchain",
+    "ClaimsMiddleware": "agentclaims.bindings.middleware",
 }
 
 

@@ -72,7 +72,7 @@ def _is_compiled_graph(obj: object) -> bool:
     return all(hasattr(obj, name) for name in ("ainvoke", "astream", "get_graph"))
 
 
-def _checked(
+def checked_backend(
     backend: Backend | BackendPool | None, options: SessionOptions
 ) -> Backend | BackendPool:
     """The backend, once every option is checked: at decoration time, not at the first run."""
@@ -111,7 +111,7 @@ class ClaimedGraph(Generic[G_co]):
         **options: Unpack[SessionOptions],
     ) -> None:
         self._graph = graph
-        self.backend = _checked(backend, options)
+        self.backend = checked_backend(backend, options)
         self.aeg = aeg_from_langgraph(graph)
         self.tool_times = options.pop("tool_times", None) or ToolTimeModel(prior_mean_s=0.1)
         self.options = options
@@ -525,7 +525,7 @@ def claimed_session(
 
         graph = claimed_session(builder.compile(), backend=backend)
     """
-    checked = _checked(backend, options)
+    checked = checked_backend(backend, options)
 
     def decorate(fn: Any) -> Any:
         if _is_compiled_graph(fn):

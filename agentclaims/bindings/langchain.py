@@ -2,8 +2,8 @@
 
 Its HTTP clients use the claims transport (``ClaimsTransport`` for ``ainvoke``/``astream``,
 ``SyncClaimsTransport`` for ``invoke``/``stream`` from ``def`` nodes), which reads the current
-LangGraph node and step from LangChain's run config: prebuilt agents (``create_react_agent`` and
-friends) carry claims without any change to their code.
+LangGraph node and step from LangChain's run config: prebuilt agents (``create_agent``,
+``create_react_agent`` and friends) carry claims without any change to their code.
 """
 
 from __future__ import annotations

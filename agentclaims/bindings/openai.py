@@ -8,6 +8,7 @@ the two never multiply.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import httpx2
@@ -16,22 +17,42 @@ import openai
 from agentclaims.backends.base import Backend
 from agentclaims.session.transport import ClaimsTransport, SyncClaimsTransport
 
-__all__ = ["claims_http_client", "claims_sync_http_client", "openai_client", "openai_sync_client"]
+__all__ = [
+    "claims_http_client",
+    "claims_sync_http_client",
+    "is_claims_client",
+    "openai_client",
+    "openai_sync_client",
+]
+
+_CLAIMS_CLIENTS: weakref.WeakSet[httpx2.AsyncClient | httpx2.Client] = weakref.WeakSet()
+
+
+def is_claims_client(client: object) -> bool:
+    """Whether ``client`` is an HTTP client made here, sending through a claims transport."""
+    try:
+        return client in _CLAIMS_CLIENTS
+    except TypeError:  # not weakly referenceable: not one of ours
+        return False
 
 
 def claims_http_client(backend: Backend) -> httpx2.AsyncClient:
     """An ``httpx2.AsyncClient`` whose requests go through the claims transport."""
-    return httpx2.AsyncClient(
+    client = httpx2.AsyncClient(
         transport=ClaimsTransport(backend), base_url=backend.base_url, timeout=60.0
     )
+    _CLAIMS_CLIENTS.add(client)
+    return client
 
 
 def claims_sync_http_client(backend: Backend) -> httpx2.Client:
     """An ``httpx2.Client`` (synchronous) whose requests go through the claims transport, on
     the session's event loop (``SyncClaimsTransport``)."""
-    return httpx2.Client(
+    client = httpx2.Client(
         transport=SyncClaimsTransport(backend), base_url=backend.base_url, timeout=60.0
     )
+    _CLAIMS_CLIENTS.add(client)
+    return client
 
 
 def openai_sync_client(backend: Backend, **kwargs: Any) -> openai.OpenAI:

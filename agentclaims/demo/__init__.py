@@ -1,1 +1,1 @@
-"""The demo workload: a supervisor with tool-using ReAct workers, on the scripted model."""
+"""The demo workload: a supervisor with tool-using `create_agent` workers, on the scripted model."""

@@ -1,7 +1,7 @@
-"""A LangGraph supervisor whose workers are prebuilt ReAct agents with tools.
+"""A LangGraph supervisor whose workers are LangChain agents with tools.
 
-``supervisor -> {researcher, writer, END}``; each worker is ``create_react_agent`` (a subgraph:
-``agent <-> tools``). The scripted model drives it offline: the supervisor routes researcher,
+``supervisor -> {researcher, writer, END}``; each worker is ``langchain.agents.create_agent`` (a
+subgraph: ``model <-> tools``). The scripted model drives it offline: the supervisor routes researcher,
 then writer, then finishes; each worker calls its tool ``TOOL_ROUNDS`` times, then reports.
 Tools sleep a little (real waiting, so other workflows run meanwhile and press on the KV pool).
 """
@@ -12,10 +12,10 @@ import asyncio
 import random
 from typing import Any, Literal
 
+from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.prebuilt import create_react_agent
 from langgraph.types import Command
 
 from agentclaims.gateway.text import Reply, TextRequest
@@ -112,7 +112,7 @@ def build_supervisor(model: Any, *, tool_delay_s: float = 0.03) -> Any:
     """Compile the supervisor graph around a chat model (e.g. ``agentclaims.chat_model``)."""
     tools = make_tools(tool_delay_s)
     workers = {
-        name: create_react_agent(model, [tools[_TOOL_OF[name]]], prompt=SYSTEM_PROMPT, name=name)
+        name: create_agent(model, [tools[_TOOL_OF[name]]], system_prompt=SYSTEM_PROMPT, name=name)
         for name in WORKERS
     }
 

@@ -12,10 +12,15 @@ The library never calls ``structlog.configure``: each ``WorkflowLog`` wraps its 
 with ``structlog.contextvars.bound_contextvars`` land in every line; the log's own
 ``workflow_id``/``session_id`` win over context variables of the same name).
 
+Listeners (``listeners=``, ``add_listener``) receive every finished record, the event dict
+with its envelope (``timestamp``, ``ts_ns``, ...), as it is written; a log may have listeners
+and no sink at all (``agentclaims.observability.otel`` builds OpenTelemetry spans this way).
+
 Failures: opening a sink that cannot be opened raises ``UsageError`` naming it. After that,
 logging never raises on I/O: a line a sink could not take is counted in ``write_errors`` and
-the first such failure per log emits a ``RuntimeWarning``. Misuse (bad arguments, logging after
-``close()``) raises ``UsageError`` before anything is written.
+the first such failure per log emits a ``RuntimeWarning``; a listener that raises is counted in
+``listener_errors`` the same way. Misuse (bad arguments, logging after ``close()``) raises
+``UsageError`` before anything is written.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ __all__ = [
     "ENVELOPE_FIELDS",
     "REACTION_KINDS",
     "SESSION_EVENTS",
+    "Listener",
     "ReactionKind",
     "WorkflowLog",
 ]
@@ -61,6 +67,8 @@ REACTION_KINDS: Final[tuple[str, ...]] = (
     "failover",
 )
 SESSION_EVENTS: Final[tuple[str, ...]] = ("session_started", "session_ended")
+Listener = Callable[[dict[str, Any]], None]
+"""Takes one finished record of a ``WorkflowLog`` (a dict of its own: the line's fields)."""
 #: Fields the log itself writes on every line; callers may not pass them.
 ENVELOPE_FIELDS: Final[frozenset[str]] = frozenset(
     {"event", "session_id", "thread_id", "timestamp", "ts_ns", "workflow_id"}
@@ -101,6 +109,27 @@ def _finite(value: Any) -> Any:
 
 def _only_finite(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
     return {k: _finite(v) for k, v in event_dict.items()}
+
+
+class _Deliver:
+    """Hands each finished record (stamped, JSON-safe) to the log's listeners, a dict of its
+    own each; a log without a sink drops the line after that (nothing to render)."""
+
+    __slots__ = ("_log",)
+
+    def __init__(self, log: WorkflowLog) -> None:
+        self._log = log
+
+    def __call__(self, _logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
+        log = self._log
+        for listener in tuple(log._listeners):
+            try:
+                listener(dict(event_dict))
+            except Exception as exc:  # a listener never breaks the agent's run
+                log._listener_failed(listener, exc)
+        if not log._writer.sinks:
+            raise structlog.DropEvent
+        return event_dict
 
 
 class _Sink:
@@ -167,6 +196,10 @@ class WorkflowLog:
     many workflows may write; every line carries ``workflow_id``. A stream given as an object is
     not closed by ``close()``; files this log opened are.
 
+    ``listeners``: callables that each receive every finished record (a dict of its own: the
+    line's fields, envelope included) as it is written; more with ``add_listener``. A log may
+    have listeners and no sink. A listener that raises is counted in ``listener_errors``.
+
     Safe to share between threads and tasks; each line is flushed as soon as it is written.
     ``clock`` (wall ns) and ``monotonic`` (ns) are injectable.
     """
@@ -181,13 +214,16 @@ class WorkflowLog:
         clock: Callable[[], int] = time.time_ns,
         monotonic: Callable[[], int] = time.monotonic_ns,
         thread_id: str | None = None,
+        listeners: Sequence[Listener] = (),
     ) -> None:
         _check_name("workflow_id", workflow_id)
         _check_name("session_id", session_id)
         if thread_id is not None:
             _check_name("thread_id", thread_id)
-        if directory is None and stream is None:
-            raise UsageError("directory", "give a directory, a stream, or both")
+        if not all(callable(f) for f in listeners):
+            raise UsageError("listeners", f"expected a sequence of callables, got {listeners!r}")
+        if directory is None and stream is None and not listeners:
+            raise UsageError("directory", "give a directory, a stream, listeners, or several")
         if directory is not None and (
             workflow_id in (".", "..") or any(c in workflow_id for c in ("/", "\\", "\0"))
         ):
@@ -198,8 +234,12 @@ class WorkflowLog:
         """Lines (per sink) that could not be written after the log was opened."""
         self.path: Path | None = None
         """The per-workflow file, when ``directory`` was given."""
+        self.listener_errors = 0
+        """Records a listener raised on (each listener counts)."""
+        self._listeners: list[Listener] = list(listeners)
         self._closed = False
         self._warned = False
+        self._listener_warned = False
         sinks: list[_Sink] = []
         try:
             if directory is not None:
@@ -223,6 +263,7 @@ class WorkflowLog:
                 structlog.contextvars.merge_contextvars,
                 _Timestamper(clock, monotonic),
                 _only_finite,
+                _Deliver(self),
                 structlog.processors.JSONRenderer(sort_keys=True),
             ],
             wrapper_class=structlog.BoundLogger,
@@ -251,6 +292,24 @@ class WorkflowLog:
                 RuntimeWarning,
                 stacklevel=6,  # the caller of the public logging method
             )
+
+    def _listener_failed(self, listener: Listener, exc: Exception) -> None:
+        self.listener_errors += 1
+        if not self._listener_warned:
+            self._listener_warned = True
+            warnings.warn(
+                f"workflow log {self.workflow_id!r}: listener {listener!r} raised "
+                f"{type(exc).__name__}: {exc}; further failures are only counted "
+                "(WorkflowLog.listener_errors)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def add_listener(self, listener: Listener) -> None:
+        """Deliver every record written from now on to ``listener`` too."""
+        if not callable(listener):
+            raise UsageError("listener", f"expected a callable, got {listener!r}")
+        self._listeners.append(listener)
 
     # ------------------------------------------------------------------ events
     def _write(self, event: str, fields: Mapping[str, Any]) -> None:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, TextIO, TypedDict
 from agentclaims.errors import UnknownNameError
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
     from agentclaims.graph import AgentExecutionGraph, ToolTimeModel
     from agentclaims.planner import ClaimPlanner, PlannerPolicy
     from agentclaims.session.reactions import ReactionPolicy
@@ -67,6 +69,13 @@ class SessionOptions(TypedDict, total=False):
     clock: Callable[[], float]
     """Monotonic clock in seconds, for TTLs, tool durations and deadlines. Default:
     ``time.monotonic``."""
+    tracing: bool | None
+    """OpenTelemetry spans of the run (docs/logs.md, "OpenTelemetry traces"): ``True`` always
+    (needs ``opentelemetry-api``, the ``otel`` extra), ``False`` never, ``None`` when a
+    ``tracer_provider`` is given or the application set a global tracer provider (never
+    importing ``opentelemetry`` to find out). Default: ``None``."""
+    tracer_provider: TracerProvider | None
+    """The OpenTelemetry ``TracerProvider`` the run's spans go to. Default: the global one."""
 
 
 def check_option_names(options: Mapping[str, object]) -> None:

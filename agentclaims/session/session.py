@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -41,9 +42,13 @@ from agentclaims.session.toolhold import Wanted, hold_for_tool
 from agentclaims.session.workflow import WorkflowModel, wait_key
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import TracerProvider
+
     from agentclaims.backends.base import Backend
     from agentclaims.backends.pool import BackendPool
     from agentclaims.observability import WorkflowLog
+    from agentclaims.observability.otel import SessionTracer
 
 __all__ = [
     "AUTO_PLANNER",
@@ -129,6 +134,11 @@ class ClaimedSession:
     ``backend`` is a ``Backend`` or a ``BackendPool`` (session affinity, reroute on refusal).
     ``graph`` is the workflow's Agent Execution Graph (from LangGraph, decorators, or empty:
     then it is learned online from the calls the session sees).
+
+    ``tracing``: OpenTelemetry spans of the run (the session, its LLM calls, claims and tool
+    calls; ``agentclaims.observability.otel``): ``None`` (auto) traces when
+    ``tracer_provider`` is given or the application set a global tracer provider, ``True``
+    always (needs ``opentelemetry-api``: the ``otel`` extra), ``False`` never.
     """
 
     def __init__(
@@ -148,8 +158,12 @@ class ClaimedSession:
         queue_delay_s: float = 0.05,
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
+        tracing: bool | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         from agentclaims.backends.pool import BackendPool
+
+        _check_tracing(tracing, tracer_provider)
 
         if isinstance(backend, BackendPool):
             self.pool: BackendPool | None = backend
@@ -234,6 +248,11 @@ class ClaimedSession:
         self._log_dir = None if log_dir is None else Path(log_dir)
         self._log_stream = log_stream
         self.log: WorkflowLog | None = None
+        self._tracing = tracing
+        self._tracer_provider = tracer_provider
+        self.tracer: SessionTracer | None = None
+        """The run's span builder while tracing (``agentclaims.observability.otel``)."""
+        self._trace_token: Token[Context] | None = None
         self._token: Any = None
         self._started = 0.0
         self._closed = False
@@ -308,7 +327,11 @@ class ClaimedSession:
         if self.pool is not None:  # a pool with an admission window may make it wait
             await self.pool.admit(self.session_id)
         try:
-            if self._log_dir is not None or self._log_stream is not None:
+            if self._tracing_on():
+                from agentclaims.observability.otel import SessionTracer
+
+                self.tracer = SessionTracer(self._tracer_provider)
+            if self._log_dir is not None or self._log_stream is not None or self.tracer is not None:
                 from agentclaims.observability import WorkflowLog
 
                 self.log = WorkflowLog(
@@ -317,8 +340,10 @@ class ClaimedSession:
                     directory=self._log_dir,
                     stream=self._log_stream,
                     thread_id=self.thread_id,
+                    listeners=() if self.tracer is None else (self.tracer,),
                 )
         except BaseException:
+            self.tracer = None
             if self.pool is not None:  # not entered after all: its slot goes to the next one
                 self.pool.release(self.session_id)
             raise
@@ -326,7 +351,23 @@ class ClaimedSession:
         self.loop = asyncio.get_running_loop()
         self._token = _current.set(self)
         self._log_session("session_started", backend=self.backend.name)
+        if self.tracer is not None:  # spans the workflow starts nest in the session's
+            self._trace_token = self.tracer.activate()
         return self
+
+    def _tracing_on(self) -> bool:
+        """Whether this run is traced: ``tracing`` as given, or (``None``) when a tracer
+        provider was given or the application set a global one. Nothing is imported to find
+        out: without ``opentelemetry.trace`` loaded, no provider can have been set."""
+        if self._tracing is not None:
+            return self._tracing
+        if self._tracer_provider is not None:
+            return True
+        if "opentelemetry.trace" not in sys.modules:
+            return False
+        from agentclaims.observability.otel import provider_is_configured
+
+        return provider_is_configured()
 
     def ending(self, reason: str) -> None:
         """Say why the run is about to end, before cancelling it (``closed``: its stream was
@@ -370,6 +411,10 @@ class ClaimedSession:
             )
             if self.log is not None:
                 self.log.close()
+            if self.tracer is not None:
+                self.tracer.close()  # ended with session_ended already; anything left now
+                self.tracer.deactivate(self._trace_token)
+                self._trace_token = None
         cause = _claim_error_in(exc)
         if cause is not None and cause is not exc:
             raise cause from exc
@@ -400,6 +445,19 @@ class ClaimedSession:
             raise harmed
 
     # ------------------------------------------------------------------ the workflow
+    @contextlib.contextmanager
+    def activated(self) -> Iterator[ClaimedSession]:
+        """Make this entered session the current one inside the block, in the caller's context:
+        for code that runs the workflow's calls in a context the session was not entered in
+        (LangChain agent middleware, whose hooks run in a LangGraph node each)."""
+        if self._token is None or self._closed:
+            raise UsageError("session", "only an entered session that has not ended is activated")
+        token = _current.set(self)
+        try:
+            yield self
+        finally:
+            _current.reset(token)
+
     @contextlib.contextmanager
     def node(self, name: str) -> Iterator[None]:
         """Name the agent node making LLM calls inside this block (outside LangGraph)."""
@@ -448,16 +506,19 @@ class ClaimedSession:
         tool_names: Sequence[str] = (),
         request_id: str | None = None,
         retried: bool = False,
+        model: str | None = None,
     ) -> None:
         """Record an answered call and re-plan the claim on ``node``'s conversation prefix.
         ``retried``: the call was deferred or refused first (memory pressure); so was one the
-        engine itself held back for claims' blocks (``deferred_s`` in the answer)."""
+        engine itself held back for claims' blocks (``deferred_s`` in the answer). ``model``:
+        the model the call asked for, if known."""
         answered = getattr(self.backend, "answered_by", None)
         if callable(answered):  # a fleet: the instance the answer names (streamed ones too)
             answered(extension)
             self._follow_instance()
         prompt = int(usage.get("prompt_tokens") or 0)
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        completion = usage.get("completion_tokens")
         st = self.stats
         st.llm_calls += 1
         st.prompt_tokens += prompt
@@ -489,6 +550,8 @@ class ClaimedSession:
                 latency_s=round(latency_s, 6),
                 step=step,
                 ste=ste,
+                model=model if isinstance(model, str) and model else None,
+                completion_tokens=completion if isinstance(completion, int) else None,
                 **({"deferred_s": round(held_back, 6)} if held_back > 0 else {}),
                 **self._hop_fields(),
             )
@@ -825,6 +888,29 @@ class ClaimedSession:
     def log_reaction(self, kind: str, **fields: Any) -> None:
         """Write a reaction (defer, reroute, relax, fail, ...) to the outcome log, if any."""
         self.io.log_reaction(kind, **fields)
+
+
+def _check_tracing(tracing: object, tracer_provider: object) -> None:
+    """``tracing`` is ``None``, ``True`` or ``False`` (``True`` needs the OpenTelemetry API);
+    ``tracer_provider`` is ``None`` or has ``get_tracer``."""
+    if tracing is not None and not isinstance(tracing, bool):
+        raise UsageError(
+            "tracing", f"must be True, False or None (on when a provider is set), got {tracing!r}"
+        )
+    if tracer_provider is not None and not callable(getattr(tracer_provider, "get_tracer", None)):
+        raise UsageError(
+            "tracer_provider",
+            f"expected an OpenTelemetry TracerProvider, got {type(tracer_provider).__name__}",
+        )
+    if tracing is True:
+        try:
+            import opentelemetry.trace  # noqa: F401
+        except ImportError as exc:
+            raise UsageError(
+                "tracing",
+                "tracing=True needs the OpenTelemetry API, which is not installed: "
+                "pip install 'agentclaims[otel]' (and an OpenTelemetry SDK with an exporter)",
+            ) from exc
 
 
 def _looks_like_backend(obj: object) -> bool:

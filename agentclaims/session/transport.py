@@ -80,6 +80,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             return _relayed(response, request, response.stream)
         body = json.loads(content or b"{}")
         streaming = body.get("stream") is True
+        model = body.get("model")
         node = session.current_node(metadata)
         step = None if metadata is None else metadata.get("langgraph_step")
         await session.settle()
@@ -103,6 +104,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                 tool_names=tools,
                 request_id=data.get("id"),
                 retried=retried,
+                model=model if isinstance(model, str) else None,
             )
 
         if streaming:

@@ -17,6 +17,7 @@ DISTRIBUTION_OF = {
     "langchain_openai": "langchain-openai",
     "agentclaims_vllm": "agentclaims-vllm",
     "yaml": "pyyaml",
+    "opentelemetry": "opentelemetry-api",  # the ``otel`` extra (the API only)
 }
 
 

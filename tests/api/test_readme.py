@@ -1,5 +1,5 @@
 """Every Python snippet of the README runs as written (each in a fresh interpreter, in an
-empty folder), and the quick start shows claims at work."""
+empty folder, a deprecation warning an error), and the quick start shows claims at work."""
 
 from __future__ import annotations
 
@@ -32,7 +32,11 @@ def test_readme_snippet_runs_as_written(index: int, tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"},
+        env={
+            "PYTHONPATH": str(ROOT),
+            "PATH": "/usr/bin:/bin",
+            "PYTHONWARNINGS": "error::DeprecationWarning",
+        },
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout
@@ -43,3 +47,6 @@ def test_readme_snippet_runs_as_written(index: int, tmp_path: Path) -> None:
         assert cached is not None
         assert int(cached[1]) > 0
         assert list(tmp_path.glob("agentclaims-logs/*.jsonl"))
+    if index == 1:  # the same agent wrapped: claims planned on create_agent's own graph
+        assert "Three papers found. 1 claim(s)" in out
+    assert "Deprecat" not in done.stderr

@@ -20,14 +20,17 @@ SCRIPT_JSON: dict[str, list[Any]] = {
         {"tool": "search", "arguments": {"query": "kv papers"}},
         "found three papers on it",
     ],
+    "model": [{"tool": "search", "arguments": {"query": "kv papers"}}, "found three papers on it"],
     "*": ["a plain answer in five words"],
 }
 """The same replies on every backend: the ReAct ``agent`` calls ``search`` once, then answers;
-the same agent as a subgraph (``react:agent``) too; any other node answers in words."""
+the same agent as a subgraph (``react:agent``) too, and ``create_agent``'s ``model``; any other
+node answers in words."""
 
 SCRIPT: dict[str, list[Reply | str]] = {
     "agent": [Reply.tool("search", {"query": "kv papers"}), "found three papers on it"],
     "react:agent": [Reply.tool("search", {"query": "kv papers"}), "found three papers on it"],
+    "model": [Reply.tool("search", {"query": "kv papers"}), "found three papers on it"],
     "*": ["a plain answer in five words"],
 }
 

@@ -196,8 +196,8 @@ async def test_an_interrupt_closes_the_session_and_the_resumed_run_opens_one(tmp
     assert claims.last_session is not first
     assert claims.last_session.end_reason == "completed"
     assert claims.open_sessions == 0
-    reasons = [line["reason"] for line in events(tmp_path, "session_ended")]
-    assert reasons == ["closed", "completed"]
+    reasons = {line["session_id"]: line["reason"] for line in events(tmp_path, "session_ended")}
+    assert reasons == {first.session_id: "closed", claims.last_session.session_id: "completed"}
     await backend.aclose()
 
 
@@ -278,3 +278,30 @@ def test_bad_options_are_refused_when_the_middleware_is_made():
         ClaimsMiddleware(backend, nope=1)  # type: ignore[call-arg]
     with pytest.raises(UsageError, match="backend"):
         ClaimsMiddleware(object())  # type: ignore[arg-type]
+
+
+async def test_a_middleware_run_is_traced_as_one_session_span():
+    """With a tracer provider, the middleware's session is one span, and the model and tool
+    calls that ran in other LangGraph nodes are its children (OTel SDK, in-memory exporter)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    backend = EmbeddedBackend(2048, 16, script=SCRIPT)
+    agent, _ = agent_with(backend, tracer_provider=provider)
+    await agent.ainvoke(ask())
+    spans = exporter.get_finished_spans()
+    (session,) = [s for s in spans if s.name == "agentclaims.session"]
+    assert session.attributes["agentclaims.session.end_reason"] == "completed"
+    calls = [s for s in spans if s.name.startswith("chat ")]
+    tools = [s for s in spans if s.name.startswith("execute_tool ")]
+    assert len(calls) == 2
+    assert [s.name for s in tools] == ["execute_tool search"]
+    for span in (*calls, *tools):
+        assert span.parent is not None
+        assert span.parent.span_id == session.context.span_id
+    assert {s.attributes["agentclaims.node"] for s in calls} == {"model"}
+    await backend.aclose()

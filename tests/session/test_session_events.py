@@ -9,25 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from planners import Always
 from test_session_reactions import FakeTime, ask, make_backend
 
 from agentclaims.contract import BlockHash, EventName, ProtectionMode
 from agentclaims.errors import ClaimHarmed
-from agentclaims.planner import ClaimPlan, ClaimPlanner, PrefixContext
 from agentclaims.session import ClaimedSession, ReactionPolicy
 
 PROMPT = [{"role": "user", "content": "q " * 100}]
-
-
-class Always(ClaimPlanner):
-    """A planner that asks for one mode on every prefix."""
-
-    def __init__(self, mode: ProtectionMode, ttl_s: float | None = None) -> None:
-        super().__init__()
-        self.mode, self.ttl_s = mode, ttl_s
-
-    def plan(self, ctx: PrefixContext) -> ClaimPlan:
-        return ClaimPlan(self.mode, self.ttl_s, f"test: always {self.mode.value}")
 
 
 def lines(log_dir: Path, session: ClaimedSession) -> list[dict[str, Any]]:

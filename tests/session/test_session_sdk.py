@@ -52,7 +52,7 @@ async def test_supervisor_graph_issues_and_releases_claims(backend, tmp_path):
     assert session.stats.cached_tokens > 0
     assert live_claims(backend) == []
     nodes = set(session.graph.nodes)
-    assert {"supervisor", "researcher:agent", "writer:agent"} <= nodes
+    assert {"supervisor", "researcher:model", "writer:model"} <= nodes
     lines = [
         json.loads(line)
         for line in (tmp_path / f"{session.workflow_id}.jsonl").read_text().splitlines()
@@ -249,7 +249,7 @@ def test_scripted_replies_are_deterministic():
             kind="chat",
             model="m",
             messages=({"role": "user", "content": "t"},),
-            node="researcher:agent",
+            node="researcher:model",
         )
     )
     assert isinstance(tool, Reply)

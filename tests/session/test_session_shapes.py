@@ -141,15 +141,15 @@ async def test_supervisor_with_subgraph_workers(tmp_path):
     )
     assert edges_of(claimed.aeg) == {
         (START, "supervisor", "plain"),
-        ("supervisor", "researcher:agent", "goto"),
-        ("supervisor", "writer:agent", "goto"),
+        ("supervisor", "researcher:model", "goto"),
+        ("supervisor", "writer:model", "goto"),
         ("supervisor", END, "goto"),
-        ("researcher:agent", "researcher:tools", "send"),
-        ("researcher:tools", "researcher:agent", "plain"),
-        ("researcher:agent", "supervisor", "conditional"),
-        ("writer:agent", "writer:tools", "send"),
-        ("writer:tools", "writer:agent", "plain"),
-        ("writer:agent", "supervisor", "conditional"),
+        ("researcher:model", "researcher:tools", "send"),
+        ("researcher:tools", "researcher:model", "conditional"),
+        ("researcher:model", "supervisor", "conditional"),
+        ("writer:model", "writer:tools", "send"),
+        ("writer:tools", "writer:model", "conditional"),
+        ("writer:model", "supervisor", "conditional"),
     }
     await claimed.ainvoke({"messages": [HumanMessage(task_for(3))]}, {"recursion_limit": 60})
     session = claimed.last_session
@@ -157,17 +157,17 @@ async def test_supervisor_with_subgraph_workers(tmp_path):
     graph = session.graph
     assert edges_of(graph) == edges_of(claimed.aeg)  # every transition seen was a known one
     for worker in ("researcher", "writer"):
-        assert graph.edge_count("supervisor", f"{worker}:agent") == 1
-        assert graph.edge_count(f"{worker}:agent", f"{worker}:tools") == 2
-        assert graph.edge_count(f"{worker}:agent", "supervisor") == 1
+        assert graph.edge_count("supervisor", f"{worker}:model") == 1
+        assert graph.edge_count(f"{worker}:model", f"{worker}:tools") == 2
+        assert graph.edge_count(f"{worker}:model", "supervisor") == 1
     assert session.stats.llm_calls == 3 + 2 * 3  # supervisor x3, each worker: 2 tools + report
     lines = log_lines(tmp_path, session)
     calls = [line["node"] for line in lines if line["event"] == "llm_call"]
     assert calls == [
         "supervisor",
-        *(["researcher:agent"] * 3),
+        *(["researcher:model"] * 3),
         "supervisor",
-        *(["writer:agent"] * 3),
+        *(["writer:model"] * 3),
         "supervisor",
     ]
     tool_turns = [

@@ -96,6 +96,8 @@ def serve_vllm(
             [
                 *_cli("vllm", "serve", "--model", tiny_model, "--port", str(port)),
                 *("--python", python, "--kv-events", events, "--dev-mode", *claims),
+                # tool-using agents (create_agent sends tool_choice "auto"): vLLM's text parser
+                *("--", "--enable-auto-tool-choice", "--tool-call-parser", "pythonic"),
             ],
             stdout=sink,
             stderr=subprocess.STDOUT,

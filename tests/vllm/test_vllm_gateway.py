@@ -529,3 +529,35 @@ async def test_a_deferral_inside_vllm_reaches_the_session_as_pressure(
     ]
     calls = [d for d in logged if d["event"] == "llm_call"]
     assert sorted(d.get("deferred_s", 0) for d in calls) == pytest.approx(sorted(held_back))
+
+
+def test_the_middleware_example_runs_through_the_gateway_on_vllm(gateway: str) -> None:
+    """`examples/agent_middleware.py --url` as a user runs it: a LangChain `create_agent` agent
+    with `ClaimsMiddleware`, three turns of one thread through the gateway on the real vLLM;
+    each later turn finds the conversation's prefix in vLLM's cache, and no session is left
+    open."""
+    import re
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "error::DeprecationWarning",
+            str(root / "examples" / "agent_middleware.py"),
+            "--url",
+            gateway,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert done.returncode == 0, done.stderr
+    turns = re.findall(r"(\d+) LLM call\(s\).*?(\d+)/(\d+) prompt tokens cached", done.stdout)
+    assert len(turns) == 3, done.stdout
+    assert all(int(calls) >= 1 for calls, _, _ in turns)
+    assert all(int(cached) > 0 for _, cached, _ in turns[1:]), done.stdout
+    assert "open sessions: 0" in done.stdout
