@@ -55,6 +55,7 @@ from agentclaims.protocol import (
     ActiveRequest,
     ActiveServing,
     ClaimsProtocol,
+    ClaimView,
     InstanceControl,
     Renewal,
     ServeResult,
@@ -291,7 +292,11 @@ class _Gateway:
         owner = self.service.owner(ext.default_owner, tenant)
         claims = self.service.claims(ext.claims, owner, tenant)
         cache_salt = self.service.salt(_optional_str(body, "cache_salt"), tenant)
-        request_id = RequestId(ext.request_id or f"{id_prefix}-{uuid.uuid4().hex}")
+        request_id = RequestId(
+            self.service.inner(ext.request_id, tenant)
+            if ext.request_id
+            else f"{id_prefix}-{uuid.uuid4().hex}"
+        )
         reply = await self.text.complete(text_request)
         key = f"{blake2b_hash(json.dumps(segments).encode()):016x}"
         payload, reply_tokens = render(reply, key)
@@ -316,8 +321,9 @@ class _Gateway:
             self.errors[err["error"]["type"]] += 1
             return JSONResponse(err, status_code=status, headers=headers), {}
         prompt_tokens = sum(len(s) for s in segments)
+        shown_id = result.outcome.request_id  # as the tenant named it
         return None, {
-            "id": request_id,
+            "id": shown_id,
             "created": int(time.time()),
             "model": text_request.model,
             "choices": [{"index": 0, **payload, "finish_reason": reply.finish_reason}],
@@ -328,7 +334,7 @@ class _Gateway:
                 "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
             },
             EXTENSION_KEY: {
-                "request_id": request_id,
+                "request_id": shown_id,
                 "outcome": result.outcome.to_dict(),
                 "prefix_ids": result.prefix_ids,
                 "decisions": [d.to_dict() for d in result.decisions],
@@ -454,11 +460,18 @@ class _Gateway:
         self.service.check_prefix(spec, hashes, tenant)
         decision = await self.kv.submit_claim(spec, hashes)
         await self.service.decided([decision], {spec.claim_id: spec.owner_scope}, tenant)
-        return JSONResponse(decision.to_dict())
+        return JSONResponse(self.service.shown_decision(decision, tenant).to_dict())
+
+    def _claim_id(self, request: Request) -> ClaimId:
+        """The claim the path names, in the caller's namespace."""
+        return ClaimId(self.service.inner(request.path_params["claim_id"], _tenant(request)))
+
+    def _view(self, view: ClaimView, request: Request) -> Response:
+        return JSONResponse(self.service.shown_view(view, _tenant(request)).to_dict())
 
     async def get_claim(self, request: Request) -> Response:
-        view = await self.kv.get_claim(ClaimId(request.path_params["claim_id"]), _owner(request))
-        return JSONResponse(view.to_dict())
+        view = await self.kv.get_claim(self._claim_id(request), _owner(request))
+        return self._view(view, request)
 
     async def renew_claim(self, request: Request) -> Response:
         body = await _json_object(request)
@@ -468,17 +481,15 @@ class _Gateway:
         tenant = _tenant(request)
         if tenant is not None and tenant.max_ttl_s is not None:
             self.service.check_ttl(renewal.ttl_s, tenant)
-        view = await self.kv.renew_claim(ClaimId(request.path_params["claim_id"]), owner, renewal)
+        view = await self.kv.renew_claim(self._claim_id(request), owner, renewal)
         await self.service.sync()
-        return JSONResponse(view.to_dict())
+        return self._view(view, request)
 
     async def release_claim(self, request: Request) -> Response:
         body = await _json_object(request) if request.method == "POST" else {}
-        view = await self.kv.release_claim(
-            ClaimId(request.path_params["claim_id"]), _owner(request, body)
-        )
+        view = await self.kv.release_claim(self._claim_id(request), _owner(request, body))
         await self.service.sync()
-        return JSONResponse(view.to_dict())
+        return self._view(view, request)
 
     async def events(self, request: Request) -> Response:
         since = _int_param(request, "since", 0, 0, 2**62)
@@ -516,7 +527,11 @@ class _Gateway:
             owner = self.service.owner(active.owner_scope, tenant)
             claims = self.service.claims(active.claims, owner, tenant)
             active = replace(
-                active, claims=claims, cache_salt=self.service.salt(active.cache_salt, tenant)
+                active,
+                request_id=RequestId(self.service.inner(active.request_id, tenant)),
+                owner_scope=None if owner is None else OwnerScope(owner),
+                claims=claims,
+                cache_salt=self.service.salt(active.cache_salt, tenant),
             )
         result = await self.kv.serve(active)
         result = await self.service.served(
@@ -669,6 +684,7 @@ class _Gateway:
     async def on_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, AgentClaimsError)
         status, body = exception_error(exc)
+        body = self.service.shown_body(body, _tenant(request))  # its own ids, as it named them
         if isinstance(exc, BodyTooLarge):
             status = 413
         self.errors[body["error"]["type"]] += 1

@@ -3,9 +3,10 @@
 ``Service`` sits between the route handlers and the KV side. Without keys and without a
 ledger it is a pass-through (the embedded default). With either:
 
-- every request but ``/health`` and ``/openapi.json`` names its tenant by its key; an owner
-  scope is bound to the first tenant that uses it, and another tenant naming it is refused
-  (403) before anything changes;
+- every request but ``/health`` and ``/openapi.json`` names its tenant by its key; the claim
+  ids, owner scopes and request ids a tenant names live in a namespace of its own inside the KV
+  side (``<tenant>/<id>``), so tenants never meet in an id and another tenant's object is, to
+  one, an id never issued;
 - a tenant's claims are checked against its limits by the KV side's claim gate, so a claim
   over quota is refused by the arbiter itself (``refuse_residency_claim``, the reason named,
   ``resident_claim_rejected`` in the stream);
@@ -27,11 +28,26 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from agentclaims.contract import ClaimEvent, ClaimSpec, EventName, OwnerScope, prefix_id_of
-from agentclaims.errors import Forbidden, ServiceUnavailable, UsageError
+from agentclaims.contract import (
+    ClaimEvent,
+    ClaimId,
+    ClaimSpec,
+    EventName,
+    OwnerScope,
+    RequestId,
+    prefix_id_of,
+)
+from agentclaims.errors import ServiceUnavailable, UsageError
 from agentclaims.gateway.ledger import Ledger, LedgerClaim
 from agentclaims.gateway.tenants import Tenant, TenantKeys
-from agentclaims.protocol import ClaimDecision, ClaimsProtocol, EventPage, ServeResult
+from agentclaims.protocol import (
+    ActiveOutcome,
+    ClaimDecision,
+    ClaimsProtocol,
+    ClaimView,
+    EventPage,
+    ServeResult,
+)
 
 __all__ = ["Service"]
 
@@ -115,15 +131,11 @@ class Service:
         return None if self.keys is None else self.keys.authenticate(authorization)
 
     def owner(self, owner: str | None, tenant: Tenant | None) -> str | None:
-        """``owner`` checked for ``tenant``: 403 if it is bound to another tenant. It is
-        bound to this one once an operation naming it succeeds (``bind``): a request that
-        fails leaves no trace."""
-        if owner is None or tenant is None or self.ledger is None:
-            return owner
-        bound = self.ledger.owners.get(owner)
-        if bound is not None and bound != tenant.name:
-            raise Forbidden(f"owner scope {owner!r} belongs to another tenant")
-        return owner
+        """``owner`` as the KV side knows it: inside ``tenant``'s namespace (``ids``), so two
+        tenants may use the same owner scope without meeting. It is bound to its tenant in the
+        ledger once an operation naming it succeeds (``bind``): a request that fails leaves no
+        trace."""
+        return None if owner is None else self.inner(owner, tenant)
 
     def bind(self, owners: Iterable[str | None], tenant: Tenant | None) -> None:
         """Bind the owner scopes a successful operation named to its tenant (first one wins)."""
@@ -150,9 +162,9 @@ class Service:
         for item in raw:
             if isinstance(item, Mapping):
                 item = dict(item)
-                owner = item.get("owner_scope") or default_owner
+                named_owner = item.get("owner_scope")
+                owner = self.owner(named_owner, tenant) if named_owner else default_owner
                 if isinstance(owner, str) and owner:
-                    self.owner(owner, tenant)
                     item["owner_scope"] = owner
                 if tenant.max_ttl_s is not None and item.get("ttl_s") is None:
                     item["ttl_s"] = tenant.max_ttl_s
@@ -160,6 +172,7 @@ class Service:
                 if isinstance(named, str) and not named.startswith("@"):
                     self._own_or_unknown(named, tenant)
                 if isinstance(item.get("claim_id"), str):
+                    item["claim_id"] = self.inner(item["claim_id"], tenant)
                     self._remember(item["claim_id"], tenant)
             out.append(item)
         return tuple(out)
@@ -168,10 +181,11 @@ class Service:
         """A claim submitted on its own, checked like one sent with a request."""
         if tenant is None:
             return spec
-        self.owner(spec.owner_scope, tenant)
+        claim_id = ClaimId(self.inner(spec.claim_id, tenant))
+        spec = replace(spec, claim_id=claim_id, owner_scope=self.inner(spec.owner_scope, tenant))
         self._remember(spec.claim_id, tenant)
         if tenant.max_ttl_s is not None and spec.ttl_s is None:
-            return ClaimSpec.from_dict({**spec.to_dict(), "ttl_s": tenant.max_ttl_s})
+            return replace(spec, ttl_s=tenant.max_ttl_s)
         return spec
 
     def check_ttl(self, ttl_s: float | None, tenant: Tenant | None) -> None:
@@ -285,10 +299,12 @@ class Service:
                 self.counts[tenant.name, "deferred" if outcome.deferred else "refused"] += 1
             self._remember(outcome.request_id, tenant)
         if self.ledger is None:
-            return result
+            return self.shown_result(result, tenant)
         self.bind([owner], tenant)
         await self.decided(result.decisions, owners, tenant)
-        return replace(result, events_seq=self.outer_seq(result.events_seq))
+        return self.shown_result(
+            replace(result, events_seq=self.outer_seq(result.events_seq)), tenant
+        )
 
     async def sync(self) -> None:
         if self.ledger is None:
@@ -314,6 +330,107 @@ class Service:
             self._cursor = page.next_since
             if not page.more:
                 return
+
+    # ------------------------------------------------------------------ ids per tenant
+    # A tenant's claim ids, owner scopes and request ids live in a namespace of its own inside
+    # the KV side (``<tenant>/<id>``): two tenants may use the same ids without meeting, and an
+    # id of another tenant is, to this one, an id never issued. Without keys, and for an
+    # operator's key, ids are the KV side's own. Answers show a tenant its own ids as it named
+    # them; another tenant's (a claim in the way of its request) only as an opaque token.
+    def _ns(self, tenant: Tenant | None) -> str:
+        if tenant is None or tenant.admin:
+            return ""
+        return tenant.name.replace("%", "%25").replace("/", "%2F") + "/"
+
+    def inner(self, id_: str, tenant: Tenant | None) -> str:
+        """``id_`` as ``tenant`` named it -> as the KV side knows it."""
+        return self._ns(tenant) + id_
+
+    def shown(self, id_: str, tenant: Tenant | None) -> str:
+        """An id of the KV side -> as ``tenant`` may see it."""
+        ns = self._ns(tenant)
+        if not ns:
+            return id_
+        if id_.startswith(ns):
+            return id_[len(ns) :]
+        mac = hmac.new(self._secret, id_.encode(), hashlib.sha256).hexdigest()[:16]
+        return f"other:{mac}"
+
+    def shown_text(self, text: str, tenant: Tenant | None) -> str:
+        """A message of the KV side with ``tenant``'s namespace taken out of its ids."""
+        ns = self._ns(tenant)
+        return text.replace(ns, "") if ns else text
+
+    def shown_body(self, body: Any, tenant: Tenant | None) -> Any:
+        """An error body (JSON data) with ``tenant``'s namespace taken out of every string."""
+        if not self._ns(tenant):
+            return body
+        if isinstance(body, str):
+            return self.shown_text(body, tenant)
+        if isinstance(body, Mapping):
+            return {k: self.shown_body(v, tenant) for k, v in body.items()}
+        if isinstance(body, list | tuple):
+            return [self.shown_body(v, tenant) for v in body]
+        return body
+
+    def shown_outcome(self, outcome: ActiveOutcome, tenant: Tenant | None) -> ActiveOutcome:
+        if not self._ns(tenant):
+            return outcome
+        return replace(
+            outcome,
+            request_id=RequestId(self.shown(outcome.request_id, tenant)),
+            blocking_claim_ids=tuple(
+                ClaimId(self.shown(c, tenant)) for c in outcome.blocking_claim_ids
+            ),
+        )
+
+    def shown_decision(self, decision: ClaimDecision, tenant: Tenant | None) -> ClaimDecision:
+        if not self._ns(tenant):
+            return decision
+        return replace(
+            decision,
+            claim_id=ClaimId(self.shown(decision.claim_id, tenant)),
+            reason=None if decision.reason is None else self.shown_text(decision.reason, tenant),
+        )
+
+    def shown_view(self, view: ClaimView, tenant: Tenant | None) -> ClaimView:
+        if not self._ns(tenant):
+            return view
+        return replace(
+            view,
+            claim_id=ClaimId(self.shown(view.claim_id, tenant)),
+            owner_scope=OwnerScope(self.shown(view.owner_scope, tenant)),
+        )
+
+    def shown_result(self, result: ServeResult, tenant: Tenant | None) -> ServeResult:
+        if not self._ns(tenant):
+            return result
+        return replace(
+            result,
+            outcome=self.shown_outcome(result.outcome, tenant),
+            decisions=tuple(self.shown_decision(d, tenant) for d in result.decisions),
+        )
+
+    def shown_event(self, event: ClaimEvent, tenant: Tenant | None) -> ClaimEvent:
+        data = dict(event.data)
+        for key in ("blocking_claim_ids", "claim_ids"):
+            if isinstance(data.get(key), list | tuple):
+                data[key] = [self.shown(str(c), tenant) for c in data[key]]
+        for key in ("owner_scope", "superseded_by"):
+            if isinstance(data.get(key), str):
+                data[key] = self.shown(data[key], tenant)
+        return replace(
+            event,
+            claim_id=None
+            if event.claim_id is None
+            else ClaimId(self.shown(event.claim_id, tenant)),
+            request_id=(
+                None
+                if event.request_id is None
+                else RequestId(self.shown(event.request_id, tenant))
+            ),
+            data=data,
+        )
 
     # ------------------------------------------------------------------ prefixes per tenant
     def _own_prefixes(self, prefix_ids: Any, tenant: Tenant) -> None:
@@ -396,7 +513,11 @@ class Service:
             return await self.kv.events(since, id_prefix=id_prefix, limit=limit)
         await self.sync()
         name = None if tenant is None or tenant.admin else tenant.name
-        return self.ledger.page(since, limit=limit, tenant=name, id_prefix=id_prefix)
+        inner_prefix = None if id_prefix is None else self.inner(id_prefix, tenant)
+        page = self.ledger.page(since, limit=limit, tenant=name, id_prefix=inner_prefix)
+        if not self._ns(tenant):
+            return page
+        return replace(page, events=tuple(self.shown_event(ev, tenant) for ev in page.events))
 
     # ------------------------------------------------------------------ figures
     def health(self) -> dict[str, Any]:

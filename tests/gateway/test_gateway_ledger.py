@@ -129,10 +129,15 @@ def test_kill_9_mid_workflow_loses_no_accepted_claim_silently(tmp_path: Path) ->
             health = alpha.get("/health").json()
             assert health["ledger"]["live_claims"] == 0
             assert health["ledger"]["durable"]
-            # the owner scope is still alpha's, and new work numbers on
+            # alpha's ids are alpha's alone: to beta, its claim is one never issued
             with httpx2.Client(base_url=url, headers={"Authorization": f"Bearer {BETA}"}) as beta:
                 r = beta.get("/v1/claims/wf-1-c1", params={"owner_scope": "wf-1"})
-                assert r.status_code == 403
+                never = beta.get("/v1/claims/never-c1", params={"owner_scope": "wf-1"})
+                assert r.status_code == never.status_code == 404
+                assert r.json()["error"]["message"] == never.json()["error"]["message"].replace(
+                    "never-c1", "wf-1-c1"
+                )
+                assert "alpha" not in r.text
             out = turn(alpha, "wf-1", "a new turn after the restart", "wf-1-c9")
             assert out["decisions"][0]["decision"] == "accepted"
             assert out["events_seq"] > max(seqs)

@@ -1,7 +1,9 @@
 """Tenant isolation and the ledger's books as properties (hypothesis): any interleaving of
 two tenants' completions, claims, renewals, releases and reads over the real gateway app (in
-process) keeps every owner scope with its first tenant, shows each tenant only its own events,
-keeps the ledger's live claims equal to the engine's, and numbers the stream strictly upward."""
+process), both naming the same owner scopes and claim ids, keeps them apart: each tenant's ids
+are its own (another's claim is, to it, one never issued), it sees only its own events under
+the ids it gave them, the ledger's live claims stay the engine's, and the stream is numbered
+strictly upward."""
 
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ async def _run(steps: list[tuple[str, str, str, int, int, str]]) -> None:
         )
         for name, key in {**KEYS, "ops": OPS_KEY}.items()
     }
-    first_owner: dict[str, str] = {}
+    owners: set[tuple[str, str]] = set()
     submitted: dict[str, set[str]] = {"alpha": set(), "beta": set()}
     try:
         for tenant, op, owner, n, words, mode in steps:
@@ -92,11 +94,17 @@ async def _run(steps: list[tuple[str, str, str, int, int, str]]) -> None:
                 seen = {e["claim_id"] for e in r.json()["events"] if e["claim_id"]}
                 assert seen <= submitted[tenant], (tenant, seen - submitted[tenant])
             assert r.status_code < 500, r.text
-            bound = first_owner.get(owner)
-            if bound is not None and bound != tenant and op != "events":
-                assert r.status_code == 403, (tenant, op, owner, r.text)
+            assert r.status_code != 403, r.text  # nothing says another tenant has the id
+            other = "beta" if tenant == "alpha" else "alpha"
+            assert other not in r.text, r.text
+            if op in ("release", "renew", "get") and claim_id not in submitted[tenant]:
+                assert r.status_code == 404, (tenant, op, claim_id, r.text)
+            if op in ("release", "get") and claim_id in submitted[tenant]:
+                assert r.status_code == 200, (tenant, op, claim_id, r.text)
+                assert r.json()["claim_id"] == claim_id
+                assert r.json()["owner_scope"] == owner
             if r.status_code == 200 and op == "chat":
-                first_owner.setdefault(owner, tenant)
+                owners.add((tenant, owner))
             # the ledger's live claims are the engine's
             engine_live = {c.claim_id for c in kv.engine._claims.values() if c.state.live}
             assert {c.claim_id for c in ledger.live()} == engine_live
@@ -107,8 +115,8 @@ async def _run(steps: list[tuple[str, str, str, int, int, str]]) -> None:
         everything = (await clients["ops"].get("/v1/events", params={"limit": 100_000})).json()
         seqs = [e["seq"] for e in everything["events"]]
         assert seqs == sorted(set(seqs))
-        assert set(ledger.owners) == set(first_owner)
-        assert all(ledger.owners[o] == t for o, t in first_owner.items())
+        # each tenant's owner scopes are bound to it, inside its own namespace
+        assert ledger.owners == {f"{t}/{o}": t for t, o in owners}
     finally:
         for c in clients.values():
             await c.aclose()

@@ -4,6 +4,7 @@ refused by the arbiter with the reason, salted prefix hashing, operator routes."
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,14 +59,14 @@ def chat(
     session: str,
     text: str = PROMPT,
     claims: list[dict[str, Any]] | None = None,
+    request_id: str | None = None,
 ) -> httpx2.Response:
+    ext: dict[str, Any] = {"session_id": session, "claims": claims or []}
+    if request_id is not None:
+        ext["request_id"] = request_id
     return http.post(
         "/v1/chat/completions",
-        json={
-            "model": "m",
-            "messages": [{"role": "user", "content": text}],
-            "agentclaims": {"session_id": session, "claims": claims or []},
-        },
+        json={"model": "m", "messages": [{"role": "user", "content": text}], "agentclaims": ext},
     )
 
 
@@ -133,13 +134,15 @@ def test_every_route_needs_a_valid_key(
 
 
 def test_a_tenant_never_sees_or_touches_another_tenants_claims(gateway: tuple[str, Path]) -> None:
+    """Claim ids, owner scopes and request ids are each tenant's own: beta naming alpha's gets
+    what an id never issued gets, and the same ids used by beta are beta's, apart."""
     url, ledger = gateway
     with client(url, ALPHA) as alpha, client(url, BETA) as beta:
         r = chat(alpha, "iso-a", claims=[prompt_claim("iso-c1")])
         assert r.status_code == 200, r.text
         assert r.json()["agentclaims"]["decisions"][0]["decision"] == "accepted"
         before = ledger_rows(ledger)
-        # naming alpha's owner scope, in every endpoint that names one: 403, nothing changed
+        # naming alpha's claim, in every endpoint that names one: unknown, nothing changed
         for method, path, body in [
             ("GET", "/v1/claims/iso-c1?owner_scope=iso-a", None),
             ("POST", "/v1/claims/iso-c1/renew", {"owner_scope": "iso-a"}),
@@ -147,38 +150,39 @@ def test_a_tenant_never_sees_or_touches_another_tenants_claims(gateway: tuple[st
             ("DELETE", "/v1/claims/iso-c1?owner_scope=iso-a", None),
         ]:
             r = beta.request(method, path, json=body)
-            assert r.status_code == 403, (method, path, r.text)
-            assert r.json()["error"]["type"] == "forbidden"
-        r = chat(beta, "iso-a")
-        assert r.status_code == 403
-        assert "another tenant" in r.json()["error"]["message"]
-        r = beta.post(
-            "/v1/claims",
-            json={
-                "claim": {
-                    **prompt_claim("iso-c2"),
-                    "object_id": "p",
-                    "owner_scope": "iso-a",
-                    "footprint_blocks": 1,
-                    "cache_identity": _identity(beta),
-                }
-            },
-        )
-        assert r.status_code == 403
-        # with its own owner scope, beta still cannot reach alpha's claim
-        assert beta.get("/v1/claims/iso-c1?owner_scope=iso-b").status_code in (403, 404)
+            never = beta.request(method, path.replace("iso-c1", "never-c1"), json=body)
+            assert r.status_code == never.status_code == 404, (method, path, r.text)
+            assert r.json()["error"]["type"] == "unknown_claim"
+            assert r.text == never.text.replace("never-c1", "iso-c1")  # not one byte more
+        assert beta.get("/v1/claims/iso-c1?owner_scope=iso-b").status_code == 404
         assert ledger_rows(ledger) == before
-        # events: alpha reads its claim's story; beta reads none of it
+        # the same owner scope, claim id and request id, used by beta: beta's own, apart
+        r = chat(beta, "iso-a", claims=[prompt_claim("iso-c1")], request_id="iso-r1")
+        assert r.status_code == 200, r.text
+        assert r.json()["agentclaims"]["decisions"][0]["decision"] == "accepted"
+        assert r.json()["agentclaims"]["request_id"] == "iso-r1"
+        r = chat(alpha, "iso-a", request_id="iso-r1")
+        assert r.status_code == 200, r.text
+        assert r.json()["agentclaims"]["request_id"] == "iso-r1"
+        view = beta.get("/v1/claims/iso-c1?owner_scope=iso-a").json()
+        assert (view["claim_id"], view["owner_scope"]) == ("iso-c1", "iso-a")
+        assert (
+            beta.post("/v1/claims/iso-c1/release", json={"owner_scope": "iso-a"}).json()["state"]
+            == "expired"
+        )
+        # events: each reads its own claim's story under its own ids, never the other's
         mine = alpha.get("/v1/events").json()["events"]
+        theirs = beta.get("/v1/events").json()["events"]
         assert {"resident_claim_accepted", "resident_claim_materialized"} <= {
             e["event"] for e in mine if e["claim_id"] == "iso-c1"
         }
-        theirs = beta.get("/v1/events").json()
-        assert all(e["claim_id"] != "iso-c1" for e in theirs["events"])
-        assert theirs["last_seq"] >= max(e["seq"] for e in mine)  # the stream is one
-        with client(url, OPS) as ops:  # the operator reads the whole stream
-            assert any(e["claim_id"] == "iso-c1" for e in ops.get("/v1/events").json()["events"])
-        # alpha itself can read and release it
+        assert {e["seq"] for e in mine}.isdisjoint(e["seq"] for e in theirs)
+        assert "resident_claim_expired" in {e["event"] for e in theirs if e["claim_id"] == "iso-c1"}
+        assert "alpha" not in json.dumps(theirs)
+        with client(url, OPS) as ops:  # the operator reads the whole stream, ids in full
+            ids = {e["claim_id"] for e in ops.get("/v1/events").json()["events"]}
+            assert {"alpha/iso-c1", "beta/iso-c1"} <= ids
+        # alpha's claim was never touched: alpha reads and releases it
         assert alpha.get("/v1/claims/iso-c1?owner_scope=iso-a").json()["state"] == "materialized"
         r = alpha.post("/v1/claims/iso-c1/release", json={"owner_scope": "iso-a"})
         assert r.json()["state"] == "expired"
@@ -212,7 +216,8 @@ def test_limits_are_refused_by_the_arbiter_with_the_reason(gateway: tuple[str, P
         long_ttl = claim_on("lim", 2, "lim-3", ttl_s=120, protection_mode="best_effort")
         assert long_ttl["decision"] == "rejected"
         assert "maximum of 60" in long_ttl["reason"]
-        assert claim_on("lim", 2, "lim-4", protection_mode="best_effort")["decision"] == "accepted"
+        d4 = claim_on("lim", 2, "lim-4", protection_mode="best_effort")
+        assert d4["decision"] == "accepted", d4
         assert claim_on("lim", 3, "lim-5", protection_mode="best_effort")["decision"] == "accepted"
         fourth = claim_on("lim", 4, "lim-6", protection_mode="best_effort")
         assert fourth["decision"] == "rejected"

@@ -342,8 +342,8 @@ BETA = "ak-beta-0123456789abcdef"
 
 async def test_tenants_and_the_ledger_on_vllm(vllm_server: VllmServer, tmp_path: Any) -> None:
     """The gateway with keys and a ledger in front of the real vLLM: tenants never share
-    vLLM's prefix cache (vLLM's own cache_salt), a claim over a tenant's quota is refused
-    before it reaches vLLM, and after a kill -9 and a restart on the ledger every accepted
+    vLLM's prefix cache (vLLM's own cache_salt), nor ids (the same claim id and owner scope are
+    two claims), a claim over a tenant's quota is refused before it reaches vLLM, and after a kill -9 and a restart on the ledger every accepted
     claim ends exactly once, explicitly, with the stream numbered on."""
     keys = tmp_path / "keys.toml"
     keys.write_text(
@@ -417,6 +417,20 @@ async def test_tenants_and_the_ledger_on_vllm(vllm_server: VllmServer, tmp_path:
                 )
             ).json()
             assert kept["agentclaims"]["decisions"][0]["decision"] == "accepted"
+            # the same claim id and owner scope, used by beta: beta's own claim, apart
+            mirror = (
+                await beta.post(
+                    "/v1/chat/completions",
+                    json=chat(words("mirror", 15), owner_scope="t-a", claims=[small]),
+                )
+            ).json()
+            assert mirror["agentclaims"]["decisions"][0]["decision"] == "accepted"
+            view = (await beta.get("/v1/claims/t-kept", params={"owner_scope": "t-a"})).json()
+            assert (view["claim_id"], view["owner_scope"]) == ("t-kept", "t-a")
+            gone = await beta.post("/v1/claims/t-kept/release", json={"owner_scope": "t-a"})
+            assert gone.json()["state"] == "expired"
+            mine = (await alpha.get("/v1/claims/t-kept", params={"owner_scope": "t-a"})).json()
+            assert mine["state"] == "materialized"  # alpha's is untouched
             cursor = (await alpha.get("/v1/events")).json()["last_seq"]
     finally:
         os.kill(first.pid, signal.SIGKILL)
