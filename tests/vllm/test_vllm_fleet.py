@@ -1,12 +1,14 @@
 """A fleet of two real vLLM servers with the agentclaims connector, a gateway beside each
 (`agentclaims serve --kv vllm --behind-router`), the real vllm-router in front: a session's
 turns all reach the instance whose connector holds its claims, and a killed instance's claims
-are reported lost and re-established on the survivor. (Reroute on refusal is tested on the
+are reported lost and re-established on the survivor, and with four sessions on the fleet every
+session on a killed instance reports its own. (Reroute on refusal is tested on the
 reference engine behind the same router: tests/fleet; on vLLM the connector's cap keeps one
 max-length request always admissible, so a refusal cannot be forced the same way.)"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -31,6 +33,7 @@ class VllmFleet:
     def __init__(self) -> None:
         self.gateways: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
         self.router_url = ""
+        self.servers: list[VllmServer] = []
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +43,7 @@ def fleet(
     out = VllmFleet()
     router = None
     with serve_vllm(tiny_model, tmp_path_factory, "fleet-b") as second:
+        out.servers = [vllm_server, second]
         try:
             for name, server in (("vA", vllm_server), ("vB", second)):
                 out.gateways[name] = start_gateway(
@@ -114,3 +118,85 @@ async def test_a_fleet_session_keeps_affinity_then_fails_over_on_vllm(
         assert failover["from_instance"] == home
         assert set(failover["lost_claims"]) == set(held)
         await client.close()
+
+
+async def test_every_session_on_a_killed_vllm_instance_reports_its_own_claims_lost(
+    fleet: VllmFleet, tmp_path: Path
+) -> None:
+    """Four sessions share one FleetBackend through the real router on the two real vLLM
+    servers (fresh gateways in front of them); the gateway serving the most of them is killed
+    with kill -9 while every session waits in a tool. Each of its sessions ends every claim it
+    held there ``instance_lost`` and names exactly those in its own ``reaction_failover``; the
+    survivor's sessions lose nothing."""
+    n = 4
+    gateways = {
+        name: start_gateway(
+            *("--kv", "vllm", "--upstream", server.url, "--claims-key", server.key),
+            *("--instance-id", name, "--behind-router"),
+        )
+        for name, server in zip(("wA", "wB"), fleet.servers, strict=True)
+    }
+    router = start_router(*(url for _, url in gateways.values()))
+    placed: dict[int, tuple[str, set[str]]] = {}
+    ended: dict[int, tuple[set[str], str]] = {}
+    all_placed, killed = asyncio.Event(), asyncio.Event()
+    try:
+        async with FleetBackend(router[1]) as backend:
+            client = agentclaims.openai_client(backend)
+
+            async def agent(i: int) -> None:
+                messages = [{"role": "system", "content": words(f"a{i}s", 12)}]
+                workflow = f"vmulti-{i}"
+                async with ClaimedSession(backend, log_dir=tmp_path, workflow_id=workflow) as s:
+                    with s.node("agent"):
+                        for k in range(2):
+                            await turn(client, messages, words(f"a{i}t{k}w", 3))
+                            async with s.tool_call("pytest"):
+                                pass
+                        await s.settle()
+                        held = {h.claim_id for h in s.io.held.values()}
+                        assert held, "the planner held the agent's prefix on vLLM"
+                        assert s.backend.instance is not None
+                        placed[i] = (s.backend.instance, held)
+                        if len(placed) == n:
+                            all_placed.set()
+                        async with s.tool_call("pytest"):
+                            await killed.wait()  # the crash comes while every agent waits
+                        await turn(client, messages, words(f"a{i}after", 3))
+                        await s.settle()
+                lost = {h.claim_id for h in s.ended_claims if h.end_reason == "instance_lost"}
+                ended[i] = (lost, workflow)
+
+            async def crash() -> str:
+                await asyncio.wait_for(all_placed.wait(), 180)
+                homes = [placed[i][0] for i in range(n)]
+                dead = max(sorted(set(homes)), key=homes.count)
+                proc, _ = gateways[dead]
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+                killed.set()
+                return dead
+
+            *_, dead = await asyncio.wait_for(
+                asyncio.gather(*(agent(i) for i in range(n)), crash()), 300
+            )
+            await client.close()
+    finally:
+        stop(router[0], group=True)
+        for proc, _ in gateways.values():
+            stop(proc)
+    on_dead = [i for i in range(n) if placed[i][0] == dead]
+    assert len(on_dead) >= 2  # four sessions over two instances
+    for i in range(n):
+        home, before = placed[i]
+        lost, workflow = ended[i]
+        lines = [json.loads(x) for x in (tmp_path / f"{workflow}.jsonl").open()]
+        failovers = [x for x in lines if x["event"] == "reaction_failover"]
+        if home == dead:
+            assert lost == before, (i, lost, before)
+            assert len(failovers) == 1, (i, failovers)
+            assert set(failovers[0]["lost_claims"]) == before, (i, failovers[0])
+            assert failovers[0]["from_instance"] == dead
+        else:
+            assert not lost, (i, lost)
+            assert not failovers, (i, failovers)
