@@ -29,14 +29,15 @@ _FORMATS = (".yaml", ".yml", ".json")
 
 
 def _files(paths: Sequence[str]) -> tuple[list[Path], list[str]]:
-    """The descriptor files named (a folder: its YAML and JSON files, sorted), and the
+    """The descriptor files named (a folder: its YAML and JSON entries, sorted; one that is
+    not a regular file, a FIFO, is named and refused when read, never skipped), and the
     folders that hold none (each a failure: a scan that finds nothing checks nothing)."""
     out: list[Path] = []
     empty: list[str] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.suffix in _FORMATS and p.is_file())
+            found = sorted(p for p in path.iterdir() if p.suffix in _FORMATS and not p.is_dir())
             if not found:
                 empty.append(
                     f"{path}: no descriptor in it ({', '.join('*' + f for f in _FORMATS)})"

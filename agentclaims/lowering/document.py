@@ -115,7 +115,10 @@ def parse_descriptor(doc: object, *, source: str, base_dir: Path | None = None) 
 # ---------------------------------------------------------------------- bounds
 def _read(path: Path) -> str:
     """The file's text, refused past ``MAX_BYTES`` (read no further: a hostile "file" may be
-    endless) or when it is not UTF-8."""
+    endless), when it is not UTF-8, or when it is not a regular file (a FIFO would block the
+    checker on its opening, a device never end)."""
+    if path.exists() and not path.is_file():
+        raise DescriptorError(str(path), [("(file)", "not a regular file: not read")])
     try:
         with path.open("rb") as file:
             data = file.read(MAX_BYTES + 1)

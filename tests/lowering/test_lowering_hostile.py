@@ -241,10 +241,28 @@ def test_a_deep_document_given_as_objects_is_refused_not_a_recursion_error() -> 
 
 
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
-def test_an_endless_file_is_read_no_further_than_the_limit() -> None:
-    """The size comes from reading at most ``MAX_BYTES + 1`` bytes, not from the file."""
-    with pytest.raises(DescriptorError, match=r"\(file\): larger than"):
+def test_an_endless_device_is_refused_unread() -> None:
+    with pytest.raises(DescriptorError, match=r"\(file\): not a regular file"):
         load_descriptor("/dev/zero")
+
+
+def test_a_fifo_in_a_folder_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO named like a descriptor would block the checker on its opening forever: the
+    folder scan names it (status 2) and goes no further, in bounded time."""
+    import os
+
+    (tmp_path / "good.yaml").write_text(GOOD.read_text())
+    os.mkfifo(tmp_path / "pipe.yaml")
+    done = subprocess.run(
+        [sys.executable, "-m", "agentclaims.cli.main", "lowering", "check", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"{tmp_path / 'pipe.yaml'}: (file): not a regular file" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 YAML_VALUES = {
