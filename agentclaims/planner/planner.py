@@ -30,8 +30,15 @@ predicted next use from the claims' reuse hints, e.g. the reference engine with
 ``NextUsePolicy``), the ``ranked`` preset: soft by default (every prefix ``best_effort`` with its
 hint: ranked, never harmed), no pins (``ranked-hard`` adds ``hard_protected`` where the agent is
 sure of a short tool wait and the pool has room; measured in the replay it cost hits, so it is
-opt-in). On a backend that does not rank, the ``default`` mapping above: without a ranking, a
-best-effort hint is only a hint, and the pins are what keeps a prefix.
+opt-in). Where the descriptor states ``sheds_by_hints`` and the lowering shows ``demotable``
+honoured (vLLM with the agentclaims connector: it ranks no unclaimed block, its free queue is
+LRU, but it holds claimed blocks and sheds soft holds farthest predicted next use first), the
+``held`` preset: the ``ranked`` mapping with ``soft_mode=demotable``, so every prefix is held
+with its hint instead of only watched, ``hard_protected`` where the agent is sure of a short tool
+wait and the pool has room, and a refused ``expiring`` relaxed to ``demotable``. On any other
+backend, the ``default`` mapping above: without a ranking, a best-effort hint is only a hint,
+and the pins are what keeps a prefix. ``soft_mode`` is what the mapping's ``best_effort``
+rows give (``best_effort`` by default).
 """
 
 from __future__ import annotations
@@ -66,6 +73,9 @@ RELAX_ORDER: tuple[ProtectionMode, ...] = (
 """soft_priority is skipped on purpose: a soft claim can be lost without a refusal (harm)."""
 
 
+_SOFT_MODES = (ProtectionMode.BEST_EFFORT, ProtectionMode.DEMOTABLE)
+"""What ``PlannerPolicy.soft_mode`` may be."""
+
 PRESSURE_WEIGHT = 0.2
 """Weight of the newest observation in the memory-pressure average."""
 
@@ -76,10 +86,16 @@ def update_pressure(pressure: float, pressed: bool) -> float:
     return (1.0 - PRESSURE_WEIGHT) * pressure + PRESSURE_WEIGHT * pressed
 
 
-def relax_mode(mode: ProtectionMode) -> ProtectionMode | None:
-    """The next weaker mode on the relax ladder, or ``None`` (drop the claim)."""
+def relax_mode(
+    mode: ProtectionMode, soft: ProtectionMode = ProtectionMode.BEST_EFFORT
+) -> ProtectionMode | None:
+    """The next weaker mode on the relax ladder, or ``None`` (drop the claim). ``soft`` is the
+    policy's soft mode (``PlannerPolicy.soft_mode``): with ``demotable`` (a backend that sheds
+    holds by their hints) the ladder is hard -> expiring -> demotable -> best_effort."""
     if mode in (ProtectionMode.SOFT_PRIORITY, ProtectionMode.DEMOTABLE, ProtectionMode.OFFLOADABLE):
         return ProtectionMode.BEST_EFFORT
+    if mode is ProtectionMode.EXPIRING and soft is not ProtectionMode.BEST_EFFORT:
+        return soft
     i = RELAX_ORDER.index(mode)
     return RELAX_ORDER[i + 1] if i + 1 < len(RELAX_ORDER) else None
 
@@ -176,9 +192,15 @@ class PlannerPolicy:
     """Renew when less than this fraction of the TTL is left and reuse is still likely."""
     ranked: bool = False
     """The backend ranks resident blocks by predicted next use from the claims' reuse hints
-    (``NextUsePolicy``): every prefix is claimed ``best_effort`` with its hint (ranked, never
+    (``NextUsePolicy``): every prefix is claimed ``soft_mode`` with its hint (ranked, never
     harmed), and ``hard_protected`` only where the agent is sure of a short tool wait and the
     pool has room (pressure at most ``pin_max_pressure``)."""
+    soft_mode: ProtectionMode = ProtectionMode.BEST_EFFORT
+    """What a claim without a pin is: ``best_effort`` (a hint the backend may rank), or
+    ``demotable`` on a backend that ranks nothing unclaimed but holds claimed blocks and sheds
+    them by their hints, with a demotion (``sheds_by_hints``: vLLM with the connector), where a
+    ``best_effort`` claim would only be watched. It is also the rung below ``expiring`` on the
+    relax ladder."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -189,6 +211,11 @@ class PlannerPolicy:
                 raise UsageError(f"policy.{f.name}", f"must be >= 0, got {value}")
         if self.min_ttl_s > self.max_ttl_s:
             raise UsageError("policy.min_ttl_s", "must not exceed max_ttl_s")
+        if self.soft_mode not in _SOFT_MODES:
+            raise UsageError(
+                "policy.soft_mode",
+                f"must be one of {', '.join(m.value for m in _SOFT_MODES)}, got {self.soft_mode!r}",
+            )
 
     @classmethod
     def preset_names(cls) -> list[str]:
@@ -222,6 +249,9 @@ _PRESETS: dict[str, PlannerPolicy] = {
     "priority": PlannerPolicy(name="priority", allow_pins=False),
     "ranked": PlannerPolicy(name="ranked", ranked=True, allow_hard=False),
     "ranked-hard": PlannerPolicy(name="ranked-hard", ranked=True, hard_max_wait_s=5.0),
+    "held": PlannerPolicy(
+        name="held", ranked=True, soft_mode=ProtectionMode.DEMOTABLE, hard_max_wait_s=5.0
+    ),
 }
 
 
@@ -248,11 +278,11 @@ class ClaimPlanner:
             return ClaimPlan(None, reason="waiting on the human")
         wait = ctx.expected_wait_s
         if ctx.ttl_s == 0.0:
-            return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="pinning costs more than reloading")
+            return ClaimPlan(pol.soft_mode, reason="pinning costs more than reloading")
         if not pol.allow_pins or ctx.pressure > pol.pin_max_pressure:
             if p >= pol.expiring_min_p:
                 return ClaimPlan(ProtectionMode.DEMOTABLE, reason="likely reuse, memory pressure")
-            return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="memory pressure")
+            return ClaimPlan(pol.soft_mode, reason="memory pressure")
         if (
             pol.allow_hard
             and p >= pol.hard_min_p
@@ -271,12 +301,19 @@ class ClaimPlanner:
             return ClaimPlan(ProtectionMode.EXPIRING, ttl, "likely reuse")
         if pol.use_soft and p >= pol.soft_min_p and ctx.ste <= pol.soft_max_ste:
             return ClaimPlan(ProtectionMode.SOFT_PRIORITY, reason="likely reuse, no pin")
-        return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="possible reuse")
+        return ClaimPlan(pol.soft_mode, reason="possible reuse")
 
     def _ranked(self, ctx: PrefixContext) -> ClaimPlan:
-        """Soft by default (a ranked hint), hard only when sure of a short wait and room."""
+        """Soft by default (a ranked hint, or a hold shed by it), hard only when sure of a short
+        wait and room. A hold is not free (it counts against the backend's cap until shed): a
+        prefix whose reuse is unlikely is not held."""
         pol = self.policy
         wait = ctx.expected_wait_s
+        if pol.soft_mode is not ProtectionMode.BEST_EFFORT and (
+            ctx.waiting_on != "human"
+            and (ctx.reuse_probability < pol.best_effort_min_p or math.isinf(ctx.ste))
+        ):
+            return ClaimPlan(None, reason="reuse unlikely")
         if (
             pol.allow_hard
             and ctx.waiting_on == "tool"
@@ -291,7 +328,9 @@ class ClaimPlanner:
                 self._ttl(wait * pol.ttl_margin),
                 "sure of a short wait, room in the pool",
             )
-        return ClaimPlan(ProtectionMode.BEST_EFFORT, reason="ranked by predicted next use")
+        if pol.soft_mode is ProtectionMode.BEST_EFFORT:
+            return ClaimPlan(pol.soft_mode, reason="ranked by predicted next use")
+        return ClaimPlan(pol.soft_mode, reason="held, shed by predicted next use")
 
     def revise(self, ctx: PrefixContext, held: ClaimPlan, remaining_s: float | None) -> Revision:
         """What to do with a claim already held: keep it, renew its TTL, relax it, release it."""

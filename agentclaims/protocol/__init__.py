@@ -31,6 +31,7 @@ from agentclaims.protocol.types import (
     RENEW_AS_IS,
     SEQUENCE_OBJECT,
     SERVED_ACTIONS,
+    SHEDS_BY_HINTS,
     ActiveOutcome,
     ActiveRequest,
     ClaimDecision,
@@ -40,6 +41,7 @@ from agentclaims.protocol.types import (
     Renewal,
     ServeResult,
     ranks_by_hints,
+    sheds_by_hints,
     stated_class,
 )
 
@@ -55,6 +57,7 @@ __all__ = [
     "ROUTER_SAFE_HEADER",
     "SEQUENCE_OBJECT",
     "SERVED_ACTIONS",
+    "SHEDS_BY_HINTS",
     "ActiveOutcome",
     "ActiveRequest",
     "ActiveServing",
@@ -74,6 +77,7 @@ __all__ = [
     "raise_for_error",
     "ranks_by_hints",
     "refusal_error",
+    "sheds_by_hints",
     "stated_class",
     "supports",
 ]

@@ -26,6 +26,7 @@ __all__ = [
     "RENEW_AS_IS",
     "SEQUENCE_OBJECT",
     "SERVED_ACTIONS",
+    "SHEDS_BY_HINTS",
     "ActiveOutcome",
     "ActiveRequest",
     "ClaimDecision",
@@ -35,6 +36,7 @@ __all__ = [
     "Renewal",
     "ServeResult",
     "ranks_by_hints",
+    "sheds_by_hints",
     "stated_class",
 ]
 
@@ -250,6 +252,22 @@ RANKS_BY_HINTS = "ranks_by_hints"
 from the claims' reuse hints (the reference engine with ``NextUsePolicy``). Best-effort claims
 carrying hints are then ranked with everything else (never harmed); a session's default planner
 (``"auto"``) plans ``ranked`` there. Absent, or anything but ``true``: the backend does not."""
+
+
+SHEDS_BY_HINTS = "sheds_by_hints"
+"""Descriptor capability: ``true`` when the backend ranks no unclaimed block (its free queue is
+LRU, as vLLM's) but holds claimed blocks and, when memory is needed, sheds soft holds
+(``demotable``) farthest predicted next use first, from the claims' reuse hints, each shed a
+``resident_claim_demoted`` (the agentclaims connector in vLLM). A session's default planner
+(``"auto"``) plans ``held`` there, claiming ``demotable`` where it would claim ``best_effort``,
+but only while the backend's lowering also shows ``demotable`` honoured: the capability is
+believed on evidence, never on its word alone."""
+
+
+def sheds_by_hints(descriptor: Descriptor) -> bool:
+    """Whether ``descriptor`` states the ``sheds_by_hints`` capability (fail closed: only a
+    JSON ``true`` counts)."""
+    return descriptor.get(SHEDS_BY_HINTS) is True
 
 
 def ranks_by_hints(descriptor: Descriptor) -> bool:

@@ -65,7 +65,7 @@ END_REASONS = ("completed", "error", "cancelled", "closed")
 AUTO_PLANNER = "auto"
 """The default ``planner``: the preset follows what the backend says it does
 (``ClaimedSession._follow_backend``)."""
-_RANKED, _UNRANKED = "ranked", "default"
+_RANKED, _HELD, _UNRANKED = "ranked", "held", "default"
 """What ``auto`` plans on a backend that ranks by reuse hints, and on any other."""
 
 _current: ContextVar[ClaimedSession | None] = ContextVar("agentclaims_session", default=None)
@@ -190,8 +190,8 @@ class ClaimedSession:
         self._auto_planner = planner == AUTO_PLANNER
         """The planner follows the backend: ``ranked`` where it ranks by hints, else
         ``default`` (until the backend's descriptor is read, ``default``)."""
-        self._ranking: bool | None = None
-        """With ``auto``: whether the backend last read ranks by hints (``None``: not read)."""
+        self._ranking: str | None = None
+        """With ``auto``: the preset the backend last read called for (``None``: not read)."""
         if isinstance(planner, str):
             if planner != AUTO_PLANNER and planner not in PlannerPolicy.preset_names():
                 raise UnknownNameError(
@@ -589,18 +589,24 @@ class ClaimedSession:
     async def _follow_backend(self) -> None:
         """With the default planner (``"auto"``): plan ``ranked`` (soft: every prefix claimed
         ``best_effort`` with its reuse hint, ranked by the backend, never harmed) on a backend
-        whose descriptor states ``ranks_by_hints``, and ``default`` on any other. The
-        descriptor is the one the claims read anyway (once per backend, again after a
-        reroute)."""
+        whose descriptor states ``ranks_by_hints``; ``held`` (every prefix likely reused held
+        ``demotable`` with its hint, shed by it) on one that states ``sheds_by_hints`` and
+        honours ``demotable``; ``default`` on any other. The descriptor is the one the claims
+        read anyway (once per backend, again after a reroute)."""
         if not self._auto_planner:
             return
         try:
-            ranks = await self.io.ranks_by_hints(self.backend)
+            if await self.io.ranks_by_hints(self.backend):
+                name = _RANKED
+            elif await self.io.sheds_by_hints(self.backend):
+                name = _HELD
+            else:
+                name = _UNRANKED
         except BackendUnavailable:
             return  # keep planning as before; a claim to submit meets the outage itself
-        if ranks != self._ranking:  # per call: only a change of backend changes it
-            self._ranking = ranks
-            policy = PlannerPolicy.named(_RANKED if ranks else _UNRANKED)
+        if name != self._ranking:  # per call: only a change of backend changes it
+            self._ranking = name
+            policy = PlannerPolicy.named(name)
             self.planner.policy = policy
             self.io.policy = policy
 
@@ -808,7 +814,7 @@ class ClaimedSession:
         """Let ``held`` (``node``'s claim) go and hold its prefix one mode weaker (with
         ``ttl_s``), logged ``reaction_relax``; the new claim, if any."""
         assert held.plan.mode is not None
-        weaker = relax_mode(held.plan.mode)
+        weaker = relax_mode(held.plan.mode, self.io.policy.soft_mode)
         del self.io.held[node]
         await self.io.release(self._backend_named(held.backend), held, "relaxed")
         self.stats.claims_relaxed += 1

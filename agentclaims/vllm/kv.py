@@ -73,6 +73,7 @@ from agentclaims.protocol import (
     PROMPT_OBJECT,
     RENEW_AS_IS,
     SEQUENCE_OBJECT,
+    SHEDS_BY_HINTS,
     ActiveOutcome,
     ActiveRequest,
     ClaimDecision,
@@ -1037,6 +1038,9 @@ class VllmKV:
             if self.connector
             else "none: stock vLLM (no agentclaims connector answers)",
             "connector": self.connector,
+            # the connector holds claimed blocks and sheds soft holds farthest predicted next
+            # use first, each a demotion; vLLM's own free queue ranks nothing (LRU)
+            SHEDS_BY_HINTS: self.connector,
             "usable_blocks": self.usable_blocks,
             "max_model_len": await self._max_model_len(),
             **{f"hold_{k}": v for k, v in self.limits.items()},

@@ -126,6 +126,15 @@ def test_revise_releases_relaxes_renews_and_keeps():
     assert planner.revise(certain, held, 9.0) == "keep"
 
 
+CONTEXTS = {
+    "p": st.floats(0, 1),
+    "ste": st.integers(0, 6),
+    "wait": st.one_of(st.none(), st.floats(0, 100)),
+    "pressure": st.floats(0, 1),
+    "waiting": st.sampled_from(["tool", "subagent", "human", "llm", "unknown"]),
+}
+"""What a prefix's context may be, for the mapping's properties."""
+
 strength = {
     M.BEST_EFFORT: 0,
     M.DEMOTABLE: 1,
@@ -135,13 +144,7 @@ strength = {
 }
 
 
-@given(
-    p=st.floats(0, 1),
-    ste=st.integers(0, 6),
-    wait=st.one_of(st.none(), st.floats(0, 100)),
-    pressure=st.floats(0, 1),
-    waiting=st.sampled_from(["tool", "subagent", "human", "llm", "unknown"]),
-)
+@given(**CONTEXTS)
 def test_plans_are_monotone_in_probability_and_never_pin_under_pressure(
     p, ste, wait, pressure, waiting
 ):
@@ -158,3 +161,56 @@ def test_plans_are_monotone_in_probability_and_never_pin_under_pressure(
     if hi.mode in (M.HARD_PROTECTED, M.EXPIRING):
         assert hi.ttl_s is not None
         assert pol.min_ttl_s <= hi.ttl_s <= pol.max_ttl_s
+
+
+@given(mode=st.sampled_from(list(M)), soft=st.sampled_from([M.BEST_EFFORT, M.DEMOTABLE]))
+def test_the_relax_ladder_only_weakens_ends_and_never_goes_soft_priority(mode, soft):
+    """Any mode relaxed again and again: each rung weaker than the last, never soft_priority,
+    no claim within four rungs; with ``soft=demotable`` expiring's next rung is demotable (held
+    on a backend that sheds by hints) before best_effort."""
+    rungs = []
+    current: M | None = mode
+    while current is not None:
+        nxt = relax_mode(current, soft)
+        if nxt is not None:
+            assert strength[nxt] < strength.get(current, 5), (current, nxt)
+            assert nxt is not M.SOFT_PRIORITY
+        rungs.append(nxt)
+        current = nxt
+        assert len(rungs) <= 4
+    if soft is M.DEMOTABLE and mode in (M.HARD_PROTECTED, M.EXPIRING):
+        assert M.DEMOTABLE in rungs
+    if soft is M.BEST_EFFORT:
+        assert M.DEMOTABLE not in rungs
+
+
+held = ClaimPlanner(PlannerPolicy.named("held"))
+
+
+@given(**CONTEXTS)
+def test_held_plans_hold_demotable_where_ranked_gives_best_effort(p, ste, wait, pressure, waiting):
+    """The ``held`` preset is the ``ranked`` mapping with holds: wherever ``ranked`` plans
+    ``best_effort`` it plans ``demotable`` (or nothing, when reuse is unlikely), and it pins
+    exactly where ``ranked-hard`` does."""
+    c = ctx(
+        reuse_probability=p,
+        ste=float(ste),
+        expected_wait_s=wait,
+        pressure=pressure,
+        waiting_on=waiting,
+    )
+    mine = held.plan(c)
+    theirs = ClaimPlanner(PlannerPolicy.named("ranked-hard")).plan(c)
+    if theirs.mode is M.BEST_EFFORT:
+        assert mine.mode in (M.DEMOTABLE, None)
+        if mine.mode is None:
+            assert waiting != "human"
+            assert p < held.policy.best_effort_min_p
+    else:
+        assert mine == theirs
+
+
+def test_a_soft_mode_that_is_no_soft_claim_is_refused():
+    with pytest.raises(UsageError, match="soft_mode"):
+        PlannerPolicy(soft_mode=M.HARD_PROTECTED)
+    assert PlannerPolicy.named("held").soft_mode is M.DEMOTABLE

@@ -14,7 +14,7 @@ from agentclaims.backends.embedded import EmbeddedBackend
 from agentclaims.engine import NextUsePolicy
 from agentclaims.errors import UnknownNameError
 from agentclaims.gateway.text import Reply
-from agentclaims.protocol import RANKS_BY_HINTS, ranks_by_hints
+from agentclaims.protocol import RANKS_BY_HINTS, SHEDS_BY_HINTS, ranks_by_hints, sheds_by_hints
 from agentclaims.session import ClaimedSession
 
 SYSTEM = "you are a careful agent " * 40
@@ -103,3 +103,52 @@ def test_unknown_planner_name_lists_auto():
     backend = _backend(False)
     with pytest.raises(UnknownNameError, match="auto"):
         ClaimedSession(backend, planner="ranked-soft")
+
+
+class _Shedding(EmbeddedBackend):
+    """The reference engine behind a descriptor that states ``sheds_by_hints`` (as vLLM's
+    connector does), with ``demotable`` honoured as the engine's lowering shows, or
+    (``honoured=False``) stated ``rejected``: the capability without its evidence."""
+
+    def __init__(self, *, honoured: bool = True) -> None:
+        super().__init__(
+            num_blocks=512, block_size=16, script=lambda request: "an answer in a few words"
+        )
+        self.honoured = honoured
+
+    async def descriptor(self) -> dict[str, object]:
+        desc = dict(await super().descriptor())
+        desc[SHEDS_BY_HINTS] = True
+        if not self.honoured:
+            modes = dict(desc["modes"])  # type: ignore[arg-type]
+            modes["demotable"] = {**modes["demotable"], "lowering_class": "rejected"}
+            desc["modes"] = modes
+        return desc
+
+
+async def test_a_backend_that_sheds_holds_by_hints_gets_them_held_not_watched(tmp_path):
+    """No ``planner`` option, a backend stating ``sheds_by_hints`` with ``demotable`` honoured:
+    the ``held`` preset. A prefix the ``default`` mapping would claim ``best_effort`` (an
+    answer, no tool: the next call's wait unknown) is held ``demotable`` with its hint."""
+    backend = _Shedding()
+    try:
+        session, planned = await _three_calls(backend, tmp_path)
+    finally:
+        await backend.aclose()
+    assert session.planner.policy.name == "held"
+    assert {line["mode"] for line in planned} == {"demotable"}
+    assert session.stats.claims_accepted == len(planned)
+    assert not session.stats.claims_refused
+
+
+async def test_the_shedding_capability_without_its_evidence_is_not_believed(tmp_path):
+    """The same descriptor with ``demotable`` stated ``rejected``: fail closed, the ``default``
+    mapping (no claim is planned ``demotable`` on the capability's word alone)."""
+    backend = _Shedding(honoured=False)
+    try:
+        session, planned = await _three_calls(backend, tmp_path)
+    finally:
+        await backend.aclose()
+    assert session.planner.policy.name == "default"
+    assert "demotable" not in {line["mode"] for line in planned}
+    assert not sheds_by_hints({SHEDS_BY_HINTS: "yes"})  # only a JSON true counts
