@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from agentclaims.conformance import self_test
@@ -37,7 +37,7 @@ from agentclaims.gateway.limits import BodyTooLarge, Limits, parse_body
 from agentclaims.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from agentclaims.gateway.openapi import openapi
 from agentclaims.gateway.service import Service
-from agentclaims.gateway.streaming import respond, stream_requested, unstreamed
+from agentclaims.gateway.streaming import DONE, event, respond, stream_requested, unstreamed
 from agentclaims.gateway.tenants import Tenant, TenantKeys
 from agentclaims.gateway.text import Reply, TextRequest, TextSide
 from agentclaims.lowering import (
@@ -92,6 +92,13 @@ class UpstreamKV(Protocol):
         owner: str | None,
         cache_salt: str | None,
     ) -> Any: ...
+
+    async def stream(
+        self, kind: str, body: Mapping[str, Any], owner: str | None, cache_salt: str | None
+    ) -> Any:
+        """A streamed completion without claims, passed on as the engine produces it
+        (``agentclaims.vllm.streamed.UpstreamStream``)."""
+        ...
 
 
 class KVSide(ClaimsProtocol, ActiveServing, Protocol):
@@ -314,12 +321,7 @@ class _Gateway:
         )
         result = await self.service.served(result, _claim_owners(claims, owner), tenant, owner)
         if not result.outcome.served:
-            status, headers, err = refusal_error(
-                result.outcome, result.prefix_ids, router_safe=self.router_safe(request)
-            )
-            err["error"].update(self.instance.fields)
-            self.errors[err["error"]["type"]] += 1
-            return JSONResponse(err, status_code=status, headers=headers), {}
+            return self._refusal(request, result), {}
         prompt_tokens = sum(len(s) for s in segments)
         shown_id = result.outcome.request_id  # as the tenant named it
         return None, {
@@ -353,21 +355,64 @@ class _Gateway:
         owner = self.service.owner(ext.default_owner, tenant)
         claims = self.service.claims(ext.claims, owner, tenant)
         cache_salt = self.service.salt(_optional_str(body, "cache_salt"), tenant)
-        up = await self.upstream.complete(  # streamed by the gateway itself (#13)
-            kind, unstreamed(body), claims, owner, cache_salt
-        )
+        if stream_requested(body) and not claims:
+            return await self._upstream_stream(request, kind, body, tenant, owner, cache_salt)
+        # claims sent with the request: vLLM answers them only in an answer read whole, which
+        # the gateway then streams itself when asked to (#13)
+        up = await self.upstream.complete(kind, unstreamed(body), claims, owner, cache_salt)
         result: ServeResult = await self.service.served(
             up.result, _claim_owners(claims, owner), tenant, owner
         )
         if not result.outcome.served:
-            status, headers, err = refusal_error(
-                result.outcome, result.prefix_ids, router_safe=self.router_safe(request)
-            )
-            err["error"].update(self.instance.fields)
-            self.errors[err["error"]["type"]] += 1
-            return JSONResponse(err, status_code=status, headers=headers)
+            return self._refusal(request, result)
         payload = dict(up.payload)
-        payload[EXTENSION_KEY] = {
+        payload[EXTENSION_KEY] = self._extension(result)
+        return respond(body, payload)  # JSON, or server-sent events (#13)
+
+    async def _upstream_stream(
+        self,
+        request: Request,
+        kind: str,
+        body: Mapping[str, Any],
+        tenant: Tenant | None,
+        owner: str | None,
+        cache_salt: str | None,
+    ) -> Response:
+        """A streamed completion on the upstream engine: its chunks passed on as it produces
+        them, then one chunk more with the ``agentclaims`` object (its usage inside). A
+        request the engine ends before its first token (refused) is the claim-scoped refusal,
+        not a stream; a client that leaves early closes the engine's stream (it aborts)."""
+        assert self.upstream is not None
+        streamed = await self.upstream.stream(kind, body, owner, cache_salt)
+        try:
+            early = await streamed.start()
+            if early is not None:
+                early = await self.service.served(early, {}, tenant, owner)
+                if not early.outcome.served:
+                    await streamed.aclose()
+                    return self._refusal(request, early)
+        except BaseException:
+            await streamed.aclose()
+            raise
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in streamed.chunks():
+                    yield event(chunk)
+                result = early or await self.service.served(streamed.result, {}, tenant, owner)
+                ext = {**self._extension(result), "usage": streamed.usage}
+                yield event({**streamed.shape, "choices": [], EXTENSION_KEY: ext})
+                yield DONE
+            finally:
+                await streamed.aclose()
+
+        return StreamingResponse(
+            events(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+        )
+
+    def _extension(self, result: ServeResult) -> dict[str, Any]:
+        """The ``agentclaims`` object of an upstream engine's answer."""
+        return {
             "request_id": result.outcome.request_id,
             "outcome": result.outcome.to_dict(),
             "prefix_ids": result.prefix_ids,
@@ -376,7 +421,16 @@ class _Gateway:
             **({"deferred_s": result.deferred_s} if result.deferred_s else {}),
             **self.instance.fields,
         }
-        return respond(body, payload)  # JSON, or server-sent events (#13)
+
+    def _refusal(self, request: Request, result: ServeResult) -> Response:
+        """A request the KV side did not serve: its claim-scoped refusal (409, or 503 where
+        the router may retry it elsewhere), counted."""
+        status, headers, err = refusal_error(
+            result.outcome, result.prefix_ids, router_safe=self.router_safe(request)
+        )
+        err["error"].update(self.instance.fields)
+        self.errors[err["error"]["type"]] += 1
+        return JSONResponse(err, status_code=status, headers=headers)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await _json_object(request)

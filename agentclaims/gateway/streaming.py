@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from agentclaims.errors import UsageError
 from agentclaims.protocol import EXTENSION_KEY
 
-__all__ = ["chunks", "respond", "sse", "stream_requested", "unstreamed"]
+__all__ = ["DONE", "chunks", "event", "respond", "sse", "stream_requested", "unstreamed"]
 
 _PIECE = re.compile(r"\s*\S+\s*|\s+")
 
@@ -77,11 +77,20 @@ def respond(body: Mapping[str, Any], answer: Mapping[str, Any]) -> Response:
     )
 
 
+DONE = b"data: [DONE]\n\n"
+"""The event that ends a stream."""
+
+
+def event(chunk: Mapping[str, Any]) -> bytes:
+    """One server-sent event: ``chunk`` as the ``data:`` of one event."""
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+
 def sse(items: Iterator[dict[str, Any]]) -> Iterator[bytes]:
     """Server-sent events: one ``data:`` event per chunk, then ``data: [DONE]``."""
     for item in items:
-        yield b"data: " + json.dumps(item, separators=(",", ":")).encode() + b"\n\n"
-    yield b"data: [DONE]\n\n"
+        yield event(item)
+    yield DONE
 
 
 def _pieces(text: str | None) -> list[str]:

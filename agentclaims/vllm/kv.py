@@ -84,6 +84,7 @@ from agentclaims.protocol import (
 )
 from agentclaims.vllm.client import ConnectorAnswer, ConnectorClient
 from agentclaims.vllm.observer import KVEventsObserver
+from agentclaims.vllm.streamed import UpstreamStream
 from agentclaims.vllm.upstream import Upstream
 
 __all__ = ["UpstreamResult", "UpstreamText", "VllmKV"]
@@ -149,6 +150,19 @@ def _sequence_ids(
     tokens = [*prompt, *(int(t) for t in reply)]
     full = (len(tokens) - 1) // block_size * block_size
     return tokens[:full] if full else None
+
+
+def _forwarded(body: Mapping[str, Any], model: str) -> dict[str, Any]:
+    """The client's body as it goes to vLLM: never a client's ``kv_transfer_params`` (the
+    gateway signs its own), the ``agentclaims`` object or its ``cache_salt`` (the tenant's is
+    set instead); the model is vLLM's own."""
+    out = {
+        k: v
+        for k, v in body.items()
+        if k not in ("kv_transfer_params", "agentclaims", "cache_salt")
+    }
+    out["model"] = model
+    return out
 
 
 def _client_payload(data: Mapping[str, Any], *, keep_token_ids: bool) -> dict[str, Any]:
@@ -514,12 +528,7 @@ class VllmKV:
                 specs = self._resolve(claims, owner, prompt_pid, len(hashes))
         tenant = owner or "default"
         client = await self._connector_ready()
-        forwarded = {
-            k: v
-            for k, v in body.items()
-            if k not in ("kv_transfer_params", "agentclaims", "cache_salt")
-        }
-        forwarded["model"] = client.model
+        forwarded = _forwarded(body, client.model)
         if request_id is not None:
             forwarded["request_id"] = request_id
             self._request_ids[f"cmpl-{request_id}"] = request_id
@@ -548,16 +557,83 @@ class VllmKV:
                 raise self._dead_error() from None
             raise
         if status != 200 or not isinstance(data, dict):
-            message = (data.get("error") or {}).get("message") if isinstance(data, dict) else data
+            raise self._refused(status, data)
+        payload = _client_payload(data, keep_token_ids=wants_ids)
+        result = await self._answered(
+            client, data, tokens, hashes, prompt_pid, specs, gated, on_reply, cache_salt
+        )
+        return UpstreamResult(payload, result)
+
+    def _refused(self, status: int, data: Any) -> Exception:
+        """The error vLLM's answer other than 200 is: the dead engine's, a 5xx, or vLLM
+        refusing the request (a 400 the client can act on)."""
+        message = (data.get("error") or {}).get("message") if isinstance(data, dict) else data
+        if self.engine_dead is not None:
+            return self._dead_error()
+        if status >= 500:
+            return BackendUnavailable(f"vLLM answered HTTP {status}: {message}")
+        return UsageError("body", f"vLLM refused the request: {message}")
+
+    async def stream(
+        self,
+        kind: str,
+        body: Mapping[str, Any],
+        owner: str | None,
+        cache_salt: str | None,
+    ) -> UpstreamStream:
+        """Forward one streamed completion that carries no claims: its chunks pass on as
+        vLLM produces them (``agentclaims.vllm.streamed``), its KV life (prompt and sequence
+        named, cached tokens) once it ends. vLLM sends no connector answer in a stream, so a
+        request with claims is answered whole (``complete``)."""
+        if kind not in _KINDS:
+            raise UsageError("kind", f"unknown completion kind {kind!r}")
+        await self.start()
+        client = await self._connector_ready()
+        forwarded = _forwarded(body, client.model)
+        forwarded["stream"] = True
+        forwarded["return_token_ids"] = True  # the prompt's and the reply's, to name them
+        options = dict(body.get("stream_options") or {})
+        forwarded["stream_options"] = {**options, "include_usage": True}
+        if cache_salt:
+            forwarded["cache_salt"] = cache_salt
+        forwarded["kv_transfer_params"] = {"agentclaims": client.envelope([], owner or "default")}
+        try:
+            upstream = await self._http.stream(_KINDS[kind], forwarded)
+        except BackendUnavailable:
+            await self.health()  # a dying server's refused connection: is the engine dead?
             if self.engine_dead is not None:
-                raise self._dead_error()
-            if status >= 500:
-                raise BackendUnavailable(f"vLLM answered HTTP {status}: {message}")
-            raise UsageError("body", f"vLLM refused the request: {message}")
+                raise self._dead_error() from None
+            raise
+        if upstream.status != 200:
+            raise self._refused(upstream.status, upstream.body())
+
+        async def settle(data: dict[str, Any]) -> ServeResult:
+            return await self._answered(client, data, None, [], None, [], {}, set(), cache_salt)
+
+        return UpstreamStream(
+            upstream,
+            keep_token_ids=bool(body.get("return_token_ids")),
+            include_usage=options.get("include_usage") is True,
+            settle=settle,
+        )
+
+    async def _answered(
+        self,
+        client: ConnectorClient,
+        data: Mapping[str, Any],
+        tokens: list[int] | None,
+        hashes: list[BlockHash],
+        prompt_pid: str | None,
+        specs: list[ClaimSpec],
+        gated: Mapping[str, str],
+        on_reply: set[str],
+        cache_salt: str | None,
+    ) -> ServeResult:
+        """The KV life of vLLM's answer ``data`` (read whole, or put together from a stream):
+        the prompt and sequence named, the claims decided from the connector's answer."""
         answer = client._answer(data)
         if tokens is None:
             tokens = _prompt_ids(data)
-        payload = _client_payload(data, keep_token_ids=wants_ids)
         if tokens is not None and prompt_pid is None:
             hashes = hash_token_blocks(tokens, self.block_size, cache_salt=cache_salt)
         sequence = _sequence_ids(data, tokens, self.block_size)
@@ -588,7 +664,7 @@ class VllmKV:
                 for spec in specs
             ]
             self._absorb(answer)
-            result = self._result(
+            return self._result(
                 answer,
                 specs,
                 prompt_pid,
@@ -597,7 +673,6 @@ class VllmKV:
                 sequence=(seq_pid, seq_hashes),
                 on_reply=on_reply,
             )
-        return UpstreamResult(payload, result)
 
     async def _seen_stored(self, hashes: Sequence[BlockHash], timeout_s: float = 1.0) -> None:
         """Wait (bounded) until the observer has seen ``hashes`` stored: vLLM's events of a

@@ -11,7 +11,7 @@ the server is closing.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentclaims.errors import BackendUnavailable, UsageError
@@ -20,7 +20,7 @@ from agentclaims.protocol import timing
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["ENGINE_DEAD", "KEEP_ALIVE_S", "MAX_CONNECTIONS", "Upstream"]
+__all__ = ["ENGINE_DEAD", "KEEP_ALIVE_S", "MAX_CONNECTIONS", "Stream", "Upstream"]
 
 KEEP_ALIVE_S = 3.0
 """How long an idle connection to vLLM is kept for reuse (vLLM closes them after 5 s)."""
@@ -74,6 +74,47 @@ class Upstream:
             )
         return self._session
 
+    def _failed(self, exc: BaseException) -> BackendUnavailable:
+        """The error a transport failure is (a refused connection also says the engine may
+        be dead: ``on_engine_dead``)."""
+        import aiohttp
+
+        if isinstance(exc, aiohttp.ClientConnectorError) and self.on_engine_dead:
+            self.on_engine_dead(f"vLLM at {self.base_url} refused the connection: {exc}", True)
+        return BackendUnavailable(f"vLLM at {self.base_url} unreachable: {exc!r}")
+
+    def _dead_if(self, status: int, raw: bytes) -> None:
+        if status == 500 and ENGINE_DEAD in raw and self.on_engine_dead is not None:
+            self.on_engine_dead(f"vLLM at {self.base_url} answered: {ENGINE_DEAD.decode()}", False)
+
+    async def stream(self, path: str, body: Mapping[str, Any]) -> Stream:
+        """``POST path`` with ``body`` as JSON, answered with server-sent events: the
+        ``Stream`` of its events once the status is in (any status but 200 comes with its body,
+        read whole). Each wait for the next event may take up to ``timeout_s``; the stream as
+        a whole has no limit. Closing the stream early closes its connection, and vLLM aborts
+        the request."""
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=self.timeout_s)
+        data = json.dumps(body).encode()
+        try:
+            with timing.upstream():
+                response = await self._client().post(
+                    self.base_url + path, data=data, headers=_JSON, timeout=timeout
+                )
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise self._failed(exc) from exc
+        stream = Stream(self, response)
+        if response.status != 200:
+            try:
+                stream.error = await response.read()
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                raise self._failed(exc) from exc
+            finally:
+                response.release()
+            self._dead_if(response.status, stream.error)
+        return stream
+
     async def request(
         self,
         method: str,
@@ -99,11 +140,8 @@ class Upstream:
                 ) as response:
                     status, raw = response.status, await response.read()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            if isinstance(exc, aiohttp.ClientConnectorError) and self.on_engine_dead:
-                self.on_engine_dead(f"vLLM at {self.base_url} refused the connection: {exc}", True)
-            raise BackendUnavailable(f"vLLM at {self.base_url} unreachable: {exc!r}") from exc
-        if status == 500 and ENGINE_DEAD in raw and self.on_engine_dead is not None:
-            self.on_engine_dead(f"vLLM at {self.base_url} answered: {ENGINE_DEAD.decode()}", False)
+            raise self._failed(exc) from exc
+        self._dead_if(status, raw)
         return status, raw
 
     async def get(self, path: str, *, timeout_s: float | None = None) -> tuple[int, Any]:
@@ -125,6 +163,43 @@ class Upstream:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+class Stream:
+    """One streamed answer (``Upstream.stream``): ``status``; for a 200, its events' ``data``
+    payloads parsed as JSON, in order, up to ``[DONE]`` (``events()``); else ``error``, the
+    body (``body()`` parses it). ``aclose()`` ends it early (idempotent)."""
+
+    def __init__(self, upstream: Upstream, response: aiohttp.ClientResponse) -> None:
+        self._upstream = upstream
+        self._response = response
+        self.status = response.status
+        self.error: bytes | None = None
+
+    def body(self) -> Any:
+        return _parsed(self.error or b"")
+
+    async def events(self) -> AsyncGenerator[dict[str, Any], None]:
+        import aiohttp
+
+        try:
+            async for line in self._response.content:
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    return
+                try:
+                    event = json.loads(payload)
+                except ValueError:
+                    continue
+                if isinstance(event, dict):
+                    yield event
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise self._upstream._failed(exc) from exc
+
+    async def aclose(self) -> None:
+        self._response.close()
 
 
 def _parsed(raw: bytes) -> Any:

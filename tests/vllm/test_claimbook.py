@@ -198,7 +198,7 @@ def test_a_hold_past_the_cap_is_rejected() -> None:
         "materialized"
     )
     before = refs(pool)
-    over = book.hold("c2", "t1", "hard_protected", pool.run(4, 3), ttl_s=30)
+    over = book.hold("c2", "t2", "hard_protected", pool.run(4, 3), ttl_s=30)
     assert over["decision"] == "rejected"
     assert "over the cap" in over["reason"]
     assert book.events_since(0)[-1]["event"] == "resident_claim_rejected"
@@ -207,6 +207,42 @@ def test_a_hold_past_the_cap_is_rejected() -> None:
         "accepted"
     )
     assert book.held_blocks == 6
+
+
+def test_at_the_cap_a_nearer_use_sheds_soft_holds_farthest_first() -> None:
+    """At the cap, a soft hold with a nearer next use takes the blocks of soft holds whose next
+    use is farther (farthest first, each a demotion), as memory pressure would shed them; a
+    hard hold may shed any soft one; a hold that shedding cannot fit sheds nothing."""
+    book, pool, clock = make(total=10, reserve=4)  # cap 6
+    book.hold("far", "t1", "demotable", pool.run(0, 3), ttl_s=30, next_use_s=50)
+    book.hold("mid", "t1", "demotable", pool.run(3, 3), ttl_s=30, next_use_s=20)
+    nearer = book.hold("near", "t1", "demotable", pool.run(6, 3), ttl_s=30, next_use_s=5)
+    assert nearer["decision"] == "accepted"
+    assert set(book.holds) == {"mid", "near"}  # only the farthest went
+    demoted = [e for e in book.events_since(0) if e["event"] == "resident_claim_demoted"]
+    assert [e["claim_id"] for e in demoted] == ["far"]
+    assert demoted[0]["reason"].startswith("held_cap")
+    # a soft hold whose use is farther than every held one's takes nothing: refused
+    farther = book.hold("later", "t1", "demotable", pool.run(0, 3), ttl_s=30, next_use_s=90)
+    assert farther["decision"] == "rejected"
+    assert set(book.holds) == {"mid", "near"}
+    # time counts: 18 s on, "mid" is due in 2 s, farther than a new hold due in 1 s, while
+    # "near" is overdue (its use is late: nearest of all), so "mid" goes
+    clock.advance(18)
+    soon = book.hold("soon", "t1", "demotable", pool.run(0, 3), ttl_s=30, next_use_s=1)
+    assert soon["decision"] == "accepted"
+    assert set(book.holds) == {"near", "soon"}
+    # a hard hold sheds soft holds whatever their next use (farthest first), no more than it
+    # needs: "soon" (due in 1 s) before "near" (overdue)
+    hard = book.hold("pin", "t1", "hard_protected", pool.run(3, 3), ttl_s=30)
+    assert hard["decision"] == "accepted"
+    assert set(book.holds) == {"near", "pin"}
+    assert book.held_blocks == book.cap_blocks
+    # too big to fit even with every soft hold shed: nothing is shed
+    before = set(book.holds)
+    huge = book.hold("huge", "t1", "hard_protected", pool.run(0, 7), ttl_s=30)
+    assert huge["decision"] == "rejected"
+    assert set(book.holds) == before
 
 
 def test_claims_sharing_blocks_count_them_once_against_the_cap() -> None:
@@ -814,3 +850,21 @@ TestClaimBookMachine.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+def test_at_the_cap_a_hold_with_no_prediction_sheds_older_ones_with_none() -> None:
+    """Two soft holds with no predicted next use: the newer one takes the older one's blocks at
+    the cap (LRU's order, where nothing better is known); it never takes those of a hold whose
+    next use is predicted."""
+    book, pool, clock = make(total=10, reserve=4)  # cap 6
+    book.hold("old", "t1", "demotable", pool.run(0, 3), ttl_s=30)
+    clock.advance(1)
+    book.hold("known", "t1", "demotable", pool.run(3, 3), ttl_s=30, next_use_s=20)
+    clock.advance(1)
+    new = book.hold("new", "t1", "demotable", pool.run(6, 3), ttl_s=30)
+    assert new["decision"] == "accepted"
+    assert set(book.holds) == {"known", "new"}
+    # with nothing older and unpredicted left to shed, the next one is refused
+    clock.advance(1)
+    newer = book.hold("newer", "t1", "demotable", pool.run(0, 4), ttl_s=30)
+    assert newer["decision"] == "rejected"

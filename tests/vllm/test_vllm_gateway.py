@@ -607,3 +607,121 @@ async def test_the_default_planner_holds_prefixes_demotable_on_vllm(gateway: str
     assert not session.stats.claims_refused
     await client.close()
     await backend.aclose()
+
+
+async def _sse(http: httpx2.AsyncClient, url: str, body: dict[str, Any]) -> list[Any]:
+    """The events of one streamed completion: each ``data`` parsed, ``[DONE]`` as is."""
+    import json
+
+    out: list[Any] = []
+    async with http.stream("POST", url, json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                data = line[len("data: ") :]
+                out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+async def test_a_streamed_completion_passes_vllms_tokens_through(gateway: str) -> None:
+    """``stream: true`` through the gateway on vLLM: vLLM's own chunks, a token at a time, then
+    one chunk more with the ``agentclaims`` object (served, the prompt named, the usage) and
+    ``[DONE]``. Token ids and the usage chunk reach the client only when it asks for them; the
+    prompt it names is vLLM's, resident and claimable after the stream."""
+    body = {**chat(words("stream", 40)), "max_tokens": 8, "stream": True}
+    async with httpx2.AsyncClient(timeout=60) as http:
+        events = await _sse(http, f"{gateway}/v1/chat/completions", body)
+        assert events[-1] == "[DONE]"
+        chunks = events[:-1]
+        tokens = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+        assert len(tokens) >= 4  # passed on as vLLM makes them, not one burst at the end
+        assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+        assert not any("usage" in c or "prompt_token_ids" in c for c in chunks[:-1])
+        assert not any("token_ids" in ch for c in chunks for ch in c["choices"])
+        ext = chunks[-1]["agentclaims"]
+        assert chunks[-1]["choices"] == []
+        assert ext["outcome"]["action"].startswith("serve_active")
+        assert ext["usage"]["completion_tokens"] == 8
+        prompt = ext["prefix_ids"]["prompt"]
+        assert prompt
+        seen = (await http.post(f"{gateway}/v1/residency", json={"prefix_ids": [prompt]})).json()
+        assert seen["residency"][prompt] > 0
+        # asked for: the usage chunk (OpenAI's shape) and the token ids, as vLLM sends them
+        asked = {**body, "stream_options": {"include_usage": True}, "return_token_ids": True}
+        events = await _sse(http, f"{gateway}/v1/chat/completions", asked)
+        usage = [c for c in events[:-1] if not c["choices"] and "agentclaims" not in c]
+        assert usage
+        assert usage[-1]["usage"]["completion_tokens"] == 8
+        assert usage[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the same prompt
+        assert any(ch.get("token_ids") for c in events[:-1] for ch in c["choices"])
+
+
+async def test_a_client_that_leaves_a_stream_aborts_the_vllm_request(
+    gateway: str, vllm_server: VllmServer
+) -> None:
+    """A client reading two chunks of a long stream, then closing it: vLLM aborts the request
+    (its running requests drop back to none, within a bounded wait) and the gateway serves the
+    next one."""
+    import asyncio
+    import time
+
+    body = {**chat(words("leave", 20)), "max_tokens": 200, "stream": True}
+    async with httpx2.AsyncClient(timeout=60) as http:
+        async with http.stream("POST", f"{gateway}/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            read = 0
+            async for line in r.aiter_lines():
+                read += line.startswith("data: ")
+                if read >= 2:
+                    break
+        deadline = time.monotonic() + 30
+        while True:
+            metrics = (await http.get(f"{vllm_server.url}/metrics")).text
+            running = [
+                float(line.rsplit(" ", 1)[1])
+                for line in metrics.splitlines()
+                if line.startswith("vllm:num_requests_running")
+            ]
+            if running and max(running) == 0:
+                break
+            assert time.monotonic() < deadline, "vLLM still runs the abandoned request"
+            await asyncio.sleep(0.2)
+        again = await http.post(f"{gateway}/v1/chat/completions", json=chat(words("next", 5)))
+        assert again.status_code == 200
+
+
+async def test_a_langgraph_agent_streams_tokens_over_the_vllm_gateway(gateway: str) -> None:
+    """``astream(stream_mode="messages")`` of a claimed LangGraph graph over the gateway on the
+    real vLLM yields the model's tokens one by one, and the session still plans its claim from
+    the stream's last chunk."""
+    from langchain_core.messages import AIMessageChunk, HumanMessage
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    import agentclaims
+
+    backend = HTTPBackend(gateway, timeout_s=120)
+    served = await agentclaims.openai_client(backend).models.list()
+    model = agentclaims.chat_model(
+        backend, model=served.data[0].id, max_tokens=8, temperature=0, streaming=True
+    )
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", END)
+    claimed = agentclaims.claimed_session(builder.compile(), backend=backend)
+    run = claimed.run()
+    pieces = [
+        message.content
+        async for message, _meta in run.astream(
+            {"messages": [HumanMessage(words("graph", 30))]}, stream_mode="messages"
+        )
+        if isinstance(message, AIMessageChunk) and message.content
+    ]
+    assert len(pieces) >= 4
+    assert run.stats.llm_calls == 1
+    await backend.aclose()

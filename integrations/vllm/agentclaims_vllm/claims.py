@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -65,6 +65,11 @@ class Hold:
     request_id: str | None = None
     since: float = 0.0
     """When the hold was taken (the book's clock)."""
+
+    def due_in(self, now: float) -> float:
+        """Seconds until the predicted next use, at ``now`` (below 0: overdue, the use is
+        late, so nearest of all; ``inf``: no prediction)."""
+        return self.next_use_s - (now - self.since)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,17 +245,24 @@ class ClaimBook:
                 "blocks": 0,
                 "reason": "best effort: plain prefix caching",
             }
-        new = self._new_blocks(run)
-        if self.held_blocks + new > self.cap_blocks:
+        nearest = math.inf if next_use_s is None else float(next_use_s)
+        shed = self._to_shed(run, mode, nearest)  # soft holds to demote for room under the cap
+        if shed is None:
+            new = self._new_blocks(run)
             return refuse(
                 f"held blocks would reach {self.held_blocks + new}, over the cap of "
                 f"{self.cap_blocks} (one max-length request must always fit)"
             )
         tenant_state = self._tenant(tenant)
-        if tenant_state.held_blocks + len(run) > tenant_state.quota_blocks:
+        kept = tenant_state.held_blocks - sum(len(h.blocks) for h in shed if h.tenant == tenant)
+        if kept + len(run) > tenant_state.quota_blocks:
             return refuse(
-                f"tenant {tenant!r} would hold {tenant_state.held_blocks + len(run)} blocks, "
+                f"tenant {tenant!r} would hold {kept + len(run)} blocks, "
                 f"over its quota of {tenant_state.quota_blocks}"
+            )
+        for victim in shed:  # every check passed: only now does anything change
+            self._demote(
+                victim, "held_cap: a claim with a nearer next use took its blocks", request_id
             )
         ttl = self.max_ttl_s if ttl_s is None else float(ttl_s)
         hold = Hold(
@@ -259,7 +271,7 @@ class ClaimBook:
             mode,
             run,
             self.clock() + ttl,
-            math.inf if next_use_s is None else float(next_use_s),
+            nearest,
             request_id,
             self.clock(),
         )
@@ -280,6 +292,52 @@ class ClaimBook:
             "blocks": len(run),
             "ttl_s": ttl,
         }
+
+    def _demote(self, hold: Hold, reason: str, request_id: str | None) -> None:
+        """Shed a soft hold: its blocks back to the pool, with its demotion event."""
+        self._give_back(hold)
+        self.emit(
+            "resident_claim_demoted",
+            hold.claim_id,
+            reason=reason,
+            request_id=request_id,
+            blocks=len(hold.blocks),
+        )
+
+    def _to_shed(self, run: Sequence[Any], mode: str, next_use_s: float) -> list[Hold] | None:
+        """The soft holds to shed (demote) so that a hold on ``run`` fits under the cap, as
+        memory pressure sheds them: farthest next use first (an unknown one farthest, the
+        oldest of those first), no more than it needs. A soft hold makes room only with holds
+        whose next use is farther than its own (with its own unknown: older ones whose next
+        use is unknown too, as LRU would); a hard one with any soft hold. ``[]``: it fits as
+        it is; ``None``: no shedding makes it fit."""
+        refs = Counter(id(b) for h in self.holds.values() for b in h.blocks)
+        wanted = {id(b) for b in run}
+
+        def fits() -> bool:
+            return len(refs) + len(wanted - refs.keys()) <= self.cap_blocks
+
+        if fits():
+            return []
+        now = self.clock()
+        soft = [
+            h
+            for h in self.holds.values()
+            if h.mode in SOFT_MODES
+            and (
+                mode in HARD_MODES
+                or h.due_in(now) > next_use_s
+                or h.due_in(now) == next_use_s == math.inf  # both unknown: the older goes (LRU)
+            )
+        ]
+        shed: list[Hold] = []
+        for hold in sorted(soft, key=lambda h: (-h.due_in(now), h.since)):
+            shed.append(hold)
+            refs.subtract(id(b) for b in hold.blocks)
+            refs += Counter()  # drop the blocks no hold keeps
+            if fits():
+                return shed
+        return None
 
     def _owned(self, claim_id: str, tenant: str) -> Hold | None:
         hold = self.holds.get(claim_id)
@@ -361,15 +419,8 @@ class ClaimBook:
         if needed_blocks > free + len(only_soft):
             soft = []
         now = self.clock()
-        for hold in sorted(soft, key=lambda h: now - h.since - h.next_use_s):
-            self._give_back(hold)
-            self.emit(
-                "resident_claim_demoted",
-                hold.claim_id,
-                reason="memory_pressure",
-                request_id=request_id,
-                blocks=len(hold.blocks),
-            )
+        for hold in sorted(soft, key=lambda h: -h.due_in(now)):
+            self._demote(hold, "memory_pressure", request_id)
             free = self.pool.num_free()
             if needed_blocks <= free:
                 return self._serve(request_id)
