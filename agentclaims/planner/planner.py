@@ -30,15 +30,18 @@ predicted next use from the claims' reuse hints, e.g. the reference engine with
 ``NextUsePolicy``), the ``ranked`` preset: soft by default (every prefix ``best_effort`` with its
 hint: ranked, never harmed), no pins (``ranked-hard`` adds ``hard_protected`` where the agent is
 sure of a short tool wait and the pool has room; measured in the replay it cost hits, so it is
-opt-in). Where the descriptor states ``sheds_by_hints`` and the lowering shows ``demotable``
-honoured (vLLM with the agentclaims connector: it ranks no unclaimed block, its free queue is
-LRU, but it holds claimed blocks and sheds soft holds farthest predicted next use first), the
-``held`` preset: the ``ranked`` mapping with ``soft_mode=demotable``, so every prefix is held
-with its hint instead of only watched, ``hard_protected`` where the agent is sure of a short tool
-wait and the pool has room, and a refused ``expiring`` relaxed to ``demotable``. On any other
-backend, the ``default`` mapping above: without a ranking, a best-effort hint is only a hint,
-and the pins are what keeps a prefix. ``soft_mode`` is what the mapping's ``best_effort``
-rows give (``best_effort`` by default).
+opt-in). On any other backend, the ``default`` mapping above: without a ranking, a
+best-effort hint is only a hint, and the pins are what keeps a prefix.
+
+The ``held`` preset is for a backend whose descriptor states ``sheds_by_hints`` (vLLM with the
+agentclaims connector: it ranks no unclaimed block, its free queue is LRU, but it holds claimed
+blocks and sheds soft holds farthest predicted next use first): the ``ranked`` mapping with
+``soft_mode=demotable``, so every prefix likely reused is held with its hint instead of only
+watched, ``hard_protected`` where the agent is sure of a short tool wait and the pool has room,
+and a refused ``expiring`` relaxed to ``demotable``. It is named, not picked by ``auto``: while
+each claim on vLLM is one more engine request, holding every prefix kept the cached share of
+the ``default`` mapping and made the agents finish later (docs/session.md). ``soft_mode`` is
+what the mapping's ``best_effort`` rows give (``best_effort`` by default).
 """
 
 from __future__ import annotations

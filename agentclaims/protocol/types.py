@@ -258,10 +258,10 @@ SHEDS_BY_HINTS = "sheds_by_hints"
 """Descriptor capability: ``true`` when the backend ranks no unclaimed block (its free queue is
 LRU, as vLLM's) but holds claimed blocks and, when memory is needed, sheds soft holds
 (``demotable``) farthest predicted next use first, from the claims' reuse hints, each shed a
-``resident_claim_demoted`` (the agentclaims connector in vLLM). A session's default planner
-(``"auto"``) plans ``held`` there, claiming ``demotable`` where it would claim ``best_effort``,
-but only while the backend's lowering also shows ``demotable`` honoured: the capability is
-believed on evidence, never on its word alone."""
+``resident_claim_demoted`` (the agentclaims connector in vLLM). The ``held`` planner preset is
+made for it: ``demotable`` where ``default`` would claim ``best_effort`` (which such a backend
+only watches); a session names it (``planner="held"``), and its claims are still submitted
+only in the modes the backend's checked lowering honours."""
 
 
 def sheds_by_hints(descriptor: Descriptor) -> bool:

@@ -38,7 +38,7 @@ from agentclaims.errors import (
 )
 from agentclaims.lowering import MappingResult, honours, trusted_modes
 from agentclaims.planner import ClaimPlan, PlannerPolicy, PrefixContext, relax_mode
-from agentclaims.protocol import Renewal, ranks_by_hints, sheds_by_hints
+from agentclaims.protocol import Renewal, ranks_by_hints
 from agentclaims.session.reactions import ReactionPolicy
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ class ClaimIO:
         self.held: dict[str, HeldClaim] = {}  # node -> claim held for its next call
         self.ended: list[HeldClaim] = []
         self._backend_facts: dict[
-            str, tuple[CacheIdentity, dict[ProtectionMode, MappingResult], bool, bool]
+            str, tuple[CacheIdentity, dict[ProtectionMode, MappingResult], bool]
         ] = {}
         self._cursor: dict[str, int] = {}
         self._harmed: set[str] = set()  # claims whose harm was counted
@@ -148,10 +148,9 @@ class ClaimIO:
 
     async def _facts(
         self, backend: ClaimsProtocol
-    ) -> tuple[CacheIdentity, dict[ProtectionMode, MappingResult], bool, bool]:
-        """``backend``'s cache identity, what it honours per mode, whether it ranks by reuse
-        hints and whether it sheds holds by them (believed only where ``demotable`` is
-        honoured), from its descriptor, read once (and its lowering checked again:
+    ) -> tuple[CacheIdentity, dict[ProtectionMode, MappingResult], bool]:
+        """``backend``'s cache identity, what it honours per mode and whether it ranks by
+        reuse hints, from its descriptor, read once (and its lowering checked again:
         ``agentclaims.lowering.trusted_modes``)."""
         facts = self._backend_facts.get(backend.name)
         if facts is None:
@@ -160,12 +159,7 @@ class ClaimIO:
                 ident = CacheIdentity.from_dict(desc.get("cache_identity"))
             except UsageError as exc:
                 raise BackendError(f"backend {backend.name!r}: bad descriptor: {exc}") from exc
-            verdicts = trusted_modes(desc)
-            demotable = verdicts.get(ProtectionMode.DEMOTABLE)
-            sheds = sheds_by_hints(desc) and (
-                demotable is not None and honours(demotable.lowering_class)
-            )
-            facts = (ident, verdicts, ranks_by_hints(desc), sheds)
+            facts = (ident, trusted_modes(desc), ranks_by_hints(desc))
             self._backend_facts[backend.name] = facts
         return facts
 
@@ -185,11 +179,6 @@ class ClaimIO:
     async def ranks_by_hints(self, backend: ClaimsProtocol) -> bool:
         """Whether ``backend``'s descriptor states ``ranks_by_hints`` (read once)."""
         return (await self._facts(backend))[2]
-
-    async def sheds_by_hints(self, backend: ClaimsProtocol) -> bool:
-        """Whether ``backend``'s descriptor states ``sheds_by_hints`` and its lowering shows
-        ``demotable`` honoured (read once)."""
-        return (await self._facts(backend))[3]
 
     def _unproven(
         self,

@@ -41,7 +41,7 @@ class SessionOptions(TypedDict, total=False):
     calls the session sees (a ``ClaimedGraph`` passes the graph extracted from LangGraph)."""
     planner: ClaimPlanner | PlannerPolicy | str
     """How claims are planned: ``auto``, a preset name (``default``, ``conservative``,
-    ``aggressive``, ``priority``, ``ranked``, ``ranked-hard``, ``off``), a ``PlannerPolicy`` or
+    ``aggressive``, ``priority``, ``ranked``, ``ranked-hard``, ``held``, ``off``), a ``PlannerPolicy`` or
     a ``ClaimPlanner``. Default: ``"auto"``: ``ranked`` on a backend whose descriptor states
     ``ranks_by_hints`` (soft, ranked claims), ``default`` on any other."""
     reaction: ReactionPolicy | str

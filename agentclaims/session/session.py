@@ -65,7 +65,7 @@ END_REASONS = ("completed", "error", "cancelled", "closed")
 AUTO_PLANNER = "auto"
 """The default ``planner``: the preset follows what the backend says it does
 (``ClaimedSession._follow_backend``)."""
-_RANKED, _HELD, _UNRANKED = "ranked", "held", "default"
+_RANKED, _UNRANKED = "ranked", "default"
 """What ``auto`` plans on a backend that ranks by reuse hints, and on any other."""
 
 _current: ContextVar[ClaimedSession | None] = ContextVar("agentclaims_session", default=None)
@@ -589,21 +589,18 @@ class ClaimedSession:
     async def _follow_backend(self) -> None:
         """With the default planner (``"auto"``): plan ``ranked`` (soft: every prefix claimed
         ``best_effort`` with its reuse hint, ranked by the backend, never harmed) on a backend
-        whose descriptor states ``ranks_by_hints``; ``held`` (every prefix likely reused held
-        ``demotable`` with its hint, shed by it) on one that states ``sheds_by_hints`` and
-        honours ``demotable``; ``default`` on any other. The descriptor is the one the claims
-        read anyway (once per backend, again after a reroute)."""
+        whose descriptor states ``ranks_by_hints``, and ``default`` on any other. (On one that
+        states ``sheds_by_hints``, vLLM with the connector, ``held`` is there to name: today
+        every claim there is one more engine request, and holding every prefix made agents
+        finish later, docs/session.md.) The descriptor is the one the claims read anyway (once
+        per backend, again after a reroute)."""
         if not self._auto_planner:
             return
         try:
-            if await self.io.ranks_by_hints(self.backend):
-                name = _RANKED
-            elif await self.io.sheds_by_hints(self.backend):
-                name = _HELD
-            else:
-                name = _UNRANKED
+            ranks = await self.io.ranks_by_hints(self.backend)
         except BackendUnavailable:
             return  # keep planning as before; a claim to submit meets the outage itself
+        name = _RANKED if ranks else _UNRANKED
         if name != self._ranking:  # per call: only a change of backend changes it
             self._ranking = name
             policy = PlannerPolicy.named(name)

@@ -108,7 +108,7 @@ def test_unknown_planner_name_lists_auto():
 class _Shedding(EmbeddedBackend):
     """The reference engine behind a descriptor that states ``sheds_by_hints`` (as vLLM's
     connector does), with ``demotable`` honoured as the engine's lowering shows, or
-    (``honoured=False``) stated ``rejected``: the capability without its evidence."""
+    (``honoured=False``) stated ``rejected``."""
 
     def __init__(self, *, honoured: bool = True) -> None:
         super().__init__(
@@ -126,29 +126,35 @@ class _Shedding(EmbeddedBackend):
         return desc
 
 
-async def test_a_backend_that_sheds_holds_by_hints_gets_them_held_not_watched(tmp_path):
-    """No ``planner`` option, a backend stating ``sheds_by_hints`` with ``demotable`` honoured:
-    the ``held`` preset. A prefix the ``default`` mapping would claim ``best_effort`` (an
-    answer, no tool: the next call's wait unknown) is held ``demotable`` with its hint."""
+async def test_the_held_preset_holds_prefixes_demotable_where_default_claims_best_effort(
+    tmp_path,
+):
+    """``planner="held"``: a prefix the ``default`` mapping would claim ``best_effort`` (an
+    answer, no tool: the next call's wait unknown) is held ``demotable`` with its hint. ``auto``
+    stays ``default`` on such a backend (holding costs an engine request per claim on vLLM)."""
     backend = _Shedding()
     try:
-        session, planned = await _three_calls(backend, tmp_path)
+        session, planned = await _three_calls(backend, tmp_path, planner="held")
+        auto, _ = await _three_calls(backend, tmp_path)
     finally:
         await backend.aclose()
     assert session.planner.policy.name == "held"
     assert {line["mode"] for line in planned} == {"demotable"}
     assert session.stats.claims_accepted == len(planned)
     assert not session.stats.claims_refused
+    assert auto.planner.policy.name == "default"
+    assert sheds_by_hints({SHEDS_BY_HINTS: True})
+    assert not sheds_by_hints({SHEDS_BY_HINTS: "yes"})  # only a JSON true counts
 
 
-async def test_the_shedding_capability_without_its_evidence_is_not_believed(tmp_path):
-    """The same descriptor with ``demotable`` stated ``rejected``: fail closed, the ``default``
-    mapping (no claim is planned ``demotable`` on the capability's word alone)."""
+async def test_held_claims_follow_the_lowering_not_the_capability(tmp_path):
+    """The same descriptor with ``demotable`` stated ``rejected``: fail closed, no claim is
+    submitted ``demotable``; each is refused locally and relaxed to a mode the backend honours."""
     backend = _Shedding(honoured=False)
     try:
-        session, planned = await _three_calls(backend, tmp_path)
+        session, planned = await _three_calls(backend, tmp_path, planner="held")
     finally:
         await backend.aclose()
-    assert session.planner.policy.name == "default"
+    assert planned
     assert "demotable" not in {line["mode"] for line in planned}
-    assert not sheds_by_hints({SHEDS_BY_HINTS: "yes"})  # only a JSON true counts
+    assert session.stats.claims_refused >= 1

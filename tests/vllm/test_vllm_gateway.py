@@ -577,11 +577,11 @@ def test_the_middleware_example_runs_through_the_gateway_on_vllm(gateway: str) -
     assert "open sessions: 0" in done.stdout
 
 
-async def test_the_default_planner_holds_prefixes_demotable_on_vllm(gateway: str) -> None:
-    """No ``planner`` option on the real vLLM: the descriptor states ``sheds_by_hints`` and its
-    checked lowering honours ``demotable``, so the session plans ``held``. An answer that calls
-    no tool (its next use unknown), which the ``default`` mapping claimed ``best_effort`` and
-    then dropped (only watched on vLLM), is held ``demotable`` by the connector."""
+async def test_the_held_preset_holds_prefixes_demotable_on_vllm(gateway: str) -> None:
+    """``planner="held"`` on the real vLLM, whose descriptor states ``sheds_by_hints``: an
+    answer that calls no tool (its next use unknown), which the ``default`` mapping claimed
+    ``best_effort`` and then dropped (only watched on vLLM), is held ``demotable`` by the
+    connector."""
     import agentclaims
 
     descriptor = httpx2.get(f"{gateway}/v1/descriptor", timeout=30).json()
@@ -590,13 +590,12 @@ async def test_the_default_planner_holds_prefixes_demotable_on_vllm(gateway: str
     client = agentclaims.openai_client(backend)
     model = (await client.models.list()).data[0].id
     messages = [{"role": "user", "content": words("held", 40)}]
-    async with agentclaims.ClaimedSession(backend) as session:
+    async with agentclaims.ClaimedSession(backend, planner="held") as session:
         with session.node("agent"):
             reply = await client.chat.completions.create(
                 model=model, messages=messages, max_tokens=4, temperature=0
             )
             await session.settle()
-            assert session.planner.policy.name == "held"
             [held] = session.claims.values()
             assert held.plan.mode is ProtectionMode.DEMOTABLE
             view = await backend.get_claim(held.claim_id, session.owner_scope)
