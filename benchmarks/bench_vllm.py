@@ -246,13 +246,23 @@ async def under_pressure(
 ) -> dict[str, Any]:
     """The workflows on ``gateway`` while another tenant's churn runs on ``vurl``."""
     stop = asyncio.Event()
+    before = _engine_requests(gateway)
     pressure = asyncio.create_task(churn(vurl, model, stop, args.churn_rate, args.churn_tokens))
     try:
         out = await workflows(gateway, args.workflows, planner, label, tool_s=args.tool_s)
     finally:
         stop.set()
     out["churn"] = await pressure
+    after = _engine_requests(gateway)
+    sent = sum(after.values()) - sum(before.values())
+    out["engine_requests_per_llm_call"] = round(sent / out["llm_calls"], 3)
     return out
+
+
+def _engine_requests(gateway: str) -> dict[str, int]:
+    """The requests the gateway has sent its vLLM so far, by kind (its ``/v1/stats``)."""
+    stats = httpx2.get(f"{gateway}/v1/stats", timeout=30).json()
+    return {k: int(v) for k, v in (stats.get("engine_requests") or {}).items()}
 
 
 def _timing(header: str) -> dict[str, float]:
@@ -506,6 +516,7 @@ def report(out: dict[str, Any], args: Any) -> None:
         "deferrals",
         "refusals",
         "llm_calls",
+        "engine_requests_per_llm_call",
     )
     print(
         f"{args.workflows} concurrent supervisor workflows on vLLM (97 blocks x 32 tokens), "

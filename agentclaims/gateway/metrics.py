@@ -47,6 +47,16 @@ class _Snapshot(Collector):
             yield CounterMetricFamily(
                 f"agentclaims_engine_{name}", f"Engine counter {name}", value=value
             )
+        engine_requests = snap.get("engine_requests")
+        if engine_requests:  # an upstream engine (vLLM): its requests, the agents' and ours
+            family = CounterMetricFamily(
+                "agentclaims_engine_requests",
+                "Requests sent to the engine: agents' completions, the gateway's claim operations",
+                labels=["kind"],
+            )
+            for kind, n in engine_requests.items():
+                family.add_metric([kind], n)
+            yield family
         pool = GaugeMetricFamily(
             "agentclaims_pool_blocks", "KV pool blocks by kind", labels=["kind"]
         )

@@ -73,6 +73,9 @@ class ConnectorClient:
         self.tenant = tenant
         self._key = claims_key
         self.cursor = 0
+        self.requests = 0
+        """Engine requests this client made: each a one-token completion of the gateway's own
+        (a claim's hold, a release, a renewal, a probe), never an agent's."""
         """The last connector event sequence number read (events are asked for after it)."""
         self.seen: list[Mapping[str, Any]] = []
         """Every connector event read so far, in order (each once)."""
@@ -119,6 +122,7 @@ class ConnectorClient:
             body["kv_transfer_params"] = dict(kv_transfer_params)
         else:  # always signed: the answer then carries the events after the cursor
             body["kv_transfer_params"] = {EXTENSION_KEY: self.envelope(ops, tenant)}
+        self.requests += 1
         status, data = await self._client.post("/v1/completions", body)
         if status != 200 or not isinstance(data, dict):
             raise BackendError(f"vLLM answered HTTP {status}: {str(data)[:300]}")

@@ -247,6 +247,8 @@ class VllmKV:
         """The connector's limits as it last answered: ``cap_blocks``, ``max_ttl_s``,
         ``max_defer_s`` (what a hold may take, how long a request may be deferred)."""
         self._judging: set[asyncio.Task[None]] = set()
+        self.completions = 0
+        """Completions forwarded to vLLM for clients (streamed or not): the agents' calls."""
         self.engine_dead: str | None = None
         """Why vLLM's engine is known dead (its 500, a refused connection, ``/health`` 503):
         every request answers 503 with it until a vLLM answers ``/health`` again."""
@@ -547,6 +549,7 @@ class VllmKV:
             if spec.claim_id not in gated
         ]
         forwarded["kv_transfer_params"] = {"agentclaims": client.envelope(ops, tenant)}
+        self.completions += 1
         try:
             status, data = await self._http.post(_KINDS[kind], forwarded)
         except BackendUnavailable:
@@ -597,6 +600,7 @@ class VllmKV:
         if cache_salt:
             forwarded["cache_salt"] = cache_salt
         forwarded["kv_transfer_params"] = {"agentclaims": client.envelope([], owner or "default")}
+        self.completions += 1
         try:
             upstream = await self._http.stream(_KINDS[kind], forwarded)
         except BackendUnavailable:
@@ -1100,6 +1104,20 @@ class VllmKV:
             if pid in out and claim.state is ClaimState.MATERIALIZED:
                 out[pid] = max(out[pid], claim.held_blocks)
         return out
+
+    def metrics(self) -> dict[str, Any]:
+        """What the gateway's ``/v1/stats`` and ``/metrics`` add for this KV side: the engine
+        requests it made, the agents' completions and its own claim operations (``/metrics``:
+        ``agentclaims_engine_requests_total{kind}``), and their ratio."""
+        operations = self._connector.requests
+        return {
+            "engine_requests": {"completion": self.completions, "operation": operations},
+            "engine_requests_per_completion": round(
+                (self.completions + operations) / self.completions, 4
+            )
+            if self.completions
+            else None,
+        }
 
     async def descriptor(self) -> dict[str, Any]:
         await self.start()

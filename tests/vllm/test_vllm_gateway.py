@@ -724,3 +724,49 @@ async def test_a_langgraph_agent_streams_tokens_over_the_vllm_gateway(gateway: s
     assert len(pieces) >= 4
     assert run.stats.llm_calls == 1
     await backend.aclose()
+
+
+async def test_the_gateway_counts_the_engine_requests_it_makes_on_vllm(gateway: str) -> None:
+    """``/v1/stats`` and ``/metrics`` count the requests sent to vLLM: an agent's completion is
+    one ``completion``; a claim made through ``POST /v1/claims`` on a served prefix costs one
+    ``operation`` of the gateway's own (a one-token request carrying the hold). (Its start,
+    the first time it is used, makes a few of its own too.)"""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
+
+        async def counts() -> dict[str, float]:
+            text = (await http.get("/metrics")).text
+            [family] = [
+                f
+                for f in text_string_to_metric_families(text)
+                if f.name == "agentclaims_engine_requests"
+            ]
+            return {s.labels["kind"]: s.value for s in family.samples if s.name.endswith("_total")}
+
+        await http.post("/v1/chat/completions", json=chat("warm"))  # the gateway's start is done
+        before = await counts()
+        served = (await http.post("/v1/chat/completions", json=chat(words("count", 40)))).json()
+        after_call = await counts()
+        assert after_call["completion"] == before["completion"] + 1
+        assert after_call["operation"] == before["operation"]
+        prompt = served["agentclaims"]["prefix_ids"]["prompt"]
+        identity = (await http.get("/v1/descriptor")).json()["cache_identity"]
+        claim = {
+            "claim_id": "count-c1",
+            "owner_scope": "count",
+            "object_id": prompt,
+            "cache_identity": identity,
+            "footprint_blocks": 1,
+            "protection_mode": "hard_protected",
+            "ttl_s": 30,
+        }
+        decided = (await http.post("/v1/claims", json={"claim": claim})).json()
+        assert decided["decision"] == "accepted", decided
+        after_claim = await counts()
+        assert after_claim["operation"] >= after_call["operation"] + 1
+        assert after_claim["completion"] == after_call["completion"]
+        stats = (await http.get("/v1/stats")).json()
+        assert stats["engine_requests"] == after_claim
+        assert stats["engine_requests_per_completion"] > 1
+        await http.post("/v1/claims/count-c1/release", json={"owner_scope": "count"})
