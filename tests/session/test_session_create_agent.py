@@ -305,3 +305,36 @@ async def test_a_middleware_run_is_traced_as_one_session_span():
         assert span.parent.span_id == session.context.span_id
     assert {s.attributes["agentclaims.node"] for s in calls} == {"model"}
     await backend.aclose()
+
+
+async def test_a_run_paused_between_nodes_keeps_its_session_until_resumed_or_closed(tmp_path):
+    """``interrupt_before=["tools"]`` pauses the run between nodes (no hook sees it): its
+    session stays open, holding the claim across the pause; the resumed run goes on in it and
+    ends it; a run never resumed is ended by ``aclose()`` (``closed``), its claims let go."""
+    backend = EmbeddedBackend(2048, 16, script=SCRIPT)
+    claims = ClaimsMiddleware(backend, log_dir=tmp_path)
+    agent = create_agent(
+        agentclaims.chat_model(backend),
+        [search],
+        middleware=[claims],
+        checkpointer=InMemorySaver(),
+        interrupt_before=["tools"],
+    )
+    config = {"configurable": {"thread_id": "paused"}}
+    await agent.ainvoke(ask(), config)
+    assert claims.open_sessions == 1
+    paused = claims.last_session
+    assert paused.claims, "the claim is held across the pause"
+    done = await agent.ainvoke(None, config)
+    assert done["messages"][-1].content == "found three papers on it"
+    assert claims.last_session is paused  # the same run, the same session
+    assert paused.end_reason == "completed"
+    # a run paused and never resumed
+    await agent.ainvoke(ask(), {"configurable": {"thread_id": "abandoned"}})
+    assert claims.open_sessions == 1
+    left = claims.last_session
+    await claims.aclose()
+    assert claims.open_sessions == 0
+    assert left.end_reason == "closed"
+    assert not left.claims
+    await backend.aclose()
