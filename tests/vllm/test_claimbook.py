@@ -868,3 +868,16 @@ def test_at_the_cap_a_hold_with_no_prediction_sheds_older_ones_with_none() -> No
     clock.advance(1)
     newer = book.hold("newer", "t1", "demotable", pool.run(0, 4), ttl_s=30)
     assert newer["decision"] == "rejected"
+
+
+def test_a_hold_whose_ttl_has_passed_leaves_room_at_the_cap() -> None:
+    """Holds whose TTL ended between scheduler steps no longer count against the cap: a new
+    hold ends them (each with its ``resident_claim_expired``) before it is judged."""
+    book, pool, clock = make(total=10, reserve=4)  # cap 6
+    book.hold("old", "t1", "hard_protected", pool.run(0, 6), ttl_s=5)
+    clock.advance(6)
+    new = book.hold("new", "t2", "hard_protected", pool.run(6, 4), ttl_s=5)
+    assert new["decision"] == "accepted"
+    assert set(book.holds) == {"new"}
+    expired = [e for e in book.events_since(0) if e["event"] == "resident_claim_expired"]
+    assert [e["claim_id"] for e in expired] == ["old"]

@@ -590,13 +590,18 @@ async def test_the_held_preset_holds_prefixes_demotable_on_vllm(gateway: str) ->
     client = agentclaims.openai_client(backend)
     model = (await client.models.list()).data[0].id
     messages = [{"role": "user", "content": words("held", 40)}]
-    async with agentclaims.ClaimedSession(backend, planner="held") as session:
+    import io
+
+    log = io.StringIO()
+    async with agentclaims.ClaimedSession(backend, planner="held", log_stream=log) as session:
         with session.node("agent"):
             reply = await client.chat.completions.create(
                 model=model, messages=messages, max_tokens=4, temperature=0
             )
             await session.settle()
-            [held] = session.claims.values()
+            holding = list(session.claims.values())
+            assert len(holding) == 1, log.getvalue()[-3000:]  # the outcome log says why not
+            [held] = holding
             assert held.plan.mode is ProtectionMode.DEMOTABLE
             view = await backend.get_claim(held.claim_id, session.owner_scope)
             assert view.protection_mode is ProtectionMode.DEMOTABLE

@@ -245,6 +245,7 @@ class ClaimBook:
                 "blocks": 0,
                 "reason": "best effort: plain prefix caching",
             }
+        self.expire_due()  # a hold whose TTL has passed holds nothing, here as at admission
         nearest = math.inf if next_use_s is None else float(next_use_s)
         shed = self._to_shed(run, mode, nearest)  # soft holds to demote for room under the cap
         if shed is None:
