@@ -100,6 +100,13 @@ class DeathCause:
     """vLLM's own reasons (at most one of each kind)."""
     _kinds: set[int] = field(default_factory=set, repr=False)
 
+    def orphan(self, name: str, pid: int, signame: str) -> None:
+        """A vLLM process reaped by the supervisor (orphaned: its parent died before reaping
+        it) ended by ``signame``."""
+        if self.signal is None:
+            self.signal = signame
+            self.process = f"{name} (pid {pid})"
+
     def read(self, line: str) -> bool:
         """Keep what ``line`` tells of a death; whether it told anything."""
         told = False
@@ -161,6 +168,7 @@ class Supervisor:
         self.out = out or sys.stdout
         self.cause = DeathCause()
         self._stop = threading.Event()
+        self._ended = threading.Event()
         self._proc: subprocess.Popen[str] | None = None
 
     # ------------------------------------------------------------------ the run
@@ -168,6 +176,7 @@ class Supervisor:
         """Until vLLM stops: 0 after a stop that was asked for, ``EXIT_DIED`` otherwise."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        _become_subreaper()
         self._write_state("starting")
         self._proc = proc = subprocess.Popen(
             self.argv,
@@ -182,6 +191,8 @@ class Supervisor:
         self._write_state("starting", pid=proc.pid)
         reader = threading.Thread(target=self._relay, args=(proc,), daemon=True)
         reader.start()
+        reaper = threading.Thread(target=self._reap_orphans, args=(proc,), daemon=True)
+        reaper.start()
         ready = self._await_ready(proc)
         if ready is not None:
             self._say(
@@ -204,6 +215,8 @@ class Supervisor:
             self._stop_vllm(proc, grace_s=self.stop_timeout_s)
         proc.wait()
         reader.join(timeout=5.0)
+        self._ended.set()
+        reaper.join(timeout=5.0)
         if self._stop.is_set() and not self.cause.known:
             self._write_state("stopped", pid=proc.pid)
             self._say("stopped")
@@ -227,6 +240,26 @@ class Supervisor:
             self.out.flush()
             if not self._stop.is_set():
                 self.cause.read(line)
+
+    def _reap_orphans(self, proc: subprocess.Popen[str]) -> None:
+        """The supervisor is a child subreaper: a vLLM process whose parent died before
+        reaping it (a worker killed as its engine core is torn down) becomes its child. Reap
+        such orphans (never vLLM itself, which ``Popen`` waits for), keeping the signal one
+        died by: the watch plugin's line can lose that race."""
+        me = os.getpid()
+        while True:
+            for pid, name in _zombie_children(me).items():
+                if pid == proc.pid:
+                    continue
+                try:
+                    info = os.waitid(os.P_PID, pid, os.WEXITED)
+                except ChildProcessError:
+                    continue
+                if info is not None and info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+                    with contextlib.suppress(ValueError):
+                        self.cause.orphan(name, pid, signal.Signals(info.si_status).name)
+            if self._ended.wait(0.1):
+                return
 
     def _await_ready(self, proc: subprocess.Popen[str]) -> float | None:
         """``/health``, then one completion; its time, or ``None`` if vLLM died (or was
@@ -312,6 +345,30 @@ def _die_with_parent() -> None:
     pr_set_pdeathsig = 1
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+
+def _become_subreaper() -> None:
+    """Orphaned descendants (vLLM's processes whose parent died) are reparented to this
+    process, not to init, so their deaths can be read (Linux's ``PR_SET_CHILD_SUBREAPER``)."""
+    import ctypes
+
+    pr_set_child_subreaper = 36
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
+
+
+def _zombie_children(pid: int) -> dict[int, str]:
+    """The children of ``pid`` that have ended and wait to be reaped: pid -> name."""
+    out: dict[int, str] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            head, _, tail = stat.read_text().rpartition(")")
+        except OSError:
+            continue
+        fields = tail.split()
+        if len(fields) > 1 and fields[0] == "Z" and int(fields[1]) == pid:
+            out[int(stat.parent.name)] = head.partition("(")[2]
+    return out
 
 
 def descendants(pid: int) -> dict[int, str]:

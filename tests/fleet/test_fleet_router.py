@@ -58,32 +58,39 @@ def fill(url: str, tag: str) -> None:
 async def test_a_sessions_turns_all_reach_the_instance_holding_its_claims(
     fleet: Fleet, tmp_path: Path
 ) -> None:
+    """Two sessions, the second started while the first is still open (so the router counts
+    the first's load whatever the timing): least loaded spreads them, and each session's four
+    turns all reach the instance that holds its claims."""
     async with FleetBackend(fleet.router_url) as backend:
         client = agentclaims.openai_client(backend)
-        homes = []
-        for n in range(2):  # two sessions, one after the other: least loaded spreads them
-            async with ClaimedSession(backend, log_dir=tmp_path) as session:
-                messages = [{"role": "system", "content": "be brief"}]
-                with session.node("agent"):
-                    for i in range(4):
-                        await turn(client, messages, f"session {n} turn {i} run the tests")
-                        async with session.tool_call("pytest"):
-                            pass
-                routed = session.backend
-                assert routed.instance in ("A", "B")
-                homes.append(routed.instance)
-                assert session.stats.claims_accepted >= 1
-                held = [h.claim_id for h in session.io.held.values()]
-                assert held
-                for claim_id in held:  # each claim lives on the session's instance
-                    view = httpx2.get(
-                        f"{fleet.url(routed.instance)}/v1/claims/{claim_id}",
-                        params={"owner_scope": session.owner_scope},
-                    )
-                    assert view.status_code == 200, view.text
-        assert fleet.calls(homes[0]) >= 4
-        assert set(homes) == {"A", "B"}  # the second session went to the other instance
-        assert fleet.calls("A") + fleet.calls("B") == 8
+
+        async def four_turns(session: ClaimedSession, n: int) -> str:
+            messages = [{"role": "system", "content": "be brief"}]
+            with session.node("agent"):
+                for i in range(4):
+                    await turn(client, messages, f"session {n} turn {i} run the tests")
+                    async with session.tool_call("pytest"):
+                        pass
+            routed = session.backend
+            assert routed.instance in ("A", "B")
+            assert session.stats.claims_accepted >= 1
+            held = [h.claim_id for h in session.io.held.values()]
+            assert held
+            for claim_id in held:  # each claim lives on the session's instance
+                view = httpx2.get(
+                    f"{fleet.url(routed.instance)}/v1/claims/{claim_id}",
+                    params={"owner_scope": session.owner_scope},
+                )
+                assert view.status_code == 200, view.text
+            return routed.instance
+
+        async with ClaimedSession(backend, log_dir=tmp_path) as first:
+            home = await four_turns(first, 0)
+            assert fleet.calls(home) == 4
+            async with ClaimedSession(backend, log_dir=tmp_path) as second:
+                other = await four_turns(second, 1)
+        assert {home, other} == {"A", "B"}  # the second session went to the other instance
+        assert fleet.calls("A") == fleet.calls("B") == 4
         await client.close()
 
 
