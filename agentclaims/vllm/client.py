@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentclaims.errors import BackendError, UsageError
+from agentclaims.protocol import EXTENSION_KEY
 from agentclaims.vllm.upstream import Upstream
 
 __all__ = ["ConnectorAnswer", "ConnectorClient"]
-
-EXTENSION_KEY = "agentclaims"
 
 
 @dataclass(frozen=True, slots=True)
