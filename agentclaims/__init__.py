@@ -6,9 +6,9 @@ load on first use, so ``import agentclaims`` stays light.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from agentclaims._lazy import lazy
 from agentclaims.contract import (
     CacheIdentity,
     ClaimId,
@@ -126,14 +126,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agentclaims' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy(__name__, _LAZY, __all__)

@@ -7,8 +7,9 @@ gateway nor an HTTP client.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from agentclaims._lazy import lazy
 from agentclaims.backends.base import EXTENSION_KEY, Backend
 
 if TYPE_CHECKING:
@@ -34,10 +35,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy(__name__, _LAZY, __all__)

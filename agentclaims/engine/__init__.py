@@ -1,6 +1,14 @@
 """The reference KV engine: block pool, prefix cache, eviction policies and the claim arbiter,
-and ``ReferenceKV``, the engine speaking the claims protocol."""
+and ``ReferenceKV``, the engine speaking the claims protocol.
 
+Its parts load on first use: a KV side that only hashes blocks (``agentclaims.engine.blocks``)
+or tokenizes does not load the engine, its arbiter and its policies."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agentclaims._lazy import lazy
 from agentclaims.contract.ids import BlockHash, prefix_blocks, prefix_id_of
 from agentclaims.engine.blocks import (
     NONE_HASH,
@@ -9,11 +17,18 @@ from agentclaims.engine.blocks import (
     hash_block_tokens,
     hash_token_blocks,
 )
-from agentclaims.engine.engine import EngineStats, KVEngine
-from agentclaims.engine.eviction import EvictionPolicy, LRUPolicy, PriorityPolicy, RankingPolicy
-from agentclaims.engine.kv import ReferenceKV, ServiceTimes
-from agentclaims.engine.nextuse import NextUsePolicy, WaitModel
-from agentclaims.engine.tokenizer import ByteTokenizer, WordTokenizer, tokenizer_named
+
+if TYPE_CHECKING:
+    from agentclaims.engine.engine import EngineStats, KVEngine
+    from agentclaims.engine.eviction import (
+        EvictionPolicy,
+        LRUPolicy,
+        PriorityPolicy,
+        RankingPolicy,
+    )
+    from agentclaims.engine.kv import ReferenceKV, ServiceTimes
+    from agentclaims.engine.nextuse import NextUsePolicy, WaitModel
+    from agentclaims.engine.tokenizer import ByteTokenizer, WordTokenizer, tokenizer_named
 
 __all__ = [
     "NONE_HASH",
@@ -38,3 +53,22 @@ __all__ = [
     "prefix_id_of",
     "tokenizer_named",
 ]
+
+_LAZY = {
+    "EngineStats": "agentclaims.engine.engine",
+    "KVEngine": "agentclaims.engine.engine",
+    "EvictionPolicy": "agentclaims.engine.eviction",
+    "LRUPolicy": "agentclaims.engine.eviction",
+    "PriorityPolicy": "agentclaims.engine.eviction",
+    "RankingPolicy": "agentclaims.engine.eviction",
+    "ReferenceKV": "agentclaims.engine.kv",
+    "ServiceTimes": "agentclaims.engine.kv",
+    "NextUsePolicy": "agentclaims.engine.nextuse",
+    "WaitModel": "agentclaims.engine.nextuse",
+    "ByteTokenizer": "agentclaims.engine.tokenizer",
+    "WordTokenizer": "agentclaims.engine.tokenizer",
+    "tokenizer_named": "agentclaims.engine.tokenizer",
+}
+
+
+__getattr__, __dir__ = lazy(__name__, _LAZY, __all__)

@@ -52,6 +52,27 @@ def test_import_does_not_load_heavy_dependencies(module: str):
     assert out.stdout.strip() == "", f"import {module} loaded: {out.stdout.strip()}"
 
 
+def test_hashing_blocks_does_not_load_the_reference_engine():
+    """A KV side that only hashes blocks (``agentclaims.engine.blocks``) loads none of the
+    engine, its arbiter or its policies; the engine's names still load on first use."""
+    code = (
+        "import sys, agentclaims.engine.blocks; "
+        "print(','.join(sorted(m for m in sys.modules if m.startswith('agentclaims.engine.'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "agentclaims.engine.blocks"
+    from agentclaims.engine import ReferenceKV
+    from agentclaims.engine.kv import ReferenceKV as Defined
+
+    assert ReferenceKV is Defined
+    import agentclaims.engine as engine
+
+    with pytest.raises(AttributeError, match="NoSuchPolicy"):
+        engine.NoSuchPolicy  # noqa: B018
+
+
 def test_unknown_attribute_is_an_attribute_error():
     """A name that is not exported raises AttributeError naming it."""
     with pytest.raises(AttributeError, match="NoSuchThing"):
