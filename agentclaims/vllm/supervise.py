@@ -169,6 +169,12 @@ class Supervisor:
         self.cause = DeathCause()
         self._stop = threading.Event()
         self._ended = threading.Event()
+        self._ready = threading.Event()
+        self._stopping = threading.Event()
+        """Set once the supervisor stops vLLM itself: the signals that stop brings are its own."""
+        self._watched: dict[int, str] = {}
+        """vLLM's processes once it is ready (pid -> name): a worker killed shows its signal
+        in ``/proc`` while it waits for its parent to reap it."""
         self._proc: subprocess.Popen[str] | None = None
 
     # ------------------------------------------------------------------ the run
@@ -200,6 +206,7 @@ class Supervisor:
                 f"{self.url}/v1"
             )
             self._write_state("ready", pid=proc.pid)
+            self._ready.set()
         while proc.poll() is None and not self._stop.is_set():
             if self.cause.known:  # the engine died; vLLM's API server closes within seconds
                 settle = time.monotonic() + 1.0  # the watch's line (the signal) comes apace
@@ -228,6 +235,7 @@ class Supervisor:
         return EXIT_DIED
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        self._stopping.set()  # what follows is a stop asked for: its signals name no death
         if not self._stop.is_set():
             self._say(f"signal {signum}: stopping vLLM")
         self._stop.set()
@@ -248,6 +256,12 @@ class Supervisor:
         died by: the watch plugin's line can lose that race."""
         me = os.getpid()
         while True:
+            if not self._watched and self._ready.is_set():
+                self._watched = descendants(proc.pid)
+            for pid, name in self._watched.items():  # ended, not reaped yet by its parent
+                signame = _signal_of_zombie(pid)
+                if signame is not None and not self._stopping.is_set():
+                    self.cause.orphan(name, pid, signame)
             for pid, name in _zombie_children(me).items():
                 if pid == proc.pid:
                     continue
@@ -255,10 +269,14 @@ class Supervisor:
                     info = os.waitid(os.P_PID, pid, os.WEXITED)
                 except ChildProcessError:
                     continue
-                if info is not None and info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+                if (
+                    info is not None
+                    and info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+                    and not self._stopping.is_set()  # a signal of our own stop tells nothing
+                ):
                     with contextlib.suppress(ValueError):
                         self.cause.orphan(name, pid, signal.Signals(info.si_status).name)
-            if self._ended.wait(0.1):
+            if self._ended.wait(0.05):
                 return
 
     def _await_ready(self, proc: subprocess.Popen[str]) -> float | None:
@@ -293,6 +311,10 @@ class Supervisor:
         return time.monotonic() - start
 
     def _stop_vllm(self, proc: subprocess.Popen[str], *, grace_s: float) -> None:
+        self._stopping.set()
+        self._stop_vllm_now(proc, grace_s=grace_s)
+
+    def _stop_vllm_now(self, proc: subprocess.Popen[str], *, grace_s: float) -> None:
         if proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -355,6 +377,25 @@ def _become_subreaper() -> None:
     pr_set_child_subreaper = 36
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
+
+
+def _signal_of_zombie(pid: int) -> str | None:
+    """The signal that ended ``pid``, while it is a zombie (ended, not reaped): its
+    ``/proc/PID/stat`` exit code, in ``waitpid``'s form (Linux 3.5+)."""
+    try:
+        _, _, tail = Path(f"/proc/{pid}/stat").read_text().rpartition(")")
+    except OSError:
+        return None
+    fields = tail.split()
+    if not fields or fields[0] != "Z" or len(fields) < 50:
+        return None
+    status = int(fields[49])  # field 52 of stat, counting from the pid
+    if not os.WIFSIGNALED(status):
+        return None
+    try:
+        return signal.Signals(os.WTERMSIG(status)).name
+    except ValueError:
+        return None
 
 
 def _zombie_children(pid: int) -> dict[int, str]:
