@@ -25,6 +25,7 @@ SIGTERM: Linux's parent-death signal). Standard library only.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -35,7 +36,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -255,14 +256,15 @@ class Supervisor:
         such orphans (never vLLM itself, which ``Popen`` waits for), keeping the signal one
         died by: the watch plugin's line can lose that race."""
         me = os.getpid()
-        while True:
+        for tick in itertools.count():
             if not self._watched and self._ready.is_set():
                 self._watched = descendants(proc.pid)
             for pid, name in self._watched.items():  # ended, not reaped yet by its parent
                 signame = _signal_of_zombie(pid)
                 if signame is not None and not self._stopping.is_set():
                     self.cause.orphan(name, pid, signame)
-            for pid, name in _zombie_children(me).items():
+            orphans = _zombie_children(me) if tick % 10 == 0 else {}  # all of /proc: seldom
+            for pid, name in orphans.items():
                 if pid == proc.pid:
                     continue
                 try:
@@ -312,9 +314,6 @@ class Supervisor:
 
     def _stop_vllm(self, proc: subprocess.Popen[str], *, grace_s: float) -> None:
         self._stopping.set()
-        self._stop_vllm_now(proc, grace_s=grace_s)
-
-    def _stop_vllm_now(self, proc: subprocess.Popen[str], *, grace_s: float) -> None:
         if proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -359,37 +358,51 @@ class Supervisor:
         print(f"agentclaims vllm: {message}", file=sys.stderr, flush=True)
 
 
-def _die_with_parent() -> None:
-    """In vLLM's process, before it starts: SIGTERM when the supervisor dies (even by
-    ``kill -9``), so no vLLM outlives the command that started it (Linux)."""
+def _prctl(option: int, value: int) -> None:
+    """Linux's ``prctl(option, value)``; nothing where there is none."""
     import ctypes
 
-    pr_set_pdeathsig = 1
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+def _die_with_parent() -> None:
+    """In vLLM's process, before it starts: SIGTERM when the supervisor dies (even by
+    ``kill -9``), so no vLLM outlives the command that started it (``PR_SET_PDEATHSIG``)."""
+    _prctl(1, int(signal.SIGTERM))
 
 
 def _become_subreaper() -> None:
     """Orphaned descendants (vLLM's processes whose parent died) are reparented to this
-    process, not to init, so their deaths can be read (Linux's ``PR_SET_CHILD_SUBREAPER``)."""
-    import ctypes
+    process, not to init, so their deaths can be read (``PR_SET_CHILD_SUBREAPER``)."""
+    _prctl(36, 1)
 
-    pr_set_child_subreaper = 36
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
+
+def _stat(pid: int | str) -> tuple[str, list[str]] | None:
+    """``/proc/PID/stat``: the process's name and the fields after it (state first), or
+    ``None`` once it is gone."""
+    try:
+        head, _, tail = Path(f"/proc/{pid}/stat").read_text().rpartition(")")
+    except OSError:
+        return None
+    return head.partition("(")[2], tail.split()
+
+
+def _processes() -> Iterator[tuple[int, str, list[str]]]:
+    """Every process: its pid, name and ``stat`` fields after the name."""
+    for entry in Path("/proc").glob("[0-9]*"):
+        stat = _stat(entry.name)
+        if stat is not None and len(stat[1]) > 1:
+            yield int(entry.name), *stat
 
 
 def _signal_of_zombie(pid: int) -> str | None:
     """The signal that ended ``pid``, while it is a zombie (ended, not reaped): its
     ``/proc/PID/stat`` exit code, in ``waitpid``'s form (Linux 3.5+)."""
-    try:
-        _, _, tail = Path(f"/proc/{pid}/stat").read_text().rpartition(")")
-    except OSError:
+    stat = _stat(pid)
+    if stat is None or stat[1][:1] != ["Z"] or len(stat[1]) < 50:
         return None
-    fields = tail.split()
-    if not fields or fields[0] != "Z" or len(fields) < 50:
-        return None
-    status = int(fields[49])  # field 52 of stat, counting from the pid
+    status = int(stat[1][49])  # field 52 of stat, counting from the pid
     if not os.WIFSIGNALED(status):
         return None
     try:
@@ -400,30 +413,20 @@ def _signal_of_zombie(pid: int) -> str | None:
 
 def _zombie_children(pid: int) -> dict[int, str]:
     """The children of ``pid`` that have ended and wait to be reaped: pid -> name."""
-    out: dict[int, str] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            head, _, tail = stat.read_text().rpartition(")")
-        except OSError:
-            continue
-        fields = tail.split()
-        if len(fields) > 1 and fields[0] == "Z" and int(fields[1]) == pid:
-            out[int(stat.parent.name)] = head.partition("(")[2]
-    return out
+    return {
+        child: name
+        for child, name, fields in _processes()
+        if fields[0] == "Z" and int(fields[1]) == pid
+    }
 
 
 def descendants(pid: int) -> dict[int, str]:
     """Every process below ``pid`` (from ``/proc``): its pid -> its name (``VLLM::Worker``)."""
     children: dict[int, list[int]] = {}
     names: dict[int, str] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            head, _, tail = stat.read_text().rpartition(")")
-        except OSError:
-            continue
-        child = int(stat.parent.name)
-        names[child] = head.partition("(")[2]
-        children.setdefault(int(tail.split()[1]), []).append(child)
+    for child, name, fields in _processes():
+        names[child] = name
+        children.setdefault(int(fields[1]), []).append(child)
     found: dict[int, str] = {}
     todo = [pid]
     while todo:
