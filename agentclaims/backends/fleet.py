@@ -130,6 +130,11 @@ class RoutedBackend(HTTPBackend):
         self.fleet._home[spec.claim_id] = member.name
         return decision
 
+    def claimed_with_call(self, claim_id: str) -> None:
+        """A claim made with a completion (it rode on the call) lives where the call was
+        answered: its claim operations go there, and a failover of that instance ends it."""
+        self.fleet._home[ClaimId(claim_id)] = self._here().name
+
     async def get_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
         return await self.fleet.get_claim(claim_id, owner_scope)
 

@@ -76,6 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--vllm-python", default=None, help="the vLLM environment's Python (for --kv-events)"
     )
     serve.add_argument(
+        "--ride-bound-s",
+        type=float,
+        default=0.05,
+        metavar="S",
+        help="--kv vllm: how long a release waits for a request to vLLM to ride on before it "
+        "goes on its own (default 0.05)",
+    )
+    serve.add_argument(
         "--api-keys", default=None, metavar="FILE", help="tenants' API keys (TOML; see docs)"
     )
     serve.add_argument(

@@ -171,5 +171,6 @@ def _vllm_side(args: argparse.Namespace) -> tuple[Any, Any]:
         kv_events=events,
         kv_events_replay=replay_endpoint(events) if events else None,
         events_python=args.vllm_python,
+        ride_bound_s=args.ride_bound_s,
     )
     return kv, UpstreamText(kv)

@@ -31,7 +31,12 @@ from agentclaims.contract import (
     RequestId,
 )
 from agentclaims.engine import ReferenceKV, blake2b_hash
-from agentclaims.errors import AgentClaimsError, OperationNotExposed, UsageError
+from agentclaims.errors import (
+    AgentClaimsError,
+    OperationNotExposed,
+    UnknownClaim,
+    UsageError,
+)
 from agentclaims.gateway.ledger import Ledger
 from agentclaims.gateway.limits import BodyTooLarge, Limits, parse_body
 from agentclaims.gateway.metrics import CONTENT_TYPE, GatewayMetrics
@@ -94,10 +99,21 @@ class UpstreamKV(Protocol):
     ) -> Any: ...
 
     async def stream(
-        self, kind: str, body: Mapping[str, Any], owner: str | None, cache_salt: str | None
+        self,
+        kind: str,
+        body: Mapping[str, Any],
+        owner: str | None,
+        cache_salt: str | None,
+        claims: Sequence[Mapping[str, Any]] = (),
     ) -> Any:
-        """A streamed completion without claims, passed on as the engine produces it
-        (``agentclaims.vllm.streamed.UpstreamStream``)."""
+        """A streamed completion, passed on as the engine produces it
+        (``agentclaims.vllm.streamed.UpstreamStream``); with claims only where
+        ``streams_claims``."""
+        ...
+
+    @property
+    def streams_claims(self) -> bool:
+        """Whether a streamed completion may carry claims (their answer read aside)."""
         ...
 
 
@@ -140,6 +156,7 @@ class Instance:
 
 
 _MAX_TOKEN_ID = 2**31
+_MAX_RELEASES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +171,8 @@ class Extension:
     admit: bool = True
     request_id: str | None = None
     claims: tuple[Mapping[str, Any], ...] = ()
+    release: tuple[str, ...] = ()
+    """Claims of this request's owner to let go before it runs: they ride on it."""
 
     @classmethod
     def parse(cls, body: Mapping[str, Any]) -> Extension:
@@ -163,7 +182,7 @@ class Extension:
         if not isinstance(raw, Mapping):
             raise UsageError(EXTENSION_KEY, f"expected an object, got {raw!r}")
         known = {"session_id", "workflow_id", "owner_scope", "node", "step", "admit"}
-        known |= {"request_id", "claims"}
+        known |= {"request_id", "claims", "release"}
         extra = set(raw) - known
         if extra:
             raise UsageError(EXTENSION_KEY, f"unknown fields {sorted(extra)}")
@@ -187,7 +206,19 @@ class Extension:
         claims = [] if claims is None else claims
         if not isinstance(claims, list):
             raise UsageError(f"{EXTENSION_KEY}.claims", f"must be a list, got {claims!r}")
-        return cls(step=step, admit=admit, claims=tuple(claims), **strings)
+        release = raw.get("release")
+        release = [] if release is None else release
+        if (
+            not isinstance(release, list)
+            or len(release) > _MAX_RELEASES
+            or not all(isinstance(c, str) and c for c in release)
+            or len(set(release)) != len(release)
+        ):
+            raise UsageError(
+                f"{EXTENSION_KEY}.release",
+                f"must be a list of at most {_MAX_RELEASES} distinct claim ids, got {release!r}",
+            )
+        return cls(step=step, admit=admit, claims=tuple(claims), release=tuple(release), **strings)
 
     @property
     def default_owner(self) -> str | None:
@@ -304,6 +335,7 @@ class _Gateway:
             if ext.request_id
             else f"{id_prefix}-{uuid.uuid4().hex}"
         )
+        released = await self._release(ext, owner, tenant)
         reply = await self.text.complete(text_request)
         key = f"{blake2b_hash(json.dumps(segments).encode()):016x}"
         payload, reply_tokens = render(reply, key)
@@ -341,9 +373,42 @@ class _Gateway:
                 "prefix_ids": result.prefix_ids,
                 "decisions": [d.to_dict() for d in result.decisions],
                 "events_seq": result.events_seq,
+                **({"released": released} if released else {}),
                 **self.instance.fields,
             },
         }
+
+    async def _release(
+        self, ext: Extension, owner: str | None, tenant: Tenant | None
+    ) -> list[dict[str, Any]]:
+        """Let go of the claims a completion names in ``agentclaims.release`` (its owner's),
+        before it runs; their ids and states, for its answer. Each is checked first: another
+        owner's is refused and nothing changes. One this gateway does not know (the call
+        reached another instance than the claim's, say) is held nowhere here: ``unknown``,
+        not an error, so a release never costs the call it rides on."""
+        if not ext.release:
+            return []
+        if owner is None:
+            raise UsageError(
+                f"{EXTENSION_KEY}.release", "needs the owner scope (or session id) of its claims"
+            )
+        scope = OwnerScope(owner)
+        known = []
+        for shown in ext.release:
+            cid = ClaimId(self.service.inner(shown, tenant))
+            try:
+                await self.kv.get_claim(cid, scope)
+            except UnknownClaim:
+                continue
+            known.append(cid)
+        states: dict[str, str] = {}
+        for cid in known:
+            states[cid] = (await self.kv.release_claim(cid, scope)).state.value
+        await self.service.sync()
+        return [
+            {"claim_id": shown, "state": states.get(self.service.inner(shown, tenant), "unknown")}
+            for shown in ext.release
+        ]
 
     async def _upstream(
         self, request: Request, kind: str, body: Mapping[str, Any], ext: Extension
@@ -355,10 +420,14 @@ class _Gateway:
         owner = self.service.owner(ext.default_owner, tenant)
         claims = self.service.claims(ext.claims, owner, tenant)
         cache_salt = self.service.salt(_optional_str(body, "cache_salt"), tenant)
-        if stream_requested(body) and not claims:
-            return await self._upstream_stream(request, kind, body, tenant, owner, cache_salt)
-        # claims sent with the request: vLLM answers them only in an answer read whole, which
-        # the gateway then streams itself when asked to (#13)
+        released = await self._release(ext, owner, tenant)
+        if stream_requested(body) and (not claims or self.upstream.streams_claims):
+            return await self._upstream_stream(
+                request, kind, body, tenant, owner, cache_salt, claims, released
+            )
+        # claims sent with a streamed request where the connector's answer cannot be read
+        # aside: vLLM answers them only in an answer read whole, which the gateway then
+        # streams itself (#13)
         up = await self.upstream.complete(kind, unstreamed(body), claims, owner, cache_salt)
         result: ServeResult = await self.service.served(
             up.result, _claim_owners(claims, owner), tenant, owner
@@ -366,7 +435,7 @@ class _Gateway:
         if not result.outcome.served:
             return self._refusal(request, result)
         payload = dict(up.payload)
-        payload[EXTENSION_KEY] = self._extension(result)
+        payload[EXTENSION_KEY] = self._extension(result, released)
         return respond(body, payload)  # JSON, or server-sent events (#13)
 
     async def _upstream_stream(
@@ -377,17 +446,21 @@ class _Gateway:
         tenant: Tenant | None,
         owner: str | None,
         cache_salt: str | None,
+        claims: Sequence[Mapping[str, Any]] = (),
+        released: Sequence[Mapping[str, Any]] = (),
     ) -> Response:
         """A streamed completion on the upstream engine: its chunks passed on as it produces
-        them, then one chunk more with the ``agentclaims`` object (its usage inside). A
-        request the engine ends before its first token (refused) is the claim-scoped refusal,
-        not a stream; a client that leaves early closes the engine's stream (it aborts)."""
+        them, then one chunk more with the ``agentclaims`` object (its usage and its claims'
+        decisions inside). A request the engine ends before its first token (refused) is the
+        claim-scoped refusal, not a stream; a client that leaves early closes the engine's
+        stream (it aborts)."""
         assert self.upstream is not None
-        streamed = await self.upstream.stream(kind, body, owner, cache_salt)
+        owners = _claim_owners(claims, owner)
+        streamed = await self.upstream.stream(kind, body, owner, cache_salt, claims)
         try:
             early = await streamed.start()
             if early is not None:
-                early = await self.service.served(early, {}, tenant, owner)
+                early = await self.service.served(early, owners, tenant, owner)
                 if not early.outcome.served:
                     await streamed.aclose()
                     return self._refusal(request, early)
@@ -399,8 +472,8 @@ class _Gateway:
             try:
                 async for chunk in streamed.chunks():
                     yield event(chunk)
-                result = early or await self.service.served(streamed.result, {}, tenant, owner)
-                ext = {**self._extension(result), "usage": streamed.usage}
+                result = early or await self.service.served(streamed.result, owners, tenant, owner)
+                ext = {**self._extension(result, released), "usage": streamed.usage}
                 yield event({**streamed.shape, "choices": [], EXTENSION_KEY: ext})
                 yield DONE
             finally:
@@ -410,7 +483,9 @@ class _Gateway:
             events(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
         )
 
-    def _extension(self, result: ServeResult) -> dict[str, Any]:
+    def _extension(
+        self, result: ServeResult, released: Sequence[Mapping[str, Any]] = ()
+    ) -> dict[str, Any]:
         """The ``agentclaims`` object of an upstream engine's answer."""
         return {
             "request_id": result.outcome.request_id,
@@ -419,6 +494,7 @@ class _Gateway:
             "decisions": [d.to_dict() for d in result.decisions],
             "events_seq": result.events_seq,
             **({"deferred_s": result.deferred_s} if result.deferred_s else {}),
+            **({"released": list(released)} if released else {}),
             **self.instance.fields,
         }
 

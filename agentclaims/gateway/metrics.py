@@ -13,7 +13,12 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 __all__ = ["CONTENT_TYPE", "GatewayMetrics"]
@@ -57,6 +62,24 @@ class _Snapshot(Collector):
             for kind, n in engine_requests.items():
                 family.add_metric([kind], n)
             yield family
+        operations = snap.get("claim_operations")
+        if operations:  # how the gateway's claim operations reached the engine
+            family = CounterMetricFamily(
+                "agentclaims_claim_operations",
+                "Claim operations (releases) by how they reached the engine: rode on a request "
+                "going anyway, or standalone after the ride bound; and channel round trips",
+                labels=["how"],
+            )
+            for how, n in operations.items():
+                family.add_metric([how], n)
+            yield family
+            waited = snap.get("claim_operation_wait_s") or {}
+            yield SummaryMetricFamily(
+                "agentclaims_claim_operation_wait_seconds",
+                "How long pending claim operations waited for a request to ride on",
+                count_value=waited.get("count", 0),
+                sum_value=waited.get("sum", 0.0),
+            )
         pool = GaugeMetricFamily(
             "agentclaims_pool_blocks", "KV pool blocks by kind", labels=["kind"]
         )

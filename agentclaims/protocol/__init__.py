@@ -26,6 +26,7 @@ from agentclaims.protocol.codec import (
     refusal_error,
 )
 from agentclaims.protocol.types import (
+    CLAIMS_RIDE_ON_REQUESTS,
     PROMPT_OBJECT,
     RANKS_BY_HINTS,
     RENEW_AS_IS,
@@ -40,6 +41,7 @@ from agentclaims.protocol.types import (
     EventPage,
     Renewal,
     ServeResult,
+    claims_ride_on_requests,
     ranks_by_hints,
     sheds_by_hints,
     stated_class,
@@ -48,6 +50,7 @@ from agentclaims.protocol.types import (
 __all__ = [
     "ACTIVE_REQUEST_DEFERRED",
     "ACTIVE_REQUEST_REFUSED",
+    "CLAIMS_RIDE_ON_REQUESTS",
     "EXTENSION_KEY",
     "INSTANCE_HEADER",
     "INSTANCE_URL_HEADER",
@@ -70,6 +73,7 @@ __all__ = [
     "Renewal",
     "ServeResult",
     "Tokenizer",
+    "claims_ride_on_requests",
     "collect_events",
     "error_body",
     "exception_error",

@@ -21,6 +21,7 @@ from agentclaims.contract.ids import BlockHash, ClaimId, OwnerScope, PrefixId, R
 from agentclaims.contract.wire import Wire
 
 __all__ = [
+    "CLAIMS_RIDE_ON_REQUESTS",
     "PROMPT_OBJECT",
     "RANKS_BY_HINTS",
     "RENEW_AS_IS",
@@ -35,6 +36,7 @@ __all__ = [
     "EventPage",
     "Renewal",
     "ServeResult",
+    "claims_ride_on_requests",
     "ranks_by_hints",
     "sheds_by_hints",
     "stated_class",
@@ -262,6 +264,20 @@ LRU, as vLLM's) but holds claimed blocks and, when memory is needed, sheds soft 
 made for it: ``demotable`` where ``default`` would claim ``best_effort`` (which such a backend
 only watches); a session names it (``planner="held"``), and its claims are still submitted
 only in the modes the backend's checked lowering honours."""
+
+
+CLAIMS_RIDE_ON_REQUESTS = "claims_ride_on_requests"
+"""Descriptor capability: ``true`` when a claim sent with a completion (on its ``@sequence``)
+and a release named in its ``agentclaims.release`` ride on that request to the engine at no
+cost of their own, while a claim or a release sent on its own costs the engine a request of
+its own (vLLM with the agentclaims connector). A session then sends each call's claim with the
+call and its releases with its next call. Absent, or anything but ``true``: claims are sent
+on their own (the reference engine, where they cost nothing either way)."""
+
+
+def claims_ride_on_requests(descriptor: Descriptor) -> bool:
+    """Whether ``descriptor`` states ``claims_ride_on_requests`` (only a JSON ``true``)."""
+    return descriptor.get(CLAIMS_RIDE_ON_REQUESTS) is True
 
 
 def sheds_by_hints(descriptor: Descriptor) -> bool:

@@ -10,7 +10,7 @@ policy; ``ClaimIO`` reports which held claims lapsed or were harmed.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,13 @@ from agentclaims.errors import (
 )
 from agentclaims.lowering import MappingResult, honours, trusted_modes
 from agentclaims.planner import ClaimPlan, PlannerPolicy, PrefixContext, relax_mode
-from agentclaims.protocol import Renewal, ranks_by_hints
+from agentclaims.protocol import (
+    SEQUENCE_OBJECT,
+    ClaimDecision,
+    Renewal,
+    claims_ride_on_requests,
+    ranks_by_hints,
+)
 from agentclaims.session.reactions import ReactionPolicy
 
 if TYPE_CHECKING:
@@ -118,8 +124,12 @@ class ClaimIO:
         self.held: dict[str, HeldClaim] = {}  # node -> claim held for its next call
         self.ended: list[HeldClaim] = []
         self._backend_facts: dict[
-            str, tuple[CacheIdentity, dict[ProtectionMode, MappingResult], bool]
+            str, tuple[CacheIdentity, dict[ProtectionMode, MappingResult], bool, bool]
         ] = {}
+        self.releasing: list[HeldClaim] = []
+        """Claims let go that ride on this session's next call to their backend
+        (``claims_ride_on_requests``): still this session's until that call's answer
+        confirms them (or the session's end releases them on their own)."""
         self._cursor: dict[str, int] = {}
         self._harmed: set[str] = set()  # claims whose harm was counted
         self.calling: str | None = None
@@ -148,10 +158,10 @@ class ClaimIO:
 
     async def _facts(
         self, backend: ClaimsProtocol
-    ) -> tuple[CacheIdentity, dict[ProtectionMode, MappingResult], bool]:
-        """``backend``'s cache identity, what it honours per mode and whether it ranks by
-        reuse hints, from its descriptor, read once (and its lowering checked again:
-        ``agentclaims.lowering.trusted_modes``)."""
+    ) -> tuple[CacheIdentity, dict[ProtectionMode, MappingResult], bool, bool]:
+        """``backend``'s cache identity, what it honours per mode, whether it ranks by reuse
+        hints and whether claims ride on its requests, from its descriptor, read once (and its
+        lowering checked again: ``agentclaims.lowering.trusted_modes``)."""
         facts = self._backend_facts.get(backend.name)
         if facts is None:
             desc = await backend.descriptor()
@@ -159,7 +169,12 @@ class ClaimIO:
                 ident = CacheIdentity.from_dict(desc.get("cache_identity"))
             except UsageError as exc:
                 raise BackendError(f"backend {backend.name!r}: bad descriptor: {exc}") from exc
-            facts = (ident, trusted_modes(desc), ranks_by_hints(desc))
+            facts = (
+                ident,
+                trusted_modes(desc),
+                ranks_by_hints(desc),
+                claims_ride_on_requests(desc),
+            )
             self._backend_facts[backend.name] = facts
         return facts
 
@@ -179,6 +194,137 @@ class ClaimIO:
     async def ranks_by_hints(self, backend: ClaimsProtocol) -> bool:
         """Whether ``backend``'s descriptor states ``ranks_by_hints`` (read once)."""
         return (await self._facts(backend))[2]
+
+    async def rides(self, backend: ClaimsProtocol) -> bool:
+        """Whether ``backend``'s descriptor states ``claims_ride_on_requests`` (read once)."""
+        return (await self._facts(backend))[3]
+
+    async def honoured(
+        self, backend: ClaimsProtocol, mode: ProtectionMode | None, node: str, prefix_id: str
+    ) -> ProtectionMode | None:
+        """``mode``, or where ``backend`` does not honour it the mode ``_unproven`` relaxes
+        it to (``None``: no claim), each such step counted and logged."""
+        verdicts = await self.lowering(backend)
+        while mode is not None and not honours(verdicts[mode].lowering_class):
+            mode = self._unproven(backend, mode, verdicts, node, PrefixId(prefix_id))
+        return mode
+
+    async def riding(
+        self,
+        backend: ClaimsProtocol,
+        node: str,
+        plan: ClaimPlan,
+        ctx: PrefixContext,
+        reuse_hint: ReuseHint | None,
+    ) -> tuple[dict[str, Any], ClaimPlan] | None:
+        """The claim to send with ``node``'s next call on what it leaves cached
+        (``@sequence``): its wire object and the plan it carries (the mode ``backend``
+        honours), planned and logged as a claim submitted on its own is; ``None``: no claim."""
+        mode = await self.honoured(backend, plan.mode, node, SEQUENCE_OBJECT)
+        if mode is None:
+            return None
+        claim_id = ClaimId(f"{self.session_id}-c{next(self._ids)}")
+        ttl = plan.ttl_s if mode in _TTL_MODES else None
+        if mode is ProtectionMode.EXPIRING and ttl is None:
+            ttl = self.policy.default_ttl_s
+        wire: dict[str, Any] = {
+            "claim_id": claim_id,
+            "owner_scope": self.owner_scope,
+            "object_id": SEQUENCE_OBJECT,
+            "cache_identity": (await self.identity(backend)).to_dict(),
+            "protection_mode": mode.value,
+            "ttl_s": ttl,
+        }
+        if reuse_hint is not None:
+            wire["reuse_hint"] = reuse_hint.to_dict()
+        self._planned(claim_id, SEQUENCE_OBJECT, mode, ttl, ctx, plan, node)
+        self.stats.claims_submitted += 1
+        return wire, ClaimPlan(mode, ttl, plan.reason)
+
+    def _planned(
+        self,
+        claim_id: str,
+        prefix_id: str,
+        mode: ProtectionMode,
+        ttl: float | None,
+        ctx: PrefixContext,
+        plan: ClaimPlan,
+        node: str,
+    ) -> None:
+        log = self._log()
+        if log is not None:
+            log.claim_planned(
+                claim_id=claim_id,
+                prefix_id=prefix_id,
+                mode=mode.value,
+                ttl_s=ttl,
+                ste=ctx.ste,
+                reuse_probability=round(ctx.reuse_probability, 6),
+                reason=plan.reason,
+                node=node,
+            )
+
+    def adopt(
+        self,
+        backend: ClaimsProtocol,
+        node: str,
+        claim_id: str,
+        plan: ClaimPlan,
+        extension: Mapping[str, Any],
+        prefix_id: str | None,
+    ) -> HeldClaim | None:
+        """The riding claim ``claim_id`` as its call's answer decided it (``decisions`` in
+        the answer's ``extension``): held, or ``None`` when refused (counted, its reason in
+        ``last_refusal``; a call answered without its decision is refused too: fail closed)."""
+        raw = next(
+            (d for d in extension.get("decisions") or () if d.get("claim_id") == claim_id), None
+        )
+        try:
+            decision = None if raw is None else ClaimDecision.from_dict(raw)
+        except UsageError:
+            decision = None
+        st = self.stats
+        if decision is None or not decision.accepted or prefix_id is None:
+            st.claims_refused += 1
+            self.last_refusal = (
+                "the answer carried no decision for the claim"
+                if decision is None
+                else decision.reason or "refused"
+            )
+            return None
+        assert plan.mode is not None
+        st.claims_accepted += 1
+        st.modes[plan.mode.value] = st.modes.get(plan.mode.value, 0) + 1
+        return HeldClaim(
+            ClaimId(claim_id),
+            node,
+            PrefixId(prefix_id),
+            plan,
+            backend.name,
+            self.clock(),
+            state=decision.state.value,
+        )
+
+    def let_go(self, held: HeldClaim, reason: str) -> None:
+        """Let ``held`` go with this session's next call to its backend (it rides there)."""
+        held.end_reason = reason
+        self.releasing.append(held)
+
+    def released_with_call(self, claims: Sequence[HeldClaim], extension: Mapping[str, Any]) -> None:
+        """Claims that rode on a call as releases: ended, with the states its answer gave."""
+        states = {
+            r.get("claim_id"): r.get("state")
+            for r in extension.get("released") or ()
+            if isinstance(r, Mapping)
+        }
+        for held in claims:
+            if held not in self.releasing:
+                continue  # ended meanwhile (lost with its instance)
+            self.releasing.remove(held)
+            state = states.get(held.claim_id)
+            held.state = state if isinstance(state, str) else "unknown"
+            self.ended.append(held)
+            self.log_end(held, held.end_reason or "superseded")
 
     def _unproven(
         self,
@@ -262,18 +408,7 @@ class ClaimIO:
                 ttl_s=ttl,
                 reuse_hint=reuse_hint,
             )
-            log = self._log()
-            if log is not None:
-                log.claim_planned(
-                    claim_id=claim_id,
-                    prefix_id=prefix_id,
-                    mode=mode.value,
-                    ttl_s=ttl,
-                    ste=ctx.ste,
-                    reuse_probability=round(ctx.reuse_probability, 6),
-                    reason=plan.reason,
-                    node=node,
-                )
+            self._planned(claim_id, prefix_id, mode, ttl, ctx, plan, node)
             st.claims_submitted += 1
             decision = await backend.submit_claim(spec)
             if decision.accepted:
@@ -373,6 +508,7 @@ class ClaimIO:
         # ended claims too: a claim harmed while held may be let go (superseded by its node's
         # next call) before the harm event is read; it is harm all the same
         by_id = {h.claim_id: h for h in self.ended}
+        by_id.update((h.claim_id, h) for h in self.releasing)
         by_id.update((h.claim_id, h) for h in self.held.values())
         log = self._log()
         for backend in backends:

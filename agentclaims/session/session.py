@@ -30,12 +30,13 @@ from agentclaims.errors import (
     BackendUnavailable,
     ClaimHarmed,
     ClaimOutcomeError,
+    ClaimRefused,
     UnknownNameError,
     UsageError,
 )
 from agentclaims.graph import AgentExecutionGraph, ToolTimeModel
 from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_mode
-from agentclaims.protocol import ActiveOutcome, ClaimsProtocol
+from agentclaims.protocol import SEQUENCE_OBJECT, ActiveOutcome, ClaimsProtocol
 from agentclaims.session.claims import ClaimIO, EventOutcomes, HeldClaim
 from agentclaims.session.reactions import ReactionPolicy
 from agentclaims.session.toolhold import Wanted, hold_for_tool
@@ -67,6 +68,22 @@ AUTO_PLANNER = "auto"
 (``ClaimedSession._follow_backend``)."""
 _RANKED, _UNRANKED = "ranked", "default"
 """What ``auto`` plans on a backend that ranks by reuse hints, and on any other."""
+
+_TTL_MODES = ("hard_protected", "expiring")
+
+
+@dataclass(slots=True)
+class _Riding:
+    """What one LLM call carries to a backend where claims ride on requests
+    (``claims_ride_on_requests``): the claim planned before it on what it leaves cached, and
+    the releases that waited for it."""
+
+    backend: str
+    claim_id: str | None = None
+    plan: ClaimPlan | None = None
+    ctx: PrefixContext | None = None
+    releases: list[HeldClaim] = field(default_factory=list)
+
 
 _current: ContextVar[ClaimedSession | None] = ContextVar("agentclaims_session", default=None)
 _current_node: ContextVar[str | None] = ContextVar("agentclaims_node", default=None)
@@ -261,6 +278,11 @@ class ClaimedSession:
         self._replanned: dict[str, float] = {}
         """node -> the start of the wait in which its lapsed claim was re-planned (once)."""
         self._requests = itertools.count(1)
+        self._riding: dict[str, _Riding] = {}
+        """request id -> what the call in flight carries (claims riding on requests)."""
+        self._sequences: dict[str, str] = {}
+        """node -> the prefix id its last answered call left cached (its size: the next
+        riding claim's expected footprint)."""
         self.loop: asyncio.AbstractEventLoop | None = None
         """The event loop the session runs on (set when it is entered): synchronous code in
         the workflow (a ``def`` node calling ``model.invoke()``) sends its calls there."""
@@ -439,6 +461,11 @@ class ClaimedSession:
                 self.io.held.clear()
                 for claim in held:
                     await self.io.release(self._backend_named(claim.backend), claim, reason)
+                waiting, self.io.releasing = self.io.releasing, []
+                for claim in waiting:  # no call of this session will carry them now
+                    await self.io.release(
+                        self._backend_named(claim.backend), claim, claim.end_reason or reason
+                    )
                 with contextlib.suppress(BackendUnavailable):
                     await self.io.take_events(self._backends())
         if harmed is not None:
@@ -496,6 +523,58 @@ class ClaimedSession:
             "request_id": request_id,
         }
 
+    async def prepare_call(self, node: str, step: int | None = None) -> dict[str, Any]:
+        """``before_call``, and where the backend takes claims riding on requests
+        (``claims_ride_on_requests``: vLLM with the connector), what the call carries in its
+        extension object: the claim on what it leaves cached (``@sequence``), planned from what
+        is known before it (the graph, the tools the node's last reply called, the learned
+        waits; revised once the reply is in), and the releases waiting for this call. Neither
+        costs an engine request of its own."""
+        ext = self.before_call(node, step)
+        backend = self.backend
+        try:
+            if not await self.io.rides(backend):
+                return ext
+            await self._follow_backend()
+        except BackendUnavailable:
+            return ext  # the call itself meets the outage (and fails over)
+        riding = _Riding(backend.name)
+        # still the session's (``io.releasing``) until the call's answer confirms them
+        riding.releases = [h for h in self.io.releasing if h.backend == backend.name]
+        tools = self.workflow.expected_tools(node)
+        last = self._sequences.get(node)
+        ctx, plan = self.workflow.plan_after_call(
+            node, SEQUENCE_OBJECT, tools, footprint=prefix_blocks(last) if last else 1
+        )
+        if plan.mode is not None:
+            hint = self.workflow.reuse_hint(node, ctx, tool=wait_key(node, tools))
+            found = await self.io.riding(backend, node, plan, ctx, hint)
+            if found is not None:
+                wire, riding.plan = found
+                riding.claim_id, riding.ctx = wire["claim_id"], ctx
+                ext["claims"] = [wire]
+                old = self.io.held.get(node)
+                if old is not None and old.backend == backend.name:
+                    # superseded by this call's claim: let go as it arrives (the call reuses
+                    # those blocks as it runs; its own claim holds them once it finishes)
+                    del self.io.held[node]
+                    self.io.let_go(old, "superseded")
+                    riding.releases.append(old)
+        if riding.releases:
+            ext["release"] = [h.claim_id for h in riding.releases]
+        self._riding[ext["request_id"]] = riding
+        return ext
+
+    def riding_to(self, request_id: str | None, backend: Backend) -> bool:
+        """Whether the releases the call ``request_id`` carries still go where they were
+        planned for; after a failover or a reroute they do not (that instance's claims are
+        lost or were released with the move): the call then carries none."""
+        riding = self._riding.get(request_id or "")
+        if riding is None or riding.backend == backend.name or not riding.releases:
+            return True
+        riding.releases = []  # still in ``io.releasing``: failed over or released from there
+        return False
+
     async def after_call(
         self,
         node: str,
@@ -507,8 +586,10 @@ class ClaimedSession:
         request_id: str | None = None,
         retried: bool = False,
         model: str | None = None,
+        call_id: str | None = None,
     ) -> None:
-        """Record an answered call and re-plan the claim on ``node``'s conversation prefix.
+        """Record an answered call and re-plan the claim on ``node``'s conversation prefix
+        (``call_id``: the request id ``prepare_call`` gave it, for what it carried).
         ``retried``: the call was deferred or refused first (memory pressure); so was one the
         engine itself held back for claims' blocks (``deferred_s`` in the answer). ``model``:
         the model the call asked for, if known."""
@@ -556,12 +637,18 @@ class ClaimedSession:
                 **self._hop_fields(),
             )
         previous = self._background
+        riding = self._riding.pop(call_id or "", None)
+        if sequence:
+            self._sequences[node] = sequence
 
         async def replan() -> None:
             if previous is not None:
                 await previous
             async with self._lock:
-                await self._replan(node, sequence, tool_names)
+                if riding is None:
+                    await self._replan(node, sequence, tool_names)
+                else:
+                    await self._after_riding(node, riding, extension, sequence, tool_names)
                 await self._revise_others(node)
                 await self._take_events()
 
@@ -617,6 +704,90 @@ class ClaimedSession:
         if old is not None:
             await self.io.release(self._backend_named(old.backend), old, "superseded")
 
+    async def _after_riding(
+        self,
+        node: str,
+        riding: _Riding,
+        extension: Mapping[str, Any],
+        prefix_id: str | None,
+        tool_names: Sequence[str],
+    ) -> None:
+        """A call that carried its claim and releases is answered: the releases end, the
+        claim is held as decided, then revised with what the reply says (its tool calls):
+        released when its reuse became unlikely (a pin at once, a soft hold with the next
+        call), renewed when the wait now expected is longer than its TTL. A refused one is
+        relaxed one mode down and claimed on its own; a call that carried none gets the claim
+        its reply calls for on its own (``_replan``)."""
+        self.io.released_with_call(riding.releases, extension)
+        backend = self._backend_named(riding.backend)
+        if riding.claim_id is None or riding.plan is None:
+            await self._replan(node, prefix_id, tool_names)
+            return
+        old = self.io.held.pop(node, None)
+        if old is not None:
+            self.io.let_go(old, "superseded")
+        held = self.io.adopt(backend, node, riding.claim_id, riding.plan, extension, prefix_id)
+        if held is None:
+            await self._riding_refused(node, riding, prefix_id, tool_names)
+            return
+        self.io.held[node] = held
+        self.wanted.pop(node, None)
+        made_with_call = getattr(backend, "claimed_with_call", None)
+        if callable(made_with_call):  # a fleet: the claim lives where the call was answered
+            made_with_call(held.claim_id)
+        _, plan = self.workflow.plan_after_call(node, held.prefix_id, tool_names)
+        if plan.mode is None:  # its reuse became unlikely (the human is next, say)
+            del self.io.held[node]
+            if held.plan.mode is not None and held.plan.mode.value in _TTL_MODES:
+                await self.io.release(backend, held, "reuse_unlikely")  # a pin: now
+            else:
+                self.io.let_go(held, "reuse_unlikely")
+        elif (
+            plan.ttl_s is not None and held.plan.ttl_s is not None and plan.ttl_s > held.plan.ttl_s
+        ):
+            await self.io.renew(backend, held, plan.ttl_s)
+
+    async def _riding_refused(
+        self,
+        node: str,
+        riding: _Riding,
+        prefix_id: str | None,
+        tool_names: Sequence[str],
+    ) -> None:
+        """The claim a call carried was refused: as ``ClaimIO.submit`` does with a refusal,
+        fail (``on_refused="fail"``) or relax one mode down and claim that on its own."""
+        assert riding.plan is not None
+        assert riding.plan.mode is not None
+        mode, reason = riding.plan.mode, self.io.last_refusal
+        if self.reaction.on_refused == "fail":
+            self.stats.fails += 1
+            self.log_reaction("fail", claim_id=riding.claim_id, outcome=reason, node=node)
+            raise ClaimRefused(
+                f"claim {riding.claim_id} on {node}'s {SEQUENCE_OBJECT} ({mode.value}) "
+                f"refused: {reason}"
+            )
+        weaker = (
+            relax_mode(mode, self.planner.policy.soft_mode) if self.reaction.relax_claims else None
+        )
+        self.stats.claims_relaxed += 1
+        self.log_reaction(
+            "relax",
+            claim_id=riding.claim_id,
+            outcome=reason,
+            from_mode=mode.value,
+            to_mode=None if weaker is None else weaker.value,
+            node=node,
+        )
+        if not prefix_id:
+            return
+        ctx, plan = self.workflow.plan_after_call(node, prefix_id, tool_names)
+        if weaker is not None and plan.mode is not None:
+            hint = self.workflow.reuse_hint(node, ctx, tool=wait_key(node, tool_names))
+            weaker_plan = ClaimPlan(weaker, plan.ttl_s, plan.reason)
+            await self._hold(node, PrefixId(prefix_id), weaker_plan, ctx, hint)
+        else:
+            self.wanted[node] = Wanted(PrefixId(prefix_id), plan, ctx, reason)
+
     async def _hold(
         self,
         node: str,
@@ -640,7 +811,12 @@ class ClaimedSession:
         held = {n: (h.prefix_id, h.plan) for n, h in self.io.held.items()}
         for other in self.workflow.to_release(held, node):
             claim = self.io.held.pop(other)
-            await self.io.release(self._backend_named(claim.backend), claim, "reuse_unlikely")
+            backend = self._backend_named(claim.backend)
+            pin = claim.plan.mode is not None and claim.plan.mode.value in _TTL_MODES
+            if not pin and await self.io.rides(backend):
+                self.io.let_go(claim, "reuse_unlikely")  # with the next call there
+            else:
+                await self.io.release(backend, claim, "reuse_unlikely")
 
     async def _take_events(self) -> None:
         """Take this session's new events and react to what they did to its claims."""
@@ -763,6 +939,13 @@ class ClaimedSession:
         lost = [h for h in self.io.held.values() if h.claim_id in gone]
         for held in lost:
             self.io.lose(held, "instance_lost")
+        waiting = [h for h in self.io.releasing if h.claim_id in gone]
+        self.io.releasing = [h for h in self.io.releasing if h.claim_id not in gone]
+        for held in waiting:  # let go, but never released there: gone with it
+            held.end_reason, held.state = "instance_lost", "unknown"
+            self.io.ended.append(held)
+            self.io.log_end(held, "instance_lost")
+        lost += waiting
         unconfirmed = [h for h in self.io.ended if h.state == "unknown" and h.claim_id in gone]
         for held in unconfirmed:
             held.end_reason = "instance_lost"

@@ -84,7 +84,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         node = session.current_node(metadata)
         step = None if metadata is None else metadata.get("langgraph_step")
         await session.settle()
-        ext = session.before_call(node, step)
+        ext = await session.prepare_call(node, step)
         body[EXTENSION_KEY] = {**(body.get(EXTENSION_KEY) or {}), **ext}
         started = session.clock()
         response, retried = await self._send_with_reactions(
@@ -105,6 +105,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                 request_id=data.get("id"),
                 retried=retried,
                 model=model if isinstance(model, str) else None,
+                call_id=ext["request_id"],
             )
 
         if streaming:
@@ -169,6 +170,9 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         another (``ClaimedSession.failover``), a bounded number of times."""
         while True:
             backend = session.backend
+            ext = body.get(EXTENSION_KEY) or {}
+            if "release" in ext and not session.riding_to(ext.get("request_id"), backend):
+                del ext["release"]  # planned for an instance this call no longer goes to
             key = getattr(backend, "key", None)  # a fleet's routing key: also the body's user
             if isinstance(key, str) and str(body.get("user", key)).startswith(session.session_id):
                 body["user"] = key

@@ -70,6 +70,7 @@ class WorkflowModel:
         self._steps: dict[str, int | None] = {}  # node -> relative step of its call in flight
         self._waiting: dict[str, tuple[str, float]] = {}  # node -> (wait key, since)
         self._asked_tools: dict[str, bool] = {}  # node -> did its last reply call tools
+        self._last_tools: dict[str, tuple[str, ...]] = {}  # node -> its last reply's tools
         self._tools_without_calls: set[str] = set()  # nodes seen running tools unasked
         self._after_reply_cache: dict[tuple[str, bool], tuple[tuple[str, ...], str]] = {}
         self._after_reply_of: tuple[AgentExecutionGraph, int] | None = None
@@ -146,6 +147,7 @@ class WorkflowModel:
         call's relative step."""
         self._waiting[node] = (wait_key(node, tool_names), self.clock())
         self._asked_tools[node] = bool(tool_names)
+        self._last_tools[node] = tuple(tool_names)
         return self._steps.pop(node, None)
 
     def wait_started(self, node: str) -> float | None:
@@ -177,10 +179,34 @@ class WorkflowModel:
         self._waiting.pop(agent, None)  # measured here; not again as a gap at the next call
 
     # ------------------------------------------------------------------ planning
-    def context(self, node: str, prefix_id: str, tool_names: Sequence[str]) -> PrefixContext:
-        """What we know about ``node``'s next call, seen from the step after this call."""
+    def expected_tools(self, node: str) -> tuple[str, ...]:
+        """The tools ``node``'s coming reply is expected to call, before it is known: those
+        its last reply called; before it has replied, its graph's tool step, if it has one
+        (an agent wired to tools calls them first); else none."""
+        known = self._last_tools.get(node)
+        if known is not None:
+            return known
+        graph = self.graph
+        if node in graph:
+            for succ in graph.successors(node):
+                if succ != END and graph.node_kind(succ) == "tool":
+                    return (succ,)
+        return ()
+
+    def context(
+        self,
+        node: str,
+        prefix_id: str,
+        tool_names: Sequence[str],
+        *,
+        footprint: int | None = None,
+    ) -> PrefixContext:
+        """What we know about ``node``'s next call, seen from the step after this call
+        (``footprint``: the prefix's blocks, when ``prefix_id`` does not say: a claim planned
+        before the call, on what it will leave cached)."""
         tracker = self.tracker
-        footprint = prefix_blocks(prefix_id)
+        if footprint is None:
+            footprint = prefix_blocks(prefix_id)
         reload_s = footprint * self.reload_s_per_block
         key = wait_key(node, tool_names)
         wait: float | None = None
@@ -226,10 +252,15 @@ class WorkflowModel:
         return known
 
     def plan_after_call(
-        self, node: str, prefix_id: str, tool_names: Sequence[str] = ()
+        self,
+        node: str,
+        prefix_id: str,
+        tool_names: Sequence[str] = (),
+        *,
+        footprint: int | None = None,
     ) -> tuple[PrefixContext, ClaimPlan]:
         """The claim to hold on ``node``'s prefix after its call."""
-        ctx = self.context(node, prefix_id, tool_names)
+        ctx = self.context(node, prefix_id, tool_names, footprint=footprint)
         return ctx, self.planner.plan(ctx)
 
     # ------------------------------------------------------------------ reuse hints

@@ -1,15 +1,27 @@
 """Talk to the agentclaims connector inside a vLLM server: signed claim operations riding on
-requests to vLLM's own OpenAI API, and the connector's answers read back.
+requests to vLLM's own OpenAI API, or over the connector's own channel, and the connector's
+answers read back.
 
 This is the gateway's half of the lowering (the connector is the engine's half): token-id
 prompts on ``/v1/completions``, ``kv_transfer_params["agentclaims"]`` signed with the key the
 connector was started with, the decisions and claim events from the response's
 ``kv_transfer_params``. A refused request comes back finished as ``abort`` with the refusal.
+
+Operations that ride on no request (``operate``) go over the connector's channel
+(``agentclaims_vllm.channel``: a Unix socket in vLLM's engine core, named in every answer of
+the connector) when the gateway runs on the same host, with the same signed envelopes: no
+engine request. Elsewhere, or while the channel does not answer, a one-token request carries
+them, as before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
+import logging
+import os
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +32,14 @@ from agentclaims.protocol import EXTENSION_KEY
 from agentclaims.vllm.upstream import Upstream
 
 __all__ = ["ConnectorAnswer", "ConnectorClient"]
+
+log = logging.getLogger("agentclaims.vllm")
+
+_LOOPBACK = ("127.", "localhost", "[::1]")
+_CHANNEL_IDLE_S = 60.0
+"""A channel connection idle longer than this is opened anew (the connector closes its own
+after 300 s idle)."""
+_CHANNEL_LINE = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +92,22 @@ class ConnectorClient:
         self.tenant = tenant
         self._key = claims_key
         self.cursor = 0
+        """The last connector event sequence number read (events are asked for after it)."""
         self.requests = 0
         """Engine requests this client made: each a one-token completion of the gateway's own
         (a claim's hold, a release, a renewal, a probe), never an agent's."""
-        """The last connector event sequence number read (events are asked for after it)."""
         self.seen: list[Mapping[str, Any]] = []
         """Every connector event read so far, in order (each once)."""
+        self.channel_ops = 0
+        """Envelopes sent over the connector's channel (no engine request)."""
+        self.channel: str | None = None
+        """The connector's channel (its socket's path), once an answer named it and this
+        gateway can reach it (same host)."""
+        self.instance: str | None = None
+        """The connector's ``instance``, as its answers name it."""
+        self._channel_io: tuple[asyncio.StreamReader, asyncio.StreamWriter, float] | None = None
+        self._channel_lock = asyncio.Lock()
+        self._local = self.base_url.split("://", 1)[-1].startswith(_LOOPBACK)
 
     def envelope(
         self, ops: Sequence[Mapping[str, Any]], tenant: str | None = None
@@ -132,6 +162,7 @@ class ConnectorClient:
         usage = data.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
         answer = (data.get("kv_transfer_params") or {}).get(EXTENSION_KEY) or {}
+        self._learn(answer)
         events = tuple(e for e in answer.get("events") or () if int(e.get("seq", 0)) > self.cursor)
         if events:
             self.seen.extend(events)
@@ -151,21 +182,101 @@ class ConnectorClient:
             raw=data,
         )
 
+    def _learn(self, answer: Mapping[str, Any]) -> None:
+        """The connector's instance and channel, as its answer names them."""
+        instance = answer.get("instance")
+        if isinstance(instance, str) and instance != self.instance:
+            self.instance = instance  # a vLLM started again: its channel is another
+            self.channel = None
+            self._drop_channel()
+        path = answer.get("channel")
+        if self.channel is None and self._local and isinstance(path, str) and os.path.exists(path):
+            self.channel = path
+
     async def operate(
         self, ops: Sequence[Mapping[str, Any]], tenant: str | None = None
     ) -> ConnectorAnswer:
-        """Apply ``ops`` (release, renew) between turns: a one-token request carries them.
-        The answer holds every event after the cursor (further pages are fetched while the
-        connector has more than one answer carries)."""
-        answer = await self.complete([1], ops, max_tokens=1, tenant=tenant)
+        """Apply ``ops`` (release, renew, answer, revoke_all) now: over the connector's
+        channel where it answers, else on a one-token request. The answer holds every event
+        after the cursor (further pages are fetched while the connector has more than one
+        answer carries)."""
+        answer = await self._standalone(ops, tenant)
         events = list(answer.events)
         while events and self.cursor < answer.last_seq:
-            more = await self.complete([1], (), max_tokens=1)
+            more = await self._standalone((), None)
             if not more.events:
                 break
             events.extend(more.events)
             answer = more
         return dataclasses.replace(answer, events=tuple(events))
+
+    async def _standalone(
+        self, ops: Sequence[Mapping[str, Any]], tenant: str | None
+    ) -> ConnectorAnswer:
+        if self.channel is not None:
+            try:
+                raw = await self._over_channel(ops, tenant)
+                return self._answer({"id": "channel", "kv_transfer_params": {EXTENSION_KEY: raw}})
+            except (OSError, ValueError, BackendError) as exc:
+                log.warning("agentclaims: the connector's channel failed (%r); a request", exc)
+                self._drop_channel()
+        return await self.complete([1], ops, max_tokens=1, tenant=tenant)
+
+    async def _over_channel(
+        self, ops: Sequence[Mapping[str, Any]], tenant: str | None
+    ) -> dict[str, Any]:
+        """The connector's answer to ``ops`` over its channel (read, not yet taken in)."""
+        assert self.channel is not None
+        envelope = self.envelope(ops, tenant)
+        async with self._channel_lock:
+            io = self._channel_io
+            if io is None or time.monotonic() - io[2] > _CHANNEL_IDLE_S:
+                self._drop_channel()
+                reader, writer = await asyncio.open_unix_connection(
+                    self.channel, limit=_CHANNEL_LINE
+                )
+            else:
+                reader, writer = io[0], io[1]
+            self._channel_io = None  # a failure below leaves no half-read connection behind
+            writer.write(json.dumps(envelope, separators=(",", ":")).encode() + b"\n")
+            await writer.drain()
+            line = await asyncio.wait_for(reader.readline(), self._client.timeout_s)
+            if not line:
+                writer.close()
+                raise BackendError("the connector's channel closed the connection")
+            self._channel_io = (reader, writer, time.monotonic())
+        self.channel_ops += 1
+        answer = json.loads(line)
+        if not isinstance(answer, dict) or not answer.get("ok"):
+            reason = answer.get("reason") if isinstance(answer, dict) else answer
+            raise BackendError(f"the connector's channel refused the operations: {reason}")
+        if answer.get("instance") != self.instance:
+            raise BackendError("the channel answers for another connector than vLLM's")
+        return answer
+
+    def _drop_channel(self) -> None:
+        io, self._channel_io = self._channel_io, None
+        if io is not None:
+            io[1].close()
+
+    async def answer_of(self, nonce: str, tenant: str | None = None) -> dict[str, Any] | None:
+        """The connector's answer for the request whose envelope had ``nonce`` (a streamed
+        one: vLLM sends none in a stream), over the channel, with every event after the
+        cursor (not yet taken in: ``_answer`` of a body carrying it does); ``None`` when the
+        channel has none to give."""
+        if self.channel is None:
+            return None
+        try:
+            raw = await self._over_channel([{"op": "answer", "nonce": nonce}], tenant)
+        except (OSError, ValueError, BackendError) as exc:
+            log.warning("agentclaims: the connector's channel failed (%r)", exc)
+            self._drop_channel()
+            return None
+        found = next((r for r in raw.get("results") or () if r.get("op") == "answer"), None)
+        kept = None if found is None else found.get("answer")
+        if not isinstance(kept, dict):
+            return None
+        return {**kept, "events": raw.get("events") or [], "last_seq": raw.get("last_seq")}
 
     def skip_events(self, last_seq: int) -> None:
         """Read only events after ``last_seq`` from now on (and forget those before)."""
@@ -173,4 +284,5 @@ class ConnectorClient:
         self.seen = [e for e in self.seen if int(e.get("seq", 0)) > last_seq]
 
     async def aclose(self) -> None:
+        self._drop_channel()
         await self._client.aclose()

@@ -11,11 +11,16 @@ which is also the text side (vLLM writes the replies). For each completion it::
     -> the connector's answer: decisions, claim events (re-sequenced into the gateway's
        stream), or a refusal (finish reason ``abort``) turned into the claim-scoped outcome
 
+A claim sent with a request names its ``@prompt`` or its ``@sequence`` (prompt and reply: every
+full block the request leaves cached, held when it finishes): it rides on the request, no
+engine request of its own. A release waits for the next request the gateway sends to vLLM, any
+session's or tenant's (the gateway is the only signer), and rides on it; while vLLM idles it
+evicts nothing, so the wait loses nothing. One that finds no request within ``ride_bound_s``
+(50 ms by default) goes on its own: over the connector's channel (a local socket, no engine
+request) where the gateway reaches it, else on a one-token request. Renewals, harm judgements
+and the answer of a streamed request (vLLM sends none in a stream) take the channel at once.
 A claim on an already served prefix (``POST /v1/claims``) re-runs that prefix for one token
-with a ``hold``: its blocks are prefix-cache hits, held when the request finishes. Release and
-renew ride on a one-token request. A claim sent with a request names its ``@prompt`` or its
-``@sequence`` (prompt and reply: every full block the request leaves cached, held when it
-finishes).
+with a ``hold``: its blocks are prefix-cache hits, held when the request finishes.
 
 With ``kv_events`` (vLLM's ZMQ KV events endpoint) an observer joins vLLM's own block events to
 the gateway's hashes: per-block residency, materialization seen in vLLM's cache, losses after a
@@ -34,7 +39,7 @@ import logging
 import re
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +75,7 @@ from agentclaims.errors import (
 )
 from agentclaims.lowering.served import CONNECTOR_DESCRIPTOR
 from agentclaims.protocol import (
+    CLAIMS_RIDE_ON_REQUESTS,
     PROMPT_OBJECT,
     RENEW_AS_IS,
     SEQUENCE_OBJECT,
@@ -195,7 +201,12 @@ class VllmKV:
         kv_events: str | None = None,
         kv_events_replay: str | None = None,
         events_python: str | None = None,
+        ride_bound_s: float = 0.05,
     ) -> None:
+        if not (isinstance(ride_bound_s, int | float) and 0 <= ride_bound_s <= 10):
+            raise UsageError(
+                "ride_bound_s", f"must be within [0, 10] seconds, got {ride_bound_s!r}"
+            )
         self._http = Upstream(upstream, timeout_s=timeout_s)  # checks the URL
         self.upstream = self._http.base_url
         self.block_size = block_size
@@ -255,6 +266,20 @@ class VllmKV:
         self._kv_events = kv_events
         self._probed_at = 0.0
         self._http.on_engine_dead = self._engine_died
+        self.ride_bound_s = float(ride_bound_s)
+        """How long a pending operation (a release) waits for a request to ride on."""
+        self._riding: list[tuple[dict[str, Any], float]] = []
+        """Pending operations (each naming its tenant) and when each was queued."""
+        self._flush: asyncio.TimerHandle | None = None
+        self._flushing: set[asyncio.Task[None]] = set()
+        self.ops_rode = 0
+        """Operations that rode on a request going to vLLM anyway."""
+        self.ops_standalone = 0
+        """Operations sent on their own (the channel, or a one-token request)."""
+        self.ride_waits: deque[float] = deque(maxlen=4096)
+        """How long recent pending operations waited before they went (either way)."""
+        self.ride_wait_sum = 0.0
+        self.ride_wait_count = 0
 
     async def start(self) -> None:
         """Once, before anything else: end every hold the connector still has from an earlier
@@ -299,6 +324,7 @@ class VllmKV:
         ):
             return  # never served here: nothing of it was known, nothing is lost
         self.engine_dead = seen
+        self._riding.clear()  # its holds went with it
         self._started = None  # a vLLM that comes back is started afresh (orphans, pool, version)
         self._probed_at = time.monotonic()
         detail = self._dead_reason()
@@ -517,17 +543,9 @@ class VllmKV:
                 "stream",
                 "streaming through the vLLM KV side is not supported yet; send stream: false",
             )
-        # Claims sent with the request need its prompt's blocks now: tokenize first. Without
-        # claims (the SDK's usual request: it claims after the answer), vLLM returns the prompt
-        # token ids with the answer, and one round trip is saved.
-        tokens = await self.tokenize(kind, body) if claims else None
-        hashes: list[BlockHash] = []
-        prompt_pid: str | None = None
-        specs: list[ClaimSpec] = []
-        if tokens is not None:
-            async with self._lock:
-                hashes, prompt_pid = self._register(tokens, cache_salt)
-                specs = self._resolve(claims, owner, prompt_pid, len(hashes))
+        tokens, hashes, prompt_pid, specs = await self._claims_of(
+            kind, body, claims, owner, cache_salt
+        )
         tenant = owner or "default"
         client = await self._connector_ready()
         forwarded = _forwarded(body, client.model)
@@ -542,17 +560,14 @@ class VllmKV:
         on_reply = {s.claim_id for s in specs if s.object_id == SEQUENCE_OBJECT}
         if tokens is None or on_reply:
             forwarded["return_token_ids"] = True  # the prompt's and the reply's token ids
-        gated = {spec.claim_id: reason for spec in specs if (reason := self._gated(spec))}
-        ops = [
-            self._hold_op(spec, all_blocks=spec.claim_id in on_reply)
-            for spec in specs
-            if spec.claim_id not in gated
-        ]
-        forwarded["kv_transfer_params"] = {"agentclaims": client.envelope(ops, tenant)}
+        gated, ops = self._ops_for(specs, on_reply)
+        riding = self._take_riding()
+        forwarded["kv_transfer_params"] = {"agentclaims": client.envelope([*riding, *ops], tenant)}
         self.completions += 1
         try:
             status, data = await self._http.post(_KINDS[kind], forwarded)
         except BackendUnavailable:
+            self._requeue(riding)
             # vLLM closed the connection under the request (a dying API server does): ask its
             # /health, which says whether the engine is dead (503, or no vLLM listening)
             await self.health()
@@ -560,6 +575,7 @@ class VllmKV:
                 raise self._dead_error() from None
             raise
         if status != 200 or not isinstance(data, dict):
+            self._requeue(riding)  # it may not have reached the connector: again, harmlessly
             raise self._refused(status, data)
         payload = _client_payload(data, keep_token_ids=wants_ids)
         result = await self._answered(
@@ -583,14 +599,21 @@ class VllmKV:
         body: Mapping[str, Any],
         owner: str | None,
         cache_salt: str | None,
+        claims: Sequence[Mapping[str, Any]] = (),
     ) -> UpstreamStream:
-        """Forward one streamed completion that carries no claims: its chunks pass on as
-        vLLM produces them (``agentclaims.vllm.streamed``), its KV life (prompt and sequence
-        named, cached tokens) once it ends. vLLM sends no connector answer in a stream, so a
-        request with claims is answered whole (``complete``)."""
+        """Forward one streamed completion: its chunks pass on as vLLM produces them
+        (``agentclaims.vllm.streamed``), its KV life (prompt and sequence named, cached
+        tokens, its claims' decisions) once it ends. vLLM sends no connector answer in a
+        stream: the gateway reads it over the connector's channel (``streams_claims``); a
+        request with claims where there is none is answered whole (``complete``)."""
         if kind not in _KINDS:
             raise UsageError("kind", f"unknown completion kind {kind!r}")
         await self.start()
+        if claims and not self.streams_claims:
+            raise UsageError("stream", "no channel to the connector: claims need stream false")
+        tokens, hashes, prompt_pid, specs = await self._claims_of(
+            kind, body, claims, owner, cache_salt
+        )
         client = await self._connector_ready()
         forwarded = _forwarded(body, client.model)
         forwarded["stream"] = True
@@ -599,20 +622,31 @@ class VllmKV:
         forwarded["stream_options"] = {**options, "include_usage": True}
         if cache_salt:
             forwarded["cache_salt"] = cache_salt
-        forwarded["kv_transfer_params"] = {"agentclaims": client.envelope([], owner or "default")}
+        on_reply = {s.claim_id for s in specs if s.object_id == SEQUENCE_OBJECT}
+        gated, ops = self._ops_for(specs, on_reply)
+        riding = self._take_riding()
+        envelope = client.envelope([*riding, *ops], owner or "default")
+        forwarded["kv_transfer_params"] = {"agentclaims": envelope}
         self.completions += 1
         try:
             upstream = await self._http.stream(_KINDS[kind], forwarded)
         except BackendUnavailable:
+            self._requeue(riding)
             await self.health()  # a dying server's refused connection: is the engine dead?
             if self.engine_dead is not None:
                 raise self._dead_error() from None
             raise
         if upstream.status != 200:
+            self._requeue(riding)
             raise self._refused(upstream.status, upstream.body())
 
         async def settle(data: dict[str, Any]) -> ServeResult:
-            return await self._answered(client, data, None, [], None, [], {}, set(), cache_salt)
+            kept = await client.answer_of(envelope["nonce"], owner) if envelope["ops"] else None
+            if kept is not None:  # the connector's answer, read over its channel
+                data = {**data, "kv_transfer_params": {"agentclaims": kept}}
+            return await self._answered(
+                client, data, tokens, hashes, prompt_pid, specs, gated, on_reply, cache_salt
+            )
 
         return UpstreamStream(
             upstream,
@@ -620,6 +654,106 @@ class VllmKV:
             include_usage=options.get("include_usage") is True,
             settle=settle,
         )
+
+    @property
+    def streams_claims(self) -> bool:
+        """Whether a streamed request may carry claims: the connector's answer, which vLLM
+        sends in no stream, is read over its channel."""
+        return self._connector.channel is not None
+
+    async def _claims_of(
+        self,
+        kind: str,
+        body: Mapping[str, Any],
+        claims: Sequence[Mapping[str, Any]],
+        owner: str | None,
+        cache_salt: str | None,
+    ) -> tuple[list[int] | None, list[BlockHash], str | None, list[ClaimSpec]]:
+        """A request's claims checked (fail closed) before it goes: its prompt's tokens,
+        hashes and prefix id when a claim names the prompt (``@prompt`` or its id: vLLM's
+        ``/tokenize`` first); a request whose claims all name ``@sequence`` (the SDK's: what
+        the call leaves cached) needs none before it runs, and saves that round trip."""
+        if not claims:
+            return None, [], None, []
+        on_reply_only = all(
+            isinstance(c, Mapping) and c.get("object_id") == SEQUENCE_OBJECT for c in claims
+        )
+        tokens = None if on_reply_only else await self.tokenize(kind, body)
+        hashes: list[BlockHash] = []
+        prompt_pid: str | None = None
+        async with self._lock:
+            if tokens is not None:
+                hashes, prompt_pid = self._register(tokens, cache_salt)
+            specs = self._resolve(claims, owner, prompt_pid, len(hashes))
+        return tokens, hashes, prompt_pid, specs
+
+    def _ops_for(
+        self, specs: Sequence[ClaimSpec], on_reply: set[str]
+    ) -> tuple[dict[str, str], list[dict[str, Any]]]:
+        """The claims refused here (the reason, by claim id) and the holds of the others."""
+        gated = {spec.claim_id: reason for spec in specs if (reason := self._gated(spec))}
+        ops = [
+            self._hold_op(spec, all_blocks=spec.claim_id in on_reply)
+            for spec in specs
+            if spec.claim_id not in gated
+        ]
+        return gated, ops
+
+    # ------------------------------------------------------------------ riding operations
+    def _queue(self, op: dict[str, Any]) -> None:
+        """An operation (naming its tenant) waits for the next request to vLLM, at most
+        ``ride_bound_s``; then it goes on its own (``_flush_riding``)."""
+        self._riding.append((op, time.monotonic()))
+        if self._flush is None:
+            loop = asyncio.get_running_loop()
+            self._flush = loop.call_later(self.ride_bound_s, self._flush_due)
+
+    def _take_riding(self) -> list[dict[str, Any]]:
+        """Every pending operation, for the request about to go (counted as riding)."""
+        if not self._riding:
+            return []
+        taken, self._riding = self._riding, []
+        self.ops_rode += len(taken)
+        return self._waited(taken)
+
+    def _waited(self, taken: Sequence[tuple[dict[str, Any], float]]) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        for _, queued in taken:
+            wait = now - queued
+            self.ride_waits.append(wait)
+            self.ride_wait_sum += wait
+            self.ride_wait_count += 1
+        return [op for op, _ in taken]
+
+    def _requeue(self, ops: Sequence[dict[str, Any]]) -> None:
+        """Operations whose request may not have reached the connector go again (a release
+        or renewal applied twice changes nothing the second time)."""
+        self.ops_rode -= len(ops)
+        for op in ops:
+            self._queue(op)
+
+    def _flush_due(self) -> None:
+        self._flush = None
+        if not self._riding:
+            return
+        task = asyncio.ensure_future(self._flush_riding())
+        self._flushing.add(task)
+        task.add_done_callback(self._flushing.discard)
+
+    async def _flush_riding(self) -> None:
+        """The pending operations no request took within the bound, on their own."""
+        if not self._riding or self.engine_dead is not None:
+            return
+        taken, self._riding = self._riding, []
+        ops = self._waited(taken)
+        self.ops_standalone += len(ops)
+        try:
+            answer = await (await self._connector_ready()).operate(ops)
+        except (BackendError, BackendUnavailable) as exc:
+            log.warning("agentclaims: %d pending claim operations not applied: %r", len(ops), exc)
+            return  # a dead engine ends every claim itself; else its TTLs end the holds
+        async with self._lock:
+            self._absorb(answer)
 
     async def _answered(
         self,
@@ -1064,12 +1198,10 @@ class VllmKV:
         if self.engine_dead is None:  # else its claims have all ended: nothing to hand back
             await self.start()
         claim = self._owned(claim_id, owner_scope)
+        if claim.held:  # the hand-back rides on the next request to vLLM (``_queue``)
+            self._queue({"op": "release", "claim_id": claim_id, "tenant": owner_scope})
         if claim.state in (ClaimState.MATERIALIZED, ClaimState.ACCEPTED, ClaimState.DEMOTED):
-            client = await self._connector_ready()
-            answer = await client.operate([{"op": "release", "claim_id": claim_id}], owner_scope)
-            async with self._lock:
-                self._absorb(answer)  # the connector's resident_claim_expired, when it held it
-                self._end(claim)
+            self._end(claim)  # its resident_claim_expired follows from the connector
         return self._view(claim)
 
     async def events(
@@ -1110,6 +1242,7 @@ class VllmKV:
         requests it made, the agents' completions and its own claim operations (``/metrics``:
         ``agentclaims_engine_requests_total{kind}``), and their ratio."""
         operations = self._connector.requests
+        waits = sorted(self.ride_waits)
         return {
             "engine_requests": {"completion": self.completions, "operation": operations},
             "engine_requests_per_completion": round(
@@ -1117,6 +1250,18 @@ class VllmKV:
             )
             if self.completions
             else None,
+            "claim_operations": {
+                "rode": self.ops_rode,
+                "standalone": self.ops_standalone,
+                "channel": self._connector.channel_ops,
+            },
+            "claim_operation_wait_s": {
+                "count": self.ride_wait_count,
+                "sum": round(self.ride_wait_sum, 6),
+                "p50": round(waits[len(waits) // 2], 6) if waits else None,
+                "max": round(waits[-1], 6) if waits else None,
+                "bound": self.ride_bound_s,
+            },
         }
 
     async def descriptor(self) -> dict[str, Any]:
@@ -1134,6 +1279,9 @@ class VllmKV:
             # the connector holds claimed blocks and sheds soft holds farthest predicted next
             # use first, each a demotion; vLLM's own free queue ranks nothing (LRU)
             SHEDS_BY_HINTS: self.connector,
+            "special_object_ids": [PROMPT_OBJECT, SEQUENCE_OBJECT],
+            CLAIMS_RIDE_ON_REQUESTS: self.connector,
+            "connector_channel": self._connector.channel is not None,
             "usable_blocks": self.usable_blocks,
             "max_model_len": await self._max_model_len(),
             **{f"hold_{k}": v for k, v in self.limits.items()},
@@ -1217,6 +1365,7 @@ class VllmKV:
                 f"a fresh instance would drop live claims: the connector holds "
                 f"{held.held_blocks} blocks, this gateway's claims {ours}"
             )
+        self._riding.clear()  # the revocation below ends every hold they would release
         answer = await client.operate([{"op": "revoke_all", "reason": "fresh_instance"}])
         async with self._lock:
             self._absorb(answer)
@@ -1244,6 +1393,15 @@ class VllmKV:
         raise OperationNotExposed(self.name, "step (vLLM claims count seconds: ttl_s)")
 
     async def aclose(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        if self._riding:  # nothing pending is lost: hand it back before closing
+            with contextlib.suppress(BackendError, BackendUnavailable):
+                await self._flush_riding()
+        if self._flushing:
+            await asyncio.gather(*list(self._flushing), return_exceptions=True)
+        await self._connector.aclose()
         if self.observer is not None:
             await self.observer.aclose()
         await self._http.aclose()

@@ -224,7 +224,9 @@ async def test_harm_under_fail_raises_claim_harmed(backend):
 
 
 async def test_calls_record_the_submits_and_releases(backend):
-    """`calls` holds each claim submitted and released, with the session's owner scope."""
+    """`calls` holds each claim submitted and released, with the session's owner scope; the
+    backend's descriptor is read once, before the first call (does it take claims riding on
+    calls?)."""
     log = OutcomeLog()
     async with session_on(backend, log) as session:
         await ask(backend)
@@ -235,7 +237,7 @@ async def test_calls_record_the_submits_and_releases(backend):
     assert len(submitted) == 2
     assert {c.args["owner_scope"] for c in submitted + released} == {session.owner_scope}
     assert {c.args["protection_mode"] for c in submitted} == {ProtectionMode.HARD_PROTECTED}
-    assert [c.operation for c in backend.kv.calls][:2] == ["serve", "descriptor"]
+    assert [c.operation for c in backend.kv.calls][:2] == ["descriptor", "serve"]
 
 
 async def test_claim_story_runs_from_planned_to_ended(backend):

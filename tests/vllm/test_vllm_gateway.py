@@ -199,23 +199,30 @@ async def test_a_gateway_killed_mid_workflow_loses_no_claim_silently(
 async def test_a_session_through_the_gateway_holds_its_claims_on_vllm(
     gateway: str, tmp_path: Any
 ) -> None:
-    """A ClaimedSession on the gateway in front of vLLM: the planner's hard claim after each
-    call is accepted and materialized by the connector, a soft one is relaxed locally to
-    demotable (the descriptor says soft priority is not offered), and the session's end
-    releases them, every step in the outcome log."""
+    """A ClaimedSession on the gateway in front of vLLM: the planner's hard claim, planned
+    before each call and riding on it (the descriptor states ``claims_ride_on_requests``), is
+    accepted and materialized by the connector, a soft one is relaxed locally to demotable (the
+    descriptor says soft priority is not offered), the first rides away with the second call
+    (superseded) and the session's end releases the second, every step in the outcome log."""
     import json
 
     import agentclaims
     from agentclaims.contract import ProtectionMode
     from agentclaims.planner import ClaimPlan, ClaimPlanner, PrefixContext
+    from agentclaims.protocol import SEQUENCE_OBJECT
 
     class Planned(ClaimPlanner):
+        """One mode per call, planned before it (on ``@sequence``) and kept after."""
+
         def __init__(self, *modes: ProtectionMode) -> None:
             super().__init__()
             self.modes = list(modes)
+            self.mode: ProtectionMode | None = None
 
         def plan(self, ctx: PrefixContext) -> ClaimPlan:
-            return ClaimPlan(self.modes.pop(0) if self.modes else None, 30.0, "test")
+            if ctx.prefix_id == SEQUENCE_OBJECT:
+                self.mode = self.modes.pop(0) if self.modes else None
+            return ClaimPlan(self.mode, 30.0, "test")
 
     backend = agentclaims.HTTPBackend(gateway, timeout_s=120)
     client = agentclaims.openai_client(backend)

@@ -21,18 +21,29 @@ or defer a request that would need held blocks. Claim operations ride on request
      "sig": "<hmac-sha256>"}
 
 ``release`` and ``renew`` apply when the request arrives; ``hold`` when it finishes, on its own
-leading full blocks (before vLLM frees them). The answer comes back in the response's
-``kv_transfer_params["agentclaims"]``: the decisions, the claim events after ``since``, and
-``deferred_s`` when held claims kept the request waiting before it ran.
-A request carrying only operations (one prompt token, ``max_tokens: 1``) is how a gateway
-releases a claim between turns.
+leading full blocks (before vLLM frees them). An operation may name its own ``tenant`` (the
+gateway puts any tenant's pending releases on whichever request goes out next); else the
+envelope's. The answer comes back in the response's ``kv_transfer_params["agentclaims"]``: the
+decisions, the claim events after ``since``, and ``deferred_s`` when held claims kept the
+request waiting before it ran.
+
+What cannot wait for a request (a release on an idle server, a renewal answered now, the
+answer of a streamed request, which vLLM does not send in a stream) goes over the connector's
+own channel (``channel``): the same signed envelopes on a local socket, applied between two
+engine steps under the lock ``ClaimsScheduler`` holds through each step. Every answer names the
+channel's path and this connector's ``instance``; ``{"op": "answer", "nonce": N}`` there gives
+the answer of the request whose envelope had nonce ``N``.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+import tempfile
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -42,6 +53,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
+from agentclaims_vllm.channel import OpsChannel
 from agentclaims_vllm.claims import ClaimBook
 from agentclaims_vllm.selftest import check_engine, check_pool
 from agentclaims_vllm.signing import NonceWindow, verify
@@ -59,6 +71,8 @@ __all__ = ["AgentClaimsConnector"]
 logger = init_logger(__name__)
 EXTENSION_KEY = "agentclaims"
 _WATERMARK_BLOCKS = 1
+_KEPT_ANSWERS = 4096
+"""Answers kept for the channel's ``answer`` operation (a streamed request's), oldest dropped."""
 
 
 class _NoMetadata(KVConnectorMetadata):
@@ -104,6 +118,18 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         self._refusals: dict[str, Any] = {}  # request id -> its refusal verdict, to abort
         self._refused_params: dict[str, dict[str, Any]] = {}  # answers of aborted refusals
         self._pending_refusals: dict[str, Any] = {}
+        self._answers: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        """envelope nonce -> its request's answer, for the channel's ``answer`` operation."""
+        self.lock = threading.RLock()
+        """Held by ``ClaimsScheduler`` through each scheduler step, and by the channel while it
+        applies an operation: the book and vLLM's block pool change on one thread at a time."""
+        self.instance = uuid.uuid4().hex[:16]
+        """This connector's name in its answers (the gateway checks the channel's is the same)."""
+        self._channel_path = str(
+            extra.get("channel_path")
+            or os.path.join(tempfile.gettempdir(), f"agentclaims-vllm-{self.instance}.sock")
+        )
+        self.channel: OpsChannel | None = None
         if role is KVConnectorRole.SCHEDULER:
             check_engine(vllm_config, kv_cache_config)
             if not self._key:
@@ -148,18 +174,32 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         if envelope is None:
             return
         rid = request.request_id
+        reason = self._rejected(envelope, rid)
+        if reason is not None:
+            self._receipts[rid] = [{"ok": False, "reason": reason}]
+            return
+        self._receipts[rid] = self._apply(envelope)
+        self._ops[rid] = envelope
+
+    def _rejected(self, envelope: Any, request_id: str | None) -> str | None:
+        """Why ``envelope`` is not accepted (each refusal an event), or ``None``."""
         if not isinstance(envelope, dict) or not verify(envelope, self._key):
-            self.book.emit("claim_operations_rejected", request_id=rid, reason="unsigned or forged")
-            self._receipts[rid] = [{"ok": False, "reason": "unsigned or forged claim operations"}]
-            return
-        if not self._nonces.fresh(envelope.get("nonce")):
-            self.book.emit("claim_operations_rejected", request_id=rid, reason="replayed nonce")
-            self._receipts[rid] = [{"ok": False, "reason": "replayed nonce"}]
-            return
-        tenant = str(envelope.get("tenant") or "default")
+            reason = "unsigned or forged claim operations"
+        elif not self._nonces.fresh(envelope.get("nonce")):
+            reason = "replayed nonce"
+        else:
+            return None
+        self.book.emit("claim_operations_rejected", request_id=request_id, reason=reason)
+        return reason
+
+    def _apply(self, envelope: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The operations of a verified envelope that apply now (all but ``hold``, which
+        applies when its request finishes), each under its own tenant or the envelope's."""
+        default = str(envelope.get("tenant") or "default")
         results: list[dict[str, Any]] = []
         for op in envelope.get("ops") or ():
             kind = op.get("op") if isinstance(op, dict) else None
+            tenant = str(op.get("tenant") or default) if isinstance(op, dict) else default
             if kind == "release":
                 results.append(self.book.release(str(op.get("claim_id")), tenant))
             elif kind == "renew":
@@ -167,10 +207,63 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             elif kind == "revoke_all":  # a gateway restarting without a ledger: end them all
                 ended = self.book.revoke_all(f"revoked: {op.get('reason') or 'gateway_restart'}")
                 results.append({"op": kind, "ok": True, "revoked": ended})
+            elif kind == "answer":  # the channel's: a finished request's answer, once
+                kept = self._answers.pop(str(op.get("nonce")), None)
+                results.append({"op": kind, "ok": kept is not None, "answer": kept})
             elif kind != "hold":
                 results.append({"op": kind, "ok": False, "reason": f"unknown operation {kind!r}"})
-        self._receipts[rid] = results
-        self._ops[rid] = envelope
+        return results
+
+    def _answer(self, results: list[dict[str, Any]], since: int) -> dict[str, Any]:
+        """An answer: the operations' results, the events after ``since`` and the limits."""
+        book = self.book
+        return {
+            "results": results,
+            "events": book.events_since(since, limit=256),
+            "last_seq": book.seq,
+            "held_blocks": book.held_blocks,
+            "cap_blocks": book.cap_blocks,
+            "max_ttl_s": book.max_ttl_s,
+            "max_defer_s": book.max_defer_s,
+            "instance": self.instance,
+            **({"channel": self.channel.path} if self.channel is not None else {}),
+        }
+
+    # ------------------------------------------------------------------ the channel
+    def open_channel(self) -> None:
+        """Serve the channel (``ClaimsScheduler`` calls this: only a scheduler that holds
+        ``lock`` through its steps makes operations between steps safe)."""
+        if self.channel is not None or self._book is None:
+            return
+        channel = OpsChannel(self._channel_path, self.handle_envelope)
+        try:
+            channel.start()
+        except OSError as exc:
+            logger.warning("agentclaims connector: no channel at %s: %s", self._channel_path, exc)
+            return
+        self.channel = channel
+        logger.info("agentclaims connector: claim operations channel at %s", channel.path)
+
+    def handle_envelope(self, envelope: Mapping[str, Any]) -> dict[str, Any]:
+        """One signed envelope from the channel, applied between two engine steps."""
+        with self.lock:
+            reason = self._rejected(envelope, None)
+            if reason is not None:
+                return {"ok": False, "reason": reason, "instance": self.instance}
+            self.book.expire_due()  # an idle engine runs no step to end them
+            holds = [op for op in envelope.get("ops") or () if isinstance(op, dict)]
+            results = [
+                {
+                    "claim_id": op.get("claim_id"),
+                    "decision": "rejected",
+                    "state": "refused",
+                    "reason": "a hold rides on the request whose blocks it holds",
+                }
+                for op in holds
+                if op.get("op") == "hold"
+            ]
+            results = self._apply(envelope) + results
+            return {"ok": True, **self._answer(results, int(envelope.get("since") or 0))}
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -252,15 +345,7 @@ class AgentClaimsConnector(KVConnectorBase_V1):
                     )
                 )
         since = int((envelope or {}).get("since") or 0)
-        answer: dict[str, Any] = {
-            "results": results,
-            "events": book.events_since(since, limit=256),
-            "last_seq": book.seq,
-            "held_blocks": book.held_blocks,
-            "cap_blocks": book.cap_blocks,
-            "max_ttl_s": book.max_ttl_s,
-            "max_defer_s": book.max_defer_s,
-        }
+        answer = self._answer(results, since)
         if held_back is not None and refusal is None:
             answer["deferred_s"] = round(held_back, 6)  # served after held claims' deferral
         if refusal is not None:
@@ -272,6 +357,11 @@ class AgentClaimsConnector(KVConnectorBase_V1):
                 "retry_after_s": refusal.retry_after_s,
             }
             self._refused_params[rid] = {EXTENSION_KEY: answer}
+        nonce = (envelope or {}).get("nonce")
+        if isinstance(nonce, str):  # a streamed request's answer is read over the channel
+            self._answers[nonce] = answer
+            while len(self._answers) > _KEPT_ANSWERS:
+                self._answers.popitem(last=False)
         return False, {EXTENSION_KEY: answer}
 
     def _leading_cached(self, block_ids: list[int]) -> list[Any]:
@@ -301,5 +391,8 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         return
 
     def shutdown(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
         if self._book is not None and self._book.holds:
             self._book.revoke_all("engine_shutdown")

@@ -1,7 +1,14 @@
-"""``ClaimsScheduler``: vLLM's scheduler, plus one thing: a request the agentclaims connector
-refused (held claims would block it longer than the connector may defer) is finished as
-aborted at once, with the refusal (blocking claim ids, shortfall, retry hint) in its
-``kv_transfer_params``, instead of waiting without end. Loaded with vLLM's own flag::
+"""``ClaimsScheduler``: vLLM's scheduler, plus two things:
+
+- a request the agentclaims connector refused (held claims would block it longer than the
+  connector may defer) is finished as aborted at once, with the refusal (blocking claim ids,
+  shortfall, retry hint) in its ``kv_transfer_params``, instead of waiting without end;
+- each step that touches the block pool (``schedule``, ``update_from_output``, ``add_request``,
+  ``finish_requests``, ``reset_prefix_cache``) runs under the connector's lock, and the
+  connector's channel (``agentclaims_vllm.channel``) is opened: claim operations sent there
+  apply between two steps (at once while the engine idles), never inside one.
+
+Loaded with vLLM's own flag::
 
     --scheduler-cls agentclaims_vllm.scheduler.ClaimsScheduler
 
@@ -16,6 +23,7 @@ would schedule asynchronously (async scheduling then off, throughput lost).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -31,11 +39,41 @@ REFUSED = "agentclaims_refused"
 
 
 class _Refusals:
-    """Turns the connector's refusals into finished requests the client hears about."""
+    """Turns the connector's refusals into finished requests the client hears about, and
+    steps under the connector's lock (its channel's operations come between steps)."""
 
     # mixed in before vLLM's scheduler class: ``self`` is that scheduler
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        connector = self.connector  # type: ignore[attr-defined]
+        self._claims_lock = (
+            connector.lock if isinstance(connector, AgentClaimsConnector) else nullcontext()
+        )
+        if isinstance(connector, AgentClaimsConnector):
+            connector.open_channel()
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        with self._claims_lock:
+            return super().schedule(*args, **kwargs)  # type: ignore[misc]
+
+    def add_request(self, *args: Any, **kwargs: Any) -> Any:
+        with self._claims_lock:
+            return super().add_request(*args, **kwargs)  # type: ignore[misc]
+
+    def finish_requests(self, *args: Any, **kwargs: Any) -> Any:
+        with self._claims_lock:
+            return super().finish_requests(*args, **kwargs)  # type: ignore[misc]
+
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> Any:
+        with self._claims_lock:
+            return super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc]
+
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        with self._claims_lock:
+            return self._update_from_output(scheduler_output, model_runner_output)
+
+    def _update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs: dict[int, EngineCoreOutputs] = super().update_from_output(  # type: ignore[misc]
             scheduler_output, model_runner_output
         )
