@@ -543,6 +543,7 @@ def medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = round(statistics.median(values), 4) if values else None
     if "cached_ratio" in rows[0]:
         out["cached_ratio_runs"] = [r["cached_ratio"] for r in rows]
+        out["completion_s_runs"] = [r["completion_s"] for r in rows]
     return out
 
 
@@ -630,6 +631,8 @@ def report(out: dict[str, Any], args: Any) -> None:
         print(f"{'churn ' + row:28}" + "".join(f"{out[k]['churn'][row]!s:>12}" for k in setups))
     runs = "; ".join(f"{k} {out[k]['cached_ratio_runs']}" for k in setups)
     print(f"cached-token ratio of each run: {runs}")
+    runs = "; ".join(f"{k} {out[k]['completion_s_runs']}" for k in setups)
+    print(f"completion (s) of each run: {runs}")
     for base in ("stock", "direct"):
         if base not in out:
             continue

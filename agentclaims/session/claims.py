@@ -44,6 +44,7 @@ from agentclaims.protocol import (
     Renewal,
     claims_ride_on_requests,
     ranks_by_hints,
+    sheds_by_hints,
 )
 from agentclaims.session.reactions import ReactionPolicy
 
@@ -124,7 +125,7 @@ class ClaimIO:
         self.held: dict[str, HeldClaim] = {}  # node -> claim held for its next call
         self.ended: list[HeldClaim] = []
         self._backend_facts: dict[
-            str, tuple[CacheIdentity, dict[ProtectionMode, MappingResult], bool, bool]
+            str, tuple[CacheIdentity, dict[ProtectionMode, MappingResult], bool, bool, bool]
         ] = {}
         self.releasing: list[HeldClaim] = []
         """Claims let go that ride on this session's next call to their backend
@@ -158,10 +159,11 @@ class ClaimIO:
 
     async def _facts(
         self, backend: ClaimsProtocol
-    ) -> tuple[CacheIdentity, dict[ProtectionMode, MappingResult], bool, bool]:
+    ) -> tuple[CacheIdentity, dict[ProtectionMode, MappingResult], bool, bool, bool]:
         """``backend``'s cache identity, what it honours per mode, whether it ranks by reuse
-        hints and whether claims ride on its requests, from its descriptor, read once (and its
-        lowering checked again: ``agentclaims.lowering.trusted_modes``)."""
+        hints, whether claims ride on its requests and whether it sheds holds by their hints,
+        from its descriptor, read once (and its lowering checked again:
+        ``agentclaims.lowering.trusted_modes``)."""
         facts = self._backend_facts.get(backend.name)
         if facts is None:
             desc = await backend.descriptor()
@@ -174,6 +176,7 @@ class ClaimIO:
                 trusted_modes(desc),
                 ranks_by_hints(desc),
                 claims_ride_on_requests(desc),
+                sheds_by_hints(desc),
             )
             self._backend_facts[backend.name] = facts
         return facts
@@ -198,6 +201,12 @@ class ClaimIO:
     async def rides(self, backend: ClaimsProtocol) -> bool:
         """Whether ``backend``'s descriptor states ``claims_ride_on_requests`` (read once)."""
         return (await self._facts(backend))[3]
+
+    async def holds_by_hints(self, backend: ClaimsProtocol) -> bool:
+        """Whether ``backend`` sheds holds by their hints (``sheds_by_hints``) and its claims
+        ride on its requests: holding a prefix there costs no request (read once)."""
+        facts = await self._facts(backend)
+        return facts[3] and facts[4]
 
     async def honoured(
         self, backend: ClaimsProtocol, mode: ProtectionMode | None, node: str, prefix_id: str

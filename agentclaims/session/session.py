@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from agentclaims.contract import OwnerScope, PrefixId, ReuseHint, prefix_blocks
+from agentclaims.contract import OwnerScope, PrefixId, ProtectionMode, ReuseHint, prefix_blocks
 from agentclaims.errors import (
     BackendUnavailable,
     ClaimHarmed,
@@ -66,8 +66,9 @@ END_REASONS = ("completed", "error", "cancelled", "closed")
 AUTO_PLANNER = "auto"
 """The default ``planner``: the preset follows what the backend says it does
 (``ClaimedSession._follow_backend``)."""
-_RANKED, _UNRANKED = "ranked", "default"
-"""What ``auto`` plans on a backend that ranks by reuse hints, and on any other."""
+_RANKED, _HELD, _UNRANKED = "ranked", "held", "default"
+"""What ``auto`` plans on a backend that ranks by reuse hints, on one that sheds holds by
+their hints and takes claims riding on requests, and on any other."""
 
 _TTL_MODES = ("hard_protected", "expiring")
 
@@ -83,6 +84,21 @@ class _Riding:
     plan: ClaimPlan | None = None
     ctx: PrefixContext | None = None
     releases: list[HeldClaim] = field(default_factory=list)
+
+
+_STRENGTH = (
+    ProtectionMode.HARD_PROTECTED,
+    ProtectionMode.EXPIRING,
+    ProtectionMode.SOFT_PRIORITY,
+    ProtectionMode.DEMOTABLE,
+    ProtectionMode.OFFLOADABLE,
+    ProtectionMode.BEST_EFFORT,
+)
+
+
+def _at_least(mode: ProtectionMode, than: ProtectionMode) -> bool:
+    """Whether ``mode`` protects at least as strongly as ``than``."""
+    return _STRENGTH.index(mode) <= _STRENGTH.index(than)
 
 
 _current: ContextVar[ClaimedSession | None] = ContextVar("agentclaims_session", default=None)
@@ -676,18 +692,23 @@ class ClaimedSession:
     async def _follow_backend(self) -> None:
         """With the default planner (``"auto"``): plan ``ranked`` (soft: every prefix claimed
         ``best_effort`` with its reuse hint, ranked by the backend, never harmed) on a backend
-        whose descriptor states ``ranks_by_hints``, and ``default`` on any other. (On one that
-        states ``sheds_by_hints``, vLLM with the connector, ``held`` is there to name: today
-        every claim there is one more engine request, and holding every prefix made agents
-        finish later, docs/session.md.) The descriptor is the one the claims read anyway (once
-        per backend, again after a reroute)."""
+        whose descriptor states ``ranks_by_hints``; ``held`` (every likely prefix held
+        ``demotable`` with its hint, shed farthest next use first) on one that states
+        ``sheds_by_hints`` and ``claims_ride_on_requests`` (vLLM with the connector: a hold
+        rides on the call, so holding costs no request); ``default`` on any other. The
+        descriptor is the one the claims read anyway (once per backend, again after a
+        reroute)."""
         if not self._auto_planner:
             return
         try:
-            ranks = await self.io.ranks_by_hints(self.backend)
+            if await self.io.ranks_by_hints(self.backend):
+                name = _RANKED
+            elif await self.io.holds_by_hints(self.backend):
+                name = _HELD
+            else:
+                name = _UNRANKED
         except BackendUnavailable:
             return  # keep planning as before; a claim to submit meets the outage itself
-        name = _RANKED if ranks else _UNRANKED
         if name != self._ranking:  # per call: only a change of backend changes it
             self._ranking = name
             policy = PlannerPolicy.named(name)
@@ -871,6 +892,13 @@ class ClaimedSession:
             self._replanned[held.node] = wait
         ctx = self.workflow.context(held.node, held.prefix_id, ())
         plan = self.planner.plan(ctx)
+        if reason == "demoted" and held.plan.mode is not None and plan.mode is not None:
+            # the backend shed it for memory: the same mode would be shed again. One step
+            # down the ladder (on vLLM a demotable hold goes to best effort, which it only
+            # watches: no claim, and the reaction says so)
+            weaker = relax_mode(held.plan.mode, self.planner.policy.soft_mode)
+            if _at_least(plan.mode, held.plan.mode):
+                plan = ClaimPlan(weaker, plan.ttl_s, f"{plan.reason}; one step below demoted")
         self.stats.claims_replanned += 1
         self.log_reaction(
             "replan",

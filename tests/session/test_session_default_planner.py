@@ -14,7 +14,13 @@ from agentclaims.backends.embedded import EmbeddedBackend
 from agentclaims.engine import NextUsePolicy
 from agentclaims.errors import UnknownNameError
 from agentclaims.gateway.text import Reply
-from agentclaims.protocol import RANKS_BY_HINTS, SHEDS_BY_HINTS, ranks_by_hints, sheds_by_hints
+from agentclaims.protocol import (
+    CLAIMS_RIDE_ON_REQUESTS,
+    RANKS_BY_HINTS,
+    SHEDS_BY_HINTS,
+    ranks_by_hints,
+    sheds_by_hints,
+)
 from agentclaims.session import ClaimedSession
 
 SYSTEM = "you are a careful agent " * 40
@@ -108,17 +114,20 @@ def test_unknown_planner_name_lists_auto():
 class _Shedding(EmbeddedBackend):
     """The reference engine behind a descriptor that states ``sheds_by_hints`` (as vLLM's
     connector does), with ``demotable`` honoured as the engine's lowering shows, or
-    (``honoured=False``) stated ``rejected``."""
+    (``honoured=False``) stated ``rejected``; ``rides``: it states
+    ``claims_ride_on_requests`` too (as vLLM's gateway does)."""
 
-    def __init__(self, *, honoured: bool = True) -> None:
+    def __init__(self, *, honoured: bool = True, rides: bool = False) -> None:
         super().__init__(
             num_blocks=512, block_size=16, script=lambda request: "an answer in a few words"
         )
         self.honoured = honoured
+        self.rides = rides
 
     async def descriptor(self) -> dict[str, object]:
         desc = dict(await super().descriptor())
         desc[SHEDS_BY_HINTS] = True
+        desc[CLAIMS_RIDE_ON_REQUESTS] = self.rides
         if not self.honoured:
             modes = dict(desc["modes"])  # type: ignore[arg-type]
             modes["demotable"] = {**modes["demotable"], "lowering_class": "rejected"}
@@ -131,7 +140,8 @@ async def test_the_held_preset_holds_prefixes_demotable_where_default_claims_bes
 ):
     """``planner="held"``: a prefix the ``default`` mapping would claim ``best_effort`` (an
     answer, no tool: the next call's wait unknown) is held ``demotable`` with its hint. ``auto``
-    stays ``default`` on such a backend (holding costs an engine request per claim on vLLM)."""
+    stays ``default`` on such a backend while a claim there costs a request of its own (it
+    does not state ``claims_ride_on_requests``)."""
     backend = _Shedding()
     try:
         session, planned = await _three_calls(backend, tmp_path, planner="held")
@@ -145,6 +155,36 @@ async def test_the_held_preset_holds_prefixes_demotable_where_default_claims_bes
     assert auto.planner.policy.name == "default"
     assert sheds_by_hints({SHEDS_BY_HINTS: True})
     assert not sheds_by_hints({SHEDS_BY_HINTS: "yes"})  # only a JSON true counts
+
+
+async def test_auto_holds_where_holds_ride_on_the_calls(tmp_path):
+    """Where the backend sheds holds by their hints and takes claims riding on its requests
+    (vLLM's gateway), ``auto`` plans ``held``: each call carries its claim on ``@sequence``
+    (accepted, on the prefix the answer names), the claim it supersedes rides away with the
+    next call (ended ``superseded``, confirmed expired), the session's end releases the last;
+    no claim goes through the claims API on its own."""
+    backend = _Shedding(rides=True)
+    try:
+        session, planned = await _three_calls(backend, tmp_path)
+        routes = (await backend.http_client().get("/v1/stats")).json()["gateway"]["calls"]
+    finally:
+        await backend.aclose()
+    assert session.planner.policy.name == "held"
+    assert [line["prefix_id"] for line in planned] == ["@sequence"] * 3
+    assert {line["mode"] for line in planned} == {"demotable"}
+    assert session.stats.claims_accepted == 3
+    assert not any("POST /v1/claims" == route for route in routes), routes
+    lines = [json.loads(line) for line in session.log_path.read_text().splitlines()]  # type: ignore[union-attr]
+    ended = [(d["reason"], d["state"]) for d in lines if d["event"] == "claim_ended"]
+    assert sorted(ended) == [
+        ("session_end", "expired"),
+        ("superseded", "expired"),
+        ("superseded", "expired"),
+    ]
+    held = {d["claim_id"]: d["prefix_id"] for d in lines if d["event"] == "claim_ended"}
+    calls = [d for d in lines if d["event"] == "llm_call"]
+    assert len(set(held.values())) == 3  # each on the sequence its own call left cached
+    assert len(calls) == 3
 
 
 async def test_held_claims_follow_the_lowering_not_the_capability(tmp_path):
