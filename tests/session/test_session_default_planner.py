@@ -173,7 +173,7 @@ async def test_auto_holds_where_holds_ride_on_the_calls(tmp_path):
     assert [line["prefix_id"] for line in planned] == ["@sequence"] * 3
     assert {line["mode"] for line in planned} == {"demotable"}
     assert session.stats.claims_accepted == 3
-    assert not any("POST /v1/claims" == route for route in routes), routes
+    assert not any(route == "POST /v1/claims" for route in routes), routes
     lines = [json.loads(line) for line in session.log_path.read_text().splitlines()]  # type: ignore[union-attr]
     ended = [(d["reason"], d["state"]) for d in lines if d["event"] == "claim_ended"]
     assert sorted(ended) == [
