@@ -285,6 +285,52 @@ async def test_a_langgraph_agent_loop_costs_one_engine_request_per_llm_call(
     assert set(states.values()) <= {"expired"}, states
 
 
+async def test_astream_events_of_a_claimed_agent_yield_tokens_with_claims_riding(
+    gateway: str,
+) -> None:
+    """``astream_events`` of a claimed LangGraph agent over the vLLM gateway: the model's
+    tokens arrive one by one (``on_chat_model_stream``) while each call carries its claim."""
+    from langchain_core.messages import HumanMessage
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    import agentclaims
+
+    backend = HTTPBackend(gateway, timeout_s=120)
+    served = await agentclaims.openai_client(backend).models.list()
+    model = agentclaims.chat_model(
+        backend, model=served.data[0].id, max_tokens=8, temperature=0, streaming=True
+    )
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    async def fetch(state: MessagesState) -> dict[str, Any]:
+        await asyncio.sleep(0.1)
+        return {"messages": [HumanMessage(words("more", 3))]}
+
+    def route(state: dict[str, Any]) -> str:
+        return "fetch" if len(state["messages"]) < 4 else END
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("fetch", fetch)
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", route, ["fetch", END])
+    builder.add_edge("fetch", "agent")
+    run = agentclaims.claimed_session(builder.compile(), backend=backend).run()
+    tokens = [
+        event["data"]["chunk"].content
+        async for event in run.astream_events(
+            {"messages": [HumanMessage(words("events", 15))]}, version="v2"
+        )
+        if event["event"] == "on_chat_model_stream" and event["data"]["chunk"].content
+    ]
+    await backend.aclose()
+    assert run.stats.llm_calls == 2
+    assert len(tokens) >= 2 * 4  # one by one, both calls
+    assert run.stats.claims_accepted == 2, run.stats
+
+
 def test_a_gateway_killed_with_a_release_pending_loses_nothing(vllm_server: VllmServer) -> None:
     """kill -9 of a gateway while a release it answered still waits to ride (a long ride
     bound) and its channel connection is open: the connector keeps serving, and the next
