@@ -55,6 +55,8 @@ TURNS = 3  # worker LLM calls per assignment (a tool call between each)
 TOOL_S = 0.5
 LOG_DIR: str | None = None  # outcome logs of the workflows, when set
 SETUPS = ("direct", "claims", "held", "no_claims", "stock")
+WORKLOAD = "supervisor"  # or "plain": an agent and a plain I/O node (--workload)
+PLAIN_TURNS = 6
 
 
 def start(argv: list[str], url: str, timeout_s: float = 300) -> subprocess.Popen[bytes]:
@@ -86,10 +88,15 @@ def layout(name: str) -> tuple[list[str], list[str]]:
     return ["taskset", "-c", str(cores[-1])], ["taskset", "-c", rest]
 
 
-def tiny_model() -> str:
-    """A fresh folder with the tiny random-weight model the tests use (no hub)."""
+def tiny_model(layers: int | None = None, hidden: int | None = None) -> str:
+    """A fresh folder with the tiny random-weight model the tests use (no hub); ``layers``
+    and ``hidden``: a deeper, wider one, whose prefill costs more."""
     model_dir = tempfile.mkdtemp(prefix="bench-tiny-")
-    subprocess.run(cli("vllm", "tiny-model", model_dir), check=True, capture_output=True)
+    size = [
+        *(("--layers", str(layers)) if layers else ()),
+        *(("--hidden", str(hidden)) if hidden else ()),
+    ]
+    subprocess.run(cli("vllm", "tiny-model", model_dir, *size), check=True, capture_output=True)
     return model_dir
 
 
@@ -157,6 +164,123 @@ def build_graph(model: Any, topic: str, tool_s: float = TOOL_S) -> Any:
     return g.compile()
 
 
+class PlainState(TypedDict):
+    turn: int
+    messages: list[Any]
+
+
+def build_plain_graph(model: Any, topic: str, wait_s: tuple[float, float] = (0.75, 2.25)) -> Any:
+    """An agent node and a plain async node that awaits I/O (not a LangChain tool: the SDK
+    sees only the gap between the agent's calls), ``PLAIN_TURNS`` agent calls. Waits drawn
+    from ``wait_s`` with a seed of the topic's, the same for every set-up."""
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+    from langgraph.graph import END, START, StateGraph
+
+    rng = random.Random(topic.split(" topic ", 1)[-1])
+    waits = [rng.uniform(*wait_s) for _ in range(PLAIN_TURNS)]
+
+    async def agent(state: PlainState) -> dict[str, Any]:
+        history = state["messages"] or [
+            SystemMessage(("You are an engineer working on " + topic + ". ") * 8),
+            HumanMessage("start"),
+        ]
+        reply = await model.ainvoke(history)
+        return {"messages": [*history, AIMessage(str(reply.content)[:200] or "ok")]}
+
+    async def fetch(state: PlainState) -> dict[str, Any]:
+        await asyncio.sleep(waits[state["turn"]])  # I/O in an ordinary node
+        result = HumanMessage(f"result {state['turn']}: " + "data " * 12)
+        return {"messages": [*state["messages"], result], "turn": state["turn"] + 1}
+
+    def route(state: PlainState) -> str:
+        return "fetch" if state["turn"] < PLAIN_TURNS - 1 else END
+
+    g = StateGraph(PlainState)
+    g.add_node("agent", agent)
+    g.add_node("fetch", fetch)
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", route, ["fetch", END])
+    g.add_edge("fetch", "agent")
+    return g.compile()
+
+
+def make_graph(model: Any, topic: str, tool_s: float) -> tuple[Any, dict[str, Any]]:
+    """The ``WORKLOAD``'s graph and its input."""
+    if WORKLOAD == "plain":
+        return build_plain_graph(model, topic), {"turn": 0, "messages": []}
+    return build_graph(model, topic, tool_s), {
+        "step": 0,
+        "supervisor": [],
+        "researcher": [],
+        "writer": [],
+    }
+
+
+class Timings:
+    """A LangChain callback (streamed calls) on every set-up's model: each call's latency,
+    its time to first token, and vLLM's usage."""
+
+    def __new__(cls) -> Any:
+        from langchain_core.callbacks import AsyncCallbackHandler
+
+        class _Timings(AsyncCallbackHandler):
+            def __init__(self) -> None:
+                self.started: dict[Any, float] = {}
+                self.first: dict[Any, float] = {}
+                self.latency: list[float] = []
+                self.ttft: list[float] = []
+                self.prompt = self.cached = self.calls = 0
+
+            async def on_chat_model_start(
+                self, serialized: Any, messages: Any, *, run_id: Any, **kwargs: Any
+            ) -> None:
+                self.started[run_id] = time.perf_counter()
+
+            async def on_llm_new_token(self, token: str, *, run_id: Any, **kwargs: Any) -> None:
+                if token and run_id not in self.first and run_id in self.started:
+                    self.first[run_id] = time.perf_counter() - self.started[run_id]
+
+            async def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
+                start = self.started.pop(run_id, None)
+                if start is not None:
+                    self.latency.append(time.perf_counter() - start)
+                ttft = self.first.pop(run_id, None)
+                if ttft is not None:
+                    self.ttft.append(ttft)
+                usage = _usage(response)
+                self.prompt += int(usage.get("prompt_tokens") or 0)
+                details = usage.get("prompt_tokens_details") or {}
+                self.cached += int(details.get("cached_tokens") or 0)
+                self.calls += 1
+
+            def figures(self) -> dict[str, Any]:
+                ms = 1e3
+                return {
+                    "llm_time_s": round(sum(self.latency), 3),
+                    "ttft_p50_ms": round(pct(self.ttft, 0.5) * ms, 1) if self.ttft else None,
+                    "ttft_p99_ms": round(pct(self.ttft, 0.99) * ms, 1) if self.ttft else None,
+                }
+
+        return _Timings()
+
+
+def _usage(response: Any) -> dict[str, Any]:
+    """vLLM's usage of one call, as LangChain hands it over (streamed or not)."""
+    usage = (response.llm_output or {}).get("token_usage") or {}
+    if usage:
+        return dict(usage)
+    for generations in response.generations:
+        for g in generations:
+            meta = getattr(getattr(g, "message", None), "usage_metadata", None) or {}
+            if meta:
+                cached = (meta.get("input_token_details") or {}).get("cache_read") or 0
+                return {
+                    "prompt_tokens": meta.get("input_tokens", 0),
+                    "prompt_tokens_details": {"cached_tokens": cached},
+                }
+    return {}
+
+
 async def workflows(
     gateway: Any, n: int, planner: str, label: str, reaction: str = "defer", tool_s: float = TOOL_S
 ) -> dict[str, Any]:
@@ -169,19 +293,26 @@ async def workflows(
     backend = (
         agentclaims.HTTPBackend(gateway, timeout_s=300) if isinstance(gateway, str) else gateway
     )
-    model = agentclaims.chat_model(backend, model="served", max_tokens=8, temperature=0)
+    timings = Timings()
+    model = agentclaims.chat_model(
+        backend,
+        model="served",
+        max_tokens=8,
+        temperature=0,
+        streaming=True,
+        stream_usage=True,
+        callbacks=[timings],
+    )
     sessions: list[Any] = []
 
     async def one(i: int) -> float:
-        graph = build_graph(
-            model, f"{label} topic {i} " + "x" * i, tool_s
-        )  # no set-up hits another's
+        graph, state = make_graph(model, f"{label} topic {i} " + "x" * i, tool_s)
         claimed = agentclaims.claimed_session(
             graph, backend=backend, planner=planner, reaction=reaction, log_dir=LOG_DIR
         )
         started = time.monotonic()
         run = claimed.run()
-        await run.ainvoke({"step": 0, "supervisor": [], "researcher": [], "writer": []})
+        await run.ainvoke(state)
         sessions.append(run.session_of_run)
         return time.monotonic() - started
 
@@ -193,6 +324,7 @@ async def workflows(
     cached = sum(s.stats.cached_tokens for s in sessions)
     return {
         **_figures(prompt, cached, total, times),
+        **timings.figures(),
         "claims_accepted": sum(s.stats.claims_accepted for s in sessions),
         "claims_refused": sum(s.stats.claims_refused for s in sessions),
         "deferrals": sum(s.stats.deferrals for s in sessions),
@@ -217,46 +349,39 @@ async def direct_workflows(vurl: str, n: int, label: str, tool_s: float) -> dict
     """The same ``n`` workflows sent straight to vLLM (LangChain's ``ChatOpenAI``): the
     baseline the gateway and the claims are measured against. Token counts from vLLM's own
     usage (a callback on each call)."""
-    from langchain_core.callbacks import AsyncCallbackHandler
     from langchain_openai import ChatOpenAI
 
     served = httpx2.get(f"{vurl}/v1/models", timeout=30).json()["data"][0]["id"]
-    counts = {"prompt": 0, "cached": 0, "calls": 0}
-
-    class Usage(AsyncCallbackHandler):
-        async def on_llm_end(self, response: Any, **kwargs: Any) -> None:
-            usage = (response.llm_output or {}).get("token_usage") or {}
-            counts["prompt"] += int(usage.get("prompt_tokens") or 0)
-            details = usage.get("prompt_tokens_details") or {}
-            counts["cached"] += int(details.get("cached_tokens") or 0)
-            counts["calls"] += 1
-
+    timings = Timings()
     model = ChatOpenAI(
         base_url=f"{vurl}/v1",
         api_key="none",
         model=served,
         max_tokens=8,
         temperature=0,
-        callbacks=[Usage()],
+        streaming=True,
+        stream_usage=True,
+        callbacks=[timings],
     )
 
     async def one(i: int) -> float:
-        graph = build_graph(model, f"{label} topic {i} " + "x" * i, tool_s)
+        graph, state = make_graph(model, f"{label} topic {i} " + "x" * i, tool_s)
         started = time.monotonic()
-        await graph.ainvoke({"step": 0, "supervisor": [], "researcher": [], "writer": []})
+        await graph.ainvoke(state)
         return time.monotonic() - started
 
     started = time.monotonic()
     times = await asyncio.gather(*(one(i) for i in range(n)))
     total = time.monotonic() - started
     return {
-        **_figures(counts["prompt"], counts["cached"], total, times),
+        **_figures(timings.prompt, timings.cached, total, times),
+        **timings.figures(),
         "claims_accepted": 0,
         "claims_refused": 0,
         "deferrals": 0,
         "refusals": 0,
         "reroutes": 0,
-        "llm_calls": counts["calls"],
+        "llm_calls": timings.calls,
     }
 
 
@@ -564,6 +689,15 @@ def main() -> None:
         "(with one core: shared); shared: every process on every core",
     )
     parser.add_argument(
+        "--workload",
+        choices=("supervisor", "plain"),
+        default="supervisor",
+        help="supervisor: a supervisor and two tool-using workers; plain: an agent and a plain "
+        f"async node awaiting I/O 0.75-2.25 s, {PLAIN_TURNS} agent calls",
+    )
+    parser.add_argument("--layers", type=int, default=None, help="the model's layers (2)")
+    parser.add_argument("--hidden", type=int, default=None, help="its hidden size (128)")
+    parser.add_argument(
         "--setups",
         default="direct,claims,held,no_claims,stock",
         help="comma-separated set-ups to run (of direct, claims, held, no_claims, stock)",
@@ -571,10 +705,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.setups = tuple(x for x in args.setups.split(",") if x)
+    global WORKLOAD
+    WORKLOAD = args.workload
     unknown = set(args.setups) - set(SETUPS)
     if unknown or not args.setups:
         parser.error(f"--setups: unknown {sorted(unknown)}; of {', '.join(SETUPS)}")
-    model_dir = tiny_model()
+    model_dir = tiny_model(args.layers, args.hidden)
     on_vllm, on_gateway = layout(args.layout)
     ports = {name: free_port() for name in ("vllm", "stock_vllm", "gateway", "stock_gateway")}
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
@@ -607,6 +743,9 @@ def report(out: dict[str, Any], args: Any) -> None:
         "recomputed_tokens",
         "completion_s",
         "mean_workflow_s",
+        "llm_time_s",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
         "claims_accepted",
         "claims_refused",
         "deferrals",
@@ -617,10 +756,16 @@ def report(out: dict[str, Any], args: Any) -> None:
         "ops_standalone",
         "ride_wait_p50_ms",
     )
+    shape = f"{args.layers or 2} layers x {args.hidden or 128}"
+    work = (
+        f"supervisor workflows (tools {args.tool_s} s)"
+        if args.workload == "supervisor"
+        else f"plain-node agent loops ({PLAIN_TURNS} calls, I/O 0.75-2.25 s)"
+    )
     print(
-        f"{args.workflows} concurrent supervisor workflows on vLLM (97 blocks x 32 tokens), "
-        f"tools {args.tool_s} s, another tenant sending {args.churn_rate:g} one-shot prompts/s "
-        f"of {args.churn_tokens} tokens; layout {out['layout']}\n"
+        f"{args.workflows} concurrent {work} on vLLM (model {shape}, 97 blocks x 32 tokens), "
+        f"another tenant sending {args.churn_rate:g} one-shot prompts/s of "
+        f"{args.churn_tokens} tokens; layout {out['layout']}\n"
     )
     setups = tuple(k for k in SETUPS if k in out)
     print(f"medians of {args.repeats} runs of each set-up, in turn\n")
@@ -642,9 +787,10 @@ def report(out: dict[str, Any], args: Any) -> None:
             stock = out[base]["cached_ratio"]
             ratio = out[k]["cached_ratio"] / stock if stock else float("inf")
             slower = out[k]["completion_s"] / out[base]["completion_s"]
+            llm = out[base]["llm_time_s"] / out[k]["llm_time_s"] if out[k]["llm_time_s"] else 0
             print(
                 f"{k} / {base}: cached-token ratio {ratio:.2f}x, workflow completion "
-                f"{slower:.3f}x (lower is sooner)"
+                f"{slower:.3f}x (lower is sooner), LLM-call time {llm:.2f}x lower"
             )
     for label, key in (("connector", "latency"), ("stock", "stock_latency")):
         if key not in out:

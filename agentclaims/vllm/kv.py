@@ -732,6 +732,24 @@ class VllmKV:
         for op in ops:
             self._queue(op)
 
+    async def _operate(self, ops: Sequence[dict[str, Any]]) -> ConnectorAnswer:
+        """``ops`` (each naming its tenant) sent now, over the channel where there is one, with
+        every pending operation going first: whatever reaches the connector carries them."""
+        riding = self._take_riding()
+        try:
+            return await (await self._connector_ready()).operate([*riding, *ops])
+        except BaseException:
+            self._requeue(riding)
+            raise
+
+    async def _settle_riding(self) -> None:
+        """Pending operations applied now (a reader of the event stream or of residency sees
+        what they did, not what it will be within the ride bound)."""
+        if self._riding and self.engine_dead is None:
+            await self._flush_riding()
+        if self._flushing:  # one the bound set off, still on its way
+            await asyncio.gather(*list(self._flushing), return_exceptions=True)
+
     def _flush_due(self) -> None:
         self._flush = None
         if not self._riding:
@@ -1054,7 +1072,7 @@ class VllmKV:
     async def _judge(self, claim_ids: Sequence[str], lost: set[BlockHash], why: str) -> None:
         answer = None
         with contextlib.suppress(BackendError, BackendUnavailable):  # else: judged as known
-            answer = await (await self._connector_ready()).operate([])
+            answer = await self._operate([])
         harmed = []
         async with self._lock:
             if answer is not None:
@@ -1183,14 +1201,17 @@ class VllmKV:
             raise UsageError(
                 "duration_steps", "vLLM claims count seconds (ttl_s), not engine steps"
             )
-        client = await self._connector_ready()
-        answer = await client.operate(
-            [{"op": "renew", "claim_id": claim_id, "ttl_s": ttl}], owner_scope
+        answer = await self._operate(
+            [{"op": "renew", "claim_id": claim_id, "ttl_s": ttl, "tenant": owner_scope}]
         )
         async with self._lock:
             self._absorb(answer)
-        if not answer.results or not answer.results[0].get("ok"):
-            reason = answer.results[0].get("reason") if answer.results else "no answer"
+        result = next(
+            (r for r in answer.results if r.get("op") == "renew" and r.get("claim_id") == claim_id),
+            None,
+        )
+        if result is None or not result.get("ok"):
+            reason = "no answer" if result is None else result.get("reason")
             raise UsageError("claim_id", f"claim {claim_id!r} cannot be renewed: {reason}")
         return self._view(claim)
 
@@ -1209,6 +1230,7 @@ class VllmKV:
     ) -> EventPage:
         if self.engine_dead is None:  # a dead engine's events stay readable: they say so
             await self.start()
+            await self._settle_riding()
         if self._judging:
             await asyncio.gather(*list(self._judging), return_exceptions=True)
         async with self._lock:
@@ -1223,6 +1245,7 @@ class VllmKV:
         out = dict.fromkeys(prefix_ids, 0)
         if self.engine_dead is not None:
             return out  # its cache went with it
+        await self._settle_riding()
         if self.observer is not None:
             await self._settle()
             for pid in out:
@@ -1356,7 +1379,7 @@ class VllmKV:
         if others:
             raise ContractViolation(f"a fresh instance would drop live claims of {others}")
         client = await self._connector_ready()
-        held = await client.operate([])
+        held = await self._operate([])  # pending releases go first: what is left is held
         async with self._lock:
             self._absorb(held)
             ours = sum(c.held_blocks for c in self._claims.values() if c.held)
