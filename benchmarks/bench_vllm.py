@@ -643,6 +643,9 @@ async def measure(
     )
     runs = tuple(run for run in every if run[0] in args.setups)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in runs}
+    for name, gateway, vurl, planner, idle in runs * args.warmup:  # first-shape costs: unmeasured
+        with paused(sessions[idle]):
+            await under_pressure(gateway, vurl, model_dir, planner, f"{name}-warm", args)
     for rep in range(args.repeats):  # the set-ups in turn, each run on fresh topics
         for name, gateway, vurl, planner, idle in runs:
             with paused(sessions[idle]):
@@ -681,6 +684,12 @@ def main() -> None:
     parser.add_argument("--churn-tokens", type=int, default=600)
     parser.add_argument("--tool-s", type=float, default=TOOL_S)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each set-up (medians)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="unmeasured runs of each set-up first (vLLM's first pass over new shapes is slow)",
+    )
     parser.add_argument(
         "--layout",
         choices=("pinned", "shared"),

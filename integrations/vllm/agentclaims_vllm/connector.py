@@ -42,7 +42,7 @@ import os
 import tempfile
 import threading
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +73,22 @@ EXTENSION_KEY = "agentclaims"
 _WATERMARK_BLOCKS = 1
 _KEPT_ANSWERS = 4096
 """Answers kept for the channel's ``answer`` operation (a streamed request's), oldest dropped."""
+
+
+_INBOX_POLL_S = 0.002
+"""How often a channel envelope waiting for a step looks whether the lock came free."""
+
+
+class _Inbox:
+    """One channel envelope on its way to the engine's thread, and its answer."""
+
+    __slots__ = ("answer", "done", "envelope", "tries")
+
+    def __init__(self, envelope: Mapping[str, Any]) -> None:
+        self.envelope = envelope
+        self.answer: dict[str, Any] = {"ok": False, "reason": "not applied"}
+        self.done = threading.Event()
+        self.tries = 0
 
 
 class _NoMetadata(KVConnectorMetadata):
@@ -120,6 +136,8 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         self._pending_refusals: dict[str, Any] = {}
         self._answers: OrderedDict[str, dict[str, Any]] = OrderedDict()
         """envelope nonce -> its request's answer, for the channel's ``answer`` operation."""
+        self._inbox: deque[_Inbox] = deque()
+        """Envelopes from the channel waiting for the next step (or a free lock)."""
         self.lock = threading.RLock()
         """Held by ``ClaimsScheduler`` through each scheduler step, and by the channel while it
         applies an operation: the book and vLLM's block pool change on one thread at a time."""
@@ -245,25 +263,50 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         logger.info("agentclaims connector: claim operations channel at %s", channel.path)
 
     def handle_envelope(self, envelope: Mapping[str, Any]) -> dict[str, Any]:
-        """One signed envelope from the channel, applied between two engine steps."""
-        with self.lock:
-            reason = self._rejected(envelope, None)
-            if reason is not None:
-                return {"ok": False, "reason": reason, "instance": self.instance}
-            self.book.expire_due()  # an idle engine runs no step to end them
-            holds = [op for op in envelope.get("ops") or () if isinstance(op, dict)]
-            results = [
-                {
-                    "claim_id": op.get("claim_id"),
-                    "decision": "rejected",
-                    "state": "refused",
-                    "reason": "a hold rides on the request whose blocks it holds",
-                }
-                for op in holds
-                if op.get("op") == "hold"
-            ]
-            results = self._apply(envelope) + results
-            return {"ok": True, **self._answer(results, int(envelope.get("since") or 0))}
+        """One signed envelope from the channel (its thread), applied between two engine
+        steps. It waits in the inbox: the engine's thread applies it at the top of its next
+        step (``drain``, under the lock it holds through the step), or, when the lock is
+        free (the engine idles, or is between steps), this thread applies it at once. A lock
+        the engine retakes step after step is never simply waited on: that starves."""
+        item = _Inbox(envelope)
+        self._inbox.append(item)
+        while not item.done.wait(0 if item.tries == 0 else _INBOX_POLL_S):
+            item.tries += 1
+            if self.lock.acquire(blocking=False):
+                try:
+                    self.drain()
+                finally:
+                    self.lock.release()
+        return item.answer
+
+    def drain(self) -> None:
+        """Apply every envelope waiting in the channel's inbox (the caller holds ``lock``)."""
+        while self._inbox:
+            item = self._inbox.popleft()
+            try:
+                item.answer = self._apply_envelope(item.envelope)
+            except Exception as exc:  # the engine goes on; the caller hears why
+                item.answer = {"ok": False, "reason": f"{type(exc).__name__}: {exc}"[:500]}
+            item.done.set()
+
+    def _apply_envelope(self, envelope: Mapping[str, Any]) -> dict[str, Any]:
+        reason = self._rejected(envelope, None)
+        if reason is not None:
+            return {"ok": False, "reason": reason, "instance": self.instance}
+        self.book.expire_due()  # an idle engine runs no step to end them
+        holds = [op for op in envelope.get("ops") or () if isinstance(op, dict)]
+        results = [
+            {
+                "claim_id": op.get("claim_id"),
+                "decision": "rejected",
+                "state": "refused",
+                "reason": "a hold rides on the request whose blocks it holds",
+            }
+            for op in holds
+            if op.get("op") == "hold"
+        ]
+        results = self._apply(envelope) + results
+        return {"ok": True, **self._answer(results, int(envelope.get("since") or 0))}
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int

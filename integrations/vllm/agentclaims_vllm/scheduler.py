@@ -6,7 +6,8 @@
 - each step that touches the block pool (``schedule``, ``update_from_output``, ``add_request``,
   ``finish_requests``, ``reset_prefix_cache``) runs under the connector's lock, and the
   connector's channel (``agentclaims_vllm.channel``) is opened: claim operations sent there
-  apply between two steps (at once while the engine idles), never inside one.
+  apply at the top of the next ``schedule`` (the engine's own thread drains the channel's
+  inbox), or at once while the engine idles, never inside a step.
 
 Loaded with vLLM's own flag::
 
@@ -55,6 +56,9 @@ class _Refusals:
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         with self._claims_lock:
+            connector = self.connector  # type: ignore[attr-defined]
+            if isinstance(connector, AgentClaimsConnector):
+                connector.drain()  # the channel's operations, before this step
             return super().schedule(*args, **kwargs)  # type: ignore[misc]
 
     def add_request(self, *args: Any, **kwargs: Any) -> Any:
