@@ -9,8 +9,10 @@ workers, W workflows at once) runs through the SDK, side by side in one run, on:
               FleetBackend with reaction "reroute"
     single    one vLLM server with 2 x B blocks and its gateway; HTTPBackend
 
-It prints each one's cached-token ratio, recomputed prompt tokens, completion time, claims,
-refusals, deferrals and reroutes. Run::
+The SDK plans as users get it (``planner="auto"``: ``held`` on vLLM, each call's claim riding
+on the call). It prints each one's cached-token ratio, recomputed prompt tokens, workflow
+completion, the agents' LLM-call time and time to first token (p50, p99), claims, refusals,
+deferrals and reroutes. Run::
 
     .venv/bin/python benchmarks/bench_fleet.py [--workflows 4] [--json]
 
@@ -79,7 +81,7 @@ async def _fleet(router: str, n: int) -> dict[str, Any]:
 
     backend = agentclaims.FleetBackend(router, timeout_s=300)
     try:
-        return await workflows(backend, n, "default", "fleet", reaction="reroute")
+        return await workflows(backend, n, "auto", "fleet", reaction="reroute")
     finally:
         await backend.aclose()
 
@@ -112,7 +114,7 @@ def main() -> None:
         procs.append((vllm, True))
         gateway, gurl = _gateway(vurl)
         procs.append((gateway, True))
-        out["single"] = asyncio.run(workflows(gurl, args.workflows, "default", "single"))
+        out["single"] = asyncio.run(workflows(gurl, args.workflows, "auto", "single"))
     finally:
         for proc, group in reversed(procs):
             stop(proc, group=group, timeout_s=30)
