@@ -713,6 +713,8 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    # stopped (SIGTERM), it still stops the servers it started (the finally below)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.setups = tuple(x for x in args.setups.split(",") if x)
     global WORKLOAD
     WORKLOAD = args.workload
