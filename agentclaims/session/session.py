@@ -581,6 +581,11 @@ class ClaimedSession:
         self._riding[ext["request_id"]] = riding
         return ext
 
+    def call_failed(self, request_id: str) -> None:
+        """The call ``request_id`` got no answer: what it carried is forgotten (a claim it
+        carried was never made; its releases stay with the session, for its next call)."""
+        self._riding.pop(request_id, None)
+
     def riding_to(self, request_id: str | None, backend: Backend) -> bool:
         """Whether the releases the call ``request_id`` carries still go where they were
         planned for; after a failover or a reroute they do not (that instance's claims are

@@ -87,10 +87,15 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         ext = await session.prepare_call(node, step)
         body[EXTENSION_KEY] = {**(body.get(EXTENSION_KEY) or {}), **ext}
         started = session.clock()
-        response, retried = await self._send_with_reactions(
-            session, request, suffix, body, streaming
-        )
+        try:
+            response, retried = await self._send_with_reactions(
+                session, request, suffix, body, streaming
+            )
+        except BaseException:
+            session.call_failed(ext["request_id"])
+            raise
         if response.status_code != 200:
+            session.call_failed(ext["request_id"])
             await response.aread()
             return _relayed(response, request, httpx2.ByteStream(response.content))
 
