@@ -1,7 +1,8 @@
 """``agentclaims bench replay``: replay agentic traces under each policy and compare.
 
 Prints a table per capacity point (or, with ``--json``, exactly one JSON object on stdout) and
-a progress bar on stderr. ``--plot FILE.png`` sweeps 10%, 25% and 50% of the working set (plus
+a progress bar on stderr. Rows on vLLM's pool (``lru-vllm``, ``agentclaims-vllm``) are shown by
+their label ("agentclaims on vLLM's pool") and measure their gap from ``lru-vllm``. ``--plot FILE.png`` sweeps 10%, 25% and 50% of the working set (plus
 the requested point) and draws hit ratio against capacity per policy.
 """
 
@@ -24,13 +25,14 @@ from agentclaims.replay import (
     working_set_blocks,
 )
 from agentclaims.replay.model import ServiceModel
+from agentclaims.replay.policies import ROW_LABELS
 
 __all__ = ["run"]
 
 SWEEP_FRACS = (0.1, 0.25, 0.5)
 
 _COLUMNS = (
-    ("policy", "{:<12}"),
+    ("policy", "{:<POLICY}"),
     ("hit_ratio", "{:>9.4f}"),
     ("gap_closed", "{:>10}"),
     ("recomputed_tokens", "{:>17,}"),
@@ -81,25 +83,38 @@ class _Progress:
 
 def _table(comp: Comparison, out: TextIO) -> None:
     data = comp.to_dict()
+    width = max(12, *(len(row["label"]) + 1 for row in data["policies"].values()))
+    columns = [(name, fmt.replace("POLICY", str(width))) for name, fmt in _COLUMNS]
     frac = data["capacity_frac"]
     out.write(
         f"\ncapacity {comp.capacity_blocks} blocks"
         f" ({frac:.0%} of the working set {comp.working_set_blocks} blocks),"
         f" {comp.sessions} sessions\n"
     )
-    out.write(
-        " ".join(fmt.split(":")[0] + "}" for _, fmt in _COLUMNS).format(
-            *(name for name, _ in _COLUMNS)
-        )
-        + "\n"
-    )
-    for name, row in data["policies"].items():
+    header = [
+        fmt.split(":")[0] + ("}" if name != "policy" else f":<{width}}}") for name, fmt in columns
+    ]
+    out.write(" ".join(header).format(*(name for name, _ in columns)) + "\n")
+    vllm = False
+    for row in data["policies"].values():
         gap = row["gap_closed"]
-        label = f"{name}*" if row["uses_future"] else name
+        label = f"{row['label']}*" if row["uses_future"] else row["label"]
+        vllm = vllm or row["gap_baseline"] != "lru"
         cells = [label, row["hit_ratio"], "n/a" if gap is None else f"{gap:.3f}"]
-        cells += [row[c] for c, _ in _COLUMNS[3:]]
-        out.write(" ".join(fmt for _, fmt in _COLUMNS).format(*cells) + "\n")
+        cells += [row[c] for c, _ in columns[3:]]
+        out.write(" ".join(fmt for _, fmt in columns).format(*cells) + "\n")
     out.write("* uses information from the future (a ceiling, not an online policy)\n")
+    if vllm:
+        out.write("rows on vLLM's pool: gap closed from LRU on vLLM's pool\n")
+    for row in data["policies"].values():
+        events = row.get("claim_events")
+        if events:
+            out.write(
+                f"{row['label']}: holds {events.get('resident_claim_materialized', 0):,},"
+                f" refused {events.get('resident_claim_rejected', 0):,},"
+                f" shed (each a demotion event) {events.get('resident_claim_demoted', 0):,},"
+                f" expired or released {events.get('resident_claim_expired', 0):,}\n"
+            )
     for name, row in data["policies"].items():
         window = row.get("admission_window")
         if window is not None:
@@ -123,7 +138,7 @@ def _plot(points: list[Comparison], path: str) -> None:
         xs = [p.capacity_blocks / p.working_set_blocks for p in points]
         ys = [p.results[name].hit_ratio for p in points]
         style = "--" if name == "opt" else "-"
-        ax.plot(xs, ys, style, marker="o", label=name)
+        ax.plot(xs, ys, style, marker="o", label=ROW_LABELS.get(name, name))
     ax.set_xlabel("KV capacity (fraction of the working set)")
     ax.set_ylabel("hit-token ratio")
     ax.set_title(f"Replay, {points[0].sessions} sessions")

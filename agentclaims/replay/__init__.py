@@ -1,13 +1,21 @@
-"""Replay agentic traces on the reference engine under workflow-aware eviction policies."""
+"""Replay agentic traces on the reference engine under workflow-aware eviction policies, and on
+a model of vLLM's pool (its LRU free queue, the agentclaims connector's holds)."""
 
 from __future__ import annotations
 
 from agentclaims.replay.bench import Comparison, compare_policies, gap_closed, resolve_policies
 from agentclaims.replay.harness import ReplayResult, Schedule, run_replay, working_set_blocks
-from agentclaims.replay.model import PolicyHooks, ReplayPolicy, ServiceModel, SessionState
+from agentclaims.replay.model import (
+    PolicyHooks,
+    ReplayEngine,
+    ReplayPolicy,
+    ServiceModel,
+    SessionState,
+)
 from agentclaims.replay.policies import (
     FUTURE_POLICIES,
     POLICY_NAMES,
+    VLLM_POLICY_NAMES,
     AgentClaimsPolicy,
     ContinuumPolicy,
     KVFlowPolicy,
@@ -26,18 +34,23 @@ from agentclaims.replay.traces import (
     TraceSource,
     parse_trace,
 )
+from agentclaims.replay.vllm_pool import AgentClaimsVllmPolicy, LruVllmPolicy, VllmPoolEngine
 
 __all__ = [
     "FUTURE_POLICIES",
     "POLICY_NAMES",
+    "VLLM_POLICY_NAMES",
     "AgentClaimsPolicy",
+    "AgentClaimsVllmPolicy",
     "Comparison",
     "ContinuumPolicy",
     "KVFlowPolicy",
     "LruReplayPolicy",
+    "LruVllmPolicy",
     "MalformedTrace",
     "OptimalPolicy",
     "PolicyHooks",
+    "ReplayEngine",
     "ReplayPolicy",
     "ReplayResult",
     "ReuseProbPolicy",
@@ -50,6 +63,7 @@ __all__ = [
     "Trace",
     "TraceRequest",
     "TraceSource",
+    "VllmPoolEngine",
     "compare_policies",
     "gap_closed",
     "make_policy",

@@ -1,5 +1,10 @@
 """Compare policies on one workload: every online policy, then the optimum on the recorded
-schedule, and the share of the LRU-to-optimum gap each policy closes."""
+schedule, and the share of the LRU-to-optimum gap each policy closes.
+
+The rows on vLLM's pool (``-vllm``, :mod:`agentclaims.replay.vllm_pool`) measure their gap from
+``lru-vllm``, the LRU of their own pool (stock vLLM), which joins them; the others from the
+reference engine's ``lru``. The optimum is one ceiling for both (Belady on the same request
+order)."""
 
 from __future__ import annotations
 
@@ -11,13 +16,15 @@ from agentclaims.backends.admission import AdmissionWindow
 from agentclaims.errors import UnknownNameError, UsageError
 from agentclaims.replay.harness import ReplayResult, TraceInput, run_replay, working_set_blocks
 from agentclaims.replay.model import ServiceModel
-from agentclaims.replay.policies import FUTURE_POLICIES, POLICY_NAMES, make_policy
+from agentclaims.replay.policies import FUTURE_POLICIES, POLICY_NAMES, ROW_LABELS, make_policy
 
 __all__ = [
     "ADMISSION_MODES",
     "ADMITTED_ROW",
+    "VLLM_LRU",
     "Comparison",
     "aimd_window",
+    "baseline_of",
     "compare_policies",
     "gap_closed",
     "resolve_policies",
@@ -27,6 +34,13 @@ ADMISSION_MODES = ("none", "aimd")
 """``--admission``: ``aimd`` adds the row ``agentclaims+aimd``, the agentclaims policy with the
 SDK's AIMD admission window on the number of traces running at once."""
 ADMITTED_ROW = "agentclaims+aimd"
+VLLM_LRU = "lru-vllm"
+"""The LRU row of vLLM's pool: the baseline of every ``-vllm`` row's gap."""
+
+
+def baseline_of(name: str) -> str:
+    """The LRU row a row's gap is measured from: ``lru-vllm`` on vLLM's pool, else ``lru``."""
+    return VLLM_LRU if name.endswith("-vllm") else "lru"
 
 
 def aimd_window(sessions: int) -> AdmissionWindow:
@@ -38,9 +52,11 @@ def aimd_window(sessions: int) -> AdmissionWindow:
 
 
 def resolve_policies(names: Sequence[str] | None, admission: str = "none") -> list[str]:
-    """Check names (unknown -> ``UnknownNameError``); default: all; ``lru`` and ``opt`` are
-    always added (the gap needs both), and with ``admission="aimd"`` ``agentclaims`` too (the
-    row its admitted variant is compared with)."""
+    """Check names (unknown -> ``UnknownNameError``); default: every row on the reference
+    engine (the rows on vLLM's pool run when named); ``lru`` and ``opt`` are
+    always added (the gap needs both), ``lru-vllm`` with any row on vLLM's pool (its gap's
+    baseline), and with ``admission="aimd"`` ``agentclaims`` too (the row its admitted variant
+    is compared with)."""
     if admission not in ADMISSION_MODES:
         raise UnknownNameError("admission", admission, ADMISSION_MODES)
     chosen = list(POLICY_NAMES) if not names else list(dict.fromkeys(names))
@@ -49,6 +65,9 @@ def resolve_policies(names: Sequence[str] | None, admission: str = "none") -> li
     for must in ("lru", "opt"):
         if must not in chosen:
             chosen.append(must)
+    on_vllm = [i for i, n in enumerate(chosen) if baseline_of(n) == VLLM_LRU]
+    if on_vllm and VLLM_LRU not in chosen:
+        chosen.insert(on_vllm[0], VLLM_LRU)
     if admission == "aimd" and "agentclaims" not in chosen:
         chosen.insert(-1, "agentclaims")
     return chosen
@@ -71,12 +90,15 @@ class Comparison:
     results: dict[str, ReplayResult]
 
     def to_dict(self) -> dict[str, Any]:
-        lru = self.results["lru"].hit_ratio
         opt = self.results["opt"].hit_ratio
         policies = {}
         for name, res in self.results.items():
             data = res.to_dict()
+            base = baseline_of(name) if baseline_of(name) in self.results else "lru"
+            lru = self.results[base].hit_ratio
+            data["label"] = ROW_LABELS.get(name, name)
             data["gap_closed"] = gap_closed(res.hit_ratio, lru, opt)
+            data["gap_baseline"] = base
             data["uses_future"] = name in FUTURE_POLICIES
             policies[name] = data
         return {

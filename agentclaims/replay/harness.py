@@ -1,4 +1,5 @@
-"""Replay traces on the reference engine: a discrete-event simulation in trace time.
+"""Replay traces on the reference engine (or the engine a policy names: vLLM's pool for the
+``-vllm`` rows, :mod:`agentclaims.replay.vllm_pool`): a discrete-event simulation in trace time.
 
 ``sessions`` slots each run traces back to back; trace ``i`` (file order) goes to slot
 ``i % sessions``. A trace's sub-agents run as their own concurrent sessions. Each request:
@@ -39,9 +40,15 @@ from typing import Any
 
 from agentclaims.backends.admission import AdmissionWindow
 from agentclaims.contract import ArbiterAction
-from agentclaims.engine import KVEngine
 from agentclaims.errors import UsageError
-from agentclaims.replay.model import ReplayPolicy, ServiceModel, SessionState
+from agentclaims.replay.model import (
+    REPLAY_EVENT_BUFFER,
+    CountsClaimEvents,
+    ReplayEngine,
+    ReplayPolicy,
+    ServiceModel,
+    SessionState,
+)
 from agentclaims.replay.traces import SubAgentGroup, Trace, TraceRequest, TraceSource
 
 __all__ = ["ReplayResult", "Schedule", "TraceInput", "run_replay", "working_set_blocks"]
@@ -83,6 +90,9 @@ class ReplayResult:
     """Their total wait for it, in modelled seconds (counted in their completion times)."""
     admission_window: tuple[int, int, int] | None = None
     """The window's smallest, largest and final size (``None`` without one)."""
+    claim_events: dict[str, int] | None = None
+    """The engine's claim events by name, where it counts them (vLLM's pool with the
+    connector: ``resident_claim_demoted`` = soft holds shed); ``None`` elsewhere."""
     wall_s: float = 0.0
     cpu_s: float = 0.0
     """CPU seconds of this process the replay took (what other load on the machine does not
@@ -147,7 +157,7 @@ class _Replay:
     def __init__(
         self,
         traces: TraceInput,
-        engine: KVEngine | None,
+        engine: ReplayEngine | None,
         policy: ReplayPolicy | None,
         sessions: int,
         service: ServiceModel,
@@ -232,6 +242,8 @@ class _Replay:
                 self._force_head()
         if engine is not None:
             res.true_harm = engine.stats.true_harm
+            if isinstance(engine, CountsClaimEvents):
+                res.claim_events = engine.claim_event_counts()
         if self.admission is not None:
             low, high = self._window_range
             res.admission_deferred = self.admission.stats.deferred
@@ -486,14 +498,17 @@ def run_replay(
     service: ServiceModel | None = None,
     record: bool = False,
     progress: Callable[[int], None] | None = None,
-    engine_factory: Callable[..., KVEngine] = KVEngine,
+    engine_factory: Callable[..., ReplayEngine] | None = None,
     admission: AdmissionWindow | None = None,
 ) -> ReplayResult:
     """Replay ``traces`` on a fresh engine of ``capacity_blocks`` blocks under ``policy``.
 
-    ``record=True`` keeps each request's start sequence number (``result.schedule``), which
-    :class:`~agentclaims.replay.policies.OptimalPolicy` needs as its view of the future.
-    ``admission`` bounds the traces running at once (module doc).
+    The engine is the one the policy names (``policy.make_engine``: the reference engine, or
+    vLLM's pool for the ``-vllm`` rows); ``engine_factory`` overrides it, called as
+    ``KVEngine`` is (capacity, block size, ``eviction_policy``, ``clock``, ``policy_name``,
+    ``event_buffer``). ``record=True`` keeps each request's start sequence number
+    (``result.schedule``), which :class:`~agentclaims.replay.policies.OptimalPolicy` needs as
+    its view of the future. ``admission`` bounds the traces running at once (module doc).
     """
     _check_sessions(sessions)
     if (
@@ -507,14 +522,17 @@ def run_replay(
     def clock() -> int:
         return int(clock_box[0].now * 1e9) if clock_box else 0
 
-    engine = engine_factory(
-        capacity_blocks,
-        block_size,
-        eviction_policy=policy.engine_policy(),
-        clock=clock,
-        policy_name=policy.name,
-        event_buffer=64,
-    )
+    if engine_factory is None:
+        engine = policy.make_engine(capacity_blocks, block_size, clock)
+    else:
+        engine = engine_factory(
+            capacity_blocks,
+            block_size,
+            eviction_policy=policy.engine_policy(),
+            clock=clock,
+            policy_name=policy.name,
+            event_buffer=REPLAY_EVENT_BUFFER,
+        )
     run = _Replay(
         traces, engine, policy, sessions, service or ServiceModel(), record, progress, admission
     )

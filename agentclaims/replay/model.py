@@ -5,20 +5,37 @@ serving system (plus the agent SDK beside it) knows as the replay runs: a reques
 started, finished (with its stop reason), a parent started waiting for sub-agents, a sub-agent
 returned, time passed. Online policies use only these; the optimum alone is also handed the
 future (:meth:`PolicyHooks.on_trace` with the recorded schedule).
+
+A policy also names the engine it runs on (``make_engine``): the reference
+:class:`~agentclaims.engine.KVEngine` ranked by the policy, by default, or a model of vLLM's
+pool (:mod:`agentclaims.replay.vllm_pool`). What the harness asks of either is
+:class:`ReplayEngine`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from agentclaims.engine import EvictionPolicy, KVEngine
+from agentclaims.engine import BlockHash, EngineStats, EvictionPolicy, KVEngine
 from agentclaims.errors import UsageError
+from agentclaims.protocol.types import ActiveOutcome
 
 if TYPE_CHECKING:
     from agentclaims.replay.traces import SessionScript, Trace, TraceRequest
 
-__all__ = ["PolicyHooks", "ReplayPolicy", "ServiceModel", "SessionState"]
+__all__ = [
+    "CountsClaimEvents",
+    "PolicyHooks",
+    "ReplayEngine",
+    "ReplayPolicy",
+    "ServiceModel",
+    "SessionState",
+]
+
+REPLAY_EVENT_BUFFER = 64
+"""Events an engine of the replay keeps (nobody reads the stream back in a replay)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,16 +90,63 @@ class SessionState:
     children: list[SessionState] = field(default_factory=list)
 
 
+class ReplayEngine(Protocol):
+    """What the harness asks of the engine a replay runs on: start a request over its block
+    hashes (served, or deferred/refused with a retry hint), finish it, and the counters the
+    report reads. :class:`~agentclaims.engine.KVEngine` is one;
+    :class:`~agentclaims.replay.vllm_pool.VllmPoolEngine` another."""
+
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def stats(self) -> EngineStats:
+        """``true_harm``: claims that lost blocks without a release, the report's column."""
+
+    @property
+    def active_blocks(self) -> int:
+        """Blocks running requests hold."""
+
+    @property
+    def protected_resident_blocks(self) -> int:
+        """Resident blocks claims shield from eviction now."""
+
+    def begin(
+        self,
+        request_id: str,
+        block_hashes: Sequence[BlockHash],
+        *,
+        extra_blocks: int = 0,
+        owner: str | None = None,
+    ) -> ActiveOutcome: ...
+
+    def finish(self, request_id: str) -> None: ...
+
+
+@runtime_checkable
+class CountsClaimEvents(Protocol):
+    """An engine that counts its claim events by name (vLLM's pool with the connector): the
+    replay reports them (``ReplayResult.claim_events``)."""
+
+    def claim_event_counts(self) -> dict[str, int]: ...
+
+
 class ReplayPolicy(Protocol):
-    """What a replay runs: the engine's eviction policy (``engine_policy``; an anchor policy is
-    one itself) and what hears the replay's events (see :class:`PolicyHooks`)."""
+    """What a replay runs: the engine (``make_engine``) with its eviction policy
+    (``engine_policy``; an anchor policy is one itself) and what hears the replay's events (see
+    :class:`PolicyHooks`)."""
 
     name: str
     protected_blocks: int
 
     def engine_policy(self) -> EvictionPolicy: ...
 
-    def attach(self, engine: KVEngine) -> None: ...
+    def make_engine(
+        self, capacity_blocks: int, block_size: int, clock: Callable[[], int]
+    ) -> ReplayEngine: ...
+
+    def attach(self, engine: ReplayEngine) -> None: ...
     def on_trace(self, trace: Trace, ordinal: int) -> None: ...
     def on_trace_end(self, ordinal: int) -> None: ...
     def advance(self, now: float) -> None: ...
@@ -104,6 +168,8 @@ class PolicyHooks:
     metadata). ``next_seq`` is the start sequence number the next request will get.
     """
 
+    name: str
+    """The row's name (each policy sets it)."""
     protected_blocks: int = 0
     """Blocks the policy currently shields from eviction (pins), for the report."""
 
@@ -112,7 +178,21 @@ class PolicyHooks:
         assert isinstance(self, EvictionPolicy)
         return self
 
-    def attach(self, engine: KVEngine) -> None:
+    def make_engine(
+        self, capacity_blocks: int, block_size: int, clock: Callable[[], int]
+    ) -> ReplayEngine:
+        """The engine the policy runs on: the reference engine, ranked by ``engine_policy``
+        (``clock() -> ns``: the replay's virtual clock)."""
+        return KVEngine(
+            capacity_blocks,
+            block_size,
+            eviction_policy=self.engine_policy(),
+            clock=clock,
+            policy_name=self.name,
+            event_buffer=REPLAY_EVENT_BUFFER,
+        )
+
+    def attach(self, engine: ReplayEngine) -> None:
         return None
 
     def on_trace(self, trace: Trace, ordinal: int) -> None:

@@ -9,6 +9,10 @@ sub-agents starting and returning, and the clock. Only :class:`OptimalPolicy` re
 The engine parks a request's blocks during ``finish`` (tail first), right after ``on_finish``,
 so a block inserted then belongs to the session that just finished (the last user of a shared
 block owns it).
+
+The ``agentclaims`` row's agent side is the SDK's session pipeline
+(:mod:`agentclaims.replay.pipeline`); the rows on vLLM's pool (``lru-vllm``,
+``agentclaims-vllm``) live in :mod:`agentclaims.replay.vllm_pool` and are registered here.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from agentclaims.contract import ClaimSpec, ProtectionMode, ReuseHint, hint_owner
+from agentclaims.contract import ClaimSpec, ProtectionMode, ReuseHint
 from agentclaims.engine import (
     Block,
     BlockHash,
@@ -32,10 +36,18 @@ from agentclaims.engine import (
     prefix_id_of,
 )
 from agentclaims.errors import UnknownNameError
-from agentclaims.graph import AgentExecutionGraph, ToolTimeModel
+from agentclaims.graph import ToolTimeModel
 from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_mode
-from agentclaims.replay.model import PolicyHooks, ReplayPolicy, ServiceModel, SessionState
-from agentclaims.session.workflow import WorkflowModel, renews_claim
+from agentclaims.replay.model import (
+    PolicyHooks,
+    ReplayEngine,
+    ReplayPolicy,
+    ServiceModel,
+    SessionState,
+)
+from agentclaims.replay.pipeline import HeldClaim, SessionPipeline, TraceWorkflow, shared_blocks
+from agentclaims.replay.vllm_pool import AgentClaimsVllmPolicy, LruVllmPolicy
+from agentclaims.session.workflow import renews_claim
 
 if TYPE_CHECKING:
     from agentclaims.replay.harness import Schedule
@@ -45,6 +57,9 @@ __all__ = [
     "FUTURE_POLICIES",
     "ONLINE_POLICIES",
     "POLICY_NAMES",
+    "ROW_LABELS",
+    "VLLM_POLICIES",
+    "VLLM_POLICY_NAMES",
     "AgentClaimsPolicy",
     "ContinuumPolicy",
     "KVFlowPolicy",
@@ -585,8 +600,21 @@ ONLINE_POLICIES: dict[str, Callable[[ServiceModel, int], ReplayPolicy]] = {
     "agentclaims": lambda service, bs: AgentClaimsPolicy(service, bs),
 }
 POLICY_NAMES = (*ONLINE_POLICIES, "opt")
+"""The rows on the reference engine: what a comparison runs by default."""
+VLLM_POLICIES: dict[str, Callable[[ServiceModel, int], ReplayPolicy]] = {
+    "lru-vllm": lambda service, bs: LruVllmPolicy(),
+    "agentclaims-vllm": lambda service, bs: AgentClaimsVllmPolicy(service, bs),
+}
+"""The rows on a model of vLLM's pool (its LRU free queue; the connector's holds), run when
+named. Their timeline can differ from the shared one (held blocks defer requests)."""
+VLLM_POLICY_NAMES = tuple(VLLM_POLICIES)
 FUTURE_POLICIES = frozenset({"opt"})
 """Policies that read the future (the recorded schedule): reported, labelled, as ceilings."""
+ROW_LABELS = {
+    "lru-vllm": "LRU on vLLM's pool",
+    "agentclaims-vllm": "agentclaims on vLLM's pool",
+}
+"""What a report calls a row, where its name alone does not say it (the ``-vllm`` rows)."""
 
 
 def make_policy(
@@ -597,54 +625,19 @@ def make_policy(
     schedule: Schedule | None = None,
 ) -> ReplayPolicy:
     """A fresh policy by name; ``opt`` needs the recorded ``schedule``."""
+    known = [*POLICY_NAMES, *VLLM_POLICY_NAMES]
     if name == "opt":
         if schedule is None:
-            raise UnknownNameError("policy", name, [n for n in POLICY_NAMES if n != "opt"])
+            raise UnknownNameError("policy", name, [n for n in known if n != "opt"])
         return OptimalPolicy(schedule)
-    factory = ONLINE_POLICIES.get(name)
+    factory = ONLINE_POLICIES.get(name) or VLLM_POLICIES.get(name)
     if factory is None:
-        raise UnknownNameError("policy", name, POLICY_NAMES)
+        raise UnknownNameError("policy", name, known)
     return factory(service or ServiceModel(), block_size)
 
 
 # ---------------------------------------------------------------------------- agentclaims
-def _shared(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """Leading blocks ``a`` and ``b`` share. Block ids are chained (a block's id depends on
-    every block before it), so equal ids at a position mean equal prefixes up to it: a binary
-    search finds the shared run."""
-    lo, hi = 0, min(len(a), len(b))
-    if hi and a[hi - 1] == b[hi - 1]:
-        return hi
-    while lo < hi:  # invariant: a[:lo] == b[:lo]; a[hi] != b[hi] (or hi is the end)
-        mid = (lo + hi) // 2
-        if a[mid] == b[mid]:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-class _Held:
-    __slots__ = ("claim_id", "hashes", "mode")
-
-    def __init__(self, claim_id: str, hashes: tuple[int, ...], mode: ProtectionMode) -> None:
-        self.claim_id = claim_id
-        self.hashes = hashes
-        self.mode = mode
-
-
-class _TraceWorkflow:
-    """One trace's run as the SDK sees it: its ``WorkflowModel`` and the claims it holds."""
-
-    __slots__ = ("held", "model", "scope")
-
-    def __init__(self, model: WorkflowModel, scope: str) -> None:
-        self.model = model
-        self.scope = scope
-        self.held: dict[str, _Held] = {}  # node -> claim on its context
-
-
-class AgentClaimsPolicy(PolicyHooks):
+class AgentClaimsPolicy(SessionPipeline):
     """The SDK's session pipeline against an engine that ranks by predicted next use.
 
     Engine side (``engine_policy``, the engine's own and nothing else): a
@@ -652,16 +645,14 @@ class AgentClaimsPolicy(PolicyHooks):
     use is farthest, from waits conditioned on the time already waited). The agent side below
     reaches it only through the engine's claims API.
 
-    Agent side, per trace: the SDK's own :class:`~agentclaims.session.workflow.WorkflowModel`
-    (its Agent Execution Graph, steps-to-execution, the shared :class:`ToolTimeModel`) and
-    :class:`~agentclaims.planner.ClaimPlanner` on the replay's virtual clock, driven as a
-    ``ClaimedSession`` drives them: ``before_call`` when a request arrives, ``after_call`` and
-    ``plan_after_call`` when it finishes. Each plan becomes a claim (``ClaimSpec`` with the
-    workflow's :class:`~agentclaims.contract.ReuseHint`) submitted to the engine, or, while the
-    held claim still covers the context (``renews_claim``), a renewal carrying the new hint.
-    Session signals go the same way: sub-agents launched, an agent done (``closed``), a context
-    rewritten keeping N blocks (seen when the next request arrives). The traces name no tools,
-    so the tool an agent waits on is its kind.
+    Agent side, per trace: the session pipeline (:class:`~agentclaims.replay.pipeline.
+    SessionPipeline`: the SDK's ``WorkflowModel`` and ``ClaimPlanner`` on the replay's virtual
+    clock). Each plan becomes a claim (``ClaimSpec`` with the workflow's
+    :class:`~agentclaims.contract.ReuseHint`) on the agent's stable leading run, submitted to
+    the engine, or, while the held claim still covers the context (``renews_claim``), a
+    renewal carrying the new hint. Session signals go the same way: sub-agents launched, an
+    agent done (``closed``), a context rewritten keeping N blocks (seen when the next request
+    arrives).
     """
 
     def __init__(
@@ -673,55 +664,26 @@ class AgentClaimsPolicy(PolicyHooks):
         *,
         close_root: bool = True,
     ) -> None:
-        self.name = "agentclaims"
+        super().__init__(
+            "agentclaims",
+            service,
+            block_size,
+            planner or ClaimPlanner(PlannerPolicy.named("ranked")),
+            close_root=close_root,
+        )
         self.ranking = NextUsePolicy(waits, name=self.name)
         """The engine's eviction policy."""
-        self.now = 0.0
-        """The replay's virtual clock, which the sessions read."""
-        self.close_root = close_root
-        """Send ``closed`` when a trace's root ends (its session ends then); ``False`` keeps
-        only the sub-agent returns (for measuring what the signal is worth)."""
-        self.service = service or ServiceModel()
-        self.block_size = block_size
-        self.planner = planner or ClaimPlanner(PlannerPolicy.named("ranked"))
-        self.tool_times = ToolTimeModel(prior_mean_s=10.0)
         self._engine: KVEngine | None = None
-        self._workflows: dict[int, _TraceWorkflow] = {}
-        self._count = 0
-        self._arrived: dict[int, float] = {}
-        self.plans: dict[str, int] = {}
-        """Claims planned, by mode (``renewed`` counts hint renewals)."""
 
     def engine_policy(self) -> NextUsePolicy:
         return self.ranking
 
-    def attach(self, engine: KVEngine) -> None:
+    def attach(self, engine: ReplayEngine) -> None:
+        assert isinstance(engine, KVEngine), "the agentclaims row runs on the reference engine"
         self._engine = engine
 
-    def advance(self, now: float) -> None:
-        self.now = now
-
-    @staticmethod
-    def node_of(s: SessionState) -> str:
-        return "main" if s.parent is None else f"sub:{s.name}"
-
-    def owner_of(self, session: SessionState) -> str | None:
-        return hint_owner(f"t{session.ordinal}", self.node_of(session))
-
-    def on_trace(self, trace: Trace, ordinal: int) -> None:
-        model = WorkflowModel(
-            AgentExecutionGraph(),
-            self.planner,
-            self.tool_times,
-            horizon=4,
-            reload_s_per_block=self.block_size / self.service.prefill_tokens_per_s,
-            queue_delay_s=0.0,
-            clock=lambda: self.now,
-        )
-        self._workflows[ordinal] = _TraceWorkflow(model, f"t{ordinal}")
-
     # ------------------------------------------------------------------ claims round trips
-    def _renew(self, wf: _TraceWorkflow, node: str, hint: ReuseHint) -> bool:
+    def _renew(self, wf: TraceWorkflow, node: str, hint: ReuseHint) -> bool:
         """Send ``hint`` on ``node``'s held claim; a claim that ended by its TTL (a hard
         claim) is replaced by a best-effort one carrying the hint."""
         held = wf.held.get(node)
@@ -730,20 +692,25 @@ class AgentClaimsPolicy(PolicyHooks):
             return False
         if held.mode is ProtectionMode.BEST_EFFORT:
             engine.renew_claim(held.claim_id, wf.scope, reuse_hint=hint)
-            self.plans["renewed"] = self.plans.get("renewed", 0) + 1
+            self._planned("renewed")
             return True
         self._release(wf, node)
         self._submit(wf, node, held.hashes, ProtectionMode.BEST_EFFORT, None, hint)
         return True
 
-    def _release(self, wf: _TraceWorkflow, node: str) -> None:
+    def _release(self, wf: TraceWorkflow, node: str) -> None:
         held = wf.held.pop(node, None)
         if held is not None and self._engine is not None:
             self._engine.release_claim(held.claim_id, wf.scope)
 
+    def _claimed(self, session: SessionState, hashes: tuple[int, ...]) -> tuple[int, ...]:
+        # the claim covers the stable leading run (system prompt and tool definitions); the
+        # hint, naming the agent, ranks all of its blocks
+        return hashes[: max(1, min(len(hashes), session.script.system_tokens // self.block_size))]
+
     def _claim(
         self,
-        wf: _TraceWorkflow,
+        wf: TraceWorkflow,
         node: str,
         hashes: tuple[int, ...],
         plan: ClaimPlan,
@@ -757,7 +724,7 @@ class AgentClaimsPolicy(PolicyHooks):
             held is not None
             and plan.mode is ProtectionMode.BEST_EFFORT
             and held.mode is ProtectionMode.BEST_EFFORT
-            and renews_claim(len(held.hashes), _shared(held.hashes, hashes))
+            and renews_claim(len(held.hashes), shared_blocks(held.hashes, hashes))
         ):
             self._renew(wf, node, hint)
             return
@@ -766,7 +733,7 @@ class AgentClaimsPolicy(PolicyHooks):
 
     def _submit(
         self,
-        wf: _TraceWorkflow,
+        wf: TraceWorkflow,
         node: str,
         hashes: tuple[int, ...],
         mode: ProtectionMode | None,
@@ -777,8 +744,7 @@ class AgentClaimsPolicy(PolicyHooks):
         engine = self._engine
         assert engine is not None
         while mode is not None:
-            self._count += 1
-            cid = f"c{self._count}"
+            cid = self._next_claim_id()
             spec = ClaimSpec(
                 claim_id=cid,
                 owner_scope=wf.scope,
@@ -790,63 +756,24 @@ class AgentClaimsPolicy(PolicyHooks):
                 reuse_hint=hint,
             )
             if engine.submit_claim(spec, hashes).accepted:  # type: ignore[arg-type]
-                self.plans[mode.value] = self.plans.get(mode.value, 0) + 1
-                wf.held[node] = _Held(cid, hashes, mode)
+                self._planned(mode)
+                wf.held[node] = HeldClaim(cid, hashes, mode)
                 return
             mode = relax_mode(mode)
 
-    # ------------------------------------------------------------------ the session's calls
-    def on_arrive(self, session: SessionState, request: TraceRequest, now: float) -> None:
-        wf = self._workflows[session.ordinal]
-        node = self.node_of(session)
-        wf.model.before_call(node)
-        self._arrived[session.sid] = now
-        old = session.hashes
+    # ------------------------------------------------------------------ session signals
+    def _on_call(
+        self, wf: TraceWorkflow, node: str, old: tuple[int, ...], new: tuple[int, ...]
+    ) -> None:
         if old:
-            keep = _shared(old, request.block_hashes)
+            keep = shared_blocks(old, new)
             if keep < len(old):  # the context was rewritten: say what is kept
                 self._renew(wf, node, wf.model.rewrite_hint(node, keep))
 
-    def on_begin(self, session: SessionState, request: TraceRequest, now: float) -> None:
-        wait = now - self._arrived.pop(session.sid, now)
-        self._workflows[session.ordinal].model.note_call(retried=wait > 0)
-
-    def on_finish(
-        self, session: SessionState, request: TraceRequest, now: float, next_seq: int
-    ) -> None:
-        hashes = request.block_hashes
-        wf = self._workflows[session.ordinal]
-        node = self.node_of(session)
-        tools = (session.kind,) if request.stop == "tool_use" else ()
-        wf.model.after_call(node, tools)
-        if not hashes or len(set(hashes)) != len(hashes):
-            return
-        # the claim covers the stable leading run (system prompt and tool definitions); the
-        # hint, naming the agent, ranks all of its blocks
-        lead = hashes[: max(1, min(len(hashes), session.script.system_tokens // self.block_size))]
-        ctx, plan = wf.model.plan_after_call(node, prefix_id_of(lead), tools)
-        hint = wf.model.reuse_hint(node, ctx, tool=tools[0] if tools else None)
-        if plan.mode is None:
-            self._release(wf, node)
-            return
-        self._claim(wf, node, lead, plan, ctx, hint)
-
-    def on_wait(self, session: SessionState, now: float) -> None:
-        wf = self._workflows[session.ordinal]
-        node = self.node_of(session)
+    def _on_wait(self, wf: TraceWorkflow, node: str, subagents: int) -> None:
         ctx = PrefixContext(prefix_id=node, footprint_blocks=0, waiting_on="subagent")
-        self._renew(wf, node, wf.model.reuse_hint(node, ctx, subagents=session.waiting_subagents))
+        self._renew(wf, node, wf.model.reuse_hint(node, ctx, subagents=subagents))
 
-    def _close(self, wf: _TraceWorkflow, node: str) -> None:
+    def _close(self, wf: TraceWorkflow, node: str) -> None:
         self._renew(wf, node, wf.model.closed_hint(node))
         self._release(wf, node)
-
-    def on_session_end(self, session: SessionState, now: float) -> None:
-        self._close(self._workflows[session.ordinal], self.node_of(session))
-
-    def on_trace_end(self, ordinal: int) -> None:
-        wf = self._workflows.pop(ordinal)
-        if self.close_root:
-            self._close(wf, "main")
-        for node in list(wf.held):
-            self._release(wf, node)
