@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from agentclaims.observability import WorkflowLog
     from agentclaims.protocol import ClaimsProtocol
 
-__all__ = ["ClaimIO", "EventOutcomes", "HeldClaim"]
+__all__ = ["PIN_MODES", "ClaimIO", "EventOutcomes", "HeldClaim", "protects_at_least"]
 
 _log = structlog.get_logger("agentclaims.session")
 _STATE_OF = {
@@ -61,16 +61,26 @@ _STATE_OF = {
     EventName.RESIDENT_CLAIM_EXPIRED: ClaimState.EXPIRED,
     EventName.RESIDENT_CLAIM_HARMED: ClaimState.HARMED,
 }
-_TTL_MODES = (ProtectionMode.EXPIRING, ProtectionMode.HARD_PROTECTED)
-_FALLBACK = (
+PIN_MODES = (ProtectionMode.EXPIRING, ProtectionMode.HARD_PROTECTED)
+"""The modes that pin with a TTL (a release of one is sent at once, not kept for a call)."""
+_TTL_MODES = PIN_MODES
+_STRENGTH = (
     ProtectionMode.HARD_PROTECTED,
     ProtectionMode.EXPIRING,
     ProtectionMode.SOFT_PRIORITY,
     ProtectionMode.DEMOTABLE,
+    ProtectionMode.OFFLOADABLE,
     ProtectionMode.BEST_EFFORT,
 )
+"""Every mode, strongest first."""
+_FALLBACK = tuple(m for m in _STRENGTH if m is not ProtectionMode.OFFLOADABLE)
 """Strongest first: a mode the backend does not honour falls back to the next it does (a soft
 claim to demotable: kept under pressure until demoted, with the event, instead of dropped)."""
+
+
+def protects_at_least(mode: ProtectionMode, than: ProtectionMode) -> bool:
+    """Whether ``mode`` protects at least as strongly as ``than``."""
+    return _STRENGTH.index(mode) <= _STRENGTH.index(than)
 
 
 @dataclass(slots=True)

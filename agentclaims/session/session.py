@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from agentclaims.contract import OwnerScope, PrefixId, ProtectionMode, ReuseHint, prefix_blocks
+from agentclaims.contract import OwnerScope, PrefixId, ReuseHint, prefix_blocks
 from agentclaims.errors import (
     BackendUnavailable,
     ClaimHarmed,
@@ -37,7 +37,13 @@ from agentclaims.errors import (
 from agentclaims.graph import AgentExecutionGraph, ToolTimeModel
 from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_mode
 from agentclaims.protocol import SEQUENCE_OBJECT, ActiveOutcome, ClaimsProtocol
-from agentclaims.session.claims import ClaimIO, EventOutcomes, HeldClaim
+from agentclaims.session.claims import (
+    PIN_MODES,
+    ClaimIO,
+    EventOutcomes,
+    HeldClaim,
+    protects_at_least,
+)
 from agentclaims.session.reactions import ReactionPolicy
 from agentclaims.session.toolhold import Wanted, hold_for_tool
 from agentclaims.session.workflow import WorkflowModel, wait_key
@@ -70,8 +76,6 @@ _RANKED, _HELD, _UNRANKED = "ranked", "held", "default"
 """What ``auto`` plans on a backend that ranks by reuse hints, on one that sheds holds by
 their hints and takes claims riding on requests, and on any other."""
 
-_TTL_MODES = ("hard_protected", "expiring")
-
 
 @dataclass(slots=True)
 class _Riding:
@@ -84,21 +88,6 @@ class _Riding:
     plan: ClaimPlan | None = None
     ctx: PrefixContext | None = None
     releases: list[HeldClaim] = field(default_factory=list)
-
-
-_STRENGTH = (
-    ProtectionMode.HARD_PROTECTED,
-    ProtectionMode.EXPIRING,
-    ProtectionMode.SOFT_PRIORITY,
-    ProtectionMode.DEMOTABLE,
-    ProtectionMode.OFFLOADABLE,
-    ProtectionMode.BEST_EFFORT,
-)
-
-
-def _at_least(mode: ProtectionMode, than: ProtectionMode) -> bool:
-    """Whether ``mode`` protects at least as strongly as ``than``."""
-    return _STRENGTH.index(mode) <= _STRENGTH.index(than)
 
 
 _current: ContextVar[ClaimedSession | None] = ContextVar("agentclaims_session", default=None)
@@ -764,7 +753,7 @@ class ClaimedSession:
         _, plan = self.workflow.plan_after_call(node, held.prefix_id, tool_names)
         if plan.mode is None:  # its reuse became unlikely (the human is next, say)
             del self.io.held[node]
-            if held.plan.mode is not None and held.plan.mode.value in _TTL_MODES:
+            if held.plan.mode in PIN_MODES:
                 await self.io.release(backend, held, "reuse_unlikely")  # a pin: now
             else:
                 self.io.let_go(held, "reuse_unlikely")
@@ -838,7 +827,7 @@ class ClaimedSession:
         for other in self.workflow.to_release(held, node):
             claim = self.io.held.pop(other)
             backend = self._backend_named(claim.backend)
-            pin = claim.plan.mode is not None and claim.plan.mode.value in _TTL_MODES
+            pin = claim.plan.mode in PIN_MODES
             if not pin and await self.io.rides(backend):
                 self.io.let_go(claim, "reuse_unlikely")  # with the next call there
             else:
@@ -902,7 +891,7 @@ class ClaimedSession:
             # down the ladder (on vLLM a demotable hold goes to best effort, which it only
             # watches: no claim, and the reaction says so)
             weaker = relax_mode(held.plan.mode, self.planner.policy.soft_mode)
-            if _at_least(plan.mode, held.plan.mode):
+            if protects_at_least(plan.mode, held.plan.mode):
                 plan = ClaimPlan(weaker, plan.ttl_s, f"{plan.reason}; one step below demoted")
         self.stats.claims_replanned += 1
         self.log_reaction(

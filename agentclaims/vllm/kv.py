@@ -557,12 +557,10 @@ class VllmKV:
         if cache_salt:  # vLLM's own per-request salt: a tenant's blocks are its own
             forwarded["cache_salt"] = cache_salt
         wants_ids = bool(body.get("return_token_ids"))
-        on_reply = {s.claim_id for s in specs if s.object_id == SEQUENCE_OBJECT}
+        on_reply, gated, riding, envelope = self._envelope(client, specs, tenant)
         if tokens is None or on_reply:
             forwarded["return_token_ids"] = True  # the prompt's and the reply's token ids
-        gated, ops = self._ops_for(specs, on_reply)
-        riding = self._take_riding()
-        forwarded["kv_transfer_params"] = {"agentclaims": client.envelope([*riding, *ops], tenant)}
+        forwarded["kv_transfer_params"] = {"agentclaims": envelope}
         self.completions += 1
         try:
             status, data = await self._http.post(_KINDS[kind], forwarded)
@@ -622,10 +620,7 @@ class VllmKV:
         forwarded["stream_options"] = {**options, "include_usage": True}
         if cache_salt:
             forwarded["cache_salt"] = cache_salt
-        on_reply = {s.claim_id for s in specs if s.object_id == SEQUENCE_OBJECT}
-        gated, ops = self._ops_for(specs, on_reply)
-        riding = self._take_riding()
-        envelope = client.envelope([*riding, *ops], owner or "default")
+        on_reply, gated, riding, envelope = self._envelope(client, specs, owner or "default")
         forwarded["kv_transfer_params"] = {"agentclaims": envelope}
         self.completions += 1
         try:
@@ -687,17 +682,21 @@ class VllmKV:
             specs = self._resolve(claims, owner, prompt_pid, len(hashes))
         return tokens, hashes, prompt_pid, specs
 
-    def _ops_for(
-        self, specs: Sequence[ClaimSpec], on_reply: set[str]
-    ) -> tuple[dict[str, str], list[dict[str, Any]]]:
-        """The claims refused here (the reason, by claim id) and the holds of the others."""
+    def _envelope(
+        self, client: ConnectorClient, specs: Sequence[ClaimSpec], tenant: str
+    ) -> tuple[set[str], dict[str, str], list[dict[str, Any]], dict[str, Any]]:
+        """What a request to vLLM carries: its claims on ``@sequence`` (held when it ends),
+        the claims refused here (the reason, by claim id), the pending operations that ride on
+        it (taken: put them back if it does not go), and the signed envelope of them all."""
+        on_reply = {s.claim_id for s in specs if s.object_id == SEQUENCE_OBJECT}
         gated = {spec.claim_id: reason for spec in specs if (reason := self._gated(spec))}
-        ops = [
+        holds = [
             self._hold_op(spec, all_blocks=spec.claim_id in on_reply)
             for spec in specs
             if spec.claim_id not in gated
         ]
-        return gated, ops
+        riding = self._take_riding()
+        return on_reply, gated, riding, client.envelope([*riding, *holds], tenant)
 
     # ------------------------------------------------------------------ riding operations
     def _queue(self, op: dict[str, Any]) -> None:
