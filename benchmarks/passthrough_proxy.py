@@ -2,7 +2,7 @@
 stack as `agentclaims serve` (uvicorn on httptools and uvloop) and the same HTTP client to
 vLLM (`agentclaims.vllm.upstream.Upstream`, on aiohttp), with none of the gateway's work.
 Each request's JSON is parsed and encoded again, as any proxy that reads what it forwards
-does. Used by benchmarks/bench_gateway_latency.py::
+does, with the gateway's own JSON codec (``agentclaims._json``). Used by benchmarks/bench_gateway_latency.py::
 
     python benchmarks/passthrough_proxy.py --port 18003 --upstream http://127.0.0.1:8000
 """
@@ -10,13 +10,13 @@ does. Used by benchmarks/bench_gateway_latency.py::
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 _JSON = [(b"content-type", b"application/json")]
 
 
 def make_app(upstream: str) -> Any:
+    from agentclaims._json import dumps, loads
     from agentclaims.vllm.upstream import Upstream
 
     client = Upstream(upstream)  # the gateway's own client to vLLM, as it configures it
@@ -37,9 +37,9 @@ def make_app(upstream: str) -> Any:
         if scope["path"] == "/health":
             status, out = 200, b"{}"
         else:
-            forwarded = json.loads(body) if body else None
+            forwarded = loads(body) if body else None
             status, raw = await client.request(scope["method"], scope["path"], forwarded)
-            out = json.dumps(json.loads(raw)).encode()
+            out = dumps(loads(raw))
         headers = [*_JSON, (b"content-length", str(len(out)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": out})

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from agentclaims import _json
 from agentclaims.errors import UsageError
 
 __all__ = ["BodyTooLarge", "Limits", "parse_body"]
@@ -81,7 +82,7 @@ def parse_body(raw: bytes, limits: Limits) -> dict[str, Any]:
     if not raw:
         return {}
     try:
-        body = json.loads(raw)
+        body = _json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UsageError("body", f"not JSON: {exc}") from None
     except RecursionError:  # deeper than the parser goes: far past max_depth

@@ -185,9 +185,13 @@ class GatewayMetrics:
             buckets=_BUCKETS,
         )
         self.registry.register(_Snapshot(stats))
+        self._routes: dict[str, Any] = {}
 
     def observe(self, route: str, seconds: float) -> None:
-        self.latency.labels(route).observe(seconds)
+        child = self._routes.get(route)
+        if child is None:  # one child per route, looked up once (every request observes)
+            child = self._routes[route] = self.latency.labels(route)
+        child.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

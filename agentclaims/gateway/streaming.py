@@ -18,19 +18,36 @@ for usage: the claims transport reads it there to plan the next claim.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse as _StarletteJSON
+from starlette.responses import Response, StreamingResponse
 
+from agentclaims import _json
 from agentclaims.errors import UsageError
 from agentclaims.protocol import EXTENSION_KEY
 
-__all__ = ["DONE", "chunks", "event", "respond", "sse", "stream_requested", "unstreamed"]
+__all__ = [
+    "DONE",
+    "JSONResponse",
+    "chunks",
+    "event",
+    "respond",
+    "sse",
+    "stream_requested",
+    "unstreamed",
+]
 
 _PIECE = re.compile(r"\s*\S+\s*|\s+")
+
+
+class JSONResponse(_StarletteJSON):
+    """Starlette's JSON response, written by the gateway's codec (``agentclaims._json``)."""
+
+    def render(self, content: Any) -> bytes:
+        return _json.dumps(content)
 
 
 def stream_requested(body: Mapping[str, Any]) -> bool:
@@ -83,7 +100,7 @@ DONE = b"data: [DONE]\n\n"
 
 def event(chunk: Mapping[str, Any]) -> bytes:
     """One server-sent event: ``chunk`` as the ``data:`` of one event."""
-    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + _json.dumps(chunk) + b"\n\n"
 
 
 def sse(items: Iterator[dict[str, Any]]) -> Iterator[bytes]:

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,7 +118,7 @@ class ConnectorClient:
         body = {
             "v": 1,
             "tenant": tenant or self.tenant,
-            "nonce": uuid.uuid4().hex,
+            "nonce": os.urandom(16).hex(),
             "since": self.cursor,
             "ops": [dict(op) for op in ops],
         }

@@ -287,6 +287,10 @@ class VllmKV:
         ``resident_claim_expired`` (reason ``revoked: gateway_restart``), read into this
         gateway's stream: no claim disappears silently. While vLLM's engine is dead: a
         ``BackendUnavailable`` naming why, until a vLLM answers again (then once more)."""
+        started = self._started
+        if started is not None and started.done() and self.engine_dead is None:
+            started.result()  # every request asks: the started one returns at once
+            return
         if self.engine_dead is not None:
             await self._revive()
         if self._started is None:

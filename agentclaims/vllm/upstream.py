@@ -10,10 +10,10 @@ the server is closing.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from agentclaims import _json
 from agentclaims.errors import BackendUnavailable, UsageError
 from agentclaims.protocol import timing
 
@@ -96,7 +96,7 @@ class Upstream:
         import aiohttp
 
         timeout = aiohttp.ClientTimeout(total=None, sock_read=self.timeout_s)
-        data = json.dumps(body).encode()
+        data = _json.dumps(body)
         try:
             with timing.upstream():
                 response = await self._client().post(
@@ -127,7 +127,7 @@ class Upstream:
         import aiohttp
 
         url = self.base_url + path
-        data = None if body is None else json.dumps(body).encode()
+        data = None if body is None else _json.dumps(body)
         timeout = None if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
         try:
             with timing.upstream():
@@ -190,7 +190,7 @@ class Stream:
                 if payload == b"[DONE]":
                     return
                 try:
-                    event = json.loads(payload)
+                    event = _json.loads(payload)
                 except ValueError:
                     continue
                 if isinstance(event, dict):
@@ -204,6 +204,6 @@ class Stream:
 
 def _parsed(raw: bytes) -> Any:
     try:
-        return json.loads(raw)
+        return _json.loads(raw)
     except ValueError:
         return {"error": {"message": raw[:500].decode(errors="replace")}}

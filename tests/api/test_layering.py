@@ -14,13 +14,15 @@ from pathlib import Path
 
 ANY = frozenset({"*"})
 
-BASE = frozenset({"errors", "_lazy"})
-"""The top modules every part may import: the errors, and the lazy loader of a package's names."""
+BASE = frozenset({"errors", "_lazy", "_json"})
+"""The top modules every part may import: the errors, the lazy loader of a package's names, and
+the JSON codec of the per-request path."""
 
 # What each part may import besides itself and BASE (importable by all), lowest first.
 ALLOWED: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "_lazy": frozenset(),
+    "_json": frozenset(),
     "contract": frozenset(),
     "protocol": frozenset({"contract"}),
     "graph": frozenset({"contract"}),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx2
 import pytest
 
 from agentclaims.vllm import ConnectorAnswer, ConnectorClient
@@ -111,6 +112,48 @@ async def test_a_hopeless_wait_is_refused_naming_the_claims_and_served_after_rel
     await release_all(connector, *ids)
     served = await connector.complete(prompt)
     assert served.served
+
+
+async def _running(url: str, timeout_s: float = 30.0) -> None:
+    """Until vLLM reports a request running (its own /metrics)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with httpx2.AsyncClient(timeout=5) as http:
+        while asyncio.get_running_loop().time() < deadline:
+            text = (await http.get(f"{url}/metrics")).text
+            for line in text.splitlines():
+                if line.startswith("vllm:num_requests_running") and float(line.split()[-1]) >= 1:
+                    return
+            await asyncio.sleep(0.01)
+    raise AssertionError("no request started running")
+
+
+async def test_cache_hits_in_the_free_queue_count_against_the_free_blocks(
+    connector: ConnectorClient, prompts: Any, vllm_server: Any
+) -> None:
+    """A request whose cached prefix sits in the free queue takes those blocks out of it when
+    it runs: admission counts them as it counts new blocks. With 30 of the 40 blocks held and
+    another request running (5 blocks at most: 100 tokens and 60 more), the 5-6 free blocks
+    are a finished prompt's; its next turn needs them and 2-3 new ones. Counting only the new
+    ones served it, and vLLM then left it waiting behind the holds, with no event, until the
+    other request ended; it is refused at once, naming the holds."""
+    ids = await _fill(connector, prompts, "hits", "hard_protected", ttl_s=100)
+    first = prompts(200)  # 6 full blocks, cached and free once it ends
+    assert (await connector.complete(first)).served
+    runner = asyncio.ensure_future(connector.complete(prompts(100), max_tokens=60))
+    try:
+        await _running(vllm_server.url)
+        again = await connector.complete([*first, *prompts(30)])
+        assert not again.served, (again.finish_reason, again.cached_tokens)
+        assert again.finish_reason == "abort"
+        assert again.refused is not None
+        assert again.refused["blocking_claim_ids"]
+        assert set(again.refused["blocking_claim_ids"]) <= set(ids)
+        assert again.refused["shortfall_blocks"] > 0
+        [refusal] = events_named(connector, "active_request_refused")
+        assert refusal["shortfall_blocks"] == again.refused["shortfall_blocks"]
+    finally:
+        assert (await runner).served
+    await release_all(connector, *ids)
 
 
 async def test_soft_holds_are_shed_under_pressure_each_with_a_demotion(

@@ -315,12 +315,30 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         again next step) while held blocks stand in the way."""
         bs = self._block_size
         needed = -(-request.num_tokens // bs) - num_computed_tokens // bs
-        verdict = self.book.admit(request.request_id, needed)
+        book = self.book
+        if book.holds:  # (with nothing held every request is served: no need to look)
+            needed += self._free_hits(request, num_computed_tokens // bs)
+        verdict = book.admit(request.request_id, needed)
         if verdict.action == "serve":
             return 0, False
         if verdict.action == "refuse":
             self._refusals[request.request_id] = verdict
         return None, False
+
+    def _free_hits(self, request: Request, hit_blocks: int) -> int:
+        """The request's cache hits that sit in the free queue (no running request uses
+        them): the scheduler takes each out of the queue when it reuses it, so each costs a
+        free block as a new block does. Counting only new blocks would serve a request that
+        cannot be given its blocks, and leave it waiting with no event."""
+        pool = self._pool
+        if pool is None or not hit_blocks:
+            return 0
+        free = 0
+        for block_hash in request.block_hashes[:hit_blocks]:
+            cached = pool.get_cached_block(block_hash, [0])  # one KV cache group (check_engine)
+            if cached and cached[0].ref_cnt == 0:
+                free += 1
+        return free
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int

@@ -7,7 +7,14 @@ from typing import Any
 __all__ = ["SUPPORTED_VLLM", "check_engine", "check_pool"]
 
 SUPPORTED_VLLM = ("0.32.", "0.33.")
-_POOL_HOOKS = ("touch", "free_blocks", "get_num_free_blocks", "blocks", "num_gpu_blocks")
+_POOL_HOOKS = (
+    "touch",
+    "free_blocks",
+    "get_num_free_blocks",
+    "get_cached_block",
+    "blocks",
+    "num_gpu_blocks",
+)
 
 
 class UnsupportedEngine(RuntimeError):

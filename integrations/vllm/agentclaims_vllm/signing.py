@@ -7,7 +7,6 @@ without ``sig``; a nonce seen before is refused (no replays).
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 from collections import OrderedDict
@@ -25,8 +24,7 @@ def canonical(envelope: Mapping[str, Any]) -> bytes:
 
 def sign(envelope: Mapping[str, Any], key: str) -> dict[str, Any]:
     """``envelope`` with its ``sig``."""
-    digest = hmac.new(key.encode(), canonical(envelope), hashlib.sha256).hexdigest()
-    return {**envelope, "sig": digest}
+    return {**envelope, "sig": hmac.digest(key.encode(), canonical(envelope), "sha256").hex()}
 
 
 def verify(envelope: Mapping[str, Any], key: str) -> bool:
@@ -34,7 +32,7 @@ def verify(envelope: Mapping[str, Any], key: str) -> bool:
     sig = envelope.get("sig")
     if not isinstance(sig, str) or not key:
         return False
-    want = hmac.new(key.encode(), canonical(envelope), hashlib.sha256).hexdigest()
+    want = hmac.digest(key.encode(), canonical(envelope), "sha256").hex()
     return hmac.compare_digest(sig, want)
 
 
