@@ -108,7 +108,7 @@ class _VllmPool:
         self.pool.free_blocks(reversed(blocks))  # the first freed is evicted first: tail first
 
     def num_free(self) -> int:
-        return self.pool.get_num_free_blocks()
+        return int(self.pool.get_num_free_blocks())
 
 
 class AgentClaimsConnector(KVConnectorBase_V1):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -187,7 +188,7 @@ class _Relay:
         while True:
             for sock, _ in poller.poll(1000):
                 if sock == sys.stdin.fileno():
-                    if not sys.stdin.buffer.read1(4096):
+                    if not os.read(sys.stdin.fileno(), 4096):
                         return  # the gateway is gone
                 elif sock is self._sub:
                     frames = self._sub.recv_multipart()

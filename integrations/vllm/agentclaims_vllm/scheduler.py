@@ -87,7 +87,7 @@ class _Refusals:
         refused = connector.take_refusals()
         if not refused:
             return outputs
-        for request in self.finish_requests(refused, RequestStatus.FINISHED_ABORTED):  # type: ignore[attr-defined]
+        for request in self.finish_requests(refused, RequestStatus.FINISHED_ABORTED):
             eco = outputs.get(request.client_index)
             if eco is None:
                 eco = outputs[request.client_index] = EngineCoreOutputs()
