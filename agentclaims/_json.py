@@ -4,14 +4,19 @@
 Both give the same documents for what the gateway parses and sends. Where orjson refuses what
 the standard library accepts (an integer past 64 bits, ``NaN``, a key that is not a string),
 the standard library decides, so what is accepted and every error message stay as they were.
+orjson reads some integers past 64 bits as floats, silently: a document with a run of 19
+digits or more (such a number, or such text in a string) is read by the standard library.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 __all__ = ["dumps", "loads"]
+
+_LONG_NUMBER = re.compile(rb"\d{19}")
 
 _orjson: Any
 try:
@@ -22,7 +27,9 @@ except ImportError:  # pragma: no cover - the serve extra installs it
 
 def loads(raw: bytes | str) -> Any:
     """``raw`` parsed; ``ValueError`` (``json.JSONDecodeError``) when it is not JSON."""
-    if _orjson is not None:
+    if _orjson is not None and _LONG_NUMBER.search(
+        raw if isinstance(raw, bytes) else raw.encode(errors="surrogatepass")
+    ) is None:
         try:
             return _orjson.loads(raw)
         except _orjson.JSONDecodeError:

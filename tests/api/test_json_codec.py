@@ -39,6 +39,8 @@ def test_it_reads_what_the_standard_library_writes(value: Any) -> None:
 def test_what_orjson_refuses_the_standard_library_decides() -> None:
     """Integers past 64 bits and NaN parse as before; non-string keys are written as before."""
     assert _json.loads(b'{"h": 18446744073709551616}') == {"h": 2**64}
+    assert _json.loads(b"[-9223372036854775809]") == [-(2**63) - 1]  # orjson: a float
+    assert _json.loads("[-9223372036854775809]") == [-(2**63) - 1]
     assert math.isnan(_json.loads(b"[NaN]")[0])
     assert json.loads(_json.dumps({1: "a", 2**65: "b"})) == {"1": "a", str(2**65): "b"}
 
