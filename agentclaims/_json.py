@@ -27,9 +27,13 @@ except ImportError:  # pragma: no cover - the serve extra installs it
 
 def loads(raw: bytes | str) -> Any:
     """``raw`` parsed; ``ValueError`` (``json.JSONDecodeError``) when it is not JSON."""
-    if _orjson is not None and _LONG_NUMBER.search(
-        raw if isinstance(raw, bytes) else raw.encode(errors="surrogatepass")
-    ) is None:
+    if (
+        _orjson is not None
+        and _LONG_NUMBER.search(
+            raw if isinstance(raw, bytes) else raw.encode(errors="surrogatepass")
+        )
+        is None
+    ):
         try:
             return _orjson.loads(raw)
         except _orjson.JSONDecodeError:
