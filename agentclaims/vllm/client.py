@@ -26,8 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentclaims_vllm.ops import EXTENSION_KEY, Answer, Op, to_wire
+
 from agentclaims.errors import BackendError, UsageError
-from agentclaims.protocol import EXTENSION_KEY
 from agentclaims.vllm.upstream import Upstream
 
 __all__ = ["ConnectorAnswer", "ConnectorClient"]
@@ -109,10 +110,11 @@ class ConnectorClient:
         self._local = self.base_url.split("://", 1)[-1].startswith(_LOOPBACK)
 
     def envelope(
-        self, ops: Sequence[Mapping[str, Any]], tenant: str | None = None
+        self, ops: Sequence[Op | Mapping[str, Any]], tenant: str | None = None
     ) -> dict[str, Any]:
         """The signed ``kv_transfer_params["agentclaims"]`` object for ``ops`` (of ``tenant``,
-        by default the client's)."""
+        by default the client's): typed operations (``agentclaims_vllm.ops``), or objects as
+        they go on the wire."""
         from agentclaims_vllm.signing import sign
 
         body = {
@@ -120,7 +122,7 @@ class ConnectorClient:
             "tenant": tenant or self.tenant,
             "nonce": os.urandom(16).hex(),
             "since": self.cursor,
-            "ops": [dict(op) for op in ops],
+            "ops": [dict(op) if isinstance(op, Mapping) else to_wire(op) for op in ops],
         }
         signed: dict[str, Any] = sign(body, self._key)
         return signed
@@ -128,7 +130,7 @@ class ConnectorClient:
     async def complete(
         self,
         prompt: Sequence[int],
-        ops: Sequence[Mapping[str, Any]] = (),
+        ops: Sequence[Op | Mapping[str, Any]] = (),
         *,
         max_tokens: int = 4,
         kv_transfer_params: Mapping[str, Any] | None = None,
@@ -193,7 +195,7 @@ class ConnectorClient:
             self.channel = path
 
     async def operate(
-        self, ops: Sequence[Mapping[str, Any]], tenant: str | None = None
+        self, ops: Sequence[Op | Mapping[str, Any]], tenant: str | None = None
     ) -> ConnectorAnswer:
         """Apply ``ops`` (release, renew, answer, revoke_all) now: over the connector's
         channel where it answers, else on a one-token request. The answer holds every event
@@ -210,7 +212,7 @@ class ConnectorClient:
         return dataclasses.replace(answer, events=tuple(events))
 
     async def _standalone(
-        self, ops: Sequence[Mapping[str, Any]], tenant: str | None
+        self, ops: Sequence[Op | Mapping[str, Any]], tenant: str | None
     ) -> ConnectorAnswer:
         if self.channel is not None:
             try:
@@ -222,7 +224,7 @@ class ConnectorClient:
         return await self.complete([1], ops, max_tokens=1, tenant=tenant)
 
     async def _over_channel(
-        self, ops: Sequence[Mapping[str, Any]], tenant: str | None
+        self, ops: Sequence[Op | Mapping[str, Any]], tenant: str | None
     ) -> dict[str, Any]:
         """The connector's answer to ``ops`` over its channel (read, not yet taken in)."""
         assert self.channel is not None
@@ -266,7 +268,7 @@ class ConnectorClient:
         if self.channel is None:
             return None
         try:
-            raw = await self._over_channel([{"op": "answer", "nonce": nonce}], tenant)
+            raw = await self._over_channel([Answer(nonce)], tenant)
         except (OSError, ValueError, BackendError) as exc:
             log.warning("agentclaims: the connector's channel failed (%r)", exc)
             self._drop_channel()

@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentclaims_vllm.ops import Hold, Op, Release, Renew, RevokeAll
+
 from agentclaims.contract import (
     BACKEND_RESTART,
     ArbiterAction,
@@ -268,7 +270,7 @@ class VllmKV:
         self._http.on_engine_dead = self._engine_died
         self.ride_bound_s = float(ride_bound_s)
         """How long a pending operation (a release) waits for a request to ride on."""
-        self._riding: list[tuple[dict[str, Any], float]] = []
+        self._riding: list[tuple[Op, float]] = []
         """Pending operations (each naming its tenant) and when each was queued."""
         self._flush: asyncio.TimerHandle | None = None
         self._flushing: set[asyncio.Task[None]] = set()
@@ -306,7 +308,7 @@ class VllmKV:
             await self.observer.start()
         client = await self._connector_ready()
         client.skip_events((await client.complete([1], max_tokens=1)).last_seq)  # history before
-        answer = await client.operate([{"op": "revoke_all", "reason": "gateway_restart"}])
+        answer = await client.operate([RevokeAll("gateway_restart")])
         self.connector = bool(answer.results)  # stock vLLM ignores the operations
         if not self.connector:
             self.lowering = _STOCK_DESCRIPTOR if _STOCK_DESCRIPTOR.is_file() else None
@@ -688,7 +690,7 @@ class VllmKV:
 
     def _envelope(
         self, client: ConnectorClient, specs: Sequence[ClaimSpec], tenant: str
-    ) -> tuple[set[str], dict[str, str], list[dict[str, Any]], dict[str, Any]]:
+    ) -> tuple[set[str], dict[str, str], list[Op], dict[str, Any]]:
         """What a request to vLLM carries: its claims on ``@sequence`` (held when it ends),
         the claims refused here (the reason, by claim id), the pending operations that ride on
         it (taken: put them back if it does not go), and the signed envelope of them all."""
@@ -703,7 +705,7 @@ class VllmKV:
         return on_reply, gated, riding, client.envelope([*riding, *holds], tenant)
 
     # ------------------------------------------------------------------ riding operations
-    def _queue(self, op: dict[str, Any]) -> None:
+    def _queue(self, op: Op) -> None:
         """An operation (naming its tenant) waits for the next request to vLLM, at most
         ``ride_bound_s``; then it goes on its own (``_flush_riding``)."""
         self._riding.append((op, time.monotonic()))
@@ -711,7 +713,7 @@ class VllmKV:
             loop = asyncio.get_running_loop()
             self._flush = loop.call_later(self.ride_bound_s, self._flush_due)
 
-    def _take_riding(self) -> list[dict[str, Any]]:
+    def _take_riding(self) -> list[Op]:
         """Every pending operation, for the request about to go (counted as riding)."""
         if not self._riding:
             return []
@@ -719,7 +721,7 @@ class VllmKV:
         self.ops_rode += len(taken)
         return self._waited(taken)
 
-    def _waited(self, taken: Sequence[tuple[dict[str, Any], float]]) -> list[dict[str, Any]]:
+    def _waited(self, taken: Sequence[tuple[Op, float]]) -> list[Op]:
         now = time.monotonic()
         for _, queued in taken:
             wait = now - queued
@@ -728,14 +730,14 @@ class VllmKV:
             self.ride_wait_count += 1
         return [op for op, _ in taken]
 
-    def _requeue(self, ops: Sequence[dict[str, Any]]) -> None:
+    def _requeue(self, ops: Sequence[Op]) -> None:
         """Operations whose request may not have reached the connector go again (a release
         or renewal applied twice changes nothing the second time)."""
         self.ops_rode -= len(ops)
         for op in ops:
             self._queue(op)
 
-    async def _operate(self, ops: Sequence[dict[str, Any]]) -> ConnectorAnswer:
+    async def _operate(self, ops: Sequence[Op]) -> ConnectorAnswer:
         """``ops`` (each naming its tenant) sent now, over the channel where there is one, with
         every pending operation going first: whatever reaches the connector carries them."""
         riding = self._take_riding()
@@ -839,21 +841,21 @@ class VllmKV:
         if self.observer is not None and hashes:
             await self.observer.wait_resident(hashes, timeout_s)
 
-    def _hold_op(self, spec: ClaimSpec, *, all_blocks: bool = False) -> dict[str, Any]:
+    def _hold_op(self, spec: ClaimSpec, *, all_blocks: bool = False) -> Hold:
         """The connector's ``hold``; ``all_blocks``: every full block the request leaves
         cached, its reply's included (``@sequence``: known only when it finishes)."""
-        op: dict[str, Any] = {
-            "op": "hold",
-            "claim_id": spec.claim_id,
-            "mode": spec.protection_mode.value,
-            "blocks": "all" if all_blocks else spec.footprint_blocks,
-            "ttl_s": spec.ttl_s,
-        }
         hint = spec.reuse_hint
+        next_use = None
         if hint is not None and (hint.expected_s is not None or hint.closed):
             # the connector sheds soft holds farthest predicted next use first
-            op["next_use_s"] = _NEVER_S if hint.closed else hint.expected_s
-        return op
+            next_use = _NEVER_S if hint.closed else hint.expected_s
+        return Hold(
+            spec.claim_id,
+            spec.protection_mode.value,
+            "all" if all_blocks else spec.footprint_blocks,
+            spec.ttl_s,
+            next_use,
+        )
 
     def _resolve(
         self,
@@ -1093,7 +1095,7 @@ class VllmKV:
         for claim in harmed:  # hand back whatever the connector still holds for it
             with contextlib.suppress(BackendError, BackendUnavailable):
                 await self._connector.operate(
-                    [{"op": "release", "claim_id": claim.spec.claim_id}], claim.spec.owner_scope
+                    [Release(claim.spec.claim_id)], claim.spec.owner_scope
                 )
 
     def _harm(self, claim: _Claim, hit: set[BlockHash], why: str) -> None:
@@ -1204,9 +1206,7 @@ class VllmKV:
             raise UsageError(
                 "duration_steps", "vLLM claims count seconds (ttl_s), not engine steps"
             )
-        answer = await self._operate(
-            [{"op": "renew", "claim_id": claim_id, "ttl_s": ttl, "tenant": owner_scope}]
-        )
+        answer = await self._operate([Renew(claim_id, ttl, owner_scope)])
         async with self._lock:
             self._absorb(answer)
         result = next(
@@ -1223,7 +1223,7 @@ class VllmKV:
             await self.start()
         claim = self._owned(claim_id, owner_scope)
         if claim.held:  # the hand-back rides on the next request to vLLM (``_queue``)
-            self._queue({"op": "release", "claim_id": claim_id, "tenant": owner_scope})
+            self._queue(Release(claim_id, owner_scope))
         if claim.state in (ClaimState.MATERIALIZED, ClaimState.ACCEPTED, ClaimState.DEMOTED):
             self._end(claim)  # its resident_claim_expired follows from the connector
         return self._view(claim)
@@ -1392,7 +1392,7 @@ class VllmKV:
                 f"{held.held_blocks} blocks, this gateway's claims {ours}"
             )
         self._riding.clear()  # the revocation below ends every hold they would release
-        answer = await client.operate([{"op": "revoke_all", "reason": "fresh_instance"}])
+        answer = await client.operate([RevokeAll("fresh_instance")])
         async with self._lock:
             self._absorb(answer)
         clears = 0 if self.observer is None else self.observer.clears

@@ -753,6 +753,20 @@ class ClaimBookMachine(RuleBasedStateMachine):
         self.clock.advance(seconds)
 
     @rule(request=st.sampled_from(REQUESTS), needed=st.integers(0, TOTAL + 2))
+    def fits(self, request: str, needed: int) -> None:
+        """The admission hook's query changes nothing (vLLM asks it again each step), and
+        where it says a request fits, ``admit`` serves it without an event."""
+        before = (self._snapshot(), self.book.seq, self.book.held_blocks, self.pool.num_free())
+        fits = self.book.fits(needed)
+        assert (self._snapshot(), self.book.seq, self.book.held_blocks, self.pool.num_free()) == (
+            before
+        )
+        if fits and all(h.expires_at > self.clock.now for h in self.book.holds.values()):
+            seq = self.book.seq
+            assert self.book.admit(request, needed).action == "serve"
+            assert self.book.seq == seq
+
+    @rule(request=st.sampled_from(REQUESTS), needed=st.integers(0, TOTAL + 2))
     def admit(self, request: str, needed: int) -> None:
         next_use = {c: h.next_use_s for c, h in self.book.holds.items()}
         seq = self.book.seq

@@ -358,7 +358,7 @@ class ClaimBook:
         self.emit("resident_claim_expired", claim_id, reason="released", blocks=len(hold.blocks))
         return {"claim_id": claim_id, "op": "release", "ok": True, "state": "expired"}
 
-    def renew(self, claim_id: str, tenant: str, ttl_s: float) -> dict[str, Any]:
+    def renew(self, claim_id: str, tenant: str, ttl_s: float | None) -> dict[str, Any]:
         """Extend a held claim to ``ttl_s`` from now (at most the maximum TTL)."""
         hold = self._owned(claim_id, tenant)
         if hold is None:
@@ -401,6 +401,19 @@ class ClaimBook:
             )
 
     # ------------------------------------------------------------------ admission
+    def fits(self, needed_blocks: int) -> bool:
+        """Whether a request that needs ``needed_blocks`` more blocks may run as things stand:
+        a pure query (vLLM asks its admission hook again and again). False only where held
+        blocks are in its way; ``admit`` then sheds, defers or refuses."""
+        if not self.holds:
+            return True
+        free = self.pool.num_free()
+        return needed_blocks <= free or needed_blocks > free + self.held_blocks
+
+    def admitted(self, request_id: str) -> None:
+        """The request got its blocks: its verdict ends, and so does its wait."""
+        self._serve(request_id)
+
     def admit(self, request_id: str, needed_blocks: int) -> Verdict:
         """May a request that needs ``needed_blocks`` more blocks run now? Soft holds are shed
         (demoted, farthest next use first) until it fits; if hard holds are still in the way,

@@ -43,7 +43,7 @@ import tempfile
 import threading
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -55,6 +55,16 @@ from vllm.logger import init_logger
 
 from agentclaims_vllm.channel import OpsChannel
 from agentclaims_vllm.claims import ClaimBook
+from agentclaims_vllm.ops import (
+    EXTENSION_KEY,
+    Answer,
+    Hold,
+    MalformedOp,
+    Release,
+    Renew,
+    RevokeAll,
+    parse,
+)
 from agentclaims_vllm.selftest import check_engine, check_pool
 from agentclaims_vllm.signing import NonceWindow, verify
 
@@ -69,7 +79,6 @@ if TYPE_CHECKING:
 __all__ = ["AgentClaimsConnector"]
 
 logger = init_logger(__name__)
-EXTENSION_KEY = "agentclaims"
 _WATERMARK_BLOCKS = 1
 _KEPT_ANSWERS = 4096
 """Answers kept for the channel's ``answer`` operation (a streamed request's), oldest dropped."""
@@ -134,6 +143,8 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         self._refusals: dict[str, Any] = {}  # request id -> its refusal verdict, to abort
         self._refused_params: dict[str, dict[str, Any]] = {}  # answers of aborted refusals
         self._pending_refusals: dict[str, Any] = {}
+        self._asks: dict[str, int] = {}
+        """Requests the admission hook found held back (blocks needed), for the next step."""
         self._answers: OrderedDict[str, dict[str, Any]] = OrderedDict()
         """envelope nonce -> its request's answer, for the channel's ``answer`` operation."""
         self._inbox: deque[_Inbox] = deque()
@@ -215,22 +226,44 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         applies when its request finishes), each under its own tenant or the envelope's."""
         default = str(envelope.get("tenant") or "default")
         results: list[dict[str, Any]] = []
-        for op in envelope.get("ops") or ():
-            kind = op.get("op") if isinstance(op, dict) else None
-            tenant = str(op.get("tenant") or default) if isinstance(op, dict) else default
-            if kind == "release":
-                results.append(self.book.release(str(op.get("claim_id")), tenant))
-            elif kind == "renew":
-                results.append(self.book.renew(str(op.get("claim_id")), tenant, op.get("ttl_s")))
-            elif kind == "revoke_all":  # a gateway restarting without a ledger: end them all
-                ended = self.book.revoke_all(f"revoked: {op.get('reason') or 'gateway_restart'}")
-                results.append({"op": kind, "ok": True, "revoked": ended})
-            elif kind == "answer":  # the channel's: a finished request's answer, once
-                kept = self._answers.pop(str(op.get("nonce")), None)
-                results.append({"op": kind, "ok": kept is not None, "answer": kept})
-            elif kind != "hold":
-                results.append({"op": kind, "ok": False, "reason": f"unknown operation {kind!r}"})
+        book = self.book
+        for raw in envelope.get("ops") or ():
+            try:
+                op = parse(raw)
+            except MalformedOp as exc:
+                if exc.kind != "hold":  # a hold's result comes with its request's answer
+                    results.append({"op": exc.kind, "ok": False, "reason": exc.reason})
+                continue
+            if isinstance(op, Release):
+                results.append(book.release(op.claim_id, op.tenant or default))
+            elif isinstance(op, Renew):
+                results.append(book.renew(op.claim_id, op.tenant or default, op.ttl_s))
+            elif isinstance(op, RevokeAll):  # a gateway restarting without a ledger: end all
+                ended = book.revoke_all(f"revoked: {op.reason}")
+                results.append({"op": op.op, "ok": True, "revoked": ended})
+            elif isinstance(op, Answer):  # the channel's: a finished request's answer, once
+                kept = self._answers.pop(op.nonce, None)
+                results.append({"op": op.op, "ok": kept is not None, "answer": kept})
         return results
+
+    @staticmethod
+    def _holds(envelope: Mapping[str, Any]) -> list[Hold | MalformedOp]:
+        """The envelope's hold operations, each parsed (or why it cannot be)."""
+        out: list[Hold | MalformedOp] = []
+        for raw in envelope.get("ops") or ():
+            if isinstance(raw, dict) and raw.get("op") == Hold.op:
+                try:
+                    op = parse(raw)
+                except MalformedOp as exc:
+                    out.append(exc)
+                    continue
+                assert isinstance(op, Hold)
+                out.append(op)
+        return out
+
+    @staticmethod
+    def _hold_refused(claim_id: Any, reason: str) -> dict[str, Any]:
+        return {"claim_id": claim_id, "decision": "rejected", "state": "refused", "reason": reason}
 
     def _answer(self, results: list[dict[str, Any]], since: int) -> dict[str, Any]:
         """An answer: the operations' results, the events after ``since`` and the limits."""
@@ -294,16 +327,9 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         if reason is not None:
             return {"ok": False, "reason": reason, "instance": self.instance}
         self.book.expire_due()  # an idle engine runs no step to end them
-        holds = [op for op in envelope.get("ops") or () if isinstance(op, dict)]
         results = [
-            {
-                "claim_id": op.get("claim_id"),
-                "decision": "rejected",
-                "state": "refused",
-                "reason": "a hold rides on the request whose blocks it holds",
-            }
-            for op in holds
-            if op.get("op") == "hold"
+            self._hold_refused(op.claim_id, "a hold rides on the request whose blocks it holds")
+            for op in self._holds(envelope)
         ]
         results = self._apply(envelope) + results
         return {"ok": True, **self._answer(results, int(envelope.get("since") or 0))}
@@ -311,19 +337,36 @@ class AgentClaimsConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        """The admission hook: 0 (nothing to load) when the request may run, ``None`` (ask
-        again next step) while held blocks stand in the way."""
+        """The admission hook, a pure query (vLLM asks it again each step a request waits):
+        0 (nothing to load) when the request may run, ``None`` (ask again next step) while
+        held blocks stand in its way. Such a request is remembered; at the top of the next
+        step ``settle_admissions`` sheds soft holds for it, or defers or refuses it, with the
+        events."""
         bs = self._block_size
         needed = -(-request.num_tokens // bs) - num_computed_tokens // bs
         book = self.book
         if book.holds:  # (with nothing held every request is served: no need to look)
             needed += self._free_hits(request, num_computed_tokens // bs)
-        verdict = book.admit(request.request_id, needed)
-        if verdict.action == "serve":
+        if book.fits(needed):
             return 0, False
-        if verdict.action == "refuse":
-            self._refusals[request.request_id] = verdict
+        self._asks[request.request_id] = needed
         return None, False
+
+    def settle_admissions(self, waiting: Callable[[str], bool]) -> None:
+        """Before a step (``ClaimsScheduler``): each request the admission hook found blocked
+        by holds, if ``waiting`` still, is judged (``ClaimBook.admit``): soft holds shed for
+        it, or deferred, or refused (``take_refusals`` then aborts it)."""
+        if not self._asks:
+            return
+        asks, self._asks = self._asks, {}
+        book = self.book
+        book.expire_due()
+        for request_id, needed in asks.items():
+            if not waiting(request_id):
+                continue
+            verdict = book.admit(request_id, needed)
+            if verdict.action == "refuse":
+                self._refusals[request_id] = verdict
 
     def _free_hits(self, request: Request, hit_blocks: int) -> int:
         """The request's cache hits that sit in the free queue (no running request uses
@@ -343,7 +386,8 @@ class AgentClaimsConnector(KVConnectorBase_V1):
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
-        return
+        if self._book is not None:
+            self._book.admitted(request.request_id)  # it runs: a wait the holds caused ends
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         if self._book is not None:
@@ -377,31 +421,20 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         if envelope is not None and refusal is None:  # a refused request computed no blocks
             tenant = str(envelope.get("tenant") or "default")
             run = self._leading_cached(block_ids)
-            for op in envelope.get("ops") or ():
-                if not isinstance(op, dict) or op.get("op") != "hold":
+            for op in self._holds(envelope):
+                if isinstance(op, MalformedOp):
+                    results.append(self._hold_refused(op.claim_id, op.reason))
                     continue
-                wanted = op.get("blocks")
-                if wanted not in (None, "all") and (
-                    isinstance(wanted, bool) or not isinstance(wanted, int)
-                ):
-                    results.append(
-                        {
-                            "claim_id": op.get("claim_id"),
-                            "decision": "rejected",
-                            "state": "refused",
-                            "reason": f"blocks must be an integer or 'all', got {wanted!r}",
-                        }
-                    )
-                    continue
+                wanted = op.blocks
                 results.append(
                     book.hold(
-                        str(op.get("claim_id") or ""),
-                        tenant,
-                        str(op.get("mode")),
+                        op.claim_id,
+                        op.tenant or tenant,
+                        op.mode,
                         run,
                         wanted_blocks=None if wanted in (None, "all") else int(wanted),
-                        ttl_s=op.get("ttl_s"),
-                        next_use_s=op.get("next_use_s"),
+                        ttl_s=op.ttl_s,
+                        next_use_s=op.next_use_s,
                         request_id=rid,
                     )
                 )

@@ -37,6 +37,8 @@ from agentclaims_vllm.connector import AgentClaimsConnector
 __all__ = ["ClaimsAsyncScheduler", "ClaimsScheduler", "ClaimsSyncScheduler"]
 
 REFUSED = "agentclaims_refused"
+_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+"""A request the admission hook may be asked about (not yet running, not finished)."""
 
 
 class _Refusals:
@@ -59,7 +61,12 @@ class _Refusals:
             connector = self.connector  # type: ignore[attr-defined]
             if isinstance(connector, AgentClaimsConnector):
                 connector.drain()  # the channel's operations, before this step
+                connector.settle_admissions(self._waiting)  # holds shed, deferred, refused
             return super().schedule(*args, **kwargs)  # type: ignore[misc]
+
+    def _waiting(self, request_id: str) -> bool:
+        request = self.requests.get(request_id)  # type: ignore[attr-defined]
+        return request is not None and request.status in _WAITING
 
     def add_request(self, *args: Any, **kwargs: Any) -> Any:
         with self._claims_lock:

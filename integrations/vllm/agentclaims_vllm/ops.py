@@ -1,0 +1,148 @@
+"""The claim operations a gateway sends the connector, typed once for both sides: the gateway
+(``agentclaims.vllm``) builds them, the connector parses them and answers each. On the wire an
+operation is a JSON object whose ``op`` names it, inside a signed envelope
+(``agentclaims_vllm.signing``)::
+
+    {"op": "hold", "claim_id": "c1", "mode": "hard_protected", "blocks": 6, "ttl_s": 30}
+    {"op": "release", "claim_id": "c0", "tenant": "acme"}
+    {"op": "renew", "claim_id": "c2", "ttl_s": 9}
+    {"op": "revoke_all", "reason": "gateway_restart"}
+    {"op": "answer", "nonce": "..."}
+
+``tenant`` (where an operation has one) overrides the envelope's: the gateway puts any
+tenant's pending operation on whichever request goes to vLLM next. Stdlib only: this module
+runs inside vLLM's environment too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+__all__ = [
+    "EXTENSION_KEY",
+    "Answer",
+    "Hold",
+    "MalformedOp",
+    "Op",
+    "Release",
+    "Renew",
+    "RevokeAll",
+    "parse",
+    "to_wire",
+]
+
+EXTENSION_KEY = "agentclaims"
+"""The key of the connector's envelope in ``kv_transfer_params``, and of its answer."""
+
+
+class MalformedOp(ValueError):
+    """An operation the connector cannot read: ``kind`` (its ``op``, if any) and the reason."""
+
+    def __init__(self, kind: Any, reason: str, claim_id: Any = None) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+        self.claim_id = claim_id
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Hold the leading full blocks the request leaves cached when it finishes: ``blocks`` of
+    them, or ``"all"`` (its prompt's and its reply's)."""
+
+    claim_id: str
+    mode: str
+    blocks: int | Literal["all"] | None = None
+    ttl_s: float | None = None
+    next_use_s: float | None = None
+    """Predicted seconds to the prefix's next use: soft holds are shed farthest first."""
+    tenant: str | None = None
+    op: ClassVar[str] = "hold"
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    claim_id: str
+    tenant: str | None = None
+    op: ClassVar[str] = "release"
+
+
+@dataclass(frozen=True, slots=True)
+class Renew:
+    claim_id: str
+    ttl_s: float | None = None
+    tenant: str | None = None
+    op: ClassVar[str] = "renew"
+
+
+@dataclass(frozen=True, slots=True)
+class RevokeAll:
+    """End every hold (a gateway starting without a record of them)."""
+
+    reason: str = "gateway_restart"
+    op: ClassVar[str] = "revoke_all"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The answer of the finished request whose envelope had this nonce (the channel's)."""
+
+    nonce: str
+    op: ClassVar[str] = "answer"
+
+
+Op = Hold | Release | Renew | RevokeAll | Answer
+_KINDS: dict[str, type[Op]] = {k.op: k for k in (Hold, Release, Renew, RevokeAll, Answer)}
+
+
+def to_wire(op: Op) -> dict[str, Any]:
+    """``op`` as its JSON object (fields left ``None`` are left out)."""
+    out: dict[str, Any] = {"op": op.op}
+    for name in op.__slots__:
+        value = getattr(op, name)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def _tenant(raw: dict[str, Any], kind: Any) -> str | None:
+    value = raw.get("tenant")
+    if value is not None and (not isinstance(value, str) or not value):
+        raise MalformedOp(kind, f"tenant must be a non-empty string, got {value!r}")
+    return value
+
+
+def parse(raw: object) -> Op:
+    """The operation ``raw`` (a JSON object) is; ``MalformedOp`` naming what is wrong. Values
+    the claim book judges (a mode it does not know, a TTL past its maximum) pass here."""
+    if not isinstance(raw, dict):
+        raise MalformedOp(None, f"an operation is a JSON object, got {raw!r}")
+    kind = raw.get("op")
+    cls = _KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise MalformedOp(kind, f"unknown operation {kind!r}")
+    if cls is RevokeAll:
+        return RevokeAll(str(raw.get("reason") or "gateway_restart"))
+    if cls is Answer:
+        return Answer(str(raw.get("nonce")))
+    tenant = _tenant(raw, kind)
+    if cls is Hold:
+        claim_id = raw.get("claim_id")
+        blocks = raw.get("blocks")
+        if blocks not in (None, "all") and (
+            isinstance(blocks, bool) or not isinstance(blocks, int)
+        ):
+            raise MalformedOp(kind, f"blocks must be an integer or 'all', got {blocks!r}", claim_id)
+        return Hold(
+            str(claim_id or ""),
+            str(raw.get("mode")),
+            blocks,
+            raw.get("ttl_s"),
+            raw.get("next_use_s"),
+            tenant,
+        )
+    claim_id = str(raw.get("claim_id"))
+    if cls is Renew:
+        return Renew(claim_id, raw.get("ttl_s"), tenant)
+    return Release(claim_id, tenant)

@@ -1,0 +1,81 @@
+"""The connector's claim operations (``agentclaims_vllm.ops``), typed once for the gateway and
+the connector: what the gateway writes the connector reads back as the same operation, and
+what it cannot read is refused naming why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from agentclaims_vllm.ops import (
+    EXTENSION_KEY,
+    Answer,
+    Hold,
+    MalformedOp,
+    Release,
+    Renew,
+    RevokeAll,
+    parse,
+    to_wire,
+)
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentclaims.protocol import EXTENSION_KEY as API_EXTENSION_KEY
+
+_IDS = st.text(min_size=1, max_size=12)
+_TENANTS = st.none() | _IDS
+_SECONDS = st.none() | st.floats(min_value=0, max_value=1e6, allow_nan=False)
+_OPS = st.one_of(
+    st.builds(
+        Hold,
+        _IDS,
+        st.sampled_from(["hard_protected", "expiring", "demotable", "soft_priority"]),
+        st.none() | st.just("all") | st.integers(min_value=0, max_value=10_000),
+        _SECONDS,
+        _SECONDS,
+        _TENANTS,
+    ),
+    st.builds(Release, _IDS, _TENANTS),
+    st.builds(Renew, _IDS, _SECONDS, _TENANTS),
+    st.builds(RevokeAll, _IDS),
+    st.builds(Answer, _IDS),
+)
+
+
+@given(_OPS)
+def test_every_operation_reads_back_as_itself(op: Any) -> None:
+    wire = to_wire(op)
+    assert wire["op"] == op.op
+    assert None not in wire.values()  # unset fields stay off the wire
+    assert parse(wire) == op
+
+
+@pytest.mark.parametrize(
+    ("raw", "kind", "says"),
+    [
+        ({"op": "evict_everything"}, "evict_everything", "unknown operation"),
+        ({"claim_id": "c1"}, None, "unknown operation"),
+        (["release", "c1"], None, "a JSON object"),
+        ({"op": "hold", "claim_id": "c1", "mode": "demotable", "blocks": True}, "hold", "blocks"),
+        ({"op": "hold", "claim_id": "c1", "mode": "demotable", "blocks": "6"}, "hold", "blocks"),
+        ({"op": "release", "claim_id": "c1", "tenant": 7}, "release", "tenant"),
+    ],
+)
+def test_what_cannot_be_read_is_refused_naming_why(raw: Any, kind: Any, says: str) -> None:
+    with pytest.raises(MalformedOp) as caught:
+        parse(raw)
+    assert caught.value.kind == kind
+    assert says in caught.value.reason
+
+
+def test_a_malformed_hold_names_its_claim() -> None:
+    with pytest.raises(MalformedOp) as caught:
+        parse({"op": "hold", "claim_id": "c9", "mode": "demotable", "blocks": 2.5})
+    assert caught.value.claim_id == "c9"
+
+
+def test_the_envelope_sits_under_the_key_the_claims_api_uses() -> None:
+    """One name for the extension in both distributions (the connector's runs in vLLM's
+    environment, without agentclaims): the gateway's answers and vLLM's agree."""
+    assert EXTENSION_KEY == API_EXTENSION_KEY
