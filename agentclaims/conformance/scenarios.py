@@ -10,18 +10,15 @@ else that goes wrong (an exception included) gives ``fail``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-from agentclaims.conformance.lowering import LoweringVerdict, check_hard_lowering
+from agentclaims.conformance.lowering import check_hard_lowering
 from agentclaims.conformance.probe import (
     OWNER_SCOPE,
     PROBE_ACTIVE_BLOCKS,
     PROBE_CLAIM_ID,
     PROBE_RESIDENT_BLOCKS,
     PROBE_USABLE_BLOCKS,
-    ProbeRecord,
     allocator_probe,
     claim_spec,
     lost_blocks,
@@ -31,22 +28,27 @@ from agentclaims.conformance.probe import (
     synthetic_blocks,
 )
 from agentclaims.conformance.target import Target
+from agentclaims.conformance.verdict import (
+    Evidence,
+    LevelResult,
+    Verdict,
+    c1_verdict,
+    check_replay,
+    ended_before_loss,
+    hard_claim_held,
+    single,
+)
 from agentclaims.contract import (
-    SCHEMA_VERSION,
     ArbiterAction,
     ClaimEvent,
     ClaimState,
     ConformanceStatus,
     EventName,
     Feasibility,
-    LoweringClass,
     ProtectionMode,
     leading_run,
-    rebuild_claims,
 )
-from agentclaims.contract.ids import BlockHash
 from agentclaims.errors import (
-    AgentClaimsError,
     BackendUnavailable,
     OperationNotExposed,
     UnknownNameError,
@@ -64,107 +66,13 @@ __all__ = [
 ]
 
 E = EventName
-_LOSS_EVENTS = (
-    E.ALLOCATION_VICTIM_SELECTED,
-    E.RESIDENT_CLAIM_HARMED,
-    E.RESIDENT_CLAIM_BLOCK_LOST_AFTER_RELEASE,
-)
 _SHORTFALL = PROBE_RESIDENT_BLOCKS + PROBE_ACTIVE_BLOCKS - PROBE_USABLE_BLOCKS
-
-
-@dataclass(frozen=True, slots=True)
-class Evidence:
-    """One event that decided a level."""
-
-    seq: int
-    event: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"seq": self.seq, "event": self.event}
-
-    def __str__(self) -> str:
-        return f"#{self.seq} {self.event}"
-
-
-@dataclass(frozen=True, slots=True)
-class LevelResult:
-    """The outcome of one level on one backend."""
-
-    level: str
-    status: ConformanceStatus
-    evidence: tuple[Evidence, ...] = ()
-    detail: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return self.status is ConformanceStatus.PASS
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "status": self.status.value,
-            "evidence": [e.to_dict() for e in self.evidence],
-            "detail": self.detail,
-        }
-
-
-class _Verdict:
-    """Collects one scenario's evidence and failed checks, then says the status."""
-
-    __slots__ = ("evidence", "failures", "level")
-
-    def __init__(self, level: str) -> None:
-        self.level = level
-        self.evidence: dict[int, Evidence] = {}
-        self.failures: list[str] = []
-
-    def cite(self, *events: ClaimEvent) -> None:
-        for e in events:
-            self.evidence[e.seq] = Evidence(e.seq, e.event.value)
-
-    def require(self, ok: bool, failure: str) -> bool:
-        if not ok:
-            self.failures.append(failure)
-        return ok
-
-    def fail(self, failure: str) -> None:
-        self.failures.append(failure)
-
-    def result(
-        self, detail: str, status: ConformanceStatus = ConformanceStatus.PASS
-    ) -> LevelResult:
-        """``status`` with ``detail`` if every check held, else ``fail`` with what broke."""
-        if self.failures:
-            status, detail = ConformanceStatus.FAIL, "; ".join(self.failures)
-        cited = tuple(self.evidence[s] for s in sorted(self.evidence))
-        return LevelResult(self.level, status, cited, detail)
-
-    def not_evaluated(self, why: str) -> LevelResult:
-        return self.result(why, ConformanceStatus.NOT_EVALUATED)
-
-
-def _single(v: _Verdict, events: list[ClaimEvent], what: str) -> ClaimEvent | None:
-    """The one event of a kind, or ``None`` after recording why there is not exactly one."""
-    v.cite(*events)
-    if v.require(len(events) == 1, f"expected one {what} event, got {len(events)}"):
-        return events[0]
-    return None
-
-
-def _hard_claim_held(v: _Verdict, probe: ProbeRecord) -> list[ClaimEvent] | None:
-    """Cite the probe claim's acceptance, materialization and any victim or harm events of it;
-    the latter, or ``None`` after recording that the hard claim was not accepted (L3)."""
-    cid = probe.claim_id
-    v.cite(*probe.named(E.RESIDENT_CLAIM_ACCEPTED, E.RESIDENT_CLAIM_MATERIALIZED, claim_id=cid))
-    victims = probe.named(E.ALLOCATION_VICTIM_SELECTED, E.RESIDENT_CLAIM_HARMED, claim_id=cid)
-    v.cite(*victims)
-    accepted = probe.decision is not None and probe.decision.accepted
-    return victims if v.require(accepted, "the hard claim was not accepted") else None
 
 
 # ---------------------------------------------------------------------------------- L1 / L2
 async def level_l1(backend: Target) -> LevelResult:
     """No accepted claim: evictions happen, and none of them is harm."""
-    v = _Verdict("L1")
+    v = Verdict("L1")
     probe = await allocator_probe(backend)
     harms = probe.named(E.RESIDENT_CLAIM_HARMED)
     victims = probe.named(E.ALLOCATION_VICTIM_SELECTED)
@@ -181,7 +89,7 @@ async def level_l1(backend: Target) -> LevelResult:
 
 async def level_l2(backend: Target) -> LevelResult:
     """Write no-admit denies future reuse but still allocates from the shared pool."""
-    v = _Verdict("L2")
+    v = Verdict("L2")
     probe = await allocator_probe(backend, admit=False)
     rid = probe.request_id
     denied = select_events(probe.events, E.FUTURE_REUSE_DENIED, request_id=rid)
@@ -209,16 +117,16 @@ async def level_l2(backend: Target) -> LevelResult:
 # ---------------------------------------------------------------------------------- L3
 async def level_l3(backend: Target) -> LevelResult:
     """An accepted hard claim turns the 60 + 70 > 80 probe into an explicit refusal."""
-    v = _Verdict("L3")
+    v = Verdict("L3")
     probe = await allocator_probe(backend, mode=ProtectionMode.HARD_PROTECTED)
     cid = probe.claim_id
-    victims = _hard_claim_held(v, probe)
+    victims = hard_claim_held(v, probe)
     if victims is None:
         return v.result("")
     v.require(not probe.outcome.served, f"active request served ({probe.outcome.action.value})")
     v.require(not victims, f"{len(victims)} claimed victim/harm events")
     v.require(probe.resident_lost == 0, f"{probe.resident_lost} claimed blocks lost")
-    refusal = _single(
+    refusal = single(
         v,
         select_events(probe.events, E.ACTIVE_REQUEST_REFUSED, request_id=probe.request_id),
         E.ACTIVE_REQUEST_REFUSED,
@@ -242,53 +150,19 @@ async def level_l3(backend: Target) -> LevelResult:
 
 
 # ---------------------------------------------------------------------------------- L4 / L5
-async def _ended_before_loss(
-    v: _Verdict,
-    backend: Target,
-    events: list[ClaimEvent],
-    resident: Sequence[BlockHash],
-    claim_id: str,
-    end: EventName,
-) -> LevelResult:
-    """The claim ended by ``end`` before any loss; later losses are post-release, not harm."""
-    ended = _single(v, select_events(events, end, claim_id=claim_id), end)
-    losses = select_events(events, *_LOSS_EVENTS, claim_id=claim_id)
-    harms = select_events(losses, E.RESIDENT_CLAIM_HARMED)
-    post = select_events(losses, E.RESIDENT_CLAIM_BLOCK_LOST_AFTER_RELEASE)
-    v.cite(*harms, *post[:1])
-    lost = await lost_blocks(backend, resident)
-    counted = sum(int(e.data.get("blocks", 1)) for e in post)
-    v.require(not harms, f"{len(harms)} resident_claim_harmed events")
-    v.require(lost > 0, "no claimed block was lost after the claim ended: nothing exercised")
-    v.require(
-        counted == lost,
-        f"{lost} claimed blocks lost, {counted} counted as {E.RESIDENT_CLAIM_BLOCK_LOST_AFTER_RELEASE}",
-    )
-    if ended is None:
-        return v.result("")
-    early = [e for e in losses if e.seq < ended.seq]
-    if early:
-        v.cite(early[0])
-        v.fail(f"{len(early)} losses before {end} (first #{early[0].seq})")
-    return v.result(
-        f"{end} at #{ended.seq} before all {lost} losses; harm 0; "
-        f"{counted} counted as {E.RESIDENT_CLAIM_BLOCK_LOST_AFTER_RELEASE}"
-    )
-
-
 async def level_l4(backend: Target) -> LevelResult:
     """A demotable claim under pressure is demoted, with its event, before it loses a block."""
-    v = _Verdict("L4")
+    v = Verdict("L4")
     probe = await allocator_probe(backend, mode=ProtectionMode.DEMOTABLE)
     v.require(probe.outcome.served, f"active request not served ({probe.outcome.action.value})")
-    return await _ended_before_loss(
+    return await ended_before_loss(
         v, backend, list(probe.events), probe.resident, probe.claim_id, E.RESIDENT_CLAIM_DEMOTED
     )
 
 
 async def level_l5(backend: Target) -> LevelResult:
     """An expiring claim protects until ``duration_steps`` end, then expires before any loss."""
-    v = _Verdict("L5")
+    v = Verdict("L5")
     steps = 2
     _, resident, decision = await prepare_resident(
         backend, PROBE_USABLE_BLOCKS, ProtectionMode.EXPIRING, duration_steps=steps
@@ -304,7 +178,7 @@ async def level_l5(backend: Target) -> LevelResult:
     v.require(late.served, f"active request not served after expiry ({late.action.value})")
     events = await backend.events(0)
     v.cite(*select_events(events, E.ACTIVE_REQUEST_DEFERRED, E.ACTIVE_REQUEST_REFUSED))
-    result = await _ended_before_loss(
+    result = await ended_before_loss(
         v, backend, events, resident, PROBE_CLAIM_ID, E.RESIDENT_CLAIM_EXPIRED
     )
     if result.passed:
@@ -317,7 +191,7 @@ async def level_l5(backend: Target) -> LevelResult:
 # ---------------------------------------------------------------------------------- L6
 async def level_l6(backend: Target) -> LevelResult:
     """59 of 60 blocks surviving is not materialization when block 0 is lost."""
-    v = _Verdict("L6")
+    v = Verdict("L6")
     n = PROBE_RESIDENT_BLOCKS
     prefix = synthetic_blocks("l6-prefix", n)
 
@@ -365,7 +239,7 @@ async def level_l6(backend: Target) -> LevelResult:
         )
     events = await backend.events(0)
     v.cite(*select_events(events, E.RESIDENT_CLAIM_MATERIALIZED, claim_id=claim_b))
-    harm = _single(
+    harm = single(
         v, select_events(events, E.RESIDENT_CLAIM_HARMED, claim_id=claim_b), E.RESIDENT_CLAIM_HARMED
     )
     if harm is not None:
@@ -385,7 +259,7 @@ async def level_l6(backend: Target) -> LevelResult:
 # ---------------------------------------------------------------------------------- L7
 async def level_l7(backend: Target) -> LevelResult:
     """Acceptance, materialization, conflict, blocking ids and the end rebuild from events."""
-    v = _Verdict("L7")
+    v = Verdict("L7")
     identity, resident, _ = await prepare_resident(backend, PROBE_USABLE_BLOCKS)
     held, mismatched, conflict = "l7-held", "l7-mismatched", "l7-conflict"
     await backend.submit_claim(
@@ -419,79 +293,10 @@ async def level_l7(backend: Target) -> LevelResult:
     )
 
 
-async def check_replay(
-    v: _Verdict,
-    backend: Target,
-    wire: list[ClaimEvent],
-    held: str,
-    mismatched: str,
-    blocking: Sequence[str],
-    lost: int,
-    *,
-    usable_blocks: int = PROBE_USABLE_BLOCKS,
-    distinct: bool = False,
-) -> bool:
-    """L7's replay check, on any engine: the wire events rebuild the claims, carry the
-    envelope, agree with the backend's views; ``held`` accepted, materialized, blocking exactly
-    ``blocking`` (``distinct``: as a sorted set) and counting its ``lost`` post-release losses;
-    ``mismatched`` rejected. False when the stream does not replay at all."""
-    try:
-        rebuilt = rebuild_claims(wire)
-    except AgentClaimsError as exc:
-        v.fail(f"the stream does not replay: {exc}")
-        return False
-    _check_envelope(v, wire, usable_blocks)
-    for cid in (held, mismatched):
-        view = await backend.get_claim(cid, OWNER_SCOPE)
-        hist = rebuilt.get(cid)
-        if not v.require(hist is not None, f"no event names claim {cid}"):
-            continue
-        assert hist is not None
-        v.require(
-            hist.state is view.state,
-            f"{cid}: rebuilt state {hist.state}, backend says {view.state}",
-        )
-        v.require(
-            hist.end_reason == view.end_reason,
-            f"{cid}: rebuilt end reason {hist.end_reason!r}, backend says {view.end_reason!r}",
-        )
-    h = rebuilt.get(held)
-    if h is not None:
-        v.require(E.RESIDENT_CLAIM_ACCEPTED in h.events, f"{held}: acceptance not in the trace")
-        v.require(h.materialized, f"{held}: materialization not in the trace")
-        got = sorted(set(h.blocking_requests)) if distinct else h.blocking_requests
-        v.require(
-            got == list(blocking),
-            f"{held}: rebuilt blocking requests {got}, expected {list(blocking)}",
-        )
-        v.require(
-            lost > 0 and h.blocks_lost_after_release == lost,
-            f"{held}: {lost} blocks lost, trace counts {h.blocks_lost_after_release}",
-        )
-    m = rebuilt.get(mismatched)
-    if m is not None:
-        v.require(E.RESIDENT_CLAIM_REJECTED in m.events, f"{mismatched}: rejection not in trace")
-    return True
-
-
-def _check_envelope(
-    v: _Verdict, events: Iterable[ClaimEvent], usable_blocks: int = PROBE_USABLE_BLOCKS
-) -> None:
-    """Every event carries the contract's envelope, for one run on one instance."""
-    runs = {e.run_id for e in events}
-    v.require(len(runs) == 1, f"events from {len(runs)} runs")
-    for e in events:
-        if not v.require(
-            e.schema_version == SCHEMA_VERSION and e.usable_blocks == usable_blocks,
-            f"#{e.seq}: schema_version {e.schema_version}, usable_blocks {e.usable_blocks}",
-        ):
-            return
-
-
 # ---------------------------------------------------------------------------------- C1
 async def level_c1(backend: Target) -> LevelResult:
     """Lowering hard to soft_priority is classified unsound (``rejected``)."""
-    v = _Verdict("C1")
+    v = Verdict("C1")
     hard = await allocator_probe(backend, mode=ProtectionMode.HARD_PROTECTED)
     soft = await allocator_probe(backend, mode=ProtectionMode.SOFT_PRIORITY)
     baseline, lowered = check_hard_lowering(hard), check_hard_lowering(soft)
@@ -499,30 +304,6 @@ async def level_c1(backend: Target) -> LevelResult:
     v.cite(*soft.named(E.RESIDENT_CLAIM_HARMED, claim_id=soft.claim_id))
     v.cite(*soft.named(E.ALLOCATION_VICTIM_SELECTED, claim_id=soft.claim_id)[:1])
     return c1_verdict(v, baseline, lowered)
-
-
-def c1_verdict(v: _Verdict, baseline: LoweringVerdict, lowered: LoweringVerdict) -> LevelResult:
-    """C1 from the two classifications, on any engine: the hard probe's lowering must be
-    sound and hard -> soft_priority ``rejected`` (``approximate`` when only the rule says so,
-    no counterexample seen)."""
-    v.require(
-        baseline.lowering_class is not LoweringClass.REJECTED,
-        f"the hard claim itself breaks {', '.join(baseline.violated)}: "
-        "no sound baseline to tell hard from soft",
-    )
-    v.require(
-        lowered.lowering_class is LoweringClass.REJECTED,
-        f"hard_protected -> soft_priority classified {lowered.lowering_class}",
-    )
-    if not lowered.violated:
-        return v.result(
-            f"{LoweringClass.REJECTED} by rule only: {lowered.reason}; no counterexample observed",
-            ConformanceStatus.APPROXIMATE,
-        )
-    return v.result(
-        f"hard_protected -> soft_priority: {lowered.lowering_class} ({lowered.reason}); "
-        f"hard baseline: {baseline.lowering_class}"
-    )
 
 
 # ---------------------------------------------------------------------------------- running

@@ -25,7 +25,6 @@ import dataclasses
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from agentclaims.conformance.lowering import check_hard_lowering
@@ -36,15 +35,15 @@ from agentclaims.conformance.probe import (
     lost_blocks,
     select_events,
 )
-from agentclaims.conformance.scenarios import (
+from agentclaims.conformance.target import ServedPool, Target
+from agentclaims.conformance.verdict import (
     LevelResult,
-    _ended_before_loss,
-    _hard_claim_held,
-    _Verdict,
+    Verdict,
     c1_verdict,
     check_replay,
+    ended_before_loss,
+    hard_claim_held,
 )
-from agentclaims.conformance.target import Target
 from agentclaims.contract import (
     BlockHash,
     CacheIdentity,
@@ -60,57 +59,11 @@ from agentclaims.engine.blocks import hash_token_blocks
 from agentclaims.errors import OperationNotExposed
 from agentclaims.protocol import ActiveOutcome, ActiveRequest, ActiveServing, ClaimDecision
 
-__all__ = ["SERVED_LEVELS", "ServedPool", "served_pool"]
+__all__ = ["SERVED_LEVELS"]
 
 E = EventName
 _EXPIRING_TTL_S = 3.0
 _BURSTS = 5
-
-
-@dataclass(frozen=True, slots=True)
-class ServedPool:
-    """The served engine's pool, as its descriptor states it."""
-
-    usable_blocks: int
-    block_size: int
-    max_model_len: int
-    cap_blocks: int
-    max_ttl_s: float
-    max_defer_s: float
-    connector: bool
-
-    @property
-    def prompt_blocks(self) -> int:
-        """Full blocks of the longest prompt that still leaves a block for its reply."""
-        return max(1, (self.max_model_len - self.block_size) // self.block_size)
-
-
-async def served_pool(target: Target) -> ServedPool | None:
-    """The pool of a served engine (``kv_side: vllm``), or ``None`` for a synthetic one."""
-    describe: Callable[[], Awaitable[Mapping[str, Any]]] | None = getattr(
-        target.backend, "descriptor", None
-    )
-    if describe is None:
-        return None
-    try:
-        desc = await describe()
-    except (OperationNotExposed, NotImplementedError):
-        return None
-    if not isinstance(desc, Mapping) or desc.get("kv_side") != "vllm":
-        return None
-    usable = int(desc.get("usable_blocks") or 0)
-    bs = int(desc.get("block_size") or 0)
-    if usable <= 0 or bs <= 0:
-        raise OperationNotExposed(target.name, "its pool's size (usable_blocks)")
-    return ServedPool(
-        usable_blocks=usable,
-        block_size=bs,
-        max_model_len=int(desc.get("max_model_len") or bs * 8),
-        cap_blocks=int(desc.get("hold_cap_blocks") or 0),
-        max_ttl_s=float(desc.get("hold_max_ttl_s") or 0.0),
-        max_defer_s=float(desc.get("hold_max_defer_s") or 0.0),
-        connector=bool(desc.get("connector")),
-    )
 
 
 def _tokens(tag: str, n: int) -> list[int]:
@@ -242,7 +195,7 @@ def _not_exposed(level: str, why: str) -> LevelResult:
 async def level_l1(target: Target, pool: ServedPool) -> LevelResult:
     """No accepted claim: pressure evicts a resident prefix, and none of it is harm."""
 
-    v = _Verdict("L1")
+    v = Verdict("L1")
     run = _Run(target, pool, "L1")
     await run.fresh()
     resident = run.prompt("resident")
@@ -306,7 +259,7 @@ async def _hard_probe(
 async def level_l3(target: Target, pool: ServedPool) -> LevelResult:
     """An accepted hard claim turns a burst that cannot fit beside it into explicit refusals."""
 
-    v = _Verdict("L3")
+    v = Verdict("L3")
     if pool.max_ttl_s and pool.max_defer_s and pool.max_ttl_s <= pool.max_defer_s:
         return v.not_evaluated(
             f"the connector defers up to {pool.max_defer_s} s, as long as any hold lives "
@@ -316,7 +269,7 @@ async def level_l3(target: Target, pool: ServedPool) -> LevelResult:
         _Run(target, pool, "L3"), ProtectionMode.HARD_PROTECTED
     )
     cid = probe.claim_id
-    victims = _hard_claim_held(v, probe)
+    victims = hard_claim_held(v, probe)
     if victims is None:
         return v.result("")
     refused = [o for o in outcomes if not o.served]
@@ -356,7 +309,7 @@ async def level_l3(target: Target, pool: ServedPool) -> LevelResult:
 async def level_l4(target: Target, pool: ServedPool) -> LevelResult:
     """A demotable claim gives way to a burst: demoted, with its event, before any loss."""
 
-    v = _Verdict("L4")
+    v = Verdict("L4")
     probe, outcomes, _ = await _hard_probe(_Run(target, pool, "L4"), ProtectionMode.DEMOTABLE)
     if not v.require(
         probe.decision is not None and probe.decision.accepted,
@@ -365,7 +318,7 @@ async def level_l4(target: Target, pool: ServedPool) -> LevelResult:
         return v.result("")
     unserved = [o for o in outcomes if not o.served]
     v.require(not unserved, f"{len(unserved)} active requests not served beside soft claims")
-    return await _ended_before_loss(
+    return await ended_before_loss(
         v, target, list(probe.events), probe.resident, probe.claim_id, E.RESIDENT_CLAIM_DEMOTED
     )
 
@@ -373,7 +326,7 @@ async def level_l4(target: Target, pool: ServedPool) -> LevelResult:
 async def level_l5(target: Target, pool: ServedPool) -> LevelResult:
     """An expiring claim protects until its TTL (seconds on vLLM), then expires before any loss."""
 
-    v = _Verdict("L5")
+    v = Verdict("L5")
     run = _Run(target, pool, "L5")
     await run.fresh()
     resident = run.prompt("resident")
@@ -397,7 +350,7 @@ async def level_l5(target: Target, pool: ServedPool) -> LevelResult:
     v.require(late.served, f"active request not served after expiry ({late.action.value})")
     await lost_blocks(target, hashes)  # vLLM's events caught up before the stream is read
     events = await run.events()
-    result = await _ended_before_loss(
+    result = await ended_before_loss(
         v, target, events, hashes, ProbeRecord.claim_id, E.RESIDENT_CLAIM_EXPIRED
     )
     if result.passed:
@@ -419,7 +372,7 @@ async def level_l6(target: Target, pool: ServedPool) -> LevelResult:
 async def level_l7(target: Target, pool: ServedPool) -> LevelResult:
     """Acceptance, materialization, conflict, blocking ids and the end, rebuilt from events."""
 
-    v = _Verdict("L7")
+    v = Verdict("L7")
     run = _Run(target, pool, "L7")
     identity = await run.fresh()
     held, mismatched = "l7-held", "l7-mismatched"
@@ -476,7 +429,7 @@ async def level_l7(target: Target, pool: ServedPool) -> LevelResult:
 async def level_c1(target: Target, pool: ServedPool) -> LevelResult:
     """Lowering hard to soft_priority on vLLM is classified unsound (``rejected``)."""
 
-    v = _Verdict("C1")
+    v = Verdict("C1")
     hard, _, _ = await _hard_probe(_Run(target, pool, "C1h"), ProtectionMode.HARD_PROTECTED)
     soft, _, _ = await _hard_probe(_Run(target, pool, "C1s"), ProtectionMode.SOFT_PRIORITY)
     for probe in (hard, soft):

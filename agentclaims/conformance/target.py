@@ -11,8 +11,9 @@ backend lacks raises ``OperationNotExposed`` and the level that needed it report
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from agentclaims.contract import (
     BlockHash,
@@ -34,10 +35,7 @@ from agentclaims.protocol import (
     collect_events,
 )
 
-if TYPE_CHECKING:
-    from agentclaims.conformance.served import ServedPool
-
-__all__ = ["OWNER_SCOPE", "ManualClock", "Target", "reference_target"]
+__all__ = ["OWNER_SCOPE", "ManualClock", "ServedPool", "Target", "reference_target", "served_pool"]
 
 _UNKNOWN = object()
 
@@ -76,8 +74,6 @@ class Target:
         """The pool of a served engine (vLLM: the suite runs its served variant of each
         level), or ``None`` (a synthetic pool: the reference scenarios). Asked once."""
         if self._pool is _UNKNOWN:
-            from agentclaims.conformance.served import served_pool
-
             self._pool = await served_pool(self)
         pool: ServedPool | None = self._pool
         return pool
@@ -148,3 +144,49 @@ def reference_target(
         1, block_size, clock=clock or ManualClock(), run_id=run_id, model_id="conformance"
     )
     return Target(kv)
+
+
+@dataclass(frozen=True, slots=True)
+class ServedPool:
+    """The served engine's pool, as its descriptor states it."""
+
+    usable_blocks: int
+    block_size: int
+    max_model_len: int
+    cap_blocks: int
+    max_ttl_s: float
+    max_defer_s: float
+    connector: bool
+
+    @property
+    def prompt_blocks(self) -> int:
+        """Full blocks of the longest prompt that still leaves a block for its reply."""
+        return max(1, (self.max_model_len - self.block_size) // self.block_size)
+
+
+async def served_pool(target: Target) -> ServedPool | None:
+    """The pool of a served engine (``kv_side: vllm``), or ``None`` for a synthetic one."""
+    describe: Callable[[], Awaitable[Mapping[str, Any]]] | None = getattr(
+        target.backend, "descriptor", None
+    )
+    if describe is None:
+        return None
+    try:
+        desc = await describe()
+    except (OperationNotExposed, NotImplementedError):
+        return None
+    if not isinstance(desc, Mapping) or desc.get("kv_side") != "vllm":
+        return None
+    usable = int(desc.get("usable_blocks") or 0)
+    bs = int(desc.get("block_size") or 0)
+    if usable <= 0 or bs <= 0:
+        raise OperationNotExposed(target.name, "its pool's size (usable_blocks)")
+    return ServedPool(
+        usable_blocks=usable,
+        block_size=bs,
+        max_model_len=int(desc.get("max_model_len") or bs * 8),
+        cap_blocks=int(desc.get("hold_cap_blocks") or 0),
+        max_ttl_s=float(desc.get("hold_max_ttl_s") or 0.0),
+        max_defer_s=float(desc.get("hold_max_defer_s") or 0.0),
+        connector=bool(desc.get("connector")),
+    )

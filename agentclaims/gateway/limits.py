@@ -92,5 +92,10 @@ def parse_body(raw: bytes, limits: Limits) -> dict[str, Any]:
     messages = body.get("messages")
     if isinstance(messages, list) and len(messages) > limits.max_messages:
         raise UsageError("messages", f"{len(messages)} messages; at most {limits.max_messages}")
+    if (
+        len(raw) <= min(limits.max_string_chars, limits.max_list_items)
+        and raw.count(b"[") + raw.count(b"{") <= limits.max_depth
+    ):
+        return body  # too short for a string or a list past the limits, too few brackets to nest
     _check_shape(body, limits, "body")
     return body

@@ -446,27 +446,41 @@ class ClaimIO:
             self.last_refusal = decision.reason or "refused"
             if strict:
                 return None
-            if self.reaction.on_refused == "fail":
-                st.fails += 1
-                self.log_reaction("fail", claim_id=claim_id, outcome=decision.reason, node=node)
-                raise ClaimRefused(
-                    f"claim {claim_id} on {prefix_id} ({mode.value}) refused: {decision.reason}",
-                    outcome=decision,
-                )
-            if not self.reaction.relax_claims:
-                return None
-            weaker = relax_mode(mode, self.policy.soft_mode)
-            st.claims_relaxed += 1
-            self.log_reaction(
-                "relax",
-                claim_id=claim_id,
-                outcome=decision.reason,
-                from_mode=mode.value,
-                to_mode=None if weaker is None else weaker.value,
-                node=node,
-            )
-            mode = weaker
+            mode = self.react_to_refusal(claim_id, mode, node, prefix_id, decision)
         return None
+
+    def react_to_refusal(
+        self,
+        claim_id: str,
+        mode: ProtectionMode,
+        node: str,
+        what: str,
+        decision: ClaimDecision | None = None,
+    ) -> ProtectionMode | None:
+        """The session's one reaction to a refused claim (``last_refusal`` says why), made on
+        its own or riding on a call: under ``on_refused="fail"`` a ``ClaimRefused`` naming
+        ``what`` it was on; else the next weaker mode on the ladder (logged as ``relax``), or
+        ``None`` where the session does not relax claims."""
+        reason = self.last_refusal
+        if self.reaction.on_refused == "fail":
+            self.stats.fails += 1
+            self.log_reaction("fail", claim_id=claim_id, outcome=reason, node=node)
+            raise ClaimRefused(
+                f"claim {claim_id} on {what} ({mode.value}) refused: {reason}", outcome=decision
+            )
+        if not self.reaction.relax_claims:
+            return None
+        weaker = relax_mode(mode, self.policy.soft_mode)
+        self.stats.claims_relaxed += 1
+        self.log_reaction(
+            "relax",
+            claim_id=claim_id,
+            outcome=reason,
+            from_mode=mode.value,
+            to_mode=None if weaker is None else weaker.value,
+            node=node,
+        )
+        return weaker
 
     async def renew(self, backend: ClaimsProtocol, held: HeldClaim, ttl_s: float) -> bool:
         """Extend ``held`` to ``ttl_s``; False (and logged) when the backend will not."""

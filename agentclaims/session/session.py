@@ -30,7 +30,6 @@ from agentclaims.errors import (
     BackendUnavailable,
     ClaimHarmed,
     ClaimOutcomeError,
-    ClaimRefused,
     UnknownNameError,
     UsageError,
 )
@@ -773,25 +772,10 @@ class ClaimedSession:
         fail (``on_refused="fail"``) or relax one mode down and claim that on its own."""
         assert riding.plan is not None
         assert riding.plan.mode is not None
-        mode, reason = riding.plan.mode, self.io.last_refusal
-        if self.reaction.on_refused == "fail":
-            self.stats.fails += 1
-            self.log_reaction("fail", claim_id=riding.claim_id, outcome=reason, node=node)
-            raise ClaimRefused(
-                f"claim {riding.claim_id} on {node}'s {SEQUENCE_OBJECT} ({mode.value}) "
-                f"refused: {reason}"
-            )
-        weaker = (
-            relax_mode(mode, self.planner.policy.soft_mode) if self.reaction.relax_claims else None
-        )
-        self.stats.claims_relaxed += 1
-        self.log_reaction(
-            "relax",
-            claim_id=riding.claim_id,
-            outcome=reason,
-            from_mode=mode.value,
-            to_mode=None if weaker is None else weaker.value,
-            node=node,
+        assert riding.claim_id is not None
+        reason = self.io.last_refusal
+        weaker = self.io.react_to_refusal(
+            riding.claim_id, riding.plan.mode, node, f"{node}'s {SEQUENCE_OBJECT}"
         )
         if not prefix_id:
             return

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,11 +32,13 @@ from agentclaims_vllm.ops import EXTENSION_KEY, Answer, Op, to_wire
 from agentclaims.errors import BackendError, UsageError
 from agentclaims.vllm.upstream import Upstream
 
-__all__ = ["ConnectorAnswer", "ConnectorClient"]
+__all__ = ["SEEN_EVENTS", "ConnectorAnswer", "ConnectorClient"]
 
 log = logging.getLogger("agentclaims.vllm")
 
 _LOOPBACK = ("127.", "localhost", "[::1]")
+SEEN_EVENTS = 4096
+"""Connector events a client keeps for its readers (the gateway mirrors each as it comes)."""
 _CHANNEL_IDLE_S = 60.0
 """A channel connection idle longer than this is opened anew (the connector closes its own
 after 300 s idle)."""
@@ -96,8 +99,8 @@ class ConnectorClient:
         self.requests = 0
         """Engine requests this client made: each a one-token completion of the gateway's own
         (a claim's hold, a release, a renewal, a probe), never an agent's."""
-        self.seen: list[Mapping[str, Any]] = []
-        """Every connector event read so far, in order (each once)."""
+        self.seen: deque[Mapping[str, Any]] = deque(maxlen=SEEN_EVENTS)
+        """The connector events read so far, in order (each once): the last ``SEEN_EVENTS``."""
         self.channel_ops = 0
         """Envelopes sent over the connector's channel (no engine request)."""
         self.channel: str | None = None
@@ -282,7 +285,9 @@ class ConnectorClient:
     def skip_events(self, last_seq: int) -> None:
         """Read only events after ``last_seq`` from now on (and forget those before)."""
         self.cursor = max(self.cursor, last_seq)
-        self.seen = [e for e in self.seen if int(e.get("seq", 0)) > last_seq]
+        self.seen = deque(
+            (e for e in self.seen if int(e.get("seq", 0)) > last_seq), maxlen=SEEN_EVENTS
+        )
 
     async def aclose(self) -> None:
         self._drop_channel()

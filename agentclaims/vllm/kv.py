@@ -107,6 +107,8 @@ _KINDS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
 
 _NEVER_S = 1e9
+EVENTS_KEPT = 200_000
+"""Claim events the gateway keeps for readers, as many as the reference engine keeps."""
 """``next_use_s`` of a closed agent's hold (finite: the op travels as JSON)."""
 
 
@@ -220,7 +222,8 @@ class VllmKV:
         """prefix id -> its tokens and the cache salt they were served under."""
         self._max_prefixes = max_prefixes
         self._claims: dict[str, _Claim] = {}
-        self._events: list[ClaimEvent] = []
+        self._events: deque[ClaimEvent] = deque(maxlen=EVENTS_KEPT)
+        """The last ``EVENTS_KEPT`` events for readers (one further back reads as a gap)."""
         self._seq = 0
         self._per_claim: dict[str | None, int] = {}
         self._run_id = uuid.uuid4().hex[:12]
@@ -1239,7 +1242,11 @@ class VllmKV:
         async with self._lock:
             start = max(0, since - (self._events[0].seq if self._events else 1) + 1)
             return EventPage.select(
-                self._events[start:], since, self._seq, limit=limit, id_prefix=id_prefix
+                itertools.islice(self._events, start, None),
+                since,
+                self._seq,
+                limit=limit,
+                id_prefix=id_prefix,
             )
 
     async def residency(self, prefix_ids: Sequence[PrefixId]) -> dict[PrefixId, int]:

@@ -189,3 +189,30 @@ def test_no_part_imports_a_part_above_it():
                 f" ({part} may import only: {', '.join(sorted(allowed | BASE))})"
             )
     assert not offending, "imports against the layering:\n" + "\n".join(offending)
+
+
+def _module_name(path: Path) -> str:
+    parts = ["agentclaims", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_two_modules_of_a_part_import_each_other() -> None:
+    """Inside each part, the modules' imports (module-level and lazy; not annotation-only
+    ones) form no circle: every module of a part can be read before the ones that use it.
+    A package's ``__init__`` gathers its modules' names and is left out."""
+    import networkx as nx
+
+    files = [p for p in sorted(PACKAGE.rglob("*.py")) if p.stem != "__init__"]
+    known = {_module_name(p) for p in files}
+    graph: nx.DiGraph[str] = nx.DiGraph()
+    for path in files:
+        source = _module_name(path)
+        graph.add_node(source)
+        for _, module, type_checking in _imports(path):
+            target = module if module in known else module.rpartition(".")[0]
+            if type_checking or target not in known or target == source:
+                continue
+            if _part_of(path) == _target_part(target):
+                graph.add_edge(source, target)
+    cycles = sorted(" -> ".join(c) for c in nx.simple_cycles(graph))
+    assert cycles == []
