@@ -172,6 +172,22 @@ async def test_descriptor_classes_come_from_the_lowering_checker(backend: Embedd
     assert desc["extension_key"] == "agentclaims"
 
 
+async def test_the_self_test_evidence_is_taken_at_start_up_not_on_a_request() -> None:
+    """The reference engine's descriptor is checked (its self-test run made) while the app
+    starts, so no request waits for the conformance suite."""
+    from agentclaims.engine import ReferenceKV
+    from agentclaims.gateway import ScriptedModel, create_app
+
+    app = create_app(ReferenceKV.create(64, 16), ScriptedModel())
+    gateway = app.state.gateway
+    assert gateway._lowering is None
+    async with app.router.lifespan_context(app):
+        checked = gateway._lowering
+        assert checked is not None
+        assert set(checked.section["runs"]["self_test:reference_engine"].values()) == {"pass"}
+        assert await gateway.lowering() is checked  # what a descriptor request reads
+
+
 async def test_health_metrics_and_unknown_routes(backend: EmbeddedBackend) -> None:
     """Health is ok; /v1/stats (JSON) and /metrics (Prometheus text, read back with
     prometheus-client's own parser) count calls, latency and pool state; unknown paths answer
