@@ -2,8 +2,9 @@
 
 Each limit broken is a 4xx naming what is wrong (``body``, ``body.depth``, ``messages``, a
 string's path...), raised before anything changes: no input makes the gateway answer 5xx or
-stop answering. The nesting depth is measured on the raw bytes before ``json.loads`` (whose
-decoder recurses: a deeply nested body would otherwise raise ``RecursionError``).
+stop answering. The body is parsed first (a body nested past what the parser takes is refused
+as too deep, not a ``RecursionError``), then its containers are walked for depth, list length
+and string length; a body too short to break any of those limits is not walked.
 """
 
 from __future__ import annotations
