@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 
 from agentclaims.contract import (
     ArbiterAction,
@@ -45,7 +45,18 @@ from agentclaims.engine.stats import EngineStats
 from agentclaims.errors import UsageError
 from agentclaims.protocol.types import ActiveOutcome
 
-__all__ = ["EngineStats", "KVEngine"]
+__all__ = ["EngineStats", "KVEngine", "check_begin"]
+
+
+def check_begin(request_id: object, extra_blocks: object, active: Container[str]) -> None:
+    """A request's id (a non-empty string, not ``active`` already) and its ``extra_blocks`` (a
+    non-negative integer), checked before an engine starts it; ``UsageError`` naming which."""
+    if not isinstance(request_id, str) or not request_id:
+        raise UsageError("request_id", f"must be a non-empty string, got {request_id!r}")
+    if request_id in active:
+        raise UsageError("request_id", f"request {request_id!r} is already active")
+    if isinstance(extra_blocks, bool) or not isinstance(extra_blocks, int) or extra_blocks < 0:
+        raise UsageError("extra_blocks", f"must be a non-negative integer, got {extra_blocks!r}")
 
 
 class KVEngine(ClaimArbiter):
@@ -229,14 +240,7 @@ class KVEngine(ClaimArbiter):
         KV (write no-admit), which does not stop this request from evicting residents.
         ``owner`` names the agent the request is for (``hint_owner``): a ranking policy groups
         the blocks it leaves resident under it and learns its waits."""
-        if not isinstance(request_id, str) or not request_id:
-            raise UsageError("request_id", f"must be a non-empty string, got {request_id!r}")
-        if request_id in self._requests:
-            raise UsageError("request_id", f"request {request_id!r} is already active")
-        if isinstance(extra_blocks, bool) or not isinstance(extra_blocks, int) or extra_blocks < 0:
-            raise UsageError(
-                "extra_blocks", f"must be a non-negative integer, got {extra_blocks!r}"
-            )
+        check_begin(request_id, extra_blocks, self._requests)
         n = len(block_hashes)
         limit = n if prompt_blocks is None else prompt_blocks
         if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= n:

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from agentclaims.contract import ArbiterAction, Feasibility, ProtectionMode, ReuseHint, hint_owner
 from agentclaims.contract.ids import RequestId
 from agentclaims.engine import Block, BlockHash, EngineStats, EvictionPolicy, LRUPolicy
+from agentclaims.engine.engine import check_begin
 from agentclaims.errors import UsageError
 from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_mode
 from agentclaims.protocol.types import ActiveOutcome
@@ -340,14 +341,7 @@ class VllmPoolEngine:
         unhashed ones: its partial tail and output): the connector admits it (or sheds soft
         holds, or defers/refuses it for hard ones), then vLLM allocates it if its new blocks
         and its evictable hits fit in the free queue; else it waits."""
-        if not isinstance(request_id, str) or not request_id:
-            raise UsageError("request_id", f"must be a non-empty string, got {request_id!r}")
-        if request_id in self._requests:
-            raise UsageError("request_id", f"request {request_id!r} is already active")
-        if isinstance(extra_blocks, bool) or not isinstance(extra_blocks, int) or extra_blocks < 0:
-            raise UsageError(
-                "extra_blocks", f"must be a non-negative integer, got {extra_blocks!r}"
-            )
+        check_begin(request_id, extra_blocks, self._requests)
         pool, book = self.pool, self.book
         cached = pool.cached
         n = len(block_hashes)

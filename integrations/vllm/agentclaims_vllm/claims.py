@@ -422,9 +422,9 @@ class ClaimBook:
         if not self.holds:
             return self._serve(request_id)  # asked for every waiting request: nothing held
         self.expire_due()
-        free = self.pool.num_free()
-        if needed_blocks <= free:
+        if self.fits(needed_blocks):
             return self._serve(request_id)
+        free = self.pool.num_free()
         soft = [h for h in self.holds.values() if h.mode in SOFT_MODES]
         # shed only where shedding can make it fit: blocks only soft holds keep come free
         only_soft = {id(b) for h in soft for b in h.blocks} - {

@@ -88,6 +88,10 @@ _INBOX_POLL_S = 0.002
 """How often a channel envelope waiting for a step looks whether the lock came free."""
 
 
+def _is_hold(raw: Any) -> bool:
+    return isinstance(raw, dict) and raw.get("op") == Hold.op
+
+
 class _Inbox:
     """One channel envelope on its way to the engine's thread, and its answer."""
 
@@ -228,11 +232,12 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         results: list[dict[str, Any]] = []
         book = self.book
         for raw in envelope.get("ops") or ():
+            if _is_hold(raw):
+                continue  # applies when its request finishes (``_holds``)
             try:
                 op = parse(raw)
             except MalformedOp as exc:
-                if exc.kind != "hold":  # a hold's result comes with its request's answer
-                    results.append({"op": exc.kind, "ok": False, "reason": exc.reason})
+                results.append({"op": exc.kind, "ok": False, "reason": exc.reason})
                 continue
             if isinstance(op, Release):
                 results.append(book.release(op.claim_id, op.tenant or default))
@@ -251,7 +256,7 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         """The envelope's hold operations, each parsed (or why it cannot be)."""
         out: list[Hold | MalformedOp] = []
         for raw in envelope.get("ops") or ():
-            if isinstance(raw, dict) and raw.get("op") == Hold.op:
+            if _is_hold(raw):
                 try:
                     op = parse(raw)
                 except MalformedOp as exc:
@@ -360,7 +365,6 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             return
         asks, self._asks = self._asks, {}
         book = self.book
-        book.expire_due()
         for request_id, needed in asks.items():
             if not waiting(request_id):
                 continue
