@@ -23,25 +23,29 @@ from typing import Any
 from agentclaims.contract import (
     ArbiterAction,
     CacheIdentity,
-    ClaimId,
     ClaimSpec,
     ClaimState,
     Decision,
     EventName,
-    OwnerScope,
-    PrefixId,
     ProtectionMode,
-    check_transition,
     owned_claim,
 )
 from agentclaims.contract.hints import ReuseHint, hint_owner
 from agentclaims.contract.ids import BlockHash, prefix_id_of
-from agentclaims.engine.events import EventLog
 from agentclaims.engine.eviction import RankingPolicy
 from agentclaims.engine.pool import PROTECTED, TIER_OF_MODE, BlockPool
 from agentclaims.engine.record import ClaimRecord
 from agentclaims.engine.stats import EngineStats
 from agentclaims.errors import UsageError
+from agentclaims.kernel import (
+    EventLog,
+    accepted,
+    claim_blocks,
+    harm_fields,
+    identity_problem,
+    refuse,
+    submitted,
+)
 from agentclaims.protocol.types import ClaimDecision, ClaimView
 
 ClaimGate = Callable[[ClaimSpec], "str | None"]
@@ -142,10 +146,7 @@ class ClaimArbiter:
             ClaimState.HARMED,
             EventName.RESIDENT_CLAIM_HARMED,
             request_id=request_id,
-            reason=cause,
-            cause=cause,
-            predicate_before=True,
-            predicate_after=False,
+            **harm_fields(cause),
             **data,
         )
 
@@ -217,52 +218,19 @@ class ClaimArbiter:
             raise UsageError("spec", f"expected a ClaimSpec, got {type(spec).__name__}")
         if spec.claim_id in self._claims:
             raise UsageError("claim_id", f"claim {spec.claim_id!r} already exists")
-        if block_hashes is None:
-            block_hashes = self._prefixes.get(spec.object_id)
-            if block_hashes is None:
-                raise UsageError(
-                    "object_id", f"unknown prefix {spec.object_id!r}; pass block_hashes"
-                )
-        hashes = tuple(block_hashes)
-        if len(hashes) != spec.footprint_blocks:
-            raise UsageError(
-                "footprint_blocks",
-                f"is {spec.footprint_blocks} but the prefix has {len(hashes)} blocks",
-            )
+        hashes = claim_blocks(
+            spec, self._prefixes.get(spec.object_id) if block_hashes is None else block_hashes
+        )
         if len(set(hashes)) != len(hashes):
             raise UsageError("block_hashes", "a prefix's block hashes must be distinct")
         self._expire_due(None)
         claim = ClaimRecord(spec, hashes)
         self._claims[spec.claim_id] = claim
-        self._events.emit(
-            EventName.RESIDENT_CLAIM_SUBMITTED,
-            claim=claim,
-            protection_mode=spec.protection_mode.value,
-            owner_scope=spec.owner_scope,
-            footprint_blocks=spec.footprint_blocks,
-            materialization_predicate=spec.materialization_predicate.to_dict(),
-            duration_steps=spec.duration_steps,
-            ttl_s=spec.ttl_s,
-        )
+        submitted(self._events, claim)
         reason = self._admission_problem(spec, hashes)
         if reason is not None:
             self.stats.claims_rejected += 1
-            claim.state = ClaimState.REFUSED
-            claim.end_reason = reason
-            self._events.emit(
-                EventName.RESIDENT_CLAIM_REJECTED,
-                claim=claim,
-                action=ArbiterAction.REFUSE_RESIDENCY_CLAIM.value,
-                reason=reason,
-                decision=Decision.REJECTED.value,
-            )
-            return ClaimDecision(
-                ClaimId(spec.claim_id),
-                Decision.REJECTED,
-                ClaimState.REFUSED,
-                ArbiterAction.REFUSE_RESIDENCY_CLAIM,
-                reason,
-            )
+            return refuse(self._events, claim, reason)
 
         conditions: dict[str, Any] = {}
         steps, ttl = spec.duration_steps, spec.ttl_s
@@ -275,7 +243,7 @@ class ClaimArbiter:
         if ttl is not None and self.max_ttl_s is not None and ttl > self.max_ttl_s:
             ttl = conditions["ttl_s"] = self.max_ttl_s
         decision = Decision.CONDITIONALLY_ACCEPTED if conditions else Decision.ACCEPTED
-        claim.state = ClaimState.ACCEPTED
+        claim.move(ClaimState.ACCEPTED)
         self.stats.claims_accepted += 1
         self._set_deadline(claim, steps, ttl)
         if spec.protection_mode is not ProtectionMode.BEST_EFFORT:
@@ -307,7 +275,7 @@ class ClaimArbiter:
             self._transition(claim, ClaimState.MATERIALIZED, EventName.RESIDENT_CLAIM_MATERIALIZED)
         if spec.reuse_hint is not None:
             self._hint(spec.owner_scope, spec.reuse_hint)
-        return ClaimDecision(ClaimId(spec.claim_id), decision, claim.state, None, None, conditions)
+        return accepted(claim, conditions)
 
     def _hint(self, owner_scope: str, hint: ReuseHint) -> None:
         """Hand a claim's reuse hint to a ranking policy (others ignore hints)."""
@@ -319,15 +287,9 @@ class ClaimArbiter:
             reason = self.claim_gate(spec)
             if reason is not None:
                 return reason
-        ident = spec.cache_identity
-        mine = self.cache_identity
-        if (ident.block_size, ident.model_id, ident.tokenizer_id, ident.adapter_id) != (
-            mine.block_size,
-            mine.model_id,
-            mine.tokenizer_id,
-            mine.adapter_id,
-        ):
-            return "cache_identity_mismatch"
+        mismatch = identity_problem(spec.cache_identity, self.cache_identity)
+        if mismatch is not None:
+            return mismatch
         if spec.footprint_blocks > self.num_blocks:
             return "exceeds_capacity"
         if (
@@ -372,7 +334,7 @@ class ClaimArbiter:
     def _transition(
         self, claim: ClaimRecord, target: ClaimState, name: EventName, **data: Any
     ) -> None:
-        claim.state = check_transition(claim.claim_id, claim.state, target)
+        claim.move(target)
         self._events.emit(name, claim=claim, state=target.value, **data)
 
     def _end(
@@ -386,8 +348,7 @@ class ClaimArbiter:
         **data: Any,
     ) -> None:
         """End a live claim: the transition is checked first, then its blocks are let go."""
-        claim.state = check_transition(claim.claim_id, claim.state, target)
-        claim.end_reason = reason
+        claim.end(target, reason)
         spec = claim.spec
         if spec.protection_mode is not ProtectionMode.BEST_EFFORT:
             self._owner_blocks[spec.owner_scope] -= len(claim.hashes)
@@ -421,6 +382,10 @@ class ClaimArbiter:
 
     def _owned(self, claim_id: str, owner_scope: str) -> ClaimRecord:
         return owned_claim(self._claims, claim_id, owner_scope)
+
+    def has_claim(self, claim_id: str) -> bool:
+        """Whether ``claim_id`` is taken (by any owner, ended or not)."""
+        return claim_id in self._claims
 
     def get_claim(self, claim_id: str, owner_scope: str) -> ClaimView:
         claim = self._owned(claim_id, owner_scope)  # check the scope before anything changes
@@ -504,16 +469,9 @@ class ClaimArbiter:
         self._expire_due(None)
 
     def _view(self, claim: ClaimRecord) -> ClaimView:
-        return ClaimView(
-            claim_id=ClaimId(claim.claim_id),
-            owner_scope=OwnerScope(claim.spec.owner_scope),
-            object_id=PrefixId(claim.spec.object_id),
-            protection_mode=claim.mode,
-            state=claim.state,
-            footprint_blocks=claim.spec.footprint_blocks,
+        return claim.view(
             present_blocks=sum(claim.present),
-            predicate_holds=claim.holds and claim.state.live,
+            holds=claim.holds,
             expires_at_step=claim.deadline_step,
             expires_at_ns=claim.deadline_ns,
-            end_reason=claim.end_reason,
         )

@@ -37,12 +37,12 @@ from agentclaims.contract import (
 from agentclaims.contract.ids import BlockHash
 from agentclaims.engine.blocks import Block
 from agentclaims.engine.claims import ClaimArbiter
-from agentclaims.engine.events import EventLog
 from agentclaims.engine.eviction import EvictionPolicy, LRUPolicy, RankingPolicy
 from agentclaims.engine.pool import EXPIRY_HELD, ORDINARY, BlockPool
 from agentclaims.engine.record import ClaimRecord
 from agentclaims.engine.stats import EngineStats
 from agentclaims.errors import UsageError
+from agentclaims.kernel.events import EVENTS_KEPT, EventLog
 from agentclaims.protocol.types import ActiveOutcome
 
 __all__ = ["EngineStats", "KVEngine", "check_begin"]
@@ -82,7 +82,7 @@ class KVEngine(ClaimArbiter):
         clock: Callable[[], int] = time.time_ns,
         run_id: str | None = None,
         policy_name: str | None = None,
-        event_buffer: int = 200_000,
+        event_buffer: int = EVENTS_KEPT,
         first_seq: int = 0,
     ) -> None:
         for name, value, minimum in (

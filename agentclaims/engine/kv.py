@@ -17,7 +17,7 @@ It speaks every part of the protocol: the claims API, ``ActiveServing`` and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,14 +29,14 @@ from agentclaims.contract import (
     ClaimSpec,
     OwnerScope,
     PrefixId,
-    prefix_id_of,
 )
 from agentclaims.engine.blocks import hash_token_blocks
 from agentclaims.engine.claims import ClaimGate
 from agentclaims.engine.engine import KVEngine
 from agentclaims.engine.eviction import EvictionPolicy
 from agentclaims.engine.tokenizer import WordTokenizer, tokenizer_named
-from agentclaims.errors import ContractViolation, UnknownClaim, UsageError
+from agentclaims.errors import ContractViolation, UsageError
+from agentclaims.kernel import Resolved, resolve_request_claims
 from agentclaims.protocol import (
     PROMPT_OBJECT,
     RANKS_BY_HINTS,
@@ -256,54 +256,21 @@ class ReferenceKV:
 
     def _resolve_claims(
         self, request: ActiveRequest, hashes: list[BlockHash], prompt_blocks: int
-    ) -> list[tuple[ClaimSpec, tuple[BlockHash, ...]]]:
+    ) -> list[Resolved]:
         """Parse and check every claim before anything changes (fail closed)."""
-        specials = {PROMPT_OBJECT: hashes[:prompt_blocks], SEQUENCE_OBJECT: hashes}
-        out: list[tuple[ClaimSpec, tuple[BlockHash, ...]]] = []
-        seen: set[str] = set()
-        for i, raw in enumerate(request.claims):
-            where = f"agentclaims.claims[{i}]"
-            if not isinstance(raw, Mapping):
-                raise UsageError(where, f"expected a claim object, got {raw!r}")
-            data = dict(raw)
-            data.setdefault("cache_identity", self.engine.cache_identity.to_dict())
-            if request.owner_scope is not None:
-                data.setdefault("owner_scope", request.owner_scope)
-            oid = data.get("object_id")
-            blocks: Sequence[BlockHash] | None
-            if oid in specials:
-                blocks = specials[oid]
-                if not blocks:
-                    raise UsageError(f"{where}.object_id", f"{oid} has no full block to claim")
-                data["object_id"] = prefix_id_of(blocks)
-                data.setdefault("footprint_blocks", len(blocks))
-            else:
-                blocks = self.engine.prefix_blocks(oid) if isinstance(oid, str) else None
-            try:
-                spec = ClaimSpec.from_dict(data)
-            except UsageError as exc:
-                raise UsageError(f"{where}.{exc.field}", exc.message) from None
-            if blocks is None:
-                raise UsageError(f"{where}.object_id", f"unknown prefix {oid!r}")
-            if len(blocks) != spec.footprint_blocks:
-                raise UsageError(
-                    f"{where}.footprint_blocks",
-                    f"is {spec.footprint_blocks} but the prefix has {len(blocks)} blocks",
-                )
-            if spec.claim_id in seen or self._claim_exists(spec.claim_id, spec.owner_scope):
-                raise UsageError(f"{where}.claim_id", f"claim {spec.claim_id!r} already exists")
-            seen.add(spec.claim_id)
-            out.append((spec, tuple(blocks)))
-        return out
+        engine = self.engine
+        return resolve_request_claims(
+            request.claims,
+            identity=engine.cache_identity,
+            owner_scope=request.owner_scope,
+            prompt=hashes[:prompt_blocks],
+            sequence=hashes,
+            known=engine.prefix_blocks,
+            exists=self._claim_exists,
+        )
 
-    def _claim_exists(self, claim_id: str, owner_scope: str) -> bool:
-        try:
-            self.engine.get_claim(claim_id, owner_scope)
-        except UnknownClaim:
-            return False
-        except Exception:  # another owner's claim: the id is taken all the same
-            return True
-        return True
+    def _claim_exists(self, claim_id: str) -> bool:
+        return self.engine.has_claim(claim_id)
 
     def _count(self, request: ActiveRequest, outcome: ActiveOutcome) -> None:
         c = self.counters

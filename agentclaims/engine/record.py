@@ -8,33 +8,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentclaims.contract import ClaimSpec, ClaimState, ContiguousRange, ProtectionMode
+from agentclaims.contract import ClaimSpec, ContiguousRange
 from agentclaims.contract.ids import BlockHash
+from agentclaims.kernel.record import Claim
 
 __all__ = ["ClaimRecord"]
 
 
-class ClaimRecord:
+class ClaimRecord(Claim):
     """Engine-side record of one claim. Positions are the claimed prefix's blocks."""
 
     __slots__ = (
         "deadline_ns",
         "deadline_step",
-        "end_reason",
         "hashes",
         "held",
         "missing_in_span",
         "pos_of",
         "present",
-        "seq",
         "span_end",
         "span_start",
-        "spec",
-        "state",
     )
 
     def __init__(self, spec: ClaimSpec, hashes: Sequence[BlockHash]) -> None:
-        self.spec = spec
+        super().__init__(spec)
         self.hashes = tuple(hashes)
         self.pos_of = {h: i for i, h in enumerate(self.hashes)}
         self.present = bytearray(len(self.hashes))
@@ -42,22 +39,10 @@ class ClaimRecord:
         self.span_start = pred.start if isinstance(pred, ContiguousRange) else 0
         self.span_end = pred.span
         self.missing_in_span = self.span_end - self.span_start
-        self.state = ClaimState.SUBMITTED
-        self.seq = -1
-        """The claim's last ``event_sequence`` (the event log numbers its events)."""
         self.deadline_step: int | None = None
         self.deadline_ns: int | None = None
-        self.end_reason: str | None = None
         self.held = 0
         """Blocks of a hard/expiring claim parked in a held tier (it blocks others while > 0)."""
-
-    @property
-    def claim_id(self) -> str:
-        return self.spec.claim_id
-
-    @property
-    def mode(self) -> ProtectionMode:
-        return self.spec.protection_mode
 
     @property
     def holds(self) -> bool:

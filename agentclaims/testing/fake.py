@@ -46,7 +46,6 @@ from agentclaims.contract import (
     PrefixId,
     ProtectionMode,
     RequestId,
-    check_transition,
     owned_claim,
     parse_mode,
     prefix_id_of,
@@ -54,6 +53,19 @@ from agentclaims.contract import (
 from agentclaims.engine import WordTokenizer, hash_token_blocks
 from agentclaims.errors import UnknownClaim, UsageError
 from agentclaims.gateway import Script
+from agentclaims.kernel import (
+    EVENTS_KEPT,
+    Claim,
+    EventLog,
+    Resolved,
+    accepted,
+    claim_blocks,
+    harm,
+    identity_problem,
+    refuse,
+    resolve_request_claims,
+    submitted,
+)
 from agentclaims.lowering import IDENTITY_FIELDS, LoweringSource
 from agentclaims.protocol import (
     PROMPT_OBJECT,
@@ -81,15 +93,6 @@ _REFUSAL_FIELDS = (
     "retry_after_s",
 )
 """What a refusal or deferral event says of its outcome (as the reference engine's do)."""
-_SUBMITTED_FIELDS = (
-    "protection_mode",
-    "owner_scope",
-    "footprint_blocks",
-    "materialization_predicate",
-    "duration_steps",
-    "ttl_s",
-)
-"""What a ``resident_claim_submitted`` event says of the claim's spec."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,20 +112,16 @@ class Call:
         return None if value is None else str(value)
 
 
-@dataclass(slots=True, eq=False)
-class _Claim:
-    spec: ClaimSpec
-    blocks: tuple[BlockHash, ...]
-    state: ClaimState = ClaimState.SUBMITTED
-    last_event: int = -1
-    end_reason: str | None = None
-    expires_at_step: int | None = None
-    expires_at_ns: int | None = None
+class _Claim(Claim):
+    """A claim as ``FakeKV`` keeps it: the blocks it covers, when it would end."""
 
+    __slots__ = ("blocks", "expires_at_ns", "expires_at_step")
 
-def _kv_shape(identity: CacheIdentity) -> tuple[object, ...]:
-    """What must agree for two blocks' KV to be the same (the domain and salt need not)."""
-    return (identity.block_size, identity.model_id, identity.tokenizer_id, identity.adapter_id)
+    def __init__(self, spec: ClaimSpec, blocks: tuple[BlockHash, ...]) -> None:
+        super().__init__(spec)
+        self.blocks = blocks
+        self.expires_at_step: int | None = None
+        self.expires_at_ns: int | None = None
 
 
 def _positive_count(name: str, value: object) -> int:
@@ -216,9 +215,8 @@ class FakeKV:
         self.run_id = run_id
         self.calls: list[Call] = []
         """Every protocol call, in order (the test's own instructions are not calls)."""
-        self._clock = clock
-        self._events: list[ClaimEvent] = []
-        self._claimless = -1
+        self.clock = clock
+        self._events = EventLog(self, EVENTS_KEPT)
         self._claims: dict[str, _Claim] = {}
         self._prefixes: dict[PrefixId, tuple[BlockHash, ...]] = {}
         self._cached: set[BlockHash] = set()
@@ -324,15 +322,7 @@ class FakeKV:
 
     def harm(self, claim_id: str, cause: str = "evicted") -> None:
         """Harm a materialized claim: its predicate held, now it does not (true harm)."""
-        self._transition(
-            self._claim(claim_id),
-            ClaimState.HARMED,
-            EventName.RESIDENT_CLAIM_HARMED,
-            reason=cause,
-            cause=cause,
-            predicate_before=True,
-            predicate_after=False,
-        )
+        harm(self._events, self._claim(claim_id), cause)
 
     def evict(self, prefix_id: str) -> None:
         """Drop a known prefix's blocks from the cache. A materialized claim (not
@@ -356,12 +346,16 @@ class FakeKV:
 
     @property
     def event_stream(self) -> tuple[ClaimEvent, ...]:
-        """Every event emitted so far, in order."""
-        return tuple(self._events)
+        """Every event kept (the last ``EVENTS_KEPT``), in order."""
+        return tuple(self._events.events_since(0))
 
     @property
     def last_seq(self) -> int:
-        return len(self._events)
+        return self._events.seq
+
+    @property
+    def policy_name(self) -> str:  # what its events say of the policy (``EventSource``)
+        return "fake"
 
     def views(self, owner_scope: str | None = None) -> list[ClaimView]:
         """Every claim (of ``owner_scope``), in submission order."""
@@ -447,7 +441,7 @@ class FakeKV:
             ttl_s=spec.ttl_s,
         )
         given = None if block_hashes is None else tuple(BlockHash(h) for h in block_hashes)
-        return self._decide(spec, self._new_claim_blocks(spec, given, ""))
+        return self._decide(spec, self._new_claim_blocks(spec, given))
 
     async def get_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
         self._record("get_claim", claim_id=claim_id, owner_scope=owner_scope)
@@ -489,8 +483,7 @@ class FakeKV:
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None
     ) -> EventPage:
         self._record("events", since=since, id_prefix=id_prefix, limit=limit)
-        after = self._events[max(0, since) :]  # seq n is at index n - 1: nothing is dropped
-        return EventPage.select(after, since, self.last_seq, limit=limit, id_prefix=id_prefix)
+        return self._events.page(since, limit=limit, id_prefix=id_prefix)
 
     async def residency(self, prefix_ids: Sequence[PrefixId]) -> dict[PrefixId, int]:
         self._record("residency", prefix_ids=tuple(prefix_ids))
@@ -537,99 +530,61 @@ class FakeKV:
         request: ActiveRequest,
         prompt: tuple[BlockHash, ...],
         sequence: tuple[BlockHash, ...],
-    ) -> list[tuple[ClaimSpec, tuple[BlockHash, ...]]]:
+    ) -> list[Resolved]:
         """The claims a request carries, every one checked before anything changes."""
-        out: list[tuple[ClaimSpec, tuple[BlockHash, ...]]] = []
-        for i, raw in enumerate(request.claims):
-            where = f"agentclaims.claims[{i}]"
-            if not isinstance(raw, Mapping):
-                raise UsageError(where, f"expected a claim object, got {raw!r}")
-            data: dict[str, Any] = {"cache_identity": self.cache_identity.to_dict()}
-            if request.owner_scope is not None:
-                data["owner_scope"] = request.owner_scope
-            data.update(raw)
-            special = {PROMPT_OBJECT: prompt, SEQUENCE_OBJECT: sequence}
-            blocks = special.get(str(data.get("object_id")))
-            if blocks == ():
-                raise UsageError(f"{where}.object_id", f"{raw['object_id']} has no full block")
-            if blocks:
-                data["object_id"] = prefix_id_of(blocks)
-                data.setdefault("footprint_blocks", len(blocks))
-            try:
-                spec = ClaimSpec.from_dict(data)
-            except UsageError as exc:
-                raise UsageError(f"{where}.{exc.field}", exc.message) from None
-            if any(spec.claim_id == s.claim_id for s, _ in out):
-                raise UsageError(f"{where}.claim_id", f"claim {spec.claim_id!r} given twice")
-            out.append((spec, self._new_claim_blocks(spec, blocks, f"{where}.")))
-        return out
+        return resolve_request_claims(
+            request.claims,
+            identity=self.cache_identity,
+            owner_scope=request.owner_scope,
+            prompt=prompt,
+            sequence=sequence,
+            known=lambda pid: self._prefixes.get(PrefixId(pid)),
+            exists=self._claims.__contains__,
+        )
 
     def _new_claim_blocks(
-        self, spec: ClaimSpec, blocks: tuple[BlockHash, ...] | None, where: str
+        self, spec: ClaimSpec, blocks: tuple[BlockHash, ...] | None
     ) -> tuple[BlockHash, ...]:
-        """The blocks a new claim covers (given, else its known prefix's), checked."""
+        """The blocks a claim made on its own covers (given, else its known prefix's)."""
         if spec.claim_id in self._claims:
-            raise UsageError(f"{where}claim_id", f"claim {spec.claim_id!r} already exists")
+            raise UsageError("claim_id", f"claim {spec.claim_id!r} already exists")
         if blocks is None:
             blocks = self._prefixes.get(PrefixId(spec.object_id))
-        if blocks is None:
-            raise UsageError(f"{where}object_id", f"unknown prefix {spec.object_id!r}")
-        if len(blocks) != spec.footprint_blocks:
-            raise UsageError(
-                f"{where}footprint_blocks",
-                f"is {spec.footprint_blocks} but the prefix has {len(blocks)} blocks",
-            )
-        return blocks
+        return claim_blocks(spec, blocks)
 
     def _refusal(self, spec: ClaimSpec) -> str | None:
         """Why a claim is refused: the test said so, or the backend could not honour it."""
         reason = self._refusals.get(spec.protection_mode) or self._refusals.get(None)
         if reason is not None:
             return reason
-        if _kv_shape(spec.cache_identity) != _kv_shape(self.cache_identity):
-            return "cache_identity_mismatch"
+        mismatch = identity_problem(spec.cache_identity, self.cache_identity)
+        if mismatch is not None:
+            return mismatch
         return "exceeds_capacity" if spec.footprint_blocks > self.num_blocks else None
 
     def _decide(self, spec: ClaimSpec, blocks: tuple[BlockHash, ...]) -> ClaimDecision:
         claim = self._claims[spec.claim_id] = _Claim(spec, blocks)
-        wire = spec.to_dict()
-        submitted = {k: wire[k] for k in _SUBMITTED_FIELDS}
-        self._emit(EventName.RESIDENT_CLAIM_SUBMITTED, claim, **submitted)
+        submitted(self._events, claim)
         reason = self._refusal(spec)
         if reason is not None:
-            refused = ClaimDecision(
-                ClaimId(spec.claim_id),
-                Decision.REJECTED,
-                ClaimState.REFUSED,
-                ArbiterAction.REFUSE_RESIDENCY_CLAIM,
-                reason,
-            )
-            self._transition(
-                claim,
-                refused.state,
-                EventName.RESIDENT_CLAIM_REJECTED,
-                action=ArbiterAction.REFUSE_RESIDENCY_CLAIM.value,
-                decision=refused.decision.value,
-                reason=reason,
-            )
-            return refused
+            return refuse(self._events, claim, reason)
         self._set_expiry(claim, spec.duration_steps, spec.ttl_s)
-        claim.state = check_transition(spec.claim_id, claim.state, ClaimState.ACCEPTED)
-        self._emit(
+        claim.move(ClaimState.ACCEPTED)
+        self._events.emit(
             EventName.RESIDENT_CLAIM_ACCEPTED,
-            claim,
+            claim=claim,
             decision=Decision.ACCEPTED.value,
-            protection_mode=submitted["protection_mode"],
+            protection_mode=spec.protection_mode.value,
             conditions={},
             present_blocks=sum(h in self._cached for h in blocks),
         )
         self._materialize(claim)
-        return ClaimDecision(ClaimId(spec.claim_id), Decision.ACCEPTED, claim.state)
+        return accepted(claim)
 
     def _set_expiry(self, claim: _Claim, steps: int | None, ttl_s: float | None) -> None:
         """When the claim would end (shown in its view; the fake never ends it by itself)."""
         claim.expires_at_step = steps
-        claim.expires_at_ns = None if ttl_s is None else self._clock() + int(ttl_s * 1e9)
+        claim.expires_at_ns = None if ttl_s is None else self.clock() + int(ttl_s * 1e9)
 
     def _arrive(self, hashes: tuple[BlockHash, ...]) -> None:
         self._cached.update(hashes)
@@ -658,56 +613,20 @@ class FakeKV:
 
     def _transition(self, claim: _Claim, target: ClaimState, name: EventName, **data: Any) -> None:
         """Move ``claim`` to ``target`` (an illegal move raises before anything changes)."""
-        claim.state = check_transition(claim.spec.claim_id, claim.state, target)
+        claim.move(target)
         if target.terminal:
             claim.end_reason = data.get("reason")
-        self._emit(name, claim, state=target.value, **data)
+        self._events.emit(name, claim=claim, state=target.value, **data)
 
-    def _emit(
-        self,
-        name: EventName,
-        claim: _Claim | None = None,
-        *,
-        request_id: str | None = None,
-        **data: Any,
-    ) -> None:
-        if claim is None:
-            self._claimless += 1
-            number, claim_id, prefix_id = self._claimless, None, None
-        else:
-            claim.last_event += 1
-            number, claim_id = claim.last_event, ClaimId(claim.spec.claim_id)
-            prefix_id = PrefixId(claim.spec.object_id)
-        event = ClaimEvent(
-            name,
-            self.last_seq + 1,
-            number,
-            self._clock(),
-            self.run_id,
-            "fake",
-            self.num_blocks,
-            None if request_id is None else RequestId(request_id),
-            claim_id,
-            prefix_id,
-            data,
-        )
-        self._events.append(event)
+    def _emit(self, name: EventName, *, request_id: str | None = None, **data: Any) -> None:
+        self._events.emit(name, request_id=request_id, **data)
 
     def _view(self, claim: _Claim) -> ClaimView:
-        spec = claim.spec
-        holds = self._holds(claim)
-        return ClaimView(
-            ClaimId(spec.claim_id),
-            OwnerScope(spec.owner_scope),
-            PrefixId(spec.object_id),
-            spec.protection_mode,
-            claim.state,
-            spec.footprint_blocks,
-            sum(h in self._cached for h in claim.blocks),
-            holds and claim.state.live,
-            claim.expires_at_step,
-            claim.expires_at_ns,
-            claim.end_reason,
+        return claim.view(
+            present_blocks=sum(h in self._cached for h in claim.blocks),
+            holds=self._holds(claim),
+            expires_at_step=claim.expires_at_step,
+            expires_at_ns=claim.expires_at_ns,
         )
 
 

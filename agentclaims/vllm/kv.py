@@ -41,7 +41,7 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,6 @@ from agentclaims.contract import (
     ArbiterAction,
     BlockHash,
     CacheIdentity,
-    ClaimEvent,
     ClaimId,
     ClaimSpec,
     ClaimState,
@@ -74,6 +73,16 @@ from agentclaims.errors import (
     OperationNotExposed,
     ServiceUnavailable,
     UsageError,
+)
+from agentclaims.kernel import (
+    EVENTS_KEPT,
+    Claim,
+    EventLog,
+    harm,
+    identity_problem,
+    refuse,
+    resolve_request_claims,
+    submitted,
 )
 from agentclaims.lowering.served import CONNECTOR_DESCRIPTOR
 from agentclaims.protocol import (
@@ -107,8 +116,6 @@ _KINDS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
 
 _NEVER_S = 1e9
-EVENTS_KEPT = 200_000
-"""Claim events the gateway keeps for readers, as many as the reference engine keeps."""
 """``next_use_s`` of a closed agent's hold (finite: the op travels as JSON)."""
 
 
@@ -120,23 +127,57 @@ class UpstreamResult:
     result: ServeResult
 
 
-@dataclass(slots=True)
-class _Claim:
-    spec: ClaimSpec
-    state: ClaimState
-    held_blocks: int
-    end_reason: str | None = None
-    expires_at_ns: int | None = None
-    hashes: tuple[BlockHash, ...] = ()
-    """The claimed blocks' hashes (the gateway's), head first: what the observer joins."""
-    lost: set[BlockHash] = field(default_factory=set)
-    """Claimed blocks seen leaving vLLM's cache after the claim ended (each counted once)."""
+class _Claim(Claim):
+    """A claim as the gateway mirrors it from the connector's answers and events."""
+
+    __slots__ = ("expires_at_ns", "hashes", "held_blocks", "lost")
+
+    def __init__(
+        self,
+        spec: ClaimSpec,
+        state: ClaimState,
+        held_blocks: int,
+        *,
+        hashes: tuple[BlockHash, ...] = (),
+        end_reason: str | None = None,
+    ) -> None:
+        super().__init__(spec, state)
+        self.held_blocks = held_blocks
+        self.end_reason = end_reason
+        self.expires_at_ns: int | None = None
+        self.hashes = hashes
+        """The claimed blocks' hashes (the gateway's), head first: what the observer joins."""
+        self.lost: set[BlockHash] = set()
+        """Claimed blocks seen leaving vLLM's cache after the claim ended (each counted once)."""
 
     @property
     def held(self) -> bool:
         """The connector holds its blocks (as far as the gateway has heard)."""
         live = self.state in (ClaimState.ACCEPTED, ClaimState.MATERIALIZED)
         return live and self.held_blocks > 0
+
+
+class _Stamp:
+    """What the vLLM side's events say of where they come from (an ``EventSource``)."""
+
+    __slots__ = ("_kv",)
+
+    clock = staticmethod(time.time_ns)
+
+    def __init__(self, kv: VllmKV) -> None:
+        self._kv = kv
+
+    @property
+    def run_id(self) -> str:
+        return self._kv.run_id
+
+    @property
+    def policy_name(self) -> str:
+        return "vllm+agentclaims" if self._kv.connector else "vllm"
+
+    @property
+    def num_blocks(self) -> int:
+        return self._kv.usable_blocks
 
 
 def _prompt_ids(data: Mapping[str, Any]) -> list[int] | None:
@@ -222,11 +263,9 @@ class VllmKV:
         """prefix id -> its tokens and the cache salt they were served under."""
         self._max_prefixes = max_prefixes
         self._claims: dict[str, _Claim] = {}
-        self._events: deque[ClaimEvent] = deque(maxlen=EVENTS_KEPT)
+        self.run_id = uuid.uuid4().hex[:12]
+        self._events = EventLog(_Stamp(self), EVENTS_KEPT)
         """The last ``EVENTS_KEPT`` events for readers (one further back reads as a gap)."""
-        self._seq = 0
-        self._per_claim: dict[str | None, int] = {}
-        self._run_id = uuid.uuid4().hex[:12]
         self._lock = asyncio.Lock()
         self._requests = itertools.count(1)
         self.tokenizer = None  # tokens come from vLLM's /tokenize, not a local tokenizer
@@ -471,24 +510,13 @@ class VllmKV:
     def _emit(
         self, name: EventName, claim_id: str | None, request_id: str | None, **data: Any
     ) -> None:
-        self._seq += 1
-        n = self._per_claim.get(claim_id, -1) + 1
-        self._per_claim[claim_id] = n
         claim = self._claims.get(claim_id) if claim_id else None
-        self._events.append(
-            ClaimEvent(
-                event=name,
-                seq=self._seq,
-                event_sequence=n,
-                timestamp_ns=time.time_ns(),
-                run_id=self._run_id,
-                policy="vllm+agentclaims" if self.connector else "vllm",
-                usable_blocks=self.usable_blocks,
-                request_id=None if request_id is None else RequestId(request_id),
-                claim_id=None if claim_id is None else ClaimId(claim_id),
-                prefix_id=None if claim is None else PrefixId(claim.spec.object_id),
-                data=data,
-            )
+        self._events.emit(
+            name,
+            claim=claim,
+            claim_id=claim_id if claim is None else None,
+            request_id=request_id,
+            **data,
         )
 
     def _our_request(self, vllm_id: Any) -> str | None:
@@ -688,7 +716,7 @@ class VllmKV:
         async with self._lock:
             if tokens is not None:
                 hashes, prompt_pid = self._register(tokens, cache_salt)
-            specs = self._resolve(claims, owner, prompt_pid, len(hashes))
+            specs = self._resolve(claims, owner, prompt_pid, hashes)
         return tokens, hashes, prompt_pid, specs
 
     def _envelope(
@@ -865,44 +893,31 @@ class VllmKV:
         claims: Sequence[Mapping[str, Any]],
         owner: str | None,
         prompt_pid: str | None,
-        prompt_blocks: int,
+        prompt: Sequence[BlockHash],
     ) -> list[ClaimSpec]:
-        """Each claim of the request, checked before anything is sent (fail closed)."""
-        out = []
-        for i, raw in enumerate(claims):
-            where = f"agentclaims.claims[{i}]"
-            if not isinstance(raw, Mapping):
-                raise UsageError(where, f"expected a claim object, got {raw!r}")
-            data = dict(raw)
-            if owner is not None:
-                data.setdefault("owner_scope", owner)
-            data.setdefault("cache_identity", self.identity().to_dict())
-            if data.get("object_id") == PROMPT_OBJECT:
-                if prompt_pid is None:
-                    raise UsageError(f"{where}.object_id", "@prompt has no full block to claim")
-                data["object_id"] = prompt_pid
-                data.setdefault("footprint_blocks", prompt_blocks)
-            elif data.get("object_id") == SEQUENCE_OBJECT:
-                if "footprint_blocks" in data:
-                    raise UsageError(
-                        f"{where}.footprint_blocks",
-                        "@sequence holds every full block of prompt and reply: give none",
-                    )
-                data["footprint_blocks"] = max(1, prompt_blocks)  # known when it finishes
-            elif data.get("object_id") != prompt_pid:
-                raise UsageError(
-                    f"{where}.object_id",
-                    "on vLLM a claim sent with a request names that request's prompt "
-                    "(@prompt) or its prompt and reply (@sequence)",
-                )
-            try:
-                spec = ClaimSpec.from_dict(data)
-            except UsageError as exc:
-                raise UsageError(f"{where}.{exc.field}", exc.message) from None
-            if spec.claim_id in self._claims:
-                raise UsageError(f"{where}.claim_id", f"claim {spec.claim_id!r} already exists")
-            out.append(spec)
-        return out
+        """Each claim of the request, checked before anything is sent (fail closed). On vLLM
+        a claim names the request's own prompt (``@prompt``, or its prefix id) or its prompt
+        and reply (``@sequence``: its blocks are known when the request ends)."""
+
+        def known(prefix_id: str) -> Sequence[BlockHash] | None:
+            if prefix_id == prompt_pid:
+                return prompt
+            raise UsageError(
+                "object_id",
+                "on vLLM a claim sent with a request names that request's prompt "
+                "(@prompt) or its prompt and reply (@sequence)",
+            )
+
+        resolved = resolve_request_claims(
+            claims,
+            identity=self.identity(),
+            owner_scope=owner,
+            prompt=prompt,
+            sequence=None,
+            known=known,
+            exists=self._claims.__contains__,
+        )
+        return [spec for spec, _ in resolved]
 
     def _result(
         self,
@@ -929,7 +944,10 @@ class VllmKV:
                 retry_after_s=refused.get("retry_after_s"),
             )
             return ServeResult(
-                outcome, {"prompt": prompt_pid}, events_seq=self._seq, block_hashes=tuple(hashes)
+                outcome,
+                {"prompt": prompt_pid},
+                events_seq=self._events.seq,
+                block_hashes=tuple(hashes),
             )
         hit = answer.cached_tokens // bs
         outcome = ActiveOutcome(
@@ -949,7 +967,7 @@ class VllmKV:
             outcome,
             {"prompt": prompt_pid, "sequence": seq_pid, "messages": []},
             decisions,
-            events_seq=self._seq,
+            events_seq=self._events.seq,
             cached_tokens=answer.cached_tokens,
             block_hashes=tuple(hashes),
             deferred_s=answer.deferred_s,
@@ -967,30 +985,9 @@ class VllmKV:
 
     def _refuse(self, spec: ClaimSpec, reason: str, request_id: str | None) -> ClaimDecision:
         """A claim refused before it reached vLLM: its events and decision, as the engine's."""
-        self._claims[spec.claim_id] = _Claim(spec, ClaimState.REFUSED, 0, end_reason=reason)
-        self._emit(
-            EventName.RESIDENT_CLAIM_SUBMITTED,
-            spec.claim_id,
-            request_id,
-            protection_mode=spec.protection_mode.value,
-            owner_scope=spec.owner_scope,
-            footprint_blocks=spec.footprint_blocks,
-        )
-        self._emit(
-            EventName.RESIDENT_CLAIM_REJECTED,
-            spec.claim_id,
-            request_id,
-            action=ArbiterAction.REFUSE_RESIDENCY_CLAIM.value,
-            reason=reason,
-            state=ClaimState.REFUSED.value,
-        )
-        return ClaimDecision(
-            ClaimId(spec.claim_id),
-            Decision.REJECTED,
-            ClaimState.REFUSED,
-            ArbiterAction.REFUSE_RESIDENCY_CLAIM,
-            reason,
-        )
+        claim = self._claims[spec.claim_id] = _Claim(spec, ClaimState.SUBMITTED, 0)
+        submitted(self._events, claim, request_id)
+        return refuse(self._events, claim, reason, request_id)
 
     def _decide(
         self, spec: ClaimSpec, answer: ConnectorAnswer, hashes: Sequence[BlockHash]
@@ -1111,17 +1108,14 @@ class VllmKV:
         self.fault = f"claim {cid}: {cause}: a connector bug; claims are suspended"
         log.error("agentclaims: %s", self.fault)
         if claim.state is ClaimState.MATERIALIZED:
-            claim.state, claim.end_reason, claim.held_blocks = ClaimState.HARMED, "harmed", 0
+            claim.held_blocks = 0
             after = 0 if self.observer is None else self.observer.leading_run(claim.hashes)
-            self._emit(
-                EventName.RESIDENT_CLAIM_HARMED,
-                cid,
-                None,
-                cause=cause,
+            harm(
+                self._events,
+                claim,
+                cause,
                 connector_bug=True,
                 predicate="leading_prefix_at_least",
-                predicate_before=True,
-                predicate_after=False,
                 leading_run_after=after,
                 positions=positions,
             )
@@ -1146,11 +1140,10 @@ class VllmKV:
         if spec.claim_id in self._claims:
             raise UsageError("claim_id", f"claim {spec.claim_id!r} already exists")
         await self.model()
-        if spec.cache_identity != self.identity():
+        mismatch = identity_problem(spec.cache_identity, self.identity())
+        if mismatch is not None:
             async with self._lock:
-                return self._refuse(
-                    spec, "cache identity mismatch: the claim names another engine's blocks", None
-                )
+                return self._refuse(spec, mismatch, None)
         known = self._prefixes.get(spec.object_id)
         if known is None:
             raise UsageError("object_id", f"unknown prefix {spec.object_id!r}: serve it first")
@@ -1182,18 +1175,10 @@ class VllmKV:
 
     def _view(self, claim: _Claim) -> ClaimView:
         held = claim.held_blocks
-        return ClaimView(
-            ClaimId(claim.spec.claim_id),
-            OwnerScope(claim.spec.owner_scope),
-            PrefixId(claim.spec.object_id),
-            claim.spec.protection_mode,
-            claim.state,
-            claim.spec.footprint_blocks,
-            held,
-            claim.state is ClaimState.MATERIALIZED and held >= claim.spec.footprint_blocks,
-            None,
-            claim.expires_at_ns,
-            claim.end_reason,
+        return claim.view(
+            present_blocks=held,
+            holds=claim.state is ClaimState.MATERIALIZED and held >= claim.spec.footprint_blocks,
+            expires_at_ns=claim.expires_at_ns,
         )
 
     async def get_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
@@ -1240,14 +1225,7 @@ class VllmKV:
         if self._judging:
             await asyncio.gather(*list(self._judging), return_exceptions=True)
         async with self._lock:
-            start = max(0, since - (self._events[0].seq if self._events else 1) + 1)
-            return EventPage.select(
-                itertools.islice(self._events, start, None),
-                since,
-                self._seq,
-                limit=limit,
-                id_prefix=id_prefix,
-            )
+            return self._events.page(since, limit=limit, id_prefix=id_prefix)
 
     async def residency(self, prefix_ids: Sequence[PrefixId]) -> dict[PrefixId, int]:
         """Leading blocks known resident: those vLLM's events show cached (with the observer),
@@ -1417,8 +1395,8 @@ class VllmKV:
             await self.observer.cleared(clears, timeout_s=2.0)
         async with self._lock:
             self._claims.clear()
-            self._events.clear()
-            self._per_claim.clear()
+            # a fresh instance's stream: the numbers go on, the past is gone (read as a gap)
+            self._events = EventLog(_Stamp(self), EVENTS_KEPT, first_seq=self._events.seq)
             self._last_stored = ()
         return self.identity()
 

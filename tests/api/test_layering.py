@@ -28,9 +28,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "graph": frozenset({"contract"}),
     "planner": frozenset({"contract", "graph"}),
     "observability": frozenset({"contract"}),
-    "engine": frozenset({"contract", "protocol"}),
+    # The claim kernel: what every KV side does the same way (records, events, resolution).
+    "kernel": frozenset({"contract", "protocol"}),
+    "engine": frozenset({"contract", "protocol", "kernel"}),
     # The gateway's half of the vLLM lowering (launch + the connector's signed operations).
-    "vllm": frozenset({"contract", "protocol", "engine", "lowering"}),
+    "vllm": frozenset({"contract", "protocol", "kernel", "engine", "lowering"}),
     "conformance": frozenset({"contract", "protocol", "engine"}),
     "lowering": frozenset({"contract", "protocol", "conformance"}),
     "gateway": frozenset({"contract", "protocol", "engine", "conformance", "lowering"}),
@@ -44,6 +46,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         {
             "contract",
             "protocol",
+            "kernel",
             "engine",
             "gateway",
             "backends",

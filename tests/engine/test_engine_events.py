@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from agentclaims.contract import ClaimEvent, EventName
 from agentclaims.engine import KVEngine
-from agentclaims.engine.events import EventLog
+from agentclaims.kernel.events import EventLog
 
 if TYPE_CHECKING:  # annotations only: the fixtures come from conftest.py
     from conftest import ChainFn
@@ -101,3 +101,27 @@ def test_event_log_numbers_each_claimless_event_and_emits_in_order() -> None:
     events = log.events_since(0)
     assert _seqs(events) == [3, 4, 5, 6]
     assert [e.event_sequence for e in events] == [2, 3, 4, 5]
+
+
+def test_a_claims_events_before_its_record_are_numbered_on_by_the_record() -> None:
+    """The vLLM side hears a claim's first events from the connector before it makes the
+    claim's record: the record's events go on numbering from there, never back to 0."""
+    from agentclaims.contract import CacheIdentity, ClaimSpec, EventName, ProtectionMode
+    from agentclaims.kernel import Claim
+
+    class Source:
+        run_id, policy_name, num_blocks = "r", "p", 8
+
+        @staticmethod
+        def clock() -> int:
+            return 0
+
+    log = EventLog(Source(), 16)
+    log.emit(EventName.RESIDENT_CLAIM_SUBMITTED, claim_id="c1")
+    log.emit(EventName.RESIDENT_CLAIM_ACCEPTED, claim_id="c1")
+    identity = CacheIdentity("d", "m", "t", "default", 4)
+    claim = Claim(ClaimSpec("c1", "wf", "p-1", identity, 1, ProtectionMode.HARD_PROTECTED))
+    log.emit(EventName.RESIDENT_CLAIM_MATERIALIZED, claim=claim)
+    log.emit(EventName.RESIDENT_CLAIM_EXPIRED, claim=claim)
+    numbers = [(e.claim_id, e.event_sequence) for e in log.events_since(0)]
+    assert numbers == [("c1", 0), ("c1", 1), ("c1", 2), ("c1", 3)]

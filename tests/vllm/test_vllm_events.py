@@ -180,9 +180,10 @@ async def test_a_held_claims_block_removed_is_harm_and_the_side_fails_closed(
         await asyncio.gather(*list(kv._judging))
     finally:
         await kv.aclose()
-    names = [e.event.value for e in kv._events]
+    events = kv._events.events_since(0)
+    names = [e.event.value for e in events]
     assert names == ["resident_claim_materialized", "resident_claim_harmed"]
-    harm = kv._events[-1]
+    harm = events[-1]
     assert harm.data["predicate_before"] is True
     assert harm.data["predicate_after"] is False
     assert harm.data["positions"] == [3]

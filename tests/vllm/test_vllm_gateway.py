@@ -501,8 +501,9 @@ async def test_a_sequence_claim_holds_the_prompt_and_the_reply_blocks(gateway: s
 async def test_a_deferral_inside_vllm_reaches_the_session_as_pressure(
     gateway: str, tmp_path: Any
 ) -> None:
-    """Another owner's hard claims fill the pool up to the connector's cap (TTL 6 s); three
-    concurrent calls of one session cannot all start beside them, so the connector's admission
+    """Another owner's hard claims fill the pool up to the connector's cap (TTL 6 s, renewed
+    just before); three concurrent calls of one session cannot all start beside them (two fill
+    the free blocks), so the connector's admission
     hook holds one back inside vLLM until the TTLs end. Its answer says for how long
     (``agentclaims.deferred_s``); the session counts it as a deferral and as memory pressure,
     as it would a retried 409."""
@@ -523,13 +524,20 @@ async def test_a_deferral_inside_vllm_reaches_the_session_as_pressure(
     backend = agentclaims.HTTPBackend(gateway, timeout_s=120)
     client = agentclaims.openai_client(backend)
     model = (await client.models.list()).data[0].id
+    async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
+        for i in range(5):  # a slow fill (a loaded machine) must not let the first TTLs end
+            renewed = await http.post(
+                f"/v1/claims/press-{i}/renew", json={"owner_scope": "wf-fill", "ttl_s": 6}
+            )
+            assert renewed.json()["state"] == "materialized", renewed.json()
     async with agentclaims.ClaimedSession(backend, planner="off", log_dir=tmp_path) as session:
         with session.node("agent"):
             replies = await asyncio.gather(
                 *(
                     client.chat.completions.create(
                         model=model,
-                        messages=[{"role": "user", "content": words(f"burst{k}x", 18)}],
+                        # 5 blocks each: two fit in the 10 free blocks, the third cannot
+                        messages=[{"role": "user", "content": words(f"burst{k}x", 26)}],
                         max_tokens=120,
                         extra_body={"ignore_eos": True},
                     )

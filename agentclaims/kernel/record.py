@@ -1,0 +1,75 @@
+"""``Claim``: what every KV side records of one claim, and the moves of its lifecycle.
+
+The reference engine's record adds which blocks survive; ``FakeKV``'s, the blocks it covers;
+the vLLM side's, how many blocks the connector holds. The spec, the state, the end reason and
+the claim's own event count are the same on all three, and so is the view a reader gets.
+"""
+
+from __future__ import annotations
+
+from agentclaims.contract import (
+    ClaimId,
+    ClaimSpec,
+    ClaimState,
+    OwnerScope,
+    PrefixId,
+    ProtectionMode,
+    check_transition,
+)
+from agentclaims.protocol.types import ClaimView
+
+__all__ = ["Claim"]
+
+
+class Claim:
+    """One claim as a KV side keeps it: ``spec``, ``state``, ``end_reason`` and ``seq`` (its
+    last ``event_sequence``: ``EventLog`` numbers its events)."""
+
+    __slots__ = ("end_reason", "seq", "spec", "state")
+
+    def __init__(self, spec: ClaimSpec, state: ClaimState = ClaimState.SUBMITTED) -> None:
+        self.spec = spec
+        self.state = state
+        self.end_reason: str | None = None
+        self.seq = -1
+
+    @property
+    def claim_id(self) -> str:
+        return self.spec.claim_id
+
+    @property
+    def mode(self) -> ProtectionMode:
+        return self.spec.protection_mode
+
+    def move(self, target: ClaimState) -> None:
+        """To ``target``; a move the lifecycle forbids raises before anything changes."""
+        self.state = check_transition(self.spec.claim_id, self.state, target)
+
+    def end(self, target: ClaimState, reason: str) -> None:
+        """To the terminal ``target``, for ``reason`` (checked as ``move``)."""
+        self.move(target)
+        self.end_reason = reason
+
+    def view(
+        self,
+        *,
+        present_blocks: int,
+        holds: bool,
+        expires_at_step: int | None = None,
+        expires_at_ns: int | None = None,
+    ) -> ClaimView:
+        """What a reader sees (``holds``: the predicate holds; only a live claim's counts)."""
+        spec = self.spec
+        return ClaimView(
+            claim_id=ClaimId(spec.claim_id),
+            owner_scope=OwnerScope(spec.owner_scope),
+            object_id=PrefixId(spec.object_id),
+            protection_mode=spec.protection_mode,
+            state=self.state,
+            footprint_blocks=spec.footprint_blocks,
+            present_blocks=present_blocks,
+            predicate_holds=holds and self.state.live,
+            expires_at_step=expires_at_step,
+            expires_at_ns=expires_at_ns,
+            end_reason=self.end_reason,
+        )
