@@ -14,9 +14,14 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentclaims.errors import AgentClaimsError, UsageError
+
+if TYPE_CHECKING:
+    from agentclaims.gateway import KVSide
+    from agentclaims.gateway.text import TextSide
+    from agentclaims.vllm.kv import VllmKV
 
 __all__ = ["run"]
 
@@ -55,8 +60,10 @@ def run(args: argparse.Namespace) -> int:
                 "who reaches it could act as any owner (pass --api-keys FILE, or "
                 "--allow-unauthenticated if that is what you want)",
             )
+        kv: KVSide
+        text: TextSide | None = None  # vLLM writes its own replies
         if args.kv == "vllm":
-            kv, text = _vllm_side(args)
+            kv = _vllm_side(args)
         else:
             service = (
                 None
@@ -148,11 +155,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _vllm_side(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The KV side on vLLM (``--upstream``, ``--claims-key``) and its text side (the same)."""
+def _vllm_side(args: argparse.Namespace) -> VllmKV:
+    """The KV side on vLLM (``--upstream``, ``--claims-key``); vLLM writes the replies."""
     import os
 
-    from agentclaims.vllm.kv import UpstreamText, VllmKV
+    from agentclaims.vllm.kv import VllmKV
 
     if not args.upstream:
         raise UsageError(
@@ -164,7 +171,7 @@ def _vllm_side(args: argparse.Namespace) -> tuple[Any, Any]:
     from agentclaims.vllm.observer import replay_endpoint
 
     events = args.kv_events
-    kv = VllmKV(
+    return VllmKV(
         args.upstream,
         key,
         block_size=args.block_size or 32,
@@ -173,4 +180,3 @@ def _vllm_side(args: argparse.Namespace) -> tuple[Any, Any]:
         events_python=args.vllm_python,
         ride_bound_s=args.ride_bound_s,
     )
-    return kv, UpstreamText(kv)

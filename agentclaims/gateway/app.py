@@ -7,13 +7,11 @@ transport, ``agentclaims serve`` puts it on a port. docs/gateway.md is the wire 
 from __future__ import annotations
 
 import contextlib
-import json
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -30,9 +28,10 @@ from agentclaims.contract import (
     OwnerScope,
     RequestId,
 )
-from agentclaims.engine import ReferenceKV, blake2b_hash
+from agentclaims.engine import ReferenceKV
 from agentclaims.errors import (
     AgentClaimsError,
+    ContractViolation,
     OperationNotExposed,
     UnknownClaim,
     UsageError,
@@ -51,7 +50,8 @@ from agentclaims.gateway.streaming import (
     unstreamed,
 )
 from agentclaims.gateway.tenants import Tenant, TenantKeys
-from agentclaims.gateway.text import Reply, TextRequest, TextSide
+from agentclaims.gateway.text import TextSide
+from agentclaims.gateway.writer import ScriptedWriter, TokenizingKV
 from agentclaims.lowering import (
     SELF_TEST,
     LoweringSource,
@@ -71,11 +71,16 @@ from agentclaims.protocol import (
     InstanceControl,
     Renewal,
     ServeResult,
-    Tokenizer,
     error_body,
     exception_error,
     refusal_error,
     timing,
+)
+from agentclaims.protocol.writer import (
+    CompletionCall,
+    CompletionKind,
+    ReplyStream,
+    ReplyWriter,
 )
 
 __all__ = [
@@ -85,52 +90,17 @@ __all__ = [
     "Extension",
     "Instance",
     "KVSide",
-    "UpstreamKV",
     "create_app",
 ]
 
 
-@runtime_checkable
-class UpstreamKV(Protocol):
-    """A KV side that is also the text side: a real engine writes the replies (``VllmKV``).
-    The gateway hands it the whole completion; it answers the upstream payload and the KV
-    life (``agentclaims.vllm.kv.UpstreamResult``)."""
-
-    async def complete(
-        self,
-        kind: str,
-        body: Mapping[str, Any],
-        claims: Sequence[Mapping[str, Any]],
-        owner: str | None,
-        cache_salt: str | None,
-    ) -> Any: ...
-
-    async def stream(
-        self,
-        kind: str,
-        body: Mapping[str, Any],
-        owner: str | None,
-        cache_salt: str | None,
-        claims: Sequence[Mapping[str, Any]] = (),
-    ) -> Any:
-        """A streamed completion, passed on as the engine produces it
-        (``agentclaims.vllm.streamed.UpstreamStream``); with claims only where
-        ``streams_claims``."""
-        ...
-
-    @property
-    def streams_claims(self) -> bool:
-        """Whether a streamed completion may carry claims (their answer read aside)."""
-        ...
-
-
 class KVSide(ClaimsProtocol, ActiveServing, Protocol):
-    """What the gateway serves: the claims protocol with active serving, and the tokenizer
-    whose ids it hashes. ``InstanceControl`` and a ``metrics()`` method are used if present,
-    and so are a ``lowering`` attribute (its lowering descriptor: a document or a file) and a
-    ``runtime_version`` one (the version of the runtime it lowers onto)."""
+    """What the gateway serves: the claims protocol with active serving. ``InstanceControl``
+    and a ``metrics()`` method are used if present, and so are a ``lowering`` attribute (its
+    lowering descriptor: a document or a file) and a ``runtime_version`` one (the version of
+    the runtime it lowers onto). Who writes the replies is a ``ReplyWriter``: the KV side itself
+    (``VllmKV``), or a text side over a KV side that tokenizes (``ScriptedWriter``)."""
 
-    tokenizer: Tokenizer
     block_size: int
 
 
@@ -292,19 +262,16 @@ class _Gateway:
     def __init__(
         self,
         kv: KVSide,
-        text: TextSide,
+        writer: ReplyWriter,
         name: str,
         lowering: LoweringSource | None,
         service: Service,
         instance: Instance,
     ) -> None:
         self.kv = kv
-        self.upstream: UpstreamKV | None = kv if isinstance(kv, UpstreamKV) else None
-        """The KV side when an upstream engine writes the replies (asked once: a runtime
-        protocol check is too slow for every request)."""
+        self.writer = writer
         self.service = service
         self.instance = instance
-        self.text = text
         self.name = name
         self._lowering_source = lowering
         self._lowering: ServedLowering | None = None
@@ -313,77 +280,42 @@ class _Gateway:
         self.prometheus = GatewayMetrics(self.stats)
 
     # ------------------------------------------------------------------ completions
-    async def _complete(
-        self,
-        request: Request,
-        body: Mapping[str, Any],
-        ext: Extension,
-        text_request: TextRequest,
-        segments: tuple[tuple[int, ...], ...],
-        render: Callable[[Reply, str], tuple[Any, tuple[int, ...]]],
-        id_prefix: str,
-    ) -> tuple[Response | None, dict[str, Any]]:
-        """Shared by both completion endpoints: reply, KV life, and the response skeleton.
-        ``render(reply, request_key)`` gives the choice payload and the reply's token ids."""
-        stream_requested(body)  # streaming (#13): a bad stream field is refused up front
-        limits: Limits = request.app.state.limits
-        tokens = sum(len(s) for s in segments)
-        if tokens > limits.max_prompt_tokens:
-            raise UsageError(
-                "messages" if text_request.kind == "chat" else "prompt",
-                f"{tokens} tokens; at most {limits.max_prompt_tokens}",
-            )
+    async def _completion(self, request: Request, kind: CompletionKind) -> Response:
+        """Both completion endpoints: the call checked (nothing changes on bad input), the
+        claims it releases let go, the reply written with its KV life, the claims' decisions
+        in its ``agentclaims`` object; streamed as the engine produces it where it can."""
+        body = await _json_object(request)
+        ext = Extension.parse(body)
         tenant = _tenant(request)
         owner = self.service.owner(ext.default_owner, tenant)
-        claims = self.service.claims(ext.claims, owner, tenant)
-        cache_salt = self.service.salt(_optional_str(body, "cache_salt"), tenant)
-        request_id = RequestId(
-            self.service.inner(ext.request_id, tenant)
-            if ext.request_id
-            else f"{id_prefix}-{uuid.uuid4().hex}"
-        )
-        released = await self._release(ext, owner, tenant)
-        reply = await self.text.complete(text_request)
-        key = f"{blake2b_hash(json.dumps(segments).encode()):016x}"
-        payload, reply_tokens = render(reply, key)
-        result: ServeResult = await self.kv.serve(
-            ActiveRequest(
-                request_id=request_id,
-                segments=segments,
-                reply_tokens=reply_tokens,
-                claims=claims,
-                owner_scope=None if owner is None else OwnerScope(owner),
+        call = self.writer.prepare(
+            CompletionCall(
+                kind,
+                body,
+                claims=tuple(self.service.claims(ext.claims, owner, tenant)),
+                owner_scope=owner,
+                cache_salt=self.service.salt(_optional_str(body, "cache_salt"), tenant),
+                request_id=self.service.inner(ext.request_id, tenant) if ext.request_id else None,
                 admit=ext.admit,
-                cache_salt=cache_salt,
-                chat=text_request.kind == "chat",
+                node=ext.node,
             )
         )
-        result = await self.service.served(result, _claim_owners(claims, owner), tenant, owner)
+        streamed = stream_requested(body)  # (#13) a bad stream field is refused up front
+        released = await self._release(ext, owner, tenant)
+        writer = self.writer
+        if streamed and writer.streams and (not call.claims or writer.streams_claims):
+            return await self._stream(request, call, tenant, released)
+        # a reply written whole (a scripted one, or claims whose answer vLLM sends only in an
+        # answer read whole): the gateway then streams it itself (#13)
+        written = await writer.write(replace(call, body=unstreamed(body)) if streamed else call)
+        result = await self.service.served(
+            written.result, _claim_owners(call.claims, owner), tenant, owner
+        )
         if not result.outcome.served:
-            return self._refusal(request, result), {}
-        prompt_tokens = sum(len(s) for s in segments)
-        shown_id = result.outcome.request_id  # as the tenant named it
-        return None, {
-            "id": shown_id,
-            "created": int(time.time()),
-            "model": text_request.model,
-            "choices": [{"index": 0, **payload, "finish_reason": reply.finish_reason}],
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": len(reply_tokens),
-                "total_tokens": prompt_tokens + len(reply_tokens),
-                "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
-            },
-            EXTENSION_KEY: {
-                "request_id": shown_id,
-                "outcome": result.outcome.to_dict(),
-                "prefix_ids": result.prefix_ids,
-                "decisions": [d.to_dict() for d in result.decisions],
-                "events_seq": result.events_seq,
-                **({"released": released} if released else {}),
-                **self.instance.fields,
-            },
-        }
+            return self._refusal(request, result)
+        payload = dict(written.payload)
+        payload[EXTENSION_KEY] = self._extension(result, released)
+        return respond(body, payload)  # JSON, or server-sent events (#13)
 
     async def _release(
         self, ext: Extension, owner: str | None, tenant: Tenant | None
@@ -417,45 +349,11 @@ class _Gateway:
             for shown in ext.release
         ]
 
-    async def _upstream(
-        self, request: Request, kind: str, body: Mapping[str, Any], ext: Extension
-    ) -> Response:
-        """The completion on an upstream engine (its own replies), with the claims."""
-        assert self.upstream is not None
-        streamed = stream_requested(body)  # (#13) a bad stream field is refused up front
-        tenant = _tenant(request)
-        owner = self.service.owner(ext.default_owner, tenant)
-        claims = self.service.claims(ext.claims, owner, tenant)
-        cache_salt = self.service.salt(_optional_str(body, "cache_salt"), tenant)
-        released = await self._release(ext, owner, tenant)
-        if streamed and (not claims or self.upstream.streams_claims):
-            return await self._upstream_stream(
-                request, kind, body, tenant, owner, cache_salt, claims, released
-            )
-        # claims sent with a streamed request where the connector's answer cannot be read
-        # aside: vLLM answers them only in an answer read whole, which the gateway then
-        # streams itself (#13)
-        up = await self.upstream.complete(
-            kind, unstreamed(body) if streamed else body, claims, owner, cache_salt
-        )
-        result: ServeResult = await self.service.served(
-            up.result, _claim_owners(claims, owner), tenant, owner
-        )
-        if not result.outcome.served:
-            return self._refusal(request, result)
-        payload = dict(up.payload)
-        payload[EXTENSION_KEY] = self._extension(result, released)
-        return respond(body, payload)  # JSON, or server-sent events (#13)
-
-    async def _upstream_stream(
+    async def _stream(
         self,
         request: Request,
-        kind: str,
-        body: Mapping[str, Any],
+        call: CompletionCall,
         tenant: Tenant | None,
-        owner: str | None,
-        cache_salt: str | None,
-        claims: Sequence[Mapping[str, Any]] = (),
         released: Sequence[Mapping[str, Any]] = (),
     ) -> Response:
         """A streamed completion on the upstream engine: its chunks passed on as it produces
@@ -463,9 +361,9 @@ class _Gateway:
         decisions inside). A request the engine ends before its first token (refused) is the
         claim-scoped refusal, not a stream; a client that leaves early closes the engine's
         stream (it aborts)."""
-        assert self.upstream is not None
-        owners = _claim_owners(claims, owner)
-        streamed = await self.upstream.stream(kind, body, owner, cache_salt, claims)
+        owner = call.owner_scope
+        owners = _claim_owners(call.claims, owner)
+        streamed = await self.writer.stream(call)
         try:
             early = await streamed.start()
             if early is not None:
@@ -481,7 +379,9 @@ class _Gateway:
             try:
                 async for chunk in streamed.chunks():
                     yield event(chunk)
-                result = early or await self.service.served(streamed.result, owners, tenant, owner)
+                result = early or await self.service.served(
+                    _settled(streamed), owners, tenant, owner
+                )
                 ext = {**self._extension(result, released), "usage": streamed.usage}
                 yield event({**streamed.shape, "choices": [], EXTENSION_KEY: ext})
                 yield DONE
@@ -518,78 +418,11 @@ class _Gateway:
         return JSONResponse(err, status_code=status, headers=headers)
 
     async def chat_completions(self, request: Request) -> Response:
-        body = await _json_object(request)
-        ext = Extension.parse(body)
-        if self.upstream is not None:
-            return await self._upstream(request, "chat", body, ext)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise UsageError("messages", "must be a non-empty list of messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, Mapping):
-                raise UsageError(f"messages[{i}]", f"expected an object, got {m!r}")
-        tools = body.get("tools")
-        tools = [] if tools is None else tools
-        if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
-            raise UsageError("tools", "must be a list of tool objects")
-        tok = self.kv.tokenizer
-        segments = tuple(tuple(tok.encode_message(m)) for m in messages)
-        text_request = TextRequest(
-            kind="chat",
-            model=self._model(body),
-            messages=tuple(messages),
-            tools=tuple(tools),
-            node=ext.node,
-        )
-
-        def render(reply: Reply, key: str) -> tuple[Any, tuple[int, ...]]:
-            message = reply.message(key)
-            return {"message": message, "logprobs": None}, tuple(tok.encode_message(message))
-
-        error, out = await self._complete(
-            request, body, ext, text_request, segments, render, "chatcmpl"
-        )
-        return error or respond(body, {**out, "object": "chat.completion"})  # (#13)
+        return await self._completion(request, "chat")
 
     async def completions(self, request: Request) -> Response:
-        body = await _json_object(request)
-        ext = Extension.parse(body)
-        if self.upstream is not None:
-            return await self._upstream(request, "completion", body, ext)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        tok = self.kv.tokenizer
-        if isinstance(prompt, str) and prompt:
-            ids, text = tuple(tok.encode(prompt)), prompt
-        elif (
-            isinstance(prompt, list)
-            and prompt
-            and all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < _MAX_TOKEN_ID
-                for t in prompt
-            )
-        ):
-            ids, text = tuple(prompt), " ".join(map(str, prompt))
-        else:
-            raise UsageError(
-                "prompt", "must be a non-empty string (or one-string list) or a list of token ids"
-            )
-        text_request = TextRequest(
-            kind="completion", model=self._model(body), prompt=text, node=ext.node
-        )
+        return await self._completion(request, "completion")
 
-        def render(reply: Reply, key: str) -> tuple[Any, tuple[int, ...]]:
-            content = reply.content or ""
-            return {"text": content, "logprobs": None}, tuple(tok.encode(content))
-
-        error, out = await self._complete(request, body, ext, text_request, (ids,), render, "cmpl")
-        return error or respond(body, {**out, "object": "text_completion"})  # (#13)
-
-    def _model(self, body: Mapping[str, Any]) -> str:
-        return _optional_str(body, "model") or self.text.name
-
-    # ------------------------------------------------------------------ claims API
     async def submit_claim(self, request: Request) -> Response:
         body = await _json_object(request)
         claim: Any = body.get("claim")  # from_dict names the field if it is not an object
@@ -711,7 +544,7 @@ class _Gateway:
                 "name": self.name,
                 "schema_version": SCHEMA_VERSION,
                 "extension_key": EXTENSION_KEY,
-                "text_side": self.text.name,
+                "text_side": self.writer.model_name,
                 **await self.kv.descriptor(),
                 "lowering": lowering.section,
                 "modes": lowering.modes,
@@ -746,7 +579,12 @@ class _Gateway:
         return self._lowering
 
     async def models(self, request: Request) -> Response:
-        model = {"id": self.text.name, "object": "model", "created": 0, "owned_by": self.name}
+        model = {
+            "id": self.writer.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": self.name,
+        }
         return JSONResponse({"object": "list", "data": [model]})
 
     async def health(self, request: Request) -> Response:
@@ -759,7 +597,7 @@ class _Gateway:
         body = {
             "status": "ok" if ok else ("stopping" if self.service.stopping else "unavailable"),
             "kv_side": self.kv.name,
-            "text_side": self.text.name,
+            "text_side": self.writer.model_name,
             "kv": kv,
             "ledger": ledger,
             "tenants": None if self.service.keys is None else len(self.service.keys.tenants),
@@ -869,7 +707,7 @@ class _GatewayApp(Starlette):
 
 def create_app(
     kv: KVSide,
-    text: TextSide,
+    text: TextSide | None = None,
     *,
     name: str = "agentclaims-gateway",
     lowering: LoweringSource | None = None,
@@ -878,7 +716,9 @@ def create_app(
     ledger: Ledger | None = None,
     instance: Instance | None = None,
 ) -> Starlette:
-    """The gateway app over a KV side (e.g. ``ReferenceKV``) and a text side (``ScriptedModel``).
+    """The gateway app over a KV side (e.g. ``ReferenceKV``) and a text side (``ScriptedModel``)
+    that writes the replies; without ``text`` the KV side writes its own (``VllmKV``: a
+    ``ReplyWriter``).
 
     ``lowering`` is the KV side's lowering descriptor (a document, or a YAML or JSON file whose
     ``conformance_run`` anchors are read beside it), checked once for ``/v1/descriptor``; by
@@ -886,8 +726,18 @@ def create_app(
     and else none: every mode ``unknown``. ``keys`` makes it serve tenants (``TenantKeys``),
     ``ledger`` keeps claims and events across restarts (``Ledger``); docs/operations.md.
     ``instance`` names it in a fleet behind a router (docs/fleet.md)."""
+    limits = limits or Limits()
+    writer: ReplyWriter
+    if text is not None:
+        writer = ScriptedWriter(cast(TokenizingKV, kv), text, limits)
+    elif isinstance(kv, ReplyWriter):
+        writer = kv
+    else:
+        raise UsageError(
+            "text", f"the KV side {type(kv).__name__} writes no replies: give a text side"
+        )
     service = Service(kv, keys, ledger)
-    gw = _Gateway(kv, text, name, lowering, service, instance or Instance())
+    gw = _Gateway(kv, writer, name, lowering, service, instance or Instance())
     table: list[tuple[str, Handler, list[str]]] = [
         ("/v1/chat/completions", gw.chat_completions, ["POST"]),
         ("/v1/completions", gw.completions, ["POST"]),
@@ -943,7 +793,7 @@ def create_app(
     }
     app.on_error = gw.on_error
     app.state.gateway = gw
-    app.state.limits = limits or Limits()
+    app.state.limits = limits
     return app
 
 
@@ -951,6 +801,13 @@ _OPEN_ROUTES = frozenset({"GET /health", "GET /openapi.json"})
 _OPERATOR_ROUTES = frozenset(
     {"GET /metrics", "GET /v1/stats", "POST /v1/instance", "POST /v1/instance/step"}
 )
+
+
+def _settled(stream: ReplyStream) -> ServeResult:
+    """The KV life of a stream its chunks have all been read of."""
+    if stream.result is None:
+        raise ContractViolation("the reply stream ended without its KV life")
+    return stream.result
 
 
 def _block_hashes(body: Mapping[str, Any]) -> list[BlockHash]:

@@ -46,6 +46,7 @@ from agentclaims.protocol.types import (
     sheds_by_hints,
     stated_class,
 )
+from agentclaims.protocol.writer import CompletionCall, ReplyStream, ReplyWriter, Written
 
 __all__ = [
     "ACTIVE_REQUEST_DEFERRED",
@@ -67,12 +68,16 @@ __all__ = [
     "ClaimDecision",
     "ClaimView",
     "ClaimsProtocol",
+    "CompletionCall",
     "Descriptor",
     "EventPage",
     "InstanceControl",
     "Renewal",
+    "ReplyStream",
+    "ReplyWriter",
     "ServeResult",
     "Tokenizer",
+    "Written",
     "claims_ride_on_requests",
     "collect_events",
     "error_body",

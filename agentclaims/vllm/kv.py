@@ -41,7 +41,6 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,16 +94,18 @@ from agentclaims.protocol import (
     ActiveRequest,
     ClaimDecision,
     ClaimView,
+    CompletionCall,
     EventPage,
     Renewal,
     ServeResult,
+    Written,
 )
 from agentclaims.vllm.client import ConnectorAnswer, ConnectorClient
 from agentclaims.vllm.observer import KVEventsObserver
 from agentclaims.vllm.streamed import UpstreamStream
 from agentclaims.vllm.upstream import Upstream
 
-__all__ = ["UpstreamResult", "UpstreamText", "VllmKV"]
+__all__ = ["VllmKV"]
 
 log = logging.getLogger("agentclaims.vllm")
 
@@ -117,14 +118,6 @@ _KINDS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
 _NEVER_S = 1e9
 """``next_use_s`` of a closed agent's hold (finite: the op travels as JSON)."""
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamResult:
-    """What the upstream engine answered (the client's payload) and its KV life."""
-
-    payload: dict[str, Any]
-    result: ServeResult
 
 
 class _Claim(Claim):
@@ -268,7 +261,6 @@ class VllmKV:
         """The last ``EVENTS_KEPT`` events for readers (one further back reads as a gap)."""
         self._lock = asyncio.Lock()
         self._requests = itertools.count(1)
-        self.tokenizer = None  # tokens come from vLLM's /tokenize, not a local tokenizer
         self._started: asyncio.Task[None] | None = None
         self.runtime_version: str | None = None
         """vLLM's version (from its /version), known once started."""
@@ -561,19 +553,26 @@ class VllmKV:
             self._emit(EventName(name), cid, self._our_request(raw.get("request_id")), **data)
 
     # ------------------------------------------------------------------ completions
-    async def complete(
-        self,
-        kind: str,
-        body: Mapping[str, Any],
-        claims: Sequence[Mapping[str, Any]],
-        owner: str | None,
-        cache_salt: str | None,
-        request_id: str | None = None,
-    ) -> UpstreamResult:
+    # ------------------------------------------------------------------ ReplyWriter
+    streams = True
+    """vLLM's tokens pass through the gateway as it produces them."""
+
+    @property
+    def model_name(self) -> str:
+        return self._model or "vllm"
+
+    def prepare(self, call: CompletionCall) -> CompletionCall:
+        """vLLM checks the body itself (its 400 is the client's); the kind is checked here."""
+        if call.kind not in _KINDS:
+            raise UsageError("kind", f"unknown completion kind {call.kind!r}")
+        return call
+
+    async def write(self, call: CompletionCall) -> Written:
         """Forward one completion with its claims; the upstream payload and the KV life
         (``request_id``: the gateway's name for it, in its outcome and events)."""
-        if kind not in _KINDS:
-            raise UsageError("kind", f"unknown completion kind {kind!r}")
+        self.prepare(call)
+        kind, body, claims = call.kind, call.body, call.claims
+        owner, cache_salt, request_id = call.owner_scope, call.cache_salt, call.request_id
         await self.start()
         if body.get("stream"):
             raise UsageError(
@@ -616,7 +615,7 @@ class VllmKV:
         result = await self._answered(
             client, data, tokens, hashes, prompt_pid, specs, gated, on_reply, cache_salt
         )
-        return UpstreamResult(payload, result)
+        return Written(payload, result)
 
     def _refused(self, status: int, data: Any) -> Exception:
         """The error vLLM's answer other than 200 is: the dead engine's, a 5xx, or vLLM
@@ -628,21 +627,15 @@ class VllmKV:
             return BackendUnavailable(f"vLLM answered HTTP {status}: {message}")
         return UsageError("body", f"vLLM refused the request: {message}")
 
-    async def stream(
-        self,
-        kind: str,
-        body: Mapping[str, Any],
-        owner: str | None,
-        cache_salt: str | None,
-        claims: Sequence[Mapping[str, Any]] = (),
-    ) -> UpstreamStream:
+    async def stream(self, call: CompletionCall) -> UpstreamStream:
         """Forward one streamed completion: its chunks pass on as vLLM produces them
         (``agentclaims.vllm.streamed``), its KV life (prompt and sequence named, cached
         tokens, its claims' decisions) once it ends. vLLM sends no connector answer in a
         stream: the gateway reads it over the connector's channel (``streams_claims``); a
-        request with claims where there is none is answered whole (``complete``)."""
-        if kind not in _KINDS:
-            raise UsageError("kind", f"unknown completion kind {kind!r}")
+        request with claims where there is none is answered whole (``write``)."""
+        self.prepare(call)
+        kind, body, claims = call.kind, call.body, call.claims
+        owner, cache_salt = call.owner_scope, call.cache_salt
         await self.start()
         if claims and not self.streams_claims:
             raise UsageError("stream", "no channel to the connector: claims need stream false")
@@ -1318,15 +1311,17 @@ class VllmKV:
             "temperature": 0,
             "ignore_eos": True,
         }
-        upstream = await self.complete(
-            "completion",
-            body,
-            request.claims,
-            request.owner_scope,
-            request.cache_salt,
-            request.request_id,
+        written = await self.write(
+            CompletionCall(
+                "completion",
+                body,
+                request.claims,
+                request.owner_scope,
+                request.cache_salt,
+                request.request_id,
+            )
         )
-        return upstream.result
+        return written.result
 
     async def block_residency(self, block_hashes: Sequence[BlockHash]) -> list[bool]:
         """Whether each block (the gateway's hash) is in vLLM's prefix cache, from its events."""
@@ -1416,18 +1411,3 @@ class VllmKV:
         if self.observer is not None:
             await self.observer.aclose()
         await self._http.aclose()
-
-
-class UpstreamText:
-    """The text side when the KV side is vLLM: the upstream writes every reply (the gateway
-    hands the whole completion to ``VllmKV.complete``); this names the model."""
-
-    def __init__(self, kv: VllmKV) -> None:
-        self.kv = kv
-
-    @property
-    def name(self) -> str:
-        return self.kv._model or "vllm"
-
-    async def complete(self, request: Any) -> Any:
-        raise AssertionError("the upstream engine writes the replies: VllmKV.complete")

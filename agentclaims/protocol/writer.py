@@ -1,0 +1,102 @@
+"""Who writes a completion's reply: ``ReplyWriter``, the one thing the gateway's completion
+pipeline asks besides the claims protocol.
+
+On a real engine the KV side writes it (``VllmKV``: vLLM answers, its connector holds the
+claims). Over the reference engine or ``FakeKV`` a text side writes it and the KV side serves
+the request's blocks (``agentclaims.gateway.ScriptedWriter``). Either way the gateway parses
+the ``agentclaims`` object, lets go of the claims it releases, hands the call to the writer and
+answers with the writer's payload, its KV life and the claims' decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from agentclaims.protocol.types import ServeResult
+
+__all__ = ["CompletionCall", "ReplyStream", "ReplyWriter", "Written"]
+
+CompletionKind = Literal["chat", "completion"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionCall:
+    """One completion as the gateway hands it to the writer, its claims already checked
+    against the caller's tenant."""
+
+    kind: CompletionKind
+    body: Mapping[str, Any]
+    """The client's body (OpenAI's fields and the ``agentclaims`` object)."""
+    claims: tuple[Mapping[str, Any], ...] = ()
+    owner_scope: str | None = None
+    cache_salt: str | None = None
+    request_id: str | None = None
+    """The gateway's name for it (the caller's, in its tenant); ``None``: the writer's own."""
+    admit: bool = True
+    node: str | None = None
+    segments: tuple[tuple[int, ...], ...] | None = None
+    """The prompt's token ids, one segment per message, when ``prepare`` tokenized it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What the writer answered: the OpenAI payload (without the ``agentclaims`` object) and
+    the request's KV life (its outcome, prefix ids and the claims' decisions)."""
+
+    payload: dict[str, Any]
+    result: ServeResult
+
+
+class ReplyStream(Protocol):
+    """A streamed reply, passed on as the engine produces it."""
+
+    async def start(self) -> ServeResult | None:
+        """Waits for the first token: the KV life of a request ended before it (refused)."""
+        ...
+
+    def chunks(self) -> AsyncIterator[dict[str, Any]]: ...
+
+    result: ServeResult | None
+    """The request's KV life, once ``chunks`` ended."""
+
+    @property
+    def usage(self) -> dict[str, Any] | None: ...
+
+    @property
+    def shape(self) -> dict[str, Any]:
+        """The fields every chunk repeats (``id``, ``object``, ``created``, ``model``)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class ReplyWriter(Protocol):
+    """Writes completions' replies (and serves their KV life with their claims)."""
+
+    @property
+    def model_name(self) -> str:
+        """The model ``/v1/models`` names."""
+        ...
+
+    @property
+    def streams(self) -> bool:
+        """Whether tokens pass on as they are produced (else a streamed request is answered
+        whole, then sent as events)."""
+        ...
+
+    @property
+    def streams_claims(self) -> bool:
+        """Whether a streamed call may carry claims (their answer read aside)."""
+        ...
+
+    def prepare(self, call: CompletionCall) -> CompletionCall:
+        """The call checked (bad input raises ``UsageError`` before anything changes), with
+        what the writer learned on the way (``segments``)."""
+        ...
+
+    async def write(self, call: CompletionCall) -> Written: ...
+
+    async def stream(self, call: CompletionCall) -> ReplyStream: ...
