@@ -39,12 +39,12 @@ import logging
 import re
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentclaims_vllm.ops import Hold, Op, Release, Renew, RevokeAll
+from agentclaims_vllm.ops import Op, Release, Renew, RevokeAll
 
 from agentclaims.contract import (
     BACKEND_RESTART,
@@ -54,14 +54,11 @@ from agentclaims.contract import (
     ClaimId,
     ClaimSpec,
     ClaimState,
-    Decision,
     EventName,
     Feasibility,
     OwnerScope,
     PrefixId,
     RequestId,
-    backend_restart_end,
-    owned_claim,
     prefix_id_of,
 )
 from agentclaims.engine.blocks import hash_token_blocks
@@ -74,14 +71,8 @@ from agentclaims.errors import (
     UsageError,
 )
 from agentclaims.kernel import (
-    EVENTS_KEPT,
-    Claim,
-    EventLog,
-    harm,
     identity_problem,
-    refuse,
     resolve_request_claims,
-    submitted,
 )
 from agentclaims.lowering.served import CONNECTOR_DESCRIPTOR
 from agentclaims.protocol import (
@@ -101,7 +92,17 @@ from agentclaims.protocol import (
     Written,
 )
 from agentclaims.vllm.client import ConnectorAnswer, ConnectorClient
+from agentclaims.vllm.mirror import ClaimMirror
 from agentclaims.vllm.observer import KVEventsObserver
+from agentclaims.vllm.payloads import (
+    KINDS,
+    client_payload,
+    forwarded,
+    hold_op,
+    prompt_ids,
+    sequence_ids,
+)
+from agentclaims.vllm.riding import RidingOps
 from agentclaims.vllm.streamed import UpstreamStream
 from agentclaims.vllm.upstream import Upstream
 
@@ -113,41 +114,6 @@ _CONTRACT_EVENTS = {e.value for e in EventName}
 _STOCK_DESCRIPTOR = Path(__file__).parents[2] / "integrations" / "descriptors" / "vllm-stock.yaml"
 """Stock vLLM's descriptor (every held mode rejected), where the repository is at hand; else
 the vLLM KV side without a connector serves none (every mode unknown: fail closed)."""
-_KINDS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
-
-
-_NEVER_S = 1e9
-"""``next_use_s`` of a closed agent's hold (finite: the op travels as JSON)."""
-
-
-class _Claim(Claim):
-    """A claim as the gateway mirrors it from the connector's answers and events."""
-
-    __slots__ = ("expires_at_ns", "hashes", "held_blocks", "lost")
-
-    def __init__(
-        self,
-        spec: ClaimSpec,
-        state: ClaimState,
-        held_blocks: int,
-        *,
-        hashes: tuple[BlockHash, ...] = (),
-        end_reason: str | None = None,
-    ) -> None:
-        super().__init__(spec, state)
-        self.held_blocks = held_blocks
-        self.end_reason = end_reason
-        self.expires_at_ns: int | None = None
-        self.hashes = hashes
-        """The claimed blocks' hashes (the gateway's), head first: what the observer joins."""
-        self.lost: set[BlockHash] = set()
-        """Claimed blocks seen leaving vLLM's cache after the claim ended (each counted once)."""
-
-    @property
-    def held(self) -> bool:
-        """The connector holds its blocks (as far as the gateway has heard)."""
-        live = self.state in (ClaimState.ACCEPTED, ClaimState.MATERIALIZED)
-        return live and self.held_blocks > 0
 
 
 class _Stamp:
@@ -171,55 +137,6 @@ class _Stamp:
     @property
     def num_blocks(self) -> int:
         return self._kv.usable_blocks
-
-
-def _prompt_ids(data: Mapping[str, Any]) -> list[int] | None:
-    """The prompt's token ids in a vLLM answer asked for them (``return_token_ids``)."""
-    ids = data.get("prompt_token_ids")
-    if ids is None:
-        ids = (data.get("choices") or [{}])[0].get("prompt_token_ids")
-    if isinstance(ids, list) and set(map(type, ids)) <= {int}:  # one pass, in C
-        return ids
-    return None
-
-
-def _sequence_ids(
-    data: Mapping[str, Any], prompt: Sequence[int] | None, block_size: int
-) -> list[int] | None:
-    """The full blocks of prompt + reply that vLLM computed (so cached): the reply's last
-    token never had its KV computed, so it ends no block. ``None`` without the reply's ids."""
-    reply = (data.get("choices") or [{}])[0].get("token_ids")
-    if prompt is None or not isinstance(reply, list):
-        return None
-    tokens = [*prompt, *(int(t) for t in reply)]
-    full = (len(tokens) - 1) // block_size * block_size
-    return tokens[:full] if full else None
-
-
-def _forwarded(body: Mapping[str, Any], model: str) -> dict[str, Any]:
-    """The client's body as it goes to vLLM: never a client's ``kv_transfer_params`` (the
-    gateway signs its own), the ``agentclaims`` object or its ``cache_salt`` (the tenant's is
-    set instead); the model is vLLM's own."""
-    out = {
-        k: v
-        for k, v in body.items()
-        if k not in ("kv_transfer_params", "agentclaims", "cache_salt")
-    }
-    out["model"] = model
-    return out
-
-
-def _client_payload(data: Mapping[str, Any], *, keep_token_ids: bool) -> dict[str, Any]:
-    """The answer as the client sees it: never the connector's receipt; token ids only when
-    the client asked for them."""
-    out = {k: v for k, v in data.items() if k != "kv_transfer_params"}
-    if not keep_token_ids:
-        out.pop("prompt_token_ids", None)
-        out["choices"] = [
-            {k: v for k, v in c.items() if k not in ("token_ids", "prompt_token_ids")}
-            for c in out.get("choices") or []
-        ]
-    return out
 
 
 class VllmKV:
@@ -255,11 +172,16 @@ class VllmKV:
         self._prefixes: OrderedDict[str, tuple[tuple[int, ...], str | None]] = OrderedDict()
         """prefix id -> its tokens and the cache salt they were served under."""
         self._max_prefixes = max_prefixes
-        self._claims: dict[str, _Claim] = {}
         self.run_id = uuid.uuid4().hex[:12]
-        self._events = EventLog(_Stamp(self), EVENTS_KEPT)
-        """The last ``EVENTS_KEPT`` events for readers (one further back reads as a gap)."""
         self._lock = asyncio.Lock()
+        self.mirror = ClaimMirror(
+            _Stamp(self),
+            self._lock,
+            ask=lambda: self.riding.send_now([]),
+            release=self._release_now,
+            max_requests=max_prefixes,
+        )
+        """What this gateway knows of its claims on vLLM, and their events."""
         self._requests = itertools.count(1)
         self._started: asyncio.Task[None] | None = None
         self.runtime_version: str | None = None
@@ -280,20 +202,13 @@ class VllmKV:
                 block_size=block_size,
                 replay=kv_events_replay,
             )
-            self.observer.on_removed = self._blocks_lost
+            self.observer.on_removed = self.mirror.blocks_lost
+            self.mirror.observer = self.observer
         self.connector = True
         """Whether the agentclaims connector answers in this vLLM (stock vLLM: no claim held)."""
         self.usable_blocks = 0
         """vLLM's pool, in blocks (its null block excluded), known once started."""
-        self.fault: str | None = None
-        """Set when a held claim was harmed (a connector bug): no claim is accepted after it."""
         self._last_stored: tuple[BlockHash, ...] = ()
-        self._request_ids: OrderedDict[str, str] = OrderedDict()
-        """vLLM's request id (``cmpl-<ours>``) -> the gateway's, for the connector's events."""
-        self.limits: dict[str, Any] = {}
-        """The connector's limits as it last answered: ``cap_blocks``, ``max_ttl_s``,
-        ``max_defer_s`` (what a hold may take, how long a request may be deferred)."""
-        self._judging: set[asyncio.Task[None]] = set()
         self.completions = 0
         """Completions forwarded to vLLM for clients (streamed or not): the agents' calls."""
         self.engine_dead: str | None = None
@@ -302,20 +217,8 @@ class VllmKV:
         self._kv_events = kv_events
         self._probed_at = 0.0
         self._http.on_engine_dead = self._engine_died
-        self.ride_bound_s = float(ride_bound_s)
-        """How long a pending operation (a release) waits for a request to ride on."""
-        self._riding: list[tuple[Op, float]] = []
-        """Pending operations (each naming its tenant) and when each was queued."""
-        self._flush: asyncio.TimerHandle | None = None
-        self._flushing: set[asyncio.Task[None]] = set()
-        self.ops_rode = 0
-        """Operations that rode on a request going to vLLM anyway."""
-        self.ops_standalone = 0
-        """Operations sent on their own (the channel, or a one-token request)."""
-        self.ride_waits: deque[float] = deque(maxlen=4096)
-        """How long recent pending operations waited before they went (either way)."""
-        self.ride_wait_sum = 0.0
-        self.ride_wait_count = 0
+        self.riding = RidingOps(float(ride_bound_s), self._send, self._absorb_locked, self._alive)
+        """Claim operations waiting to ride on the next request to vLLM."""
 
     async def start(self) -> None:
         """Once, before anything else: end every hold the connector still has from an earlier
@@ -338,7 +241,7 @@ class VllmKV:
         self.runtime_version = str(version) if version else None
         self.usable_blocks = await self._pool_blocks()
         if self.observer is not None:
-            self.observer.on_stored = self._blocks_stored
+            self.observer.on_stored = self.mirror.blocks_stored
             await self.observer.start()
         client = await self._connector_ready()
         client.skip_events((await client.complete([1], max_tokens=1)).last_seq)  # history before
@@ -347,7 +250,7 @@ class VllmKV:
         if not self.connector:
             self.lowering = _STOCK_DESCRIPTOR if _STOCK_DESCRIPTOR.is_file() else None
         async with self._lock:
-            self._absorb(answer)
+            self.mirror.absorb(answer)
 
     # ------------------------------------------------------------------ a dead engine
     def _engine_died(self, seen: str, refused: bool = False) -> None:
@@ -364,24 +267,12 @@ class VllmKV:
         ):
             return  # never served here: nothing of it was known, nothing is lost
         self.engine_dead = seen
-        self._riding.clear()  # its holds went with it
+        self.riding.clear()  # its holds went with it
         self._started = None  # a vLLM that comes back is started afresh (orphans, pool, version)
         self._probed_at = time.monotonic()
         detail = self._dead_reason()
         log.error("agentclaims: %s; every claim on it ends (%s)", detail, BACKEND_RESTART)
-        for claim in self._claims.values():
-            if not claim.state.live:
-                continue
-            name, claim.state, data = backend_restart_end(claim.state is ClaimState.MATERIALIZED)
-            claim.end_reason = "harmed" if claim.state is ClaimState.HARMED else BACKEND_RESTART
-            claim.held_blocks = 0
-            if claim.state is ClaimState.HARMED:  # its predicate held, and went with the engine
-                data |= {
-                    "predicate": "leading_prefix_at_least",
-                    "predicate_before": True,
-                    "predicate_after": False,
-                }
-            self._emit(name, claim.spec.claim_id, None, **data, detail=detail)
+        self.mirror.end_all(detail)
 
     def _dead_reason(self) -> str:
         """Why the engine is dead, with the signal where ``agentclaims vllm serve`` (its state
@@ -499,59 +390,6 @@ class VllmKV:
             self._prefixes.popitem(last=False)
         return hashes, pid
 
-    def _emit(
-        self, name: EventName, claim_id: str | None, request_id: str | None, **data: Any
-    ) -> None:
-        claim = self._claims.get(claim_id) if claim_id else None
-        self._events.emit(
-            name,
-            claim=claim,
-            claim_id=claim_id if claim is None else None,
-            request_id=request_id,
-            **data,
-        )
-
-    def _our_request(self, vllm_id: Any) -> str | None:
-        """The gateway's request id for vLLM's (which adds ``cmpl-`` and ``-<n>`` suffixes)."""
-        if not isinstance(vllm_id, str):
-            return None
-        candidate = vllm_id
-        while candidate:
-            if candidate in self._request_ids:
-                return self._request_ids[candidate]
-            head, sep, _ = candidate.rpartition("-")
-            if not sep:
-                break
-            candidate = head
-        return vllm_id
-
-    def _absorb(self, answer: ConnectorAnswer) -> None:
-        """The connector's new events, in the gateway's stream; claim states follow them."""
-        receipt = (answer.raw.get("kv_transfer_params") or {}).get("agentclaims") or {}
-        for key in ("cap_blocks", "max_ttl_s", "max_defer_s"):
-            if key in receipt:
-                self.limits[key] = receipt[key]
-        for raw in answer.events:
-            name = raw.get("event")
-            if name not in _CONTRACT_EVENTS:
-                continue
-            cid = raw.get("claim_id")
-            data = {
-                k: v
-                for k, v in raw.items()
-                if k not in ("seq", "event", "claim_id", "timestamp_ns", "request_id")
-            }
-            if name == EventName.RESIDENT_CLAIM_MATERIALIZED.value and self.observer is not None:
-                continue  # seen in vLLM's own cache instead (_confirm)
-            claim = self._claims.get(cid) if cid else None
-            if claim is not None:
-                if name == EventName.RESIDENT_CLAIM_EXPIRED.value:
-                    claim.state, claim.end_reason = ClaimState.EXPIRED, str(raw.get("reason"))
-                    claim.held_blocks = 0
-                elif name == EventName.RESIDENT_CLAIM_DEMOTED.value:
-                    claim.state, claim.held_blocks = ClaimState.DEMOTED, 0
-            self._emit(EventName(name), cid, self._our_request(raw.get("request_id")), **data)
-
     # ------------------------------------------------------------------ completions
     # ------------------------------------------------------------------ ReplyWriter
     streams = True
@@ -563,7 +401,7 @@ class VllmKV:
 
     def prepare(self, call: CompletionCall) -> CompletionCall:
         """vLLM checks the body itself (its 400 is the client's); the kind is checked here."""
-        if call.kind not in _KINDS:
+        if call.kind not in KINDS:
             raise UsageError("kind", f"unknown completion kind {call.kind!r}")
         return call
 
@@ -584,24 +422,22 @@ class VllmKV:
         )
         tenant = owner or "default"
         client = await self._connector_ready()
-        forwarded = _forwarded(body, client.model)
+        outgoing = forwarded(body, client.model)
         if request_id is not None:
-            forwarded["request_id"] = request_id
-            self._request_ids[f"cmpl-{request_id}"] = request_id
-            while len(self._request_ids) > self._max_prefixes:
-                self._request_ids.popitem(last=False)
+            outgoing["request_id"] = request_id
+            self.mirror.name_request(f"cmpl-{request_id}", request_id)
         if cache_salt:  # vLLM's own per-request salt: a tenant's blocks are its own
-            forwarded["cache_salt"] = cache_salt
+            outgoing["cache_salt"] = cache_salt
         wants_ids = bool(body.get("return_token_ids"))
         on_reply, gated, riding, envelope = self._envelope(client, specs, tenant)
         if tokens is None or on_reply:
-            forwarded["return_token_ids"] = True  # the prompt's and the reply's token ids
-        forwarded["kv_transfer_params"] = {"agentclaims": envelope}
+            outgoing["return_token_ids"] = True  # the prompt's and the reply's token ids
+        outgoing["kv_transfer_params"] = {"agentclaims": envelope}
         self.completions += 1
         try:
-            status, data = await self._http.post(_KINDS[kind], forwarded)
+            status, data = await self._http.post(KINDS[kind], outgoing)
         except BackendUnavailable:
-            self._requeue(riding)
+            self.riding.put_back(riding)
             # vLLM closed the connection under the request (a dying API server does): ask its
             # /health, which says whether the engine is dead (503, or no vLLM listening)
             await self.health()
@@ -609,9 +445,9 @@ class VllmKV:
                 raise self._dead_error() from None
             raise
         if status != 200 or not isinstance(data, dict):
-            self._requeue(riding)  # it may not have reached the connector: again, harmlessly
+            self.riding.put_back(riding)  # it may not have reached the connector: again, harmlessly
             raise self._refused(status, data)
-        payload = _client_payload(data, keep_token_ids=wants_ids)
+        payload = client_payload(data, keep_token_ids=wants_ids)
         result = await self._answered(
             client, data, tokens, hashes, prompt_pid, specs, gated, on_reply, cache_salt
         )
@@ -643,26 +479,26 @@ class VllmKV:
             kind, body, claims, owner, cache_salt
         )
         client = await self._connector_ready()
-        forwarded = _forwarded(body, client.model)
-        forwarded["stream"] = True
-        forwarded["return_token_ids"] = True  # the prompt's and the reply's, to name them
+        outgoing = forwarded(body, client.model)
+        outgoing["stream"] = True
+        outgoing["return_token_ids"] = True  # the prompt's and the reply's, to name them
         options = dict(body.get("stream_options") or {})
-        forwarded["stream_options"] = {**options, "include_usage": True}
+        outgoing["stream_options"] = {**options, "include_usage": True}
         if cache_salt:
-            forwarded["cache_salt"] = cache_salt
+            outgoing["cache_salt"] = cache_salt
         on_reply, gated, riding, envelope = self._envelope(client, specs, owner or "default")
-        forwarded["kv_transfer_params"] = {"agentclaims": envelope}
+        outgoing["kv_transfer_params"] = {"agentclaims": envelope}
         self.completions += 1
         try:
-            upstream = await self._http.stream(_KINDS[kind], forwarded)
+            upstream = await self._http.stream(KINDS[kind], outgoing)
         except BackendUnavailable:
-            self._requeue(riding)
+            self.riding.put_back(riding)
             await self.health()  # a dying server's refused connection: is the engine dead?
             if self.engine_dead is not None:
                 raise self._dead_error() from None
             raise
         if upstream.status != 200:
-            self._requeue(riding)
+            self.riding.put_back(riding)
             raise self._refused(upstream.status, upstream.body())
 
         async def settle(data: dict[str, Any]) -> ServeResult:
@@ -721,86 +557,28 @@ class VllmKV:
         on_reply = {s.claim_id for s in specs if s.object_id == SEQUENCE_OBJECT}
         gated = {spec.claim_id: reason for spec in specs if (reason := self._gated(spec))}
         holds = [
-            self._hold_op(spec, all_blocks=spec.claim_id in on_reply)
+            hold_op(spec, all_blocks=spec.claim_id in on_reply)
             for spec in specs
             if spec.claim_id not in gated
         ]
-        riding = self._take_riding()
+        riding = self.riding.take()
         return on_reply, gated, riding, client.envelope([*riding, *holds], tenant)
 
     # ------------------------------------------------------------------ riding operations
-    def _queue(self, op: Op) -> None:
-        """An operation (naming its tenant) waits for the next request to vLLM, at most
-        ``ride_bound_s``; then it goes on its own (``_flush_riding``)."""
-        self._riding.append((op, time.monotonic()))
-        if self._flush is None:
-            loop = asyncio.get_running_loop()
-            self._flush = loop.call_later(self.ride_bound_s, self._flush_due)
+    async def _send(self, ops: Sequence[Op]) -> ConnectorAnswer:
+        """``ops`` (each naming its tenant) to the connector now, over its channel where
+        there is one."""
+        return await (await self._connector_ready()).operate(ops)
 
-    def _take_riding(self) -> list[Op]:
-        """Every pending operation, for the request about to go (counted as riding)."""
-        if not self._riding:
-            return []
-        taken, self._riding = self._riding, []
-        self.ops_rode += len(taken)
-        return self._waited(taken)
-
-    def _waited(self, taken: Sequence[tuple[Op, float]]) -> list[Op]:
-        now = time.monotonic()
-        for _, queued in taken:
-            wait = now - queued
-            self.ride_waits.append(wait)
-            self.ride_wait_sum += wait
-            self.ride_wait_count += 1
-        return [op for op, _ in taken]
-
-    def _requeue(self, ops: Sequence[Op]) -> None:
-        """Operations whose request may not have reached the connector go again (a release
-        or renewal applied twice changes nothing the second time)."""
-        self.ops_rode -= len(ops)
-        for op in ops:
-            self._queue(op)
-
-    async def _operate(self, ops: Sequence[Op]) -> ConnectorAnswer:
-        """``ops`` (each naming its tenant) sent now, over the channel where there is one, with
-        every pending operation going first: whatever reaches the connector carries them."""
-        riding = self._take_riding()
-        try:
-            return await (await self._connector_ready()).operate([*riding, *ops])
-        except BaseException:
-            self._requeue(riding)
-            raise
-
-    async def _settle_riding(self) -> None:
-        """Pending operations applied now (a reader of the event stream or of residency sees
-        what they did, not what it will be within the ride bound)."""
-        if self._riding and self.engine_dead is None:
-            await self._flush_riding()
-        if self._flushing:  # one the bound set off, still on its way
-            await asyncio.gather(*list(self._flushing), return_exceptions=True)
-
-    def _flush_due(self) -> None:
-        self._flush = None
-        if not self._riding:
-            return
-        task = asyncio.ensure_future(self._flush_riding())
-        self._flushing.add(task)
-        task.add_done_callback(self._flushing.discard)
-
-    async def _flush_riding(self) -> None:
-        """The pending operations no request took within the bound, on their own."""
-        if not self._riding or self.engine_dead is not None:
-            return
-        taken, self._riding = self._riding, []
-        ops = self._waited(taken)
-        self.ops_standalone += len(ops)
-        try:
-            answer = await (await self._connector_ready()).operate(ops)
-        except (BackendError, BackendUnavailable) as exc:
-            log.warning("agentclaims: %d pending claim operations not applied: %r", len(ops), exc)
-            return  # a dead engine ends every claim itself; else its TTLs end the holds
+    async def _absorb_locked(self, answer: ConnectorAnswer) -> None:
         async with self._lock:
-            self._absorb(answer)
+            self.mirror.absorb(answer)
+
+    def _alive(self) -> bool:
+        return self.engine_dead is None
+
+    async def _release_now(self, claim_id: str, tenant: str) -> object:
+        return await self._connector.operate([Release(claim_id)], tenant)
 
     async def _answered(
         self,
@@ -818,10 +596,10 @@ class VllmKV:
         the prompt and sequence named, the claims decided from the connector's answer."""
         answer = client._answer(data)
         if tokens is None:
-            tokens = _prompt_ids(data)
+            tokens = prompt_ids(data)
         if tokens is not None and prompt_pid is None:
             hashes = hash_token_blocks(tokens, self.block_size, cache_salt=cache_salt)
-        sequence = _sequence_ids(data, tokens, self.block_size)
+        sequence = sequence_ids(data, tokens, self.block_size)
         seq_hashes = (
             hash_token_blocks(  # the prompt's full blocks start the sequence: hashed once
                 sequence,
@@ -848,7 +626,7 @@ class VllmKV:
                 else spec
                 for spec in specs
             ]
-            self._absorb(answer)
+            self.mirror.absorb(answer)
             return self._result(
                 answer,
                 specs,
@@ -864,22 +642,6 @@ class VllmKV:
         request it answered come on another channel, a little later."""
         if self.observer is not None and hashes:
             await self.observer.wait_resident(hashes, timeout_s)
-
-    def _hold_op(self, spec: ClaimSpec, *, all_blocks: bool = False) -> Hold:
-        """The connector's ``hold``; ``all_blocks``: every full block the request leaves
-        cached, its reply's included (``@sequence``: known only when it finishes)."""
-        hint = spec.reuse_hint
-        next_use = None
-        if hint is not None and (hint.expected_s is not None or hint.closed):
-            # the connector sheds soft holds farthest predicted next use first
-            next_use = _NEVER_S if hint.closed else hint.expected_s
-        return Hold(
-            spec.claim_id,
-            spec.protection_mode.value,
-            "all" if all_blocks else spec.footprint_blocks,
-            spec.ttl_s,
-            next_use,
-        )
 
     def _resolve(
         self,
@@ -908,7 +670,7 @@ class VllmKV:
             prompt=prompt,
             sequence=None,
             known=known,
-            exists=self._claims.__contains__,
+            exists=self.mirror.claims.__contains__,
         )
         return [spec for spec, _ in resolved]
 
@@ -925,7 +687,7 @@ class VllmKV:
     ) -> ServeResult:
         bs = self.block_size
         seq_pid, seq_hashes = sequence
-        rid = RequestId(self._our_request(answer.request_id) or answer.request_id)
+        rid = RequestId(self.mirror.our_request(answer.request_id) or answer.request_id)
         if answer.refused is not None or answer.finish_reason == "abort":
             refused = answer.refused or {}
             outcome = ActiveOutcome(
@@ -939,7 +701,7 @@ class VllmKV:
             return ServeResult(
                 outcome,
                 {"prompt": prompt_pid},
-                events_seq=self._events.seq,
+                events_seq=self.mirror.events.seq,
                 block_hashes=tuple(hashes),
             )
         hit = answer.cached_tokens // bs
@@ -951,167 +713,32 @@ class VllmKV:
             computed_blocks=max(0, len(hashes) - hit),
         )
         decisions = tuple(
-            self._refuse(spec, gated[spec.claim_id], rid)
+            self.mirror.refuse(spec, gated[spec.claim_id], rid)
             if spec.claim_id in gated
-            else self._decide(spec, answer, seq_hashes if spec.claim_id in on_reply else hashes)
+            else self.mirror.decide(
+                spec, answer, seq_hashes if spec.claim_id in on_reply else hashes
+            )
             for spec in specs
         )
         return ServeResult(
             outcome,
             {"prompt": prompt_pid, "sequence": seq_pid, "messages": []},
             decisions,
-            events_seq=self._events.seq,
+            events_seq=self.mirror.events.seq,
             cached_tokens=answer.cached_tokens,
             block_hashes=tuple(hashes),
             deferred_s=answer.deferred_s,
         )
 
     def _gated(self, spec: ClaimSpec) -> str | None:
-        if self.fault is not None:
-            return self.fault
+        if self.mirror.fault is not None:
+            return self.mirror.fault
         if not self.connector and spec.protection_mode.value != "best_effort":
             return (
                 f"no agentclaims connector answers in this vLLM: {spec.protection_mode.value} "
                 "cannot be held (stock prefix caching only)"
             )
         return None if self.claim_gate is None else self.claim_gate(spec)
-
-    def _refuse(self, spec: ClaimSpec, reason: str, request_id: str | None) -> ClaimDecision:
-        """A claim refused before it reached vLLM: its events and decision, as the engine's."""
-        claim = self._claims[spec.claim_id] = _Claim(spec, ClaimState.SUBMITTED, 0)
-        submitted(self._events, claim, request_id)
-        return refuse(self._events, claim, reason, request_id)
-
-    def _decide(
-        self, spec: ClaimSpec, answer: ConnectorAnswer, hashes: Sequence[BlockHash]
-    ) -> ClaimDecision:
-        try:
-            result = answer.result_of(spec.claim_id)
-        except KeyError:
-            result = {
-                "decision": "rejected",
-                "reason": "the connector did not answer for this claim",
-            }
-        accepted = result.get("decision") == "accepted"
-        state = ClaimState(result.get("state", "refused")) if accepted else ClaimState.REFUSED
-        claim = _Claim(
-            spec,
-            state,
-            int(result.get("blocks") or 0),
-            hashes=tuple(hashes[: spec.footprint_blocks]),
-            end_reason=None if accepted else str(result.get("reason")),
-        )
-        self._claims[spec.claim_id] = claim
-        if claim.held and self.observer is not None:
-            claim.state = ClaimState.ACCEPTED
-            self._confirm(claim)
-        state = claim.state
-        return ClaimDecision(
-            ClaimId(spec.claim_id),
-            Decision.ACCEPTED if accepted else Decision.REJECTED,
-            state,
-            None if accepted else ArbiterAction.REFUSE_RESIDENCY_CLAIM,
-            None if accepted else str(result.get("reason")),
-        )
-
-    # ------------------------------------------------------------------ the KV-events join
-    def _confirm(self, claim: _Claim) -> None:
-        """An accepted hold is materialized once vLLM's own events show every claimed block
-        stored (the connector holds them; this is the engine saying they are cached)."""
-        observer = self.observer
-        if observer is None or claim.state is not ClaimState.ACCEPTED or not claim.held:
-            return
-        wanted = claim.spec.footprint_blocks
-        if len(claim.hashes) != wanted or observer.leading_run(claim.hashes) < wanted:
-            return  # not every claimed block is known, or not all seen cached yet
-        claim.state = ClaimState.MATERIALIZED
-        self._emit(
-            EventName.RESIDENT_CLAIM_MATERIALIZED,
-            claim.spec.claim_id,
-            None,
-            blocks=len(claim.hashes),
-            seen="vllm_kv_events",
-        )
-
-    def _blocks_stored(self, stored: set[BlockHash]) -> None:
-        for claim in self._claims.values():
-            if claim.state is ClaimState.ACCEPTED and stored.intersection(claim.hashes):
-                self._confirm(claim)
-
-    def _blocks_lost(self, lost: set[BlockHash], why: str) -> None:
-        """vLLM dropped blocks: after a claim's end they are counted as losses after release;
-        a claim the gateway still believes held is judged once the connector's latest events
-        are in (it may have shed or expired it meanwhile), and is harmed if it still holds."""
-        suspects = []
-        for cid, claim in self._claims.items():
-            hit = lost.intersection(claim.hashes) - claim.lost
-            if not hit:
-                continue
-            if claim.held:
-                suspects.append(cid)
-            elif claim.state in (ClaimState.EXPIRED, ClaimState.DEMOTED):
-                self._count_lost(claim, hit, why)
-        if suspects:
-            task = asyncio.ensure_future(self._judge(suspects, lost, why))
-            self._judging.add(task)
-            task.add_done_callback(self._judging.discard)
-
-    def _count_lost(self, claim: _Claim, hit: set[BlockHash], why: str) -> None:
-        claim.lost |= hit
-        self._emit(
-            EventName.RESIDENT_CLAIM_BLOCK_LOST_AFTER_RELEASE,
-            claim.spec.claim_id,
-            None,
-            blocks=len(hit),
-            positions=[i for i, h in enumerate(claim.hashes) if h in hit],
-            cause=why,
-        )
-
-    async def _judge(self, claim_ids: Sequence[str], lost: set[BlockHash], why: str) -> None:
-        answer = None
-        with contextlib.suppress(BackendError, BackendUnavailable):  # else: judged as known
-            answer = await self._operate([])
-        harmed = []
-        async with self._lock:
-            if answer is not None:
-                self._absorb(answer)
-            for cid in claim_ids:
-                claim = self._claims.get(cid)
-                hit = set() if claim is None else lost.intersection(claim.hashes) - claim.lost
-                if claim is None or not hit:
-                    continue
-                if claim.held:
-                    self._harm(claim, hit, why)
-                    harmed.append(claim)
-                elif claim.state in (ClaimState.EXPIRED, ClaimState.DEMOTED):
-                    self._count_lost(claim, hit, why)
-        for claim in harmed:  # hand back whatever the connector still holds for it
-            with contextlib.suppress(BackendError, BackendUnavailable):
-                await self._connector.operate(
-                    [Release(claim.spec.claim_id)], claim.spec.owner_scope
-                )
-
-    def _harm(self, claim: _Claim, hit: set[BlockHash], why: str) -> None:
-        """A held claim's block left vLLM's cache: the connector failed its one job. The claim
-        is harmed, with the cause, and the KV side fails closed (no claim accepted after)."""
-        cid = claim.spec.claim_id
-        positions = [i for i, h in enumerate(claim.hashes) if h in hit]
-        cause = f"vLLM dropped held block(s) {positions} ({why}) while the connector held them"
-        claim.lost |= hit
-        self.fault = f"claim {cid}: {cause}: a connector bug; claims are suspended"
-        log.error("agentclaims: %s", self.fault)
-        if claim.state is ClaimState.MATERIALIZED:
-            claim.held_blocks = 0
-            after = 0 if self.observer is None else self.observer.leading_run(claim.hashes)
-            harm(
-                self._events,
-                claim,
-                cause,
-                connector_bug=True,
-                predicate="leading_prefix_at_least",
-                leading_run_after=after,
-                positions=positions,
-            )
 
     # ------------------------------------------------------------------ claims protocol
     def identity(self) -> CacheIdentity:
@@ -1130,66 +757,49 @@ class VllmKV:
         await self.start()
         if block_hashes is not None:
             raise OperationNotExposed(self.name, "claims by block hashes (vLLM's are its own)")
-        if spec.claim_id in self._claims:
+        if spec.claim_id in self.mirror.claims:
             raise UsageError("claim_id", f"claim {spec.claim_id!r} already exists")
         await self.model()
         mismatch = identity_problem(spec.cache_identity, self.identity())
         if mismatch is not None:
             async with self._lock:
-                return self._refuse(spec, mismatch, None)
+                return self.mirror.refuse(spec, mismatch, None)
         known = self._prefixes.get(spec.object_id)
         if known is None:
             raise UsageError("object_id", f"unknown prefix {spec.object_id!r}: serve it first")
         reason = self._gated(spec)
         if reason is not None:
             async with self._lock:
-                return self._refuse(spec, reason, None)
+                return self.mirror.refuse(spec, reason, None)
         client = await self._connector_ready()
         tokens, salt = known
         answer = await client.complete(
-            tokens, [self._hold_op(spec)], max_tokens=1, tenant=spec.owner_scope, cache_salt=salt
+            tokens, [hold_op(spec)], max_tokens=1, tenant=spec.owner_scope, cache_salt=salt
         )
         hashes = hash_token_blocks(list(tokens), self.block_size, cache_salt=salt)
         if answer.served:
             self._last_stored = tuple(hashes)
             await self._seen_stored(hashes[: spec.footprint_blocks])
         async with self._lock:
-            self._absorb(answer)
-            return self._decide(spec, answer, hashes)
-
-    def _owned(self, claim_id: str, owner_scope: str) -> _Claim:
-        return owned_claim(self._claims, claim_id, owner_scope)
-
-    @staticmethod
-    def _end(claim: _Claim) -> None:
-        """A released claim the connector did not hold (demoted, best effort) ends here."""
-        if claim.end_reason is None:
-            claim.state, claim.end_reason, claim.held_blocks = ClaimState.EXPIRED, "released", 0
-
-    def _view(self, claim: _Claim) -> ClaimView:
-        held = claim.held_blocks
-        return claim.view(
-            present_blocks=held,
-            holds=claim.state is ClaimState.MATERIALIZED and held >= claim.spec.footprint_blocks,
-            expires_at_ns=claim.expires_at_ns,
-        )
+            self.mirror.absorb(answer)
+            return self.mirror.decide(spec, answer, hashes)
 
     async def get_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
-        return self._view(self._owned(claim_id, owner_scope))
+        return self.mirror.view(self.mirror.owned(claim_id, owner_scope))
 
     async def renew_claim(
         self, claim_id: ClaimId, owner_scope: OwnerScope, renewal: Renewal = RENEW_AS_IS
     ) -> ClaimView:
         await self.start()
-        claim = self._owned(claim_id, owner_scope)
+        claim = self.mirror.owned(claim_id, owner_scope)
         ttl = renewal.ttl_s if renewal.ttl_s is not None else claim.spec.ttl_s
         if renewal.duration_steps is not None:
             raise UsageError(
                 "duration_steps", "vLLM claims count seconds (ttl_s), not engine steps"
             )
-        answer = await self._operate([Renew(claim_id, ttl, owner_scope)])
+        answer = await self.riding.send_now([Renew(claim_id, ttl, owner_scope)])
         async with self._lock:
-            self._absorb(answer)
+            self.mirror.absorb(answer)
         result = next(
             (r for r in answer.results if r.get("op") == "renew" and r.get("claim_id") == claim_id),
             None,
@@ -1197,28 +807,28 @@ class VllmKV:
         if result is None or not result.get("ok"):
             reason = "no answer" if result is None else result.get("reason")
             raise UsageError("claim_id", f"claim {claim_id!r} cannot be renewed: {reason}")
-        return self._view(claim)
+        return self.mirror.view(claim)
 
     async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
         if self.engine_dead is None:  # else its claims have all ended: nothing to hand back
             await self.start()
-        claim = self._owned(claim_id, owner_scope)
+        claim = self.mirror.owned(claim_id, owner_scope)
         if claim.held:  # the hand-back rides on the next request to vLLM (``_queue``)
-            self._queue(Release(claim_id, owner_scope))
+            self.riding.queue(Release(claim_id, owner_scope))
         if claim.state in (ClaimState.MATERIALIZED, ClaimState.ACCEPTED, ClaimState.DEMOTED):
-            self._end(claim)  # its resident_claim_expired follows from the connector
-        return self._view(claim)
+            self.mirror.end(claim)  # its resident_claim_expired follows from the connector
+        return self.mirror.view(claim)
 
     async def events(
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None
     ) -> EventPage:
         if self.engine_dead is None:  # a dead engine's events stay readable: they say so
             await self.start()
-            await self._settle_riding()
-        if self._judging:
-            await asyncio.gather(*list(self._judging), return_exceptions=True)
+            await self.riding.settle()
+        if self.mirror.judging:
+            await asyncio.gather(*list(self.mirror.judging), return_exceptions=True)
         async with self._lock:
-            return self._events.page(since, limit=limit, id_prefix=id_prefix)
+            return self.mirror.events.page(since, limit=limit, id_prefix=id_prefix)
 
     async def residency(self, prefix_ids: Sequence[PrefixId]) -> dict[PrefixId, int]:
         """Leading blocks known resident: those vLLM's events show cached (with the observer),
@@ -1226,7 +836,7 @@ class VllmKV:
         out = dict.fromkeys(prefix_ids, 0)
         if self.engine_dead is not None:
             return out  # its cache went with it
-        await self._settle_riding()
+        await self.riding.settle()
         if self.observer is not None:
             await self._settle()
             for pid in out:
@@ -1235,7 +845,7 @@ class VllmKV:
                     tokens, salt = known
                     hashes = hash_token_blocks(list(tokens), self.block_size, cache_salt=salt)
                     out[pid] = self.observer.leading_run(hashes)
-        for claim in self._claims.values():
+        for claim in self.mirror.claims.values():
             pid = PrefixId(claim.spec.object_id)
             if pid in out and claim.state is ClaimState.MATERIALIZED:
                 out[pid] = max(out[pid], claim.held_blocks)
@@ -1246,7 +856,7 @@ class VllmKV:
         requests it made, the agents' completions and its own claim operations (``/metrics``:
         ``agentclaims_engine_requests_total{kind}``), and their ratio."""
         operations = self._connector.requests
-        waits = sorted(self.ride_waits)
+        riding = self.riding
         return {
             "engine_requests": {"completion": self.completions, "operation": operations},
             "engine_requests_per_completion": round(
@@ -1255,17 +865,11 @@ class VllmKV:
             if self.completions
             else None,
             "claim_operations": {
-                "rode": self.ops_rode,
-                "standalone": self.ops_standalone,
+                "rode": riding.rode,
+                "standalone": riding.standalone,
                 "channel": self._connector.channel_ops,
             },
-            "claim_operation_wait_s": {
-                "count": self.ride_wait_count,
-                "sum": round(self.ride_wait_sum, 6),
-                "p50": round(waits[len(waits) // 2], 6) if waits else None,
-                "max": round(waits[-1], 6) if waits else None,
-                "bound": self.ride_bound_s,
-            },
+            **riding.metrics(),
         }
 
     async def descriptor(self) -> dict[str, Any]:
@@ -1288,9 +892,9 @@ class VllmKV:
             "connector_channel": self._connector.channel is not None,
             "usable_blocks": self.usable_blocks,
             "max_model_len": await self._max_model_len(),
-            **{f"hold_{k}": v for k, v in self.limits.items()},
+            **{f"hold_{k}": v for k, v in self.mirror.limits.items()},
             "kv_events": None if self.observer is None else self.observer.stats(),
-            "fault": self.fault,
+            "fault": self.mirror.fault,
             "limits": [
                 "running requests can be preempted (their blocks recomputed)",
                 "the partial last block is never held",
@@ -1339,8 +943,8 @@ class VllmKV:
         assert self.observer is not None
         await self.observer.wait_resident(self._last_stored, 0.5)
         await self.observer.quiet()
-        if self._judging:
-            await asyncio.gather(*list(self._judging), return_exceptions=True)
+        if self.mirror.judging:
+            await asyncio.gather(*list(self.mirror.judging), return_exceptions=True)
 
     # ------------------------------------------------------------------ InstanceControl
     async def fresh_instance(self, usable_blocks: int, owner_scope: OwnerScope) -> CacheIdentity:
@@ -1357,24 +961,24 @@ class VllmKV:
                 f"got {usable_blocks!r}",
             )
         others = sorted(
-            {c.spec.owner_scope for c in self._claims.values() if c.held} - {owner_scope}
+            {c.spec.owner_scope for c in self.mirror.claims.values() if c.held} - {owner_scope}
         )
         if others:
             raise ContractViolation(f"a fresh instance would drop live claims of {others}")
         client = await self._connector_ready()
-        held = await self._operate([])  # pending releases go first: what is left is held
+        held = await self.riding.send_now([])  # pending releases go first: what is left is held
         async with self._lock:
-            self._absorb(held)
-            ours = sum(c.held_blocks for c in self._claims.values() if c.held)
+            self.mirror.absorb(held)
+            ours = sum(c.held_blocks for c in self.mirror.claims.values() if c.held)
         if held.held_blocks > ours:  # another gateway on this vLLM holds claims too
             raise ContractViolation(
                 f"a fresh instance would drop live claims: the connector holds "
                 f"{held.held_blocks} blocks, this gateway's claims {ours}"
             )
-        self._riding.clear()  # the revocation below ends every hold they would release
+        self.riding.clear()  # the revocation below ends every hold they would release
         answer = await client.operate([RevokeAll("fresh_instance")])
         async with self._lock:
-            self._absorb(answer)
+            self.mirror.absorb(answer)
         clears = 0 if self.observer is None else self.observer.clears
         status, data = await self._http.post("/reset_prefix_cache", {})
         if status == 404:
@@ -1389,9 +993,7 @@ class VllmKV:
             await client.operate([])
             await self.observer.cleared(clears, timeout_s=2.0)
         async with self._lock:
-            self._claims.clear()
-            # a fresh instance's stream: the numbers go on, the past is gone (read as a gap)
-            self._events = EventLog(_Stamp(self), EVENTS_KEPT, first_seq=self._events.seq)
+            self.mirror.restart()
             self._last_stored = ()
         return self.identity()
 
@@ -1399,14 +1001,7 @@ class VllmKV:
         raise OperationNotExposed(self.name, "step (vLLM claims count seconds: ttl_s)")
 
     async def aclose(self) -> None:
-        if self._flush is not None:
-            self._flush.cancel()
-            self._flush = None
-        if self._riding:  # nothing pending is lost: hand it back before closing
-            with contextlib.suppress(BackendError, BackendUnavailable):
-                await self._flush_riding()
-        if self._flushing:
-            await asyncio.gather(*list(self._flushing), return_exceptions=True)
+        await self.riding.aclose()
         await self._connector.aclose()
         if self.observer is not None:
             await self.observer.aclose()

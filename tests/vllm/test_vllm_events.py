@@ -15,7 +15,8 @@ from conftest import _vllm_python
 
 from agentclaims.contract import CacheIdentity, ClaimSpec, ClaimState, ProtectionMode
 from agentclaims.engine import hash_token_blocks
-from agentclaims.vllm.kv import VllmKV, _Claim
+from agentclaims.vllm.kv import VllmKV
+from agentclaims.vllm.mirror import MirroredClaim
 from agentclaims.vllm.observer import KVEventsObserver, replay_endpoint
 
 BS = 4
@@ -167,20 +168,20 @@ async def test_a_held_claims_block_removed_is_harm_and_the_side_fails_closed(
         events_python=_vllm_python(),
     )
     assert kv.observer is not None
-    kv.observer.on_stored = kv._blocks_stored
+    kv.observer.on_stored = kv.mirror.blocks_stored
     ours = hash_token_blocks(TOKENS, BS, cache_salt="tenant-a")
     identity = CacheIdentity("vllm:test", "m", "t", "default", BS)
     spec = ClaimSpec("held-1", "wf", "p-1", identity, 4, ProtectionMode.HARD_PROTECTED)
-    kv._claims["held-1"] = _Claim(spec, ClaimState.ACCEPTED, 4, hashes=tuple(ours))
+    kv.mirror.claims["held-1"] = MirroredClaim(spec, ClaimState.ACCEPTED, 4, hashes=tuple(ours))
     try:
         await kv.observer.start()
-        await until(lambda: kv._claims["held-1"].state is ClaimState.MATERIALIZED)
+        await until(lambda: kv.mirror.claims["held-1"].state is ClaimState.MATERIALIZED)
         step(proc, 1)
-        await until(lambda: kv._claims["held-1"].state is ClaimState.HARMED)
-        await asyncio.gather(*list(kv._judging))
+        await until(lambda: kv.mirror.claims["held-1"].state is ClaimState.HARMED)
+        await asyncio.gather(*list(kv.mirror.judging))
     finally:
         await kv.aclose()
-    events = kv._events.events_since(0)
+    events = kv.mirror.events.events_since(0)
     names = [e.event.value for e in events]
     assert names == ["resident_claim_materialized", "resident_claim_harmed"]
     harm = events[-1]
@@ -188,7 +189,7 @@ async def test_a_held_claims_block_removed_is_harm_and_the_side_fails_closed(
     assert harm.data["predicate_after"] is False
     assert harm.data["positions"] == [3]
     assert "while the connector held them" in harm.data["cause"]
-    assert kv.fault is not None
-    assert "held-1" in kv.fault
+    assert kv.mirror.fault is not None
+    assert "held-1" in kv.mirror.fault
     other = ClaimSpec("next-1", "wf", "p-2", identity, 1, ProtectionMode.SOFT_PRIORITY)
-    assert kv._gated(other) == kv.fault
+    assert kv._gated(other) == kv.mirror.fault

@@ -502,9 +502,9 @@ async def test_a_deferral_inside_vllm_reaches_the_session_as_pressure(
     gateway: str, tmp_path: Any
 ) -> None:
     """Another owner's hard claims fill the pool up to the connector's cap (TTL 6 s, renewed
-    just before); three concurrent calls of one session cannot all start beside them (two fill
-    the free blocks), so the connector's admission
-    hook holds one back inside vLLM until the TTLs end. Its answer says for how long
+    just before); three concurrent calls of one session cannot all start beside them (one
+    takes most of the free blocks), so the connector's admission hook holds the others back
+    inside vLLM until blocks come free. Each answer says for how long
     (``agentclaims.deferred_s``); the session counts it as a deferral and as memory pressure,
     as it would a retried 409."""
     import asyncio
@@ -521,46 +521,69 @@ async def test_a_deferral_inside_vllm_reaches_the_session_as_pressure(
             [decision] = first["agentclaims"]["decisions"]
             assert decision["state"] == "materialized", decision
             assert first["usage"]["prompt_tokens"] >= 6 * BS
-    backend = agentclaims.HTTPBackend(gateway, timeout_s=120)
-    client = agentclaims.openai_client(backend)
-    model = (await client.models.list()).data[0].id
-    async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
-        for i in range(5):  # a slow fill (a loaded machine) must not let the first TTLs end
-            renewed = await http.post(
-                f"/v1/claims/press-{i}/renew", json={"owner_scope": "wf-fill", "ttl_s": 6}
-            )
-            assert renewed.json()["state"] == "materialized", renewed.json()
-    async with agentclaims.ClaimedSession(backend, planner="off", log_dir=tmp_path) as session:
-        with session.node("agent"):
-            replies = await asyncio.gather(
-                *(
-                    client.chat.completions.create(
-                        model=model,
-                        # 5 blocks each: two fit in the 10 free blocks, the third cannot
-                        messages=[{"role": "user", "content": words(f"burst{k}x", 26)}],
-                        max_tokens=120,
-                        extra_body={"ignore_eos": True},
-                    )
-                    for k in range(3)
-                )
-            )
-    await backend.aclose()
-    held_back = [(r.model_extra or {}).get("agentclaims", {}).get("deferred_s", 0) for r in replies]
-    assert any(s > 0 for s in held_back), held_back
-    assert session.stats.deferrals == sum(1 for s in held_back if s > 0)
-    assert session.stats.deferral_s == pytest.approx(sum(held_back))
-    assert session.workflow.pressure > 0
-    import json
 
-    logged = [
-        json.loads(line)
-        for line in (tmp_path / f"{session.workflow_id}.jsonl").read_text().splitlines()
-    ]
-    calls = [d for d in logged if d["event"] == "llm_call"]
-    assert sorted(d.get("deferred_s", 0) for d in calls) == pytest.approx(sorted(held_back))
-    async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
-        for i in range(5):  # what the test holds goes with it (a hold its TTL has not ended)
-            await http.post(f"/v1/claims/press-{i}/release", json={"owner_scope": "wf-fill"})
+    async def renew_all() -> None:
+        async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
+            for i in range(5):
+                renewed = await http.post(
+                    f"/v1/claims/press-{i}/renew", json={"owner_scope": "wf-fill", "ttl_s": 6}
+                )
+                assert renewed.json()["state"] == "materialized", renewed.json()
+
+    def deferred_s(reply: Any) -> float:
+        return float((reply.model_extra or {}).get("agentclaims", {}).get("deferred_s", 0))
+
+    try:
+        backend = agentclaims.HTTPBackend(gateway, timeout_s=120)
+        client = agentclaims.openai_client(backend)
+        model = (await client.models.list()).data[0].id
+        replies: list[Any] = []
+        async with agentclaims.ClaimedSession(backend, planner="off", log_dir=tmp_path) as session:
+            with session.node("warm-up"):  # the session's first call reads the descriptor: not
+                await client.chat.completions.create(  # in a burst, whose calls must overlap
+                    model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=1
+                )
+            for attempt in range(3):  # a burst whose calls did not overlap (a loaded machine
+                # ran them one after another) defers none: up to 3 bursts
+                await renew_all()  # a slow run must not let the TTLs end
+                with session.node("agent"):
+                    burst = await asyncio.gather(
+                        *(
+                            client.chat.completions.create(
+                                model=model,
+                                # 5 blocks each: two fit in the 10 free blocks, the third cannot
+                                messages=[
+                                    {"role": "user", "content": words(f"b{attempt}u{k}x", 26)}
+                                ],
+                                max_tokens=120,
+                                extra_body={"ignore_eos": True},
+                            )
+                            for k in range(3)
+                        )
+                    )
+                replies += burst
+                if any(deferred_s(r) for r in burst):
+                    break
+        await backend.aclose()
+        held_back = [deferred_s(r) for r in replies]
+        assert any(s > 0 for s in held_back), [
+            (r.model_extra or {}).get("agentclaims") for r in replies
+        ]
+        assert session.stats.deferrals == sum(1 for s in held_back if s > 0)
+        assert session.stats.deferral_s == pytest.approx(sum(held_back))
+        assert session.workflow.pressure > 0
+        import json
+
+        logged = [
+            json.loads(line)
+            for line in (tmp_path / f"{session.workflow_id}.jsonl").read_text().splitlines()
+        ]
+        calls = [d for d in logged if d["event"] == "llm_call" and d["node"] == "agent"]
+        assert sorted(d.get("deferred_s", 0) for d in calls) == pytest.approx(sorted(held_back))
+    finally:
+        async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
+            for i in range(5):  # what the test holds goes with it, pass or fail
+                await http.post(f"/v1/claims/press-{i}/release", json={"owner_scope": "wf-fill"})
 
 
 def test_the_middleware_example_runs_through_the_gateway_on_vllm(gateway: str) -> None:

@@ -1,0 +1,86 @@
+"""How the vLLM side's requests and answers translate: the client's body as it goes to vLLM,
+vLLM's answer as the client gets it, the token ids of what a request leaves cached, and a claim
+as the connector's ``hold`` operation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentclaims_vllm.ops import Hold
+
+from agentclaims.contract import ClaimSpec
+
+__all__ = ["KINDS", "client_payload", "forwarded", "hold_op", "prompt_ids", "sequence_ids"]
+
+KINDS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+"""vLLM's endpoint of each completion kind."""
+
+_NEVER_S = 1e9
+"""``next_use_s`` of a closed agent's hold (finite: the op travels as JSON)."""
+
+
+def prompt_ids(data: Mapping[str, Any]) -> list[int] | None:
+    """The prompt's token ids in a vLLM answer asked for them (``return_token_ids``)."""
+    ids = data.get("prompt_token_ids")
+    if ids is None:
+        ids = (data.get("choices") or [{}])[0].get("prompt_token_ids")
+    if isinstance(ids, list) and set(map(type, ids)) <= {int}:  # one pass, in C
+        return ids
+    return None
+
+
+def sequence_ids(
+    data: Mapping[str, Any], prompt: Sequence[int] | None, block_size: int
+) -> list[int] | None:
+    """The full blocks of prompt + reply that vLLM computed (so cached): the reply's last
+    token never had its KV computed, so it ends no block. ``None`` without the reply's ids."""
+    reply = (data.get("choices") or [{}])[0].get("token_ids")
+    if prompt is None or not isinstance(reply, list):
+        return None
+    tokens = [*prompt, *(int(t) for t in reply)]
+    full = (len(tokens) - 1) // block_size * block_size
+    return tokens[:full] if full else None
+
+
+def forwarded(body: Mapping[str, Any], model: str) -> dict[str, Any]:
+    """The client's body as it goes to vLLM: never a client's ``kv_transfer_params`` (the
+    gateway signs its own), the ``agentclaims`` object or its ``cache_salt`` (the tenant's is
+    set instead); the model is vLLM's own."""
+    out = {
+        k: v
+        for k, v in body.items()
+        if k not in ("kv_transfer_params", "agentclaims", "cache_salt")
+    }
+    out["model"] = model
+    return out
+
+
+def client_payload(data: Mapping[str, Any], *, keep_token_ids: bool) -> dict[str, Any]:
+    """The answer as the client sees it: never the connector's receipt; token ids only when
+    the client asked for them."""
+    out = {k: v for k, v in data.items() if k != "kv_transfer_params"}
+    if not keep_token_ids:
+        out.pop("prompt_token_ids", None)
+        out["choices"] = [
+            {k: v for k, v in c.items() if k not in ("token_ids", "prompt_token_ids")}
+            for c in out.get("choices") or []
+        ]
+    return out
+
+
+def hold_op(spec: ClaimSpec, *, all_blocks: bool = False) -> Hold:
+    """The connector's ``hold``; ``all_blocks``: every full block the request leaves
+    cached, its reply's included (``@sequence``: known only when it finishes)."""
+    hint = spec.reuse_hint
+    next_use = None
+    if hint is not None and (hint.expected_s is not None or hint.closed):
+        # the connector sheds soft holds farthest predicted next use first
+        next_use = _NEVER_S if hint.closed else hint.expected_s
+    return Hold(
+        spec.claim_id,
+        spec.protection_mode.value,
+        "all" if all_blocks else spec.footprint_blocks,
+        spec.ttl_s,
+        next_use,
+    )
