@@ -45,7 +45,7 @@ from agentclaims.bindings.langgraph import aeg_from_langgraph
 from agentclaims.errors import UsageError
 from agentclaims.graph import ToolTimeModel
 from agentclaims.session import ClaimedSession, SessionStats
-from agentclaims.session.options import SessionOptions, check_option_names
+from agentclaims.session.options import SessionOptions, check_option_names, check_options
 from agentclaims.session.portal import iterate_sync, run_sync
 
 if TYPE_CHECKING:
@@ -78,8 +78,7 @@ def checked_backend(
     """The backend, once every option is checked: at decoration time, not at the first run."""
     if backend is None:
         raise UsageError("backend", "claimed_session needs backend=... (a Backend or BackendPool)")
-    check_option_names(options)
-    ClaimedSession(backend, **options)  # its checks are the runtime ones
+    check_options(backend, options)  # the session's own checks
     return backend
 
 

@@ -7,6 +7,7 @@ from agentclaims.planner.planner import (
     PlannerPolicy,
     PrefixContext,
     Revision,
+    relax_ladder,
     relax_mode,
     update_pressure,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "PlannerPolicy",
     "PrefixContext",
     "Revision",
+    "relax_ladder",
     "relax_mode",
     "update_pressure",
 ]

@@ -47,6 +47,7 @@ what the mapping's ``best_effort`` rows give (``best_effort`` by default).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -87,6 +88,16 @@ def update_pressure(pressure: float, pressed: bool) -> float:
     """The recent share of requests that met memory pressure (had to wait for memory), as an
     exponentially weighted average: what ``PrefixContext.pressure`` carries."""
     return (1.0 - PRESSURE_WEIGHT) * pressure + PRESSURE_WEIGHT * pressed
+
+
+def relax_ladder(
+    mode: ProtectionMode | None, soft: ProtectionMode = ProtectionMode.BEST_EFFORT
+) -> Iterator[ProtectionMode]:
+    """``mode``, then each weaker mode in turn (``relax_mode``): the ladder a refused claim
+    walks down, the session's and the replays' alike, with the policy's ``soft`` mode."""
+    while mode is not None:
+        yield mode
+        mode = relax_mode(mode, soft)
 
 
 def relax_mode(

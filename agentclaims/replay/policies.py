@@ -37,7 +37,7 @@ from agentclaims.engine import (
 )
 from agentclaims.errors import UnknownNameError
 from agentclaims.graph import ToolTimeModel
-from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_mode
+from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_ladder
 from agentclaims.replay.model import (
     PolicyHooks,
     ReplayEngine,
@@ -736,14 +736,14 @@ class AgentClaimsPolicy(SessionPipeline):
         wf: TraceWorkflow,
         node: str,
         hashes: tuple[int, ...],
-        mode: ProtectionMode | None,
+        first: ProtectionMode | None,
         ttl_s: float | None,
         hint: ReuseHint,
     ) -> None:
         """Claim ``hashes`` for ``node``, one mode weaker after each rejection."""
         engine = self._engine
         assert engine is not None
-        while mode is not None:
+        for mode in relax_ladder(first, self.planner.policy.soft_mode):
             cid = self._next_claim_id()
             spec = ClaimSpec(
                 claim_id=cid,
@@ -759,7 +759,6 @@ class AgentClaimsPolicy(SessionPipeline):
                 self._planned(mode)
                 wf.held[node] = HeldClaim(cid, hashes, mode)
                 return
-            mode = relax_mode(mode)
 
     # ------------------------------------------------------------------ session signals
     def _on_call(

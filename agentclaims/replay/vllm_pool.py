@@ -52,7 +52,7 @@ from agentclaims.contract.ids import RequestId
 from agentclaims.engine import Block, BlockHash, EngineStats, EvictionPolicy, LRUPolicy
 from agentclaims.engine.engine import check_begin
 from agentclaims.errors import UsageError
-from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_mode
+from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_ladder
 from agentclaims.protocol.types import ActiveOutcome
 from agentclaims.replay.model import PolicyHooks, ReplayEngine, ServiceModel, SessionState
 from agentclaims.replay.pipeline import HeldClaim, SessionPipeline, TraceWorkflow
@@ -589,8 +589,10 @@ class AgentClaimsVllmPolicy(SessionPipeline):
         soft = self.planner.policy.soft_mode
         # the connector sheds soft holds farthest predicted next use first
         next_use_s = NEVER_S if hint.closed else hint.expected_s
-        mode = plan.mode
-        while mode is not None and mode is not ProtectionMode.BEST_EFFORT:
+        for mode in relax_ladder(plan.mode, soft):
+            if mode is ProtectionMode.BEST_EFFORT:
+                self._planned(mode)  # plain prefix caching: the connector holds nothing
+                return
             ttl = plan.ttl_s if mode in _TTL_MODES else None
             if mode is ProtectionMode.EXPIRING and ttl is None:
                 ttl = self.planner.policy.default_ttl_s
@@ -607,9 +609,6 @@ class AgentClaimsVllmPolicy(SessionPipeline):
                 self._planned(mode)
                 wf.held[node] = HeldClaim(cid, hashes, mode)
                 return
-            mode = relax_mode(mode, soft)
-        if mode is ProtectionMode.BEST_EFFORT:
-            self._planned(mode)  # plain prefix caching: the connector holds nothing
 
     def _release(self, wf: TraceWorkflow, node: str) -> None:
         held = wf.held.pop(node, None)

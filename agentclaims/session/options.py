@@ -1,29 +1,49 @@
-"""``SessionOptions``: the keyword options of a ``ClaimedSession``, as one typed dict.
+"""``SessionOptions``: the keyword options of a ``ClaimedSession``, as one typed dict, and
+``check_options``, the one place they are checked.
 
 ``claimed_session(target, backend=..., **options)`` and ``ClaimedGraph.session(**overrides)``
 take them as ``**options: Unpack[SessionOptions]``, so a type checker knows every option's name
 and type; at run time an unknown name raises ``UnknownNameError`` and a bad value
-``UsageError`` when the workflow is decorated, not at its first run. Every option is optional;
-its default is ``ClaimedSession``'s.
+``UsageError`` when the workflow is decorated, not at its first run (``check_options``, which
+``ClaimedSession`` runs too). Every option is optional; its default is ``ClaimedSession``'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO, TypedDict
 
-from agentclaims.errors import UnknownNameError
+from agentclaims.errors import UnknownNameError, UsageError
+from agentclaims.graph import AgentExecutionGraph, ToolTimeModel
+from agentclaims.planner import ClaimPlanner, PlannerPolicy
+from agentclaims.session.reactions import ReactionPolicy
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
-    from agentclaims.graph import AgentExecutionGraph, ToolTimeModel
-    from agentclaims.planner import ClaimPlanner, PlannerPolicy
-    from agentclaims.session.reactions import ReactionPolicy
-    from agentclaims.session.session import Sleep
+    from agentclaims.backends.base import Backend
+    from agentclaims.backends.pool import BackendPool
 
-__all__ = ["SessionOptions", "check_option_names"]
+__all__ = [
+    "AUTO_PLANNER",
+    "CheckedOptions",
+    "SessionOptions",
+    "Sleep",
+    "check_option_names",
+    "check_options",
+]
+
+Sleep = Callable[[float], Awaitable[None]]
+
+AUTO_PLANNER = "auto"
+"""The default ``planner``: the preset follows what the backend says it does
+(``ClaimedSession._follow_backend``)."""
+UNRANKED = "default"
+"""The preset ``auto`` plans with until the backend's descriptor says otherwise."""
 
 
 class SessionOptions(TypedDict, total=False):
@@ -84,3 +104,134 @@ def check_option_names(options: Mapping[str, object]) -> None:
     for name in options:
         if name not in SessionOptions.__optional_keys__:
             raise UnknownNameError("option", name, known)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedOptions:
+    """A session's options, checked and with their defaults: what ``ClaimedSession`` is built
+    from. ``planner`` and ``reaction`` are objects (a name became its preset); ``auto_planner``
+    says the planner follows the backend."""
+
+    pool: BackendPool | None
+    backend: Backend | None
+    workflow_id: str | None
+    thread_id: str | None
+    graph: AgentExecutionGraph
+    planner: ClaimPlanner
+    auto_planner: bool
+    reaction: ReactionPolicy
+    tool_times: ToolTimeModel
+    log_dir: Path | None
+    log_stream: TextIO | None
+    horizon: int
+    reload_s_per_block: float
+    queue_delay_s: float
+    sleep: Sleep
+    clock: Callable[[], float]
+    tracing: bool | None
+    tracer_provider: TracerProvider | None
+
+
+def check_options(backend: object, options: SessionOptions) -> CheckedOptions:
+    """Every option checked (an unknown name: ``UnknownNameError``; a bad value:
+    ``UsageError`` naming it), with the defaults filled in."""
+    from agentclaims.backends.pool import BackendPool
+
+    check_option_names(options)
+    o = options
+    tracing, tracer_provider = o.get("tracing"), o.get("tracer_provider")
+    _check_tracing(tracing, tracer_provider)
+    pool = backend if isinstance(backend, BackendPool) else None
+    if pool is None and not _looks_like_backend(backend):
+        raise UsageError("backend", f"expected a Backend or BackendPool, got {backend!r}")
+    for name in ("workflow_id", "thread_id"):
+        value = o.get(name)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise UsageError(name, f"must be a non-empty string, got {value!r}")
+    graph = o.get("graph")
+    if graph is not None and not isinstance(graph, AgentExecutionGraph):
+        raise UsageError("graph", f"expected an AgentExecutionGraph, got {type(graph).__name__}")
+    horizon = o.get("horizon", 4)
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+        raise UsageError("horizon", f"must be an integer >= 1, got {horizon!r}")
+    reload_s = o.get("reload_s_per_block", 0.002)
+    queue_s = o.get("queue_delay_s", 0.05)
+    for name, number in (("reload_s_per_block", reload_s), ("queue_delay_s", queue_s)):
+        if not isinstance(number, int | float) or number < 0:
+            raise UsageError(name, f"must be a number >= 0, got {number!r}")
+    planner, auto = _planner(o.get("planner", AUTO_PLANNER))
+    reaction = o.get("reaction", "defer")
+    if isinstance(reaction, str):
+        reaction = ReactionPolicy.named(reaction)
+    elif not isinstance(reaction, ReactionPolicy):
+        raise UsageError(
+            "reaction", f"expected a reaction name or ReactionPolicy, got {reaction!r}"
+        )
+    log_dir = o.get("log_dir")
+    return CheckedOptions(
+        pool=pool,
+        backend=None if pool is not None else backend,  # type: ignore[arg-type]
+        workflow_id=o.get("workflow_id"),
+        thread_id=o.get("thread_id"),
+        graph=graph if graph is not None else AgentExecutionGraph(),
+        planner=planner,
+        auto_planner=auto,
+        reaction=reaction,
+        tool_times=o.get("tool_times") or ToolTimeModel(prior_mean_s=0.1),
+        log_dir=None if log_dir is None else Path(log_dir),
+        log_stream=o.get("log_stream"),
+        horizon=horizon,
+        reload_s_per_block=reload_s,
+        queue_delay_s=queue_s,
+        sleep=o.get("sleep", asyncio.sleep),
+        clock=o.get("clock", time.monotonic),
+        tracing=tracing,
+        tracer_provider=tracer_provider,
+    )
+
+
+def _planner(planner: object) -> tuple[ClaimPlanner, bool]:
+    """The planner object of the ``planner`` option, and whether it follows the backend."""
+    auto = planner == AUTO_PLANNER
+    if isinstance(planner, str):
+        if not auto and planner not in PlannerPolicy.preset_names():
+            raise UnknownNameError(
+                "planner policy", planner, [AUTO_PLANNER, *PlannerPolicy.preset_names()]
+            )
+        return ClaimPlanner(PlannerPolicy.named(UNRANKED if auto else planner)), auto
+    if isinstance(planner, PlannerPolicy):
+        return ClaimPlanner(planner), False
+    if isinstance(planner, ClaimPlanner):
+        return planner, False
+    raise UsageError(
+        "planner", f"expected a policy name, PlannerPolicy or ClaimPlanner, got {planner!r}"
+    )
+
+
+def _check_tracing(tracing: object, tracer_provider: object) -> None:
+    """``tracing`` is ``None``, ``True`` or ``False`` (``True`` needs the OpenTelemetry API);
+    ``tracer_provider`` is ``None`` or has ``get_tracer``."""
+    if tracing is not None and not isinstance(tracing, bool):
+        raise UsageError(
+            "tracing", f"must be True, False or None (on when a provider is set), got {tracing!r}"
+        )
+    if tracer_provider is not None and not callable(getattr(tracer_provider, "get_tracer", None)):
+        raise UsageError(
+            "tracer_provider",
+            f"expected an OpenTelemetry TracerProvider, got {type(tracer_provider).__name__}",
+        )
+    if tracing is True:
+        try:
+            import opentelemetry.trace  # noqa: F401
+        except ImportError as exc:
+            raise UsageError(
+                "tracing",
+                "tracing=True needs the OpenTelemetry API, which is not installed: "
+                "pip install 'agentclaims[otel]' (and an OpenTelemetry SDK with an exporter)",
+            ) from exc
+
+
+def _looks_like_backend(obj: object) -> bool:
+    return all(
+        hasattr(obj, name) for name in ("submit_claim", "release_claim", "http_client", "name")
+    )

@@ -19,7 +19,7 @@ import itertools
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +35,7 @@ from agentclaims.errors import (
 )
 from agentclaims.graph import AgentExecutionGraph, ToolTimeModel
 from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_mode
-from agentclaims.protocol import SEQUENCE_OBJECT, ActiveOutcome, ClaimsProtocol
+from agentclaims.protocol import SEQUENCE_OBJECT, ActiveOutcome
 from agentclaims.session.claims import (
     PIN_MODES,
     ClaimIO,
@@ -43,7 +43,15 @@ from agentclaims.session.claims import (
     HeldClaim,
     protects_at_least,
 )
+from agentclaims.session.options import (
+    AUTO_PLANNER,
+    UNRANKED,
+    SessionOptions,
+    Sleep,
+    check_options,
+)
 from agentclaims.session.reactions import ReactionPolicy
+from agentclaims.session.route import SessionRoute
 from agentclaims.session.toolhold import Wanted, hold_for_tool
 from agentclaims.session.workflow import WorkflowModel, wait_key
 
@@ -68,10 +76,7 @@ __all__ = [
 END_REASONS = ("completed", "error", "cancelled", "closed")
 """How a session's run ended (``ClaimedSession.end_reason``, ``session_ended.reason``)."""
 
-AUTO_PLANNER = "auto"
-"""The default ``planner``: the preset follows what the backend says it does
-(``ClaimedSession._follow_backend``)."""
-_RANKED, _HELD, _UNRANKED = "ranked", "held", "default"
+_RANKED, _HELD, _UNRANKED = "ranked", "held", UNRANKED
 """What ``auto`` plans on a backend that ranks by reuse hints, on one that sheds holds by
 their hints and takes claims riding on requests, and on any other."""
 
@@ -109,9 +114,6 @@ class ToolRun:
     held: HeldClaim | None
     started: float
     error: str | None = None
-
-
-Sleep = Callable[[float], Awaitable[None]]
 
 
 def current_session() -> ClaimedSession | None:
@@ -182,76 +184,50 @@ class ClaimedSession:
         tracing: bool | None = None,
         tracer_provider: TracerProvider | None = None,
     ) -> None:
-        from agentclaims.backends.pool import BackendPool
-
-        _check_tracing(tracing, tracer_provider)
-
-        if isinstance(backend, BackendPool):
-            self.pool: BackendPool | None = backend
-        elif _looks_like_backend(backend):
-            self.pool = None
-        else:
-            raise UsageError("backend", f"expected a Backend or BackendPool, got {backend!r}")
-        if workflow_id is not None and (not isinstance(workflow_id, str) or not workflow_id):
-            raise UsageError("workflow_id", f"must be a non-empty string, got {workflow_id!r}")
-        if thread_id is not None and (not isinstance(thread_id, str) or not thread_id):
-            raise UsageError("thread_id", f"must be a non-empty string, got {thread_id!r}")
-        if graph is not None and not isinstance(graph, AgentExecutionGraph):
-            raise UsageError(
-                "graph", f"expected an AgentExecutionGraph, got {type(graph).__name__}"
-            )
-        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
-            raise UsageError("horizon", f"must be an integer >= 1, got {horizon!r}")
-        for name, value in (
-            ("reload_s_per_block", reload_s_per_block),
-            ("queue_delay_s", queue_delay_s),
-        ):
-            if not isinstance(value, int | float) or value < 0:
-                raise UsageError(name, f"must be a number >= 0, got {value!r}")
-        self._auto_planner = planner == AUTO_PLANNER
-        """The planner follows the backend: ``ranked`` where it ranks by hints, else
-        ``default`` (until the backend's descriptor is read, ``default``)."""
+        o = check_options(
+            backend,
+            SessionOptions(
+                workflow_id=workflow_id,
+                thread_id=thread_id,
+                graph=graph,
+                planner=planner,
+                reaction=reaction,
+                tool_times=tool_times,
+                log_dir=log_dir,
+                log_stream=log_stream,
+                horizon=horizon,
+                reload_s_per_block=reload_s_per_block,
+                queue_delay_s=queue_delay_s,
+                sleep=sleep,
+                clock=clock,
+                tracing=tracing,
+                tracer_provider=tracer_provider,
+            ),
+        )
+        self._auto_planner = o.auto_planner
+        """The planner follows the backend: ``ranked`` where it ranks by hints, ``held``
+        where it sheds holds by their hints and claims ride on its requests, else ``default``
+        (until the backend's descriptor is read, ``default``)."""
         self._ranking: str | None = None
         """With ``auto``: the preset the backend last read called for (``None``: not read)."""
-        if isinstance(planner, str):
-            if planner != AUTO_PLANNER and planner not in PlannerPolicy.preset_names():
-                raise UnknownNameError(
-                    "planner policy", planner, [AUTO_PLANNER, *PlannerPolicy.preset_names()]
-                )
-            planner = ClaimPlanner(
-                PlannerPolicy.named(_UNRANKED if self._auto_planner else planner)
-            )
-        elif isinstance(planner, PlannerPolicy):
-            planner = ClaimPlanner(planner)
-        elif not isinstance(planner, ClaimPlanner):
-            raise UsageError(
-                "planner", f"expected a policy name, PlannerPolicy or ClaimPlanner, got {planner!r}"
-            )
-        if isinstance(reaction, str):
-            reaction = ReactionPolicy.named(reaction)
-        elif not isinstance(reaction, ReactionPolicy):
-            raise UsageError(
-                "reaction", f"expected a reaction name or ReactionPolicy, got {reaction!r}"
-            )
-
-        self.workflow_id = workflow_id or f"wf-{uuid.uuid4().hex[:12]}"
+        self.workflow_id = o.workflow_id or f"wf-{uuid.uuid4().hex[:12]}"
         self.session_id = f"s-{uuid.uuid4().hex[:12]}"
-        self.thread_id = thread_id
+        self.thread_id = o.thread_id
         """The conversation the run belongs to (LangGraph's ``configurable.thread_id``): on
         every log line, so the turns of one thread can be linked."""
         self.owner_scope = OwnerScope(f"workflow:{self.workflow_id}")
-        self.planner = planner
-        self.reaction = reaction
-        self.sleep = sleep
-        self.clock = clock
+        self.planner = planner = o.planner
+        self.reaction = reaction = o.reaction
+        self.sleep = o.sleep
+        self.clock = clock = o.clock
         self.stats = SessionStats()
         self.workflow = WorkflowModel(
-            graph if graph is not None else AgentExecutionGraph(),
+            o.graph,
             planner,
-            tool_times or ToolTimeModel(prior_mean_s=0.1),
-            horizon=horizon,
-            reload_s_per_block=reload_s_per_block,
-            queue_delay_s=queue_delay_s,
+            o.tool_times,
+            horizon=o.horizon,
+            reload_s_per_block=o.reload_s_per_block,
+            queue_delay_s=o.queue_delay_s,
             clock=clock,
         )
         self.io = ClaimIO(
@@ -263,14 +239,13 @@ class ClaimedSession:
             clock,
             lambda: self.log,
         )
-        self._backend: Backend | None = None if self.pool is not None else backend  # type: ignore[assignment]
-        self._moved: str | None = None
-        """``reroute`` or ``failover`` until the next call has been logged."""
-        self._log_dir = None if log_dir is None else Path(log_dir)
-        self._log_stream = log_stream
+        self.route = SessionRoute(self.session_id, o.pool, o.backend)
+        """Where the session's calls and claims go (its backend, pool or fleet)."""
+        self._log_dir = o.log_dir
+        self._log_stream = o.log_stream
         self.log: WorkflowLog | None = None
-        self._tracing = tracing
-        self._tracer_provider = tracer_provider
+        self._tracing = o.tracing
+        self._tracer_provider = o.tracer_provider
         self.tracer: SessionTracer | None = None
         """The run's span builder while tracing (``agentclaims.observability.otel``)."""
         self._trace_token: Token[Context] | None = None
@@ -335,23 +310,18 @@ class ClaimedSession:
     @property
     def backend(self) -> Backend:
         """The backend this session's calls go to now (fixed, or the pool's affinity choice)."""
-        if self._backend is None:
-            assert self.pool is not None
-            self._backend = self.pool.assign(self.session_id)
-        return self._backend
+        return self.route.backend
 
-    def _backends(self) -> list[ClaimsProtocol]:
-        return list(self.pool.backends) if self.pool is not None else [self.backend]
-
-    def _backend_named(self, name: str) -> Backend:
-        return self.pool.get(name) if self.pool is not None else self.backend
+    @property
+    def pool(self) -> BackendPool | None:
+        """The pool (or fleet) the session's backend is chosen from, if any."""
+        return self.route.pool
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> ClaimedSession:
         if self._token is not None or self._closed:
             raise UsageError("session", "a ClaimedSession can be entered once")
-        if self.pool is not None:  # a pool with an admission window may make it wait
-            await self.pool.admit(self.session_id)
+        await self.route.admit()  # a pool with an admission window may make it wait
         try:
             if self._tracing_on():
                 from agentclaims.observability.otel import SessionTracer
@@ -370,8 +340,7 @@ class ClaimedSession:
                 )
         except BaseException:
             self.tracer = None
-            if self.pool is not None:  # not entered after all: its slot goes to the next one
-                self.pool.release(self.session_id)
+            self.route.leave()  # not entered after all: its slot goes to the next one
             raise
         self._started = self.clock()
         self.loop = asyncio.get_running_loop()
@@ -423,8 +392,7 @@ class ClaimedSession:
                 # a stream closed later runs this in another context (the token is not its
                 # own there): nothing is set in that context, so nothing needs resetting
                 _current.reset(self._token)
-            if self.pool is not None:
-                self.pool.release(self.session_id)  # its affinity no longer counts as load
+            self.route.leave()  # its affinity no longer counts as load
             self._log_session(
                 "session_ended",
                 reason=reason,
@@ -455,7 +423,7 @@ class ClaimedSession:
             await self.settle()
         finally:
             try:
-                await self._react(await self.io.take_events(self._backends()), lapses=False)
+                await self._react(await self.io.take_events(self.route.backends()), lapses=False)
             except ClaimHarmed as exc:
                 harmed = exc
             except BackendUnavailable:
@@ -464,14 +432,14 @@ class ClaimedSession:
                 held = list(self.io.held.values())
                 self.io.held.clear()
                 for claim in held:
-                    await self.io.release(self._backend_named(claim.backend), claim, reason)
+                    await self.io.release(self.route.named(claim.backend), claim, reason)
                 waiting, self.io.releasing = self.io.releasing, []
                 for claim in waiting:  # no call of this session will carry them now
                     await self.io.release(
-                        self._backend_named(claim.backend), claim, claim.end_reason or reason
+                        self.route.named(claim.backend), claim, claim.end_reason or reason
                     )
                 with contextlib.suppress(BackendUnavailable):
-                    await self.io.take_events(self._backends())
+                    await self.io.take_events(self.route.backends())
         if harmed is not None:
             raise harmed
 
@@ -621,10 +589,9 @@ class ClaimedSession:
         self.note_call(retried=pressed)
         prefix_ids = extension.get("prefix_ids") or {}
         sequence = prefix_ids.get("sequence") or prefix_ids.get("prompt")
-        if self.pool is not None:
-            self.pool.observe_call(
-                prompt_tokens=prompt, cached_tokens=min(cached, prompt), pressed=pressed
-            )
+        self.route.observe_call(
+            prompt_tokens=prompt, cached_tokens=min(cached, prompt), pressed=pressed
+        )
         ste = self.workflow.near_ste(node)
         step = self.workflow.after_call(node, tool_names)
         if self.log is not None:
@@ -643,7 +610,7 @@ class ClaimedSession:
                 model=model if isinstance(model, str) and model else None,
                 completion_tokens=completion if isinstance(completion, int) else None,
                 **({"deferred_s": round(held_back, 6)} if held_back > 0 else {}),
-                **self._hop_fields(),
+                **self.route.hop_fields(),
             )
         previous = self._background
         riding = self._riding.pop(call_id or "", None)
@@ -716,7 +683,7 @@ class ClaimedSession:
             hint = self.workflow.reuse_hint(node, ctx, tool=wait_key(node, tool_names))
             await self._hold(node, PrefixId(prefix_id), plan, ctx, hint)
         if old is not None:
-            await self.io.release(self._backend_named(old.backend), old, "superseded")
+            await self.io.release(self.route.named(old.backend), old, "superseded")
 
     async def _after_riding(
         self,
@@ -733,7 +700,7 @@ class ClaimedSession:
         relaxed one mode down and claimed on its own; a call that carried none gets the claim
         its reply calls for on its own (``_replan``)."""
         self.io.released_with_call(riding.releases, extension)
-        backend = self._backend_named(riding.backend)
+        backend = self.route.named(riding.backend)
         if riding.claim_id is None or riding.plan is None:
             await self._replan(node, prefix_id, tool_names)
             return
@@ -810,7 +777,7 @@ class ClaimedSession:
         held = {n: (h.prefix_id, h.plan) for n, h in self.io.held.items()}
         for other in self.workflow.to_release(held, node):
             claim = self.io.held.pop(other)
-            backend = self._backend_named(claim.backend)
+            backend = self.route.named(claim.backend)
             pin = claim.plan.mode in PIN_MODES
             if not pin and await self.io.rides(backend):
                 self.io.let_go(claim, "reuse_unlikely")  # with the next call there
@@ -819,12 +786,11 @@ class ClaimedSession:
 
     async def _take_events(self) -> None:
         """Take this session's new events and react to what they did to its claims."""
-        await self._react(await self.io.take_events(self._backends()))
+        await self._react(await self.io.take_events(self.route.backends()))
 
     async def _react(self, taken: EventOutcomes, *, lapses: bool = True) -> None:
         for held, ev in taken.harmed:
-            if self.pool is not None:
-                self.pool.observe_harm()
+            self.route.observe_harm()
             if self.io.held.get(held.node) is held:
                 del self.io.held[held.node]
                 held.end_reason = "harmed"
@@ -849,7 +815,7 @@ class ClaimedSession:
 
     async def _lapsed(self, held: HeldClaim, what: str) -> None:
         """A held claim was demoted or expired while its node still waits on its prefix."""
-        backend = self._backend_named(held.backend)
+        backend = self.route.named(held.backend)
         policy = self.reaction.on_lapsed
         if policy == "renew" and held.plan.ttl_s is not None:
             if await self.io.renew(backend, held, held.plan.ttl_s):
@@ -890,58 +856,35 @@ class ClaimedSession:
     async def reroute(self, outcome: ActiveOutcome) -> bool:
         """Move to another member of the pool (its prefixes resident there first), releasing
         this session's claims on the old one; False without a pool or another member."""
-        if self.pool is None:
-            return False
         old = self.backend
-        prefixes = [h.prefix_id for h in self.io.held.values()]
-        new = await self.pool.reroute(self.session_id, prefixes)
+        new = await self.route.reroute([h.prefix_id for h in self.io.held.values()])
         if new is None:
             return False
         await self.release_all(reason="rerouted")
-        self._backend = new
-        self._moved = "reroute"
         self.stats.reroutes += 1
         self.log_reaction(
             "reroute", outcome=outcome.to_dict(), from_backend=old.name, to_backend=new.name
         )
         return True
 
-    def _hop_fields(self) -> dict[str, Any]:
-        """On the first call after a reroute or failover: which (its prefix is computed again
-        on the new instance: ``recomputed_tokens`` says how much); behind a router, the
-        instance that answered."""
-        out: dict[str, Any] = {}
-        instance = getattr(self.backend, "instance", None)
-        if isinstance(instance, str):
-            out["instance"] = instance
-        if self._moved is not None:
-            out["after"], self._moved = self._moved, None
-        return out
-
     async def failover(self, reason: str) -> bool:
         """The instance serving this session stopped answering (a fleet behind a router):
         report its claims lost (never silently: ``claim_ended`` with reason ``instance_lost``
         and a ``failover`` reaction naming them), then go on under a new routing key, where
         the next calls re-plan them. False without a fleet, or once out of hops."""
-        from agentclaims.backends.fleet import FleetBackend
-
-        pool = self.pool
-        if not isinstance(pool, FleetBackend):
+        moved = await self.route.failover()
+        if moved is None:
             return False
-        instance = pool.instance_of(self.session_id)
-        new = await pool.reroute(self.session_id, failover=True)
-        if new is None:
-            return False
+        instance, new = moved
         await self.sleep(min(2.0, 0.25 * new.hop))  # give the router's health check a moment
-        self._backend = new
-        self._lose_instance(pool, instance, reason, to_backend=new.name)
+        self._lose_instance(instance, reason, to_backend=new.name)
         return True
 
-    def _lose_instance(self, pool: Any, instance: str | None, reason: str, **where: Any) -> None:
+    def _lose_instance(self, instance: str | None, reason: str, **where: Any) -> None:
         """Every claim this session had on ``instance`` (gone) ended ``instance_lost``: those
         it held, and those it let go whose release the instance never confirmed; one
         ``reaction_failover`` line names them."""
-        gone = set(pool.lose_instance(instance)) if instance is not None else set()
+        gone = self.route.lost_on(instance)
         lost = [h for h in self.io.held.values() if h.claim_id in gone]
         for held in lost:
             self.io.lose(held, "instance_lost")
@@ -957,7 +900,6 @@ class ClaimedSession:
             held.end_reason = "instance_lost"
         lost += [h for h in unconfirmed if h not in lost]
         self.io.forget(self.backend.name)  # the next instance's cache identity is its own
-        self._moved = "failover"
         self.stats.reroutes += 1
         self.log_reaction(
             "failover",
@@ -970,17 +912,11 @@ class ClaimedSession:
     def _follow_instance(self) -> None:
         """Behind a router: if the router itself moved this session to another instance (it
         ejected a dead worker and kept the key), its claims there are lost: say so."""
-        take = getattr(self.backend, "take_move", None)
-        if not callable(take):
-            return
-        move = take()
+        move = self.route.take_move()
         if move is not None:
             old, new = move
             self._lose_instance(
-                self.pool,
-                old,
-                "the router moved the session to another instance",
-                to_instance=new,
+                old, "the router moved the session to another instance", to_instance=new
             )
 
     async def relax_claims(self, claim_ids: Sequence[str]) -> int:
@@ -1002,7 +938,7 @@ class ClaimedSession:
         assert held.plan.mode is not None
         weaker = relax_mode(held.plan.mode, self.io.policy.soft_mode)
         del self.io.held[node]
-        await self.io.release(self._backend_named(held.backend), held, "relaxed")
+        await self.io.release(self.route.named(held.backend), held, "relaxed")
         self.stats.claims_relaxed += 1
         self.log_reaction(
             "relax",
@@ -1080,35 +1016,6 @@ class ClaimedSession:
     def log_reaction(self, kind: str, **fields: Any) -> None:
         """Write a reaction (defer, reroute, relax, fail, ...) to the outcome log, if any."""
         self.io.log_reaction(kind, **fields)
-
-
-def _check_tracing(tracing: object, tracer_provider: object) -> None:
-    """``tracing`` is ``None``, ``True`` or ``False`` (``True`` needs the OpenTelemetry API);
-    ``tracer_provider`` is ``None`` or has ``get_tracer``."""
-    if tracing is not None and not isinstance(tracing, bool):
-        raise UsageError(
-            "tracing", f"must be True, False or None (on when a provider is set), got {tracing!r}"
-        )
-    if tracer_provider is not None and not callable(getattr(tracer_provider, "get_tracer", None)):
-        raise UsageError(
-            "tracer_provider",
-            f"expected an OpenTelemetry TracerProvider, got {type(tracer_provider).__name__}",
-        )
-    if tracing is True:
-        try:
-            import opentelemetry.trace  # noqa: F401
-        except ImportError as exc:
-            raise UsageError(
-                "tracing",
-                "tracing=True needs the OpenTelemetry API, which is not installed: "
-                "pip install 'agentclaims[otel]' (and an OpenTelemetry SDK with an exporter)",
-            ) from exc
-
-
-def _looks_like_backend(obj: object) -> bool:
-    return all(
-        hasattr(obj, name) for name in ("submit_claim", "release_claim", "http_client", "name")
-    )
 
 
 def _claim_error_in(exc: BaseException | None) -> ClaimOutcomeError | BackendUnavailable | None:

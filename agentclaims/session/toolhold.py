@@ -58,7 +58,7 @@ async def hold_for_tool(
         problem, reason = "refused", wanted.refusal or io.last_refusal or "refused"
         del session.wanted[agent]  # reacted to once (parallel tool calls do not wait again)
     elif held is not None and held.plan.ttl_s is not None and want_ttl > held.plan.ttl_s:
-        if await io.renew(session._backend_named(held.backend), held, want_ttl):
+        if await io.renew(session.route.named(held.backend), held, want_ttl):
             return held
         problem, reason = "renewal_refused", io.last_refusal or "renewal refused"
     else:
@@ -122,7 +122,7 @@ async def _swap(
     session.io.held[agent] = new
     session.wanted.pop(agent, None)
     if old is not None and old is not new:
-        await session.io.release(session._backend_named(old.backend), old, reason)
+        await session.io.release(session.route.named(old.backend), old, reason)
     return new
 
 
@@ -155,7 +155,7 @@ async def _defer(case: _Case) -> HeldClaim | None:
         await session.sleep(delay)
         waited += delay
         if problem == "renewal_refused" and held is not None:
-            if await io.renew(session._backend_named(held.backend), held, want_ttl):
+            if await io.renew(session.route.named(held.backend), held, want_ttl):
                 _record(session, True)
                 return held
         else:
@@ -211,13 +211,13 @@ async def _relax(case: _Case) -> HeldClaim | None:
 async def _reroute(case: _Case) -> HeldClaim | None:
     """Move to a pool member that accepts the claim; ``None`` when none does (or no pool)."""
     session, agent, fields = case.session, case.agent, case.fields
-    pool = session.pool
+    route = session.route
     again = _plan_for(case.held, case.wanted, case.want_ttl)
-    if pool is None or again is None:
+    if route.pool is None or again is None:
         return None
     prefix_id, plan, ctx = again
     old = session.backend
-    for candidate in await pool.candidates(session.session_id, [prefix_id]):
+    for candidate in await route.candidates([prefix_id]):
         try:
             new = await session.io.submit(candidate, agent, prefix_id, plan, ctx, strict=True)
         except (UsageError, BackendError):  # e.g. the prefix is unknown there
@@ -226,9 +226,8 @@ async def _reroute(case: _Case) -> HeldClaim | None:
             break
     else:
         return None
-    new_backend = pool.move(session.session_id, candidate.name)
     await session.release_all(reason="rerouted")
-    session._backend = new_backend
+    new_backend = route.move_to(candidate.name)
     session.io.held[agent] = new
     session.wanted.pop(agent, None)
     session.stats.reroutes += 1
