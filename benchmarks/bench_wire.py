@@ -40,7 +40,12 @@ CLAIM = {
     "footprint_blocks": 12,
     "protection_mode": "demotable",
     "ttl_s": 2.5,
-    "reuse_hint": {"agent": "researcher", "wait_class": "tool", "tool": "search", "expected_s": 1.8},
+    "reuse_hint": {
+        "agent": "researcher",
+        "wait_class": "tool",
+        "tool": "search",
+        "expected_s": 1.8,
+    },
 }
 
 
@@ -135,9 +140,9 @@ def main() -> None:
 
     spec = ClaimSpec.from_dict(CLAIM)
     pspec = PClaim.model_validate(CLAIM)
-    assert spec.protection_mode is ProtectionMode.DEMOTABLE and isinstance(
-        spec.cache_identity, CacheIdentity
-    )
+    assert spec.protection_mode is ProtectionMode.DEMOTABLE
+    assert isinstance(spec.cache_identity, CacheIdentity)
+    assert pspec.cache_identity.model_dump(exclude_none=True) == spec.cache_identity.to_dict()
     outcome = ActiveOutcome.from_dict(
         {"request_id": "r-1", "action": "serve_active_preserve_resident", "feasibility": "feasible"}
     )
