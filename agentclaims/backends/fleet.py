@@ -32,19 +32,17 @@ import httpx2
 from agentclaims.backends.base import Backend
 from agentclaims.backends.http import HTTPBackend
 from agentclaims.backends.pool import BackendPool
-from agentclaims.contract import BlockHash, ClaimId, ClaimSpec, OwnerScope, PrefixId
+from agentclaims.contract import BlockHash, ClaimId, ClaimSpec, PrefixId
 from agentclaims.errors import BackendUnavailable, UnknownClaim, UsageError
 from agentclaims.protocol import (
     EXTENSION_KEY,
     INSTANCE_HEADER,
     INSTANCE_URL_HEADER,
-    RENEW_AS_IS,
     ROUTER_SAFE_HEADER,
     ClaimDecision,
-    ClaimView,
     Descriptor,
     EventPage,
-    Renewal,
+    ForwardsClaims,
 )
 
 __all__ = ["FleetBackend", "RoutedBackend"]
@@ -53,7 +51,7 @@ SESSION_HEADER = "X-Session-ID"
 """The routing key vllm-router reads first."""
 
 
-class RoutedBackend(HTTPBackend):
+class RoutedBackend(ForwardsClaims, HTTPBackend):
     """One session's view of the fleet under one routing key: completions go to the router
     with the key, claims to the instance that answered them."""
 
@@ -135,16 +133,9 @@ class RoutedBackend(HTTPBackend):
         answered: its claim operations go there, and a failover of that instance ends it."""
         self.fleet._home[ClaimId(claim_id)] = self._here().name
 
-    async def get_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
-        return await self.fleet.get_claim(claim_id, owner_scope)
-
-    async def renew_claim(
-        self, claim_id: ClaimId, owner_scope: OwnerScope, renewal: Renewal = RENEW_AS_IS
-    ) -> ClaimView:
-        return await self.fleet.renew_claim(claim_id, owner_scope, renewal)
-
-    async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
-        return await self.fleet.release_claim(claim_id, owner_scope)
+    def claim_target(self, claim_id: ClaimId) -> Backend:
+        """The fleet member holding the claim (where the call that made it was answered)."""
+        return self.fleet.claim_target(claim_id)
 
     async def events(
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None
@@ -355,7 +346,8 @@ class FleetBackend(BackendPool):
         await self.aclose()
 
     # ------------------------------------------------------------------ claims protocol
-    def _holder(self, claim_id: ClaimId) -> HTTPBackend:
+    def claim_target(self, claim_id: ClaimId) -> HTTPBackend:
+        """The instance holding claim ``claim_id`` (where the call that made it went)."""
         name = self._home.get(claim_id)
         if name is None:
             raise UnknownClaim(claim_id)

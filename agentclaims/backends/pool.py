@@ -27,25 +27,22 @@ from agentclaims.contract import (
     ClaimEvent,
     ClaimId,
     ClaimSpec,
-    OwnerScope,
     PrefixId,
     ProtectionMode,
 )
 from agentclaims.errors import UnknownClaim, UsageError
 from agentclaims.protocol import (
-    RENEW_AS_IS,
     ClaimDecision,
-    ClaimView,
     Descriptor,
     EventPage,
-    Renewal,
+    ForwardsClaims,
     stated_class,
 )
 
 __all__ = ["BackendPool"]
 
 
-class BackendPool:
+class BackendPool(ForwardsClaims):
     """Several backends behind one name; ``assign`` keeps a session on one member."""
 
     admission: AdmissionWindow | None = None
@@ -157,7 +154,8 @@ class BackendPool:
             await backend.aclose()
 
     # ------------------------------------------------------------------ claims protocol
-    def _holder(self, claim_id: ClaimId) -> Backend:
+    def claim_target(self, claim_id: ClaimId) -> Backend:
+        """The member holding claim ``claim_id``."""
         name = self._home.get(claim_id)
         if name is None:
             raise UnknownClaim(claim_id)
@@ -171,17 +169,6 @@ class BackendPool:
         decision = await member.submit_claim(spec, block_hashes)
         self._home[spec.claim_id] = member.name
         return decision
-
-    async def get_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
-        return await self._holder(claim_id).get_claim(claim_id, owner_scope)
-
-    async def renew_claim(
-        self, claim_id: ClaimId, owner_scope: OwnerScope, renewal: Renewal = RENEW_AS_IS
-    ) -> ClaimView:
-        return await self._holder(claim_id).renew_claim(claim_id, owner_scope, renewal)
-
-    async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
-        return await self._holder(claim_id).release_claim(claim_id, owner_scope)
 
     async def events(
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None

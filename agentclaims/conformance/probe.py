@@ -17,6 +17,7 @@ from agentclaims.contract import (
     BlockHash,
     CacheIdentity,
     ClaimEvent,
+    ClaimId,
     ClaimSpec,
     ProtectionMode,
     prefix_id_of,
@@ -172,7 +173,7 @@ async def allocator_probe(
     )
     active = synthetic_blocks("probe-active", active_blocks)
     outcome = await serve(backend, PROBE_ACTIVE_REQUEST, active, admit=admit)
-    view = None if mode is None else await backend.get_claim(PROBE_CLAIM_ID, OWNER_SCOPE)
+    view = None if mode is None else await backend.get_claim(ClaimId(PROBE_CLAIM_ID), OWNER_SCOPE)
     return ProbeRecord(
         usable_blocks=usable_blocks,
         mode=mode,

@@ -41,6 +41,7 @@ from agentclaims.conformance.verdict import (
 from agentclaims.contract import (
     ArbiterAction,
     ClaimEvent,
+    ClaimId,
     ClaimState,
     ConformanceStatus,
     EventName,
@@ -210,7 +211,7 @@ async def level_l6(backend: Target) -> LevelResult:
     decision = await backend.submit_claim(
         claim_spec(claim_a, prefix, ProtectionMode.HARD_PROTECTED, identity), prefix
     )
-    view = await backend.get_claim(claim_a, OWNER_SCOPE)
+    view = await backend.get_claim(ClaimId(claim_a), OWNER_SCOPE)
     events = await backend.events(0)
     v.cite(*select_events(events, E.RESIDENT_CLAIM_ACCEPTED, claim_id=claim_a))
     materialized = select_events(events, E.RESIDENT_CLAIM_MATERIALIZED, claim_id=claim_a)
@@ -248,7 +249,7 @@ async def level_l6(backend: Target) -> LevelResult:
             before is True and after is False,
             f"harm says predicate before={before!r} after={after!r}",
         )
-    view = await backend.get_claim(claim_b, OWNER_SCOPE)
+    view = await backend.get_claim(ClaimId(claim_b), OWNER_SCOPE)
     v.require(view.state is ClaimState.HARMED, f"{claim_b} is {view.state}, expected harmed")
     return v.result(
         f"{n - 1} of {n} blocks survive, leading run 0: a late claim stays "
@@ -273,7 +274,7 @@ async def level_l7(backend: Target) -> LevelResult:
     active = synthetic_blocks("probe-active", PROBE_ACTIVE_BLOCKS)
     refused = await backend.begin(conflict, active)
     v.require(not refused.served, "the conflicting request was served over a hard claim")
-    await backend.release_claim(held, OWNER_SCOPE)
+    await backend.release_claim(ClaimId(held), OWNER_SCOPE)
     await serve(backend, "l7-after-release", active)
     lost = await lost_blocks(backend, resident)
 

@@ -48,6 +48,7 @@ from agentclaims.contract import (
     BlockHash,
     CacheIdentity,
     ClaimEvent,
+    ClaimId,
     ClaimState,
     ConformanceStatus,
     EventName,
@@ -390,7 +391,7 @@ async def level_l7(target: Target, pool: ServedPool) -> LevelResult:
     outcomes, _ = await run.burst("conflict", held_blocks)
     conflicts = sorted(str(o.request_id) for o in outcomes if not o.served)
     v.require(bool(conflicts), "no burst request was refused beside the hard claims")
-    await target.release_claim(held, OWNER_SCOPE)
+    await target.release_claim(ClaimId(held), OWNER_SCOPE)
     await run.pressure("after-release")
     lost = await lost_blocks(target, hashes)
     events = await run.events()

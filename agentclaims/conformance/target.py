@@ -19,6 +19,7 @@ from agentclaims.contract import (
     BlockHash,
     CacheIdentity,
     ClaimEvent,
+    ClaimId,
     ClaimSpec,
     OwnerScope,
     RequestId,
@@ -30,7 +31,7 @@ from agentclaims.protocol import (
     ActiveServing,
     ClaimDecision,
     ClaimsProtocol,
-    ClaimView,
+    ForwardsClaims,
     InstanceControl,
     collect_events,
 )
@@ -60,7 +61,7 @@ class ManualClock:
         self.now_ns += int(seconds * 1e9)
 
 
-class Target:
+class Target(ForwardsClaims):
     """The scenario-facing view of one backend. Every scenario starts with ``fresh``."""
 
     def __init__(self, backend: ClaimsProtocol) -> None:
@@ -112,11 +113,8 @@ class Target:
     ) -> ClaimDecision:
         return await self.backend.submit_claim(spec, block_hashes)
 
-    async def release_claim(self, claim_id: str, owner_scope: str) -> ClaimView:
-        return await self.backend.release_claim(claim_id, owner_scope)  # type: ignore[arg-type]
-
-    async def get_claim(self, claim_id: str, owner_scope: str) -> ClaimView:
-        return await self.backend.get_claim(claim_id, owner_scope)  # type: ignore[arg-type]
+    def claim_target(self, claim_id: ClaimId) -> ClaimsProtocol:
+        return self.backend
 
     async def step(self, n: int = 1) -> None:
         self._need(InstanceControl, "step")

@@ -21,6 +21,7 @@ from agentclaims.conformance.target import Target
 from agentclaims.contract import (
     SCHEMA_VERSION,
     ClaimEvent,
+    ClaimId,
     ConformanceStatus,
     EventName,
     LoweringClass,
@@ -197,7 +198,7 @@ async def check_replay(
         return False
     check_envelope(v, wire, usable_blocks)
     for cid in (held, mismatched):
-        view = await backend.get_claim(cid, OWNER_SCOPE)
+        view = await backend.get_claim(ClaimId(cid), OWNER_SCOPE)
         hist = rebuilt.get(cid)
         if not v.require(hist is not None, f"no event names claim {cid}"):
             continue

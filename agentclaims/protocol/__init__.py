@@ -25,6 +25,7 @@ from agentclaims.protocol.codec import (
     raise_for_error,
     refusal_error,
 )
+from agentclaims.protocol.forward import ForwardsClaims
 from agentclaims.protocol.types import (
     CLAIMS_RIDE_ON_REQUESTS,
     PROMPT_OBJECT,
@@ -71,6 +72,7 @@ __all__ = [
     "CompletionCall",
     "Descriptor",
     "EventPage",
+    "ForwardsClaims",
     "InstanceControl",
     "Renewal",
     "ReplyStream",

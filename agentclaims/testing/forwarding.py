@@ -13,23 +13,21 @@ from typing import Any
 from agentclaims.contract import BlockHash, CacheIdentity, ClaimId, ClaimSpec, OwnerScope, PrefixId
 from agentclaims.errors import OperationNotExposed
 from agentclaims.protocol import (
-    RENEW_AS_IS,
     ActiveRequest,
     ActiveServing,
     ClaimDecision,
     ClaimsProtocol,
-    ClaimView,
     Descriptor,
     EventPage,
+    ForwardsClaims,
     InstanceControl,
-    Renewal,
     ServeResult,
 )
 
 __all__ = ["ForwardingBackend"]
 
 
-class ForwardingBackend:
+class ForwardingBackend(ForwardsClaims):
     """Every operation of the claims protocol, passed to ``inner``."""
 
     def __init__(self, inner: ClaimsProtocol, *, name: str | None = None) -> None:
@@ -49,16 +47,8 @@ class ForwardingBackend:
     ) -> ClaimDecision:
         return await self.inner.submit_claim(spec, block_hashes)
 
-    async def get_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
-        return await self.inner.get_claim(claim_id, owner_scope)
-
-    async def renew_claim(
-        self, claim_id: ClaimId, owner_scope: OwnerScope, renewal: Renewal = RENEW_AS_IS
-    ) -> ClaimView:
-        return await self.inner.renew_claim(claim_id, owner_scope, renewal)
-
-    async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
-        return await self.inner.release_claim(claim_id, owner_scope)
+    def claim_target(self, claim_id: ClaimId) -> ClaimsProtocol:
+        return self.inner
 
     async def events(
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None
