@@ -32,14 +32,12 @@ residency is known only for held claims (an unheld prefix reports 0: fail closed
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import itertools
 import logging
 import re
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -59,7 +57,6 @@ from agentclaims.contract import (
     OwnerScope,
     PrefixId,
     RequestId,
-    prefix_id_of,
 )
 from agentclaims.engine.blocks import hash_token_blocks
 from agentclaims.errors import (
@@ -67,7 +64,6 @@ from agentclaims.errors import (
     BackendUnavailable,
     ContractViolation,
     OperationNotExposed,
-    ServiceUnavailable,
     UsageError,
 )
 from agentclaims.kernel import (
@@ -92,6 +88,7 @@ from agentclaims.protocol import (
     Written,
 )
 from agentclaims.vllm.client import ConnectorAnswer, ConnectorClient
+from agentclaims.vllm.liveness import EngineLiveness
 from agentclaims.vllm.mirror import ClaimMirror
 from agentclaims.vllm.observer import KVEventsObserver
 from agentclaims.vllm.payloads import (
@@ -102,6 +99,7 @@ from agentclaims.vllm.payloads import (
     prompt_ids,
     sequence_ids,
 )
+from agentclaims.vllm.prompts import PromptBook
 from agentclaims.vllm.riding import RidingOps
 from agentclaims.vllm.streamed import UpstreamStream
 from agentclaims.vllm.upstream import Upstream
@@ -169,9 +167,8 @@ class VllmKV:
         self._key = claims_key
         self._connector = ConnectorClient(self.upstream, claims_key, model="", client=self._http)
         """One client, one cursor on the connector's event stream, whatever the tenant."""
-        self._prefixes: OrderedDict[str, tuple[tuple[int, ...], str | None]] = OrderedDict()
-        """prefix id -> its tokens and the cache salt they were served under."""
-        self._max_prefixes = max_prefixes
+        self.prompts = PromptBook(block_size, max_prefixes)
+        """The prompts served here, by prefix id (their tokens and cache salt)."""
         self.run_id = uuid.uuid4().hex[:12]
         self._lock = asyncio.Lock()
         self.mirror = ClaimMirror(
@@ -211,11 +208,9 @@ class VllmKV:
         self._last_stored: tuple[BlockHash, ...] = ()
         self.completions = 0
         """Completions forwarded to vLLM for clients (streamed or not): the agents' calls."""
-        self.engine_dead: str | None = None
-        """Why vLLM's engine is known dead (its 500, a refused connection, ``/health`` 503):
-        every request answers 503 with it until a vLLM answers ``/health`` again."""
-        self._kv_events = kv_events
-        self._probed_at = 0.0
+        self.liveness = EngineLiveness(self._http, kv_events)
+        """Whether vLLM's engine is known dead (its 500, a refused connection, ``/health``
+        503): every request answers 503 with why until a vLLM answers ``/health`` again."""
         self._http.on_engine_dead = self._engine_died
         self.riding = RidingOps(float(ride_bound_s), self._send, self._absorb_locked, self._alive)
         """Claim operations waiting to ride on the next request to vLLM."""
@@ -227,11 +222,11 @@ class VllmKV:
         gateway's stream: no claim disappears silently. While vLLM's engine is dead: a
         ``BackendUnavailable`` naming why, until a vLLM answers again (then once more)."""
         started = self._started
-        if started is not None and started.done() and self.engine_dead is None:
+        if started is not None and started.done() and self.liveness.dead is None:
             started.result()  # every request asks: the started one returns at once
             return
-        if self.engine_dead is not None:
-            await self._revive()
+        if self.liveness.dead is not None:
+            await self.liveness.revive()
         if self._started is None:
             self._started = asyncio.ensure_future(self._revoke_orphans())
         await asyncio.shield(self._started)
@@ -252,6 +247,11 @@ class VllmKV:
         async with self._lock:
             self.mirror.absorb(answer)
 
+    @property
+    def engine_dead(self) -> str | None:
+        """Why vLLM's engine is known dead (``None`` while it is not)."""
+        return self.liveness.dead
+
     # ------------------------------------------------------------------ a dead engine
     def _engine_died(self, seen: str, refused: bool = False) -> None:
         """vLLM's engine is gone (``seen``: how the gateway knows; ``refused``: a refused
@@ -260,50 +260,17 @@ class VllmKV:
         ``backend_restart``: its blocks went with the engine; one not yet seen resident
         ``resident_claim_expired``, reason ``backend_restart``), and every request answers
         503 until a vLLM answers ``/health`` again."""
-        if self.engine_dead is not None:
+        if self.liveness.dead is not None:
             return
         if refused and not (
             self._started and self._started.done() and not self._started.exception()
         ):
             return  # never served here: nothing of it was known, nothing is lost
-        self.engine_dead = seen
+        detail = self.liveness.died(seen)
         self.riding.clear()  # its holds went with it
         self._started = None  # a vLLM that comes back is started afresh (orphans, pool, version)
-        self._probed_at = time.monotonic()
-        detail = self._dead_reason()
         log.error("agentclaims: %s; every claim on it ends (%s)", detail, BACKEND_RESTART)
         self.mirror.end_all(detail)
-
-    def _dead_reason(self) -> str:
-        """Why the engine is dead, with the signal where ``agentclaims vllm serve`` (its state
-        file beside the KV events endpoint) has named it."""
-        reason = f"vLLM's engine is dead ({self.engine_dead})"
-        if self._kv_events is not None:
-            from agentclaims.vllm.supervise import read_state
-
-            state = read_state(self._kv_events) or {}
-            if state.get("state") == "dead" and state.get("reason"):
-                reason += f": {state['reason']}"
-        return reason
-
-    async def _revive(self) -> None:
-        """While dead: ask vLLM's ``/health`` (at most once a second); a 200 means a vLLM is
-        back (a restart: nothing of the old one's claims survives), else 503 as before."""
-        now = time.monotonic()
-        if now - self._probed_at >= 1.0:
-            self._probed_at = now
-            with contextlib.suppress(BackendUnavailable):
-                status, _ = await self._http.request("GET", "/health", timeout_s=5.0)
-                if status == 200 and self.engine_dead is not None:
-                    log.warning("agentclaims: vLLM at %s answers again", self.upstream)
-                    self.engine_dead = None
-                    return
-        raise self._dead_error()
-
-    def _dead_error(self) -> ServiceUnavailable:
-        return ServiceUnavailable(
-            f"{self._dead_reason()}; every claim held there has ended ({BACKEND_RESTART})"
-        )
 
     async def _pool_blocks(self) -> int:
         """vLLM's KV blocks less its null block, from its ``/metrics`` (``cache_config_info``)."""
@@ -328,13 +295,13 @@ class VllmKV:
         except BackendUnavailable as exc:
             return {
                 "usable": False,
-                "detail": self._dead_reason() if self.engine_dead else str(exc),
+                "detail": self.liveness.reason() if self.liveness.dead else str(exc),
             }
         if status == 503:  # vLLM's answer for a dead engine (EngineDeadError)
             self._engine_died(f"vLLM at {self.upstream} /health: HTTP 503")
-        if self.engine_dead is not None:
+        if self.liveness.dead is not None:
             again = "; vLLM answers again" if status == 200 else ""
-            return {"usable": False, "detail": self._dead_reason() + again}
+            return {"usable": False, "detail": self.liveness.reason() + again}
         return {"usable": status == 200, "detail": f"vLLM /health: HTTP {status}"}
 
     async def _get(self, path: str) -> dict[str, Any]:
@@ -374,22 +341,6 @@ class VllmKV:
         return [int(t) for t in data["tokens"]]
 
     # ------------------------------------------------------------------ prefixes and events
-    def _register(
-        self, tokens: Sequence[int], salt: str | None, hashes: list[BlockHash] | None = None
-    ) -> tuple[list[BlockHash], str | None]:
-        """Remember ``tokens`` under their prefix id (``hashes``: their block hashes, when
-        already known): the hashes and the id (``None`` without a full block)."""
-        if hashes is None:
-            hashes = hash_token_blocks(tokens, self.block_size, cache_salt=salt)
-        if not hashes:
-            return hashes, None
-        pid = prefix_id_of(hashes)
-        self._prefixes[pid] = (tuple(tokens[: len(hashes) * self.block_size]), salt)
-        self._prefixes.move_to_end(pid)
-        while len(self._prefixes) > self._max_prefixes:
-            self._prefixes.popitem(last=False)
-        return hashes, pid
-
     # ------------------------------------------------------------------ completions
     # ------------------------------------------------------------------ ReplyWriter
     streams = True
@@ -441,8 +392,8 @@ class VllmKV:
             # vLLM closed the connection under the request (a dying API server does): ask its
             # /health, which says whether the engine is dead (503, or no vLLM listening)
             await self.health()
-            if self.engine_dead is not None:
-                raise self._dead_error() from None
+            if self.liveness.dead is not None:
+                raise self.liveness.error() from None
             raise
         if status != 200 or not isinstance(data, dict):
             self.riding.put_back(riding)  # it may not have reached the connector: again, harmlessly
@@ -457,8 +408,8 @@ class VllmKV:
         """The error vLLM's answer other than 200 is: the dead engine's, a 5xx, or vLLM
         refusing the request (a 400 the client can act on)."""
         message = (data.get("error") or {}).get("message") if isinstance(data, dict) else data
-        if self.engine_dead is not None:
-            return self._dead_error()
+        if self.liveness.dead is not None:
+            return self.liveness.error()
         if status >= 500:
             return BackendUnavailable(f"vLLM answered HTTP {status}: {message}")
         return UsageError("body", f"vLLM refused the request: {message}")
@@ -494,8 +445,8 @@ class VllmKV:
         except BackendUnavailable:
             self.riding.put_back(riding)
             await self.health()  # a dying server's refused connection: is the engine dead?
-            if self.engine_dead is not None:
-                raise self._dead_error() from None
+            if self.liveness.dead is not None:
+                raise self.liveness.error() from None
             raise
         if upstream.status != 200:
             self.riding.put_back(riding)
@@ -544,7 +495,7 @@ class VllmKV:
         prompt_pid: str | None = None
         async with self._lock:
             if tokens is not None:
-                hashes, prompt_pid = self._register(tokens, cache_salt)
+                hashes, prompt_pid = self.prompts.register(tokens, cache_salt)
             specs = self._resolve(claims, owner, prompt_pid, hashes)
         return tokens, hashes, prompt_pid, specs
 
@@ -575,7 +526,7 @@ class VllmKV:
             self.mirror.absorb(answer)
 
     def _alive(self) -> bool:
-        return self.engine_dead is None
+        return self.liveness.dead is None
 
     async def _release_now(self, claim_id: str, tenant: str) -> object:
         return await self._connector.operate([Release(claim_id)], tenant)
@@ -618,8 +569,10 @@ class VllmKV:
             await self._seen_stored([*hashes[:footprint], *(seq_hashes if on_reply else ())])
         async with self._lock:
             if tokens is not None and prompt_pid is None:
-                hashes, prompt_pid = self._register(tokens, cache_salt, hashes)
-            seq_pid = self._register(sequence, cache_salt, seq_hashes)[1] if sequence else None
+                hashes, prompt_pid = self.prompts.register(tokens, cache_salt, hashes)
+            seq_pid = (
+                self.prompts.register(sequence, cache_salt, seq_hashes)[1] if sequence else None
+            )
             specs = [
                 dataclasses.replace(spec, object_id=seq_pid, footprint_blocks=len(seq_hashes))
                 if spec.claim_id in on_reply and seq_pid is not None
@@ -764,7 +717,7 @@ class VllmKV:
         if mismatch is not None:
             async with self._lock:
                 return self.mirror.refuse(spec, mismatch, None)
-        known = self._prefixes.get(spec.object_id)
+        known = self.prompts.get(spec.object_id)
         if known is None:
             raise UsageError("object_id", f"unknown prefix {spec.object_id!r}: serve it first")
         reason = self._gated(spec)
@@ -810,7 +763,7 @@ class VllmKV:
         return self.mirror.view(claim)
 
     async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
-        if self.engine_dead is None:  # else its claims have all ended: nothing to hand back
+        if self.liveness.dead is None:  # else its claims have all ended: nothing to hand back
             await self.start()
         claim = self.mirror.owned(claim_id, owner_scope)
         if claim.held:  # the hand-back rides on the next request to vLLM (``_queue``)
@@ -822,7 +775,7 @@ class VllmKV:
     async def events(
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None
     ) -> EventPage:
-        if self.engine_dead is None:  # a dead engine's events stay readable: they say so
+        if self.liveness.dead is None:  # a dead engine's events stay readable: they say so
             await self.start()
             await self.riding.settle()
         if self.mirror.judging:
@@ -834,13 +787,13 @@ class VllmKV:
         """Leading blocks known resident: those vLLM's events show cached (with the observer),
         and those of held claims (unknown is 0: fail closed)."""
         out = dict.fromkeys(prefix_ids, 0)
-        if self.engine_dead is not None:
+        if self.liveness.dead is not None:
             return out  # its cache went with it
         await self.riding.settle()
         if self.observer is not None:
             await self._settle()
             for pid in out:
-                known = self._prefixes.get(pid)
+                known = self.prompts.get(pid)
                 if known is not None:
                     tokens, salt = known
                     hashes = hash_token_blocks(list(tokens), self.block_size, cache_salt=salt)
