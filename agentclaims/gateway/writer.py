@@ -17,11 +17,10 @@ from agentclaims.errors import UsageError
 from agentclaims.gateway.limits import Limits
 from agentclaims.gateway.text import Reply, TextRequest, TextSide
 from agentclaims.protocol import ActiveRequest, ActiveServing, ServeResult, Tokenizer
-from agentclaims.protocol.writer import CompletionCall, ReplyStream, Written
+from agentclaims.protocol.writer import CompletionCall, ReplyStream, Written, check_body
 
 __all__ = ["ScriptedWriter", "TokenizingKV"]
 
-_MAX_TOKEN_ID = 2**31
 _ID_PREFIX = {"chat": "chatcmpl", "completion": "cmpl"}
 _OBJECT = {"chat": "chat.completion", "completion": "text_completion"}
 
@@ -57,9 +56,8 @@ class ScriptedWriter:
     def prepare(self, call: CompletionCall) -> CompletionCall:
         """The body checked and tokenized (a message per segment), within the prompt limit."""
         body = call.body
+        check_body(call.kind, body)
         if call.kind == "chat":
-            _messages(body)
-            _tools(body)
             tok = self.tokenizer
             segments = tuple(tuple(tok.encode_message(m)) for m in body["messages"])
         else:
@@ -158,38 +156,9 @@ def _model(body: Mapping[str, Any]) -> str | None:
     return value
 
 
-def _messages(body: Mapping[str, Any]) -> None:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise UsageError("messages", "must be a non-empty list of messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping):
-            raise UsageError(f"messages[{i}]", f"expected an object, got {m!r}")
-
-
-def _tools(body: Mapping[str, Any]) -> None:
-    tools = body.get("tools")
-    tools = [] if tools is None else tools
-    if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
-        raise UsageError("tools", "must be a list of tool objects")
-
-
 def _prompt(body: Mapping[str, Any]) -> str | tuple[int, ...]:
-    """A completion's prompt: its text, or its token ids."""
-    prompt = body.get("prompt")
+    """A completion's prompt (``check_body`` checked it): its text, or its token ids."""
+    prompt = body["prompt"]
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
-    if isinstance(prompt, str) and prompt:
-        return prompt
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < _MAX_TOKEN_ID
-            for t in prompt
-        )
-    ):
-        return tuple(prompt)
-    raise UsageError(
-        "prompt", "must be a non-empty string (or one-string list) or a list of token ids"
-    )
+    return prompt if isinstance(prompt, str) else tuple(prompt)

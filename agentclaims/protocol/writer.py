@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from agentclaims.errors import UsageError
 from agentclaims.protocol.types import ServeResult
 
-__all__ = ["CompletionCall", "ReplyStream", "ReplyWriter", "Written"]
+__all__ = ["CompletionCall", "ReplyStream", "ReplyWriter", "Written", "check_body"]
 
 CompletionKind = Literal["chat", "completion"]
 
@@ -100,3 +101,38 @@ class ReplyWriter(Protocol):
     async def write(self, call: CompletionCall) -> Written: ...
 
     async def stream(self, call: CompletionCall) -> ReplyStream: ...
+
+
+def check_body(kind: str, body: Mapping[str, Any]) -> None:
+    """The shape every writer needs, checked before anything changes (a release the call
+    carries included): a chat's ``messages`` a non-empty list of objects and its ``tools`` a
+    list of objects; a completion's ``prompt`` a non-empty string, a one-string list or a list
+    of token ids."""
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise UsageError("messages", "must be a non-empty list of messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping):
+                raise UsageError(f"messages[{i}]", f"expected an object, got {m!r}")
+        tools = body.get("tools")
+        tools = [] if tools is None else tools
+        if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
+            raise UsageError("tools", "must be a list of tool objects")
+    elif kind == "completion":
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        ok = (isinstance(prompt, str) and prompt) or (
+            isinstance(prompt, list)
+            and prompt
+            and all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in prompt
+            )
+        )
+        if not ok:
+            raise UsageError(
+                "prompt", "must be a non-empty string (or one-string list) or a list of token ids"
+            )
+    else:
+        raise UsageError("kind", f"unknown completion kind {kind!r}")

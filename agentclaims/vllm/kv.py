@@ -87,6 +87,7 @@ from agentclaims.protocol import (
     ServeResult,
     Written,
 )
+from agentclaims.protocol.writer import check_body
 from agentclaims.vllm.client import ConnectorAnswer, ConnectorClient
 from agentclaims.vllm.liveness import EngineLiveness
 from agentclaims.vllm.mirror import ClaimMirror
@@ -351,9 +352,9 @@ class VllmKV:
         return self._model or "vllm"
 
     def prepare(self, call: CompletionCall) -> CompletionCall:
-        """vLLM checks the body itself (its 400 is the client's); the kind is checked here."""
-        if call.kind not in KINDS:
-            raise UsageError("kind", f"unknown completion kind {call.kind!r}")
+        """The body's shape checked here, before anything changes (a release it carries
+        included); vLLM checks the rest itself (its 400 is the client's)."""
+        check_body(call.kind, call.body)
         return call
 
     async def write(self, call: CompletionCall) -> Written:

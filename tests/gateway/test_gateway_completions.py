@@ -365,6 +365,35 @@ async def test_bad_completion_prompt_is_400(backend: EmbeddedBackend, body: dict
     assert resp.json()["error"]["field"] == "prompt"
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/chat/completions", {"messages": []}, "messages"),
+        ("/v1/chat/completions", {"messages": [SYSTEM], "tools": "search"}, "tools"),
+        ("/v1/completions", {"prompt": [1, -2]}, "prompt"),
+    ],
+)
+async def test_a_bad_body_lets_go_of_nothing_it_carries(
+    backend: EmbeddedBackend, path: str, body: dict[str, Any], field: str
+) -> None:
+    """A completion whose body is bad is refused before the claims it releases are let go:
+    the claim it names is still held, and no event was written."""
+    client = backend.http_client()
+    claim = {"claim_id": "keep-1", "object_id": "@prompt", "protection_mode": "hard_protected"}
+    held = await chat(client, [SYSTEM, user("hold this")], owner_scope="o", claims=[claim])
+    [decision] = held.json()["agentclaims"]["decisions"]
+    assert decision["state"] == "materialized"
+    before = (await client.get("/v1/events")).json()["last_seq"]
+    bad = await client.post(
+        path, json={**body, "agentclaims": {"owner_scope": "o", "release": ["keep-1"]}}
+    )
+    assert bad.status_code == 400
+    assert bad.json()["error"]["field"] == field
+    view = (await client.get("/v1/claims/keep-1", params={"owner_scope": "o"})).json()
+    assert view["state"] == "materialized", view
+    assert (await client.get("/v1/events")).json()["last_seq"] == before
+
+
 async def test_non_json_body_is_400(backend: EmbeddedBackend) -> None:
     """A body that is not a JSON object is a usage error on ``body``."""
     resp = await backend.http_client().post("/v1/chat/completions", content=b"{nope")

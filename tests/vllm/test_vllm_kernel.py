@@ -55,3 +55,28 @@ def test_the_kernel_properties_hold_on_vllm(vllm_server: VllmServer) -> None:
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "field"),
+    [
+        ("chat", {"messages": "hi"}, "messages"),
+        ("chat", {"messages": [{"role": "user", "content": "hi"}], "tools": [1]}, "tools"),
+        ("completion", {"prompt": ["a", "b"]}, "prompt"),
+        ("embeddings", {"input": "hi"}, "kind"),
+    ],
+)
+def test_the_vllm_writer_checks_a_body_before_anything_is_sent(
+    kind: str, body: dict[str, Any], field: str
+) -> None:
+    """``VllmKV.prepare`` refuses a body of the wrong shape itself, as the scripted writer
+    does: the gateway lets go of no claim the call releases (nothing listens on port 9)."""
+    from agentclaims.errors import UsageError
+    from agentclaims.protocol import CompletionCall
+
+    kv = VllmKV("http://127.0.0.1:9", "key", block_size=BS)
+    with pytest.raises(UsageError) as caught:
+        kv.prepare(CompletionCall(kind, body))  # type: ignore[arg-type]
+    assert caught.value.field == field
+    assert kv.riding.rode == 0
+    assert kv.completions == 0
