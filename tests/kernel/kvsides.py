@@ -9,7 +9,8 @@ reads claims of its own and of another owner. After every step:
   ``agentclaims.claims[i].claim_id`` (the first such claim), and nothing changes: no event, no
   claim;
 * a served request answers every claim it carried, in order, accepted or refused (never silent);
-* a claim that ended stays as it ended; a released claim has ended;
+* a claim that ended stays as it ended; a released claim has ended, and releasing it again
+  changes nothing; a live claim renews, an ended one is refused;
 * the event stream is numbered 1, 2, 3, ... and each claim's own events 0, 1, 2, ...
 """
 
@@ -25,7 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from agentclaims.contract import ClaimEvent, ClaimId, ClaimState, OwnerScope, RequestId
 from agentclaims.errors import ScopeViolation, UnknownClaim, UsageError
-from agentclaims.protocol import ActiveRequest, ClaimView, EventPage, ServeResult
+from agentclaims.protocol import ActiveRequest, ClaimView, EventPage, Renewal, ServeResult
 
 _MACHINES = itertools.count(1)
 OWNER = "wf-k"
@@ -40,6 +41,9 @@ class Side(Protocol):
     async def serve(self, request: ActiveRequest) -> ServeResult: ...
     async def get_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView: ...
     async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView: ...
+    async def renew_claim(
+        self, claim_id: ClaimId, owner_scope: OwnerScope, renewal: Renewal = ...
+    ) -> ClaimView: ...
     async def events(
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None
     ) -> EventPage: ...
@@ -149,6 +153,41 @@ class KernelMachine(RuleBasedStateMachine):
         assert cid in self.taken
         assert view.state.terminal, view
         self.ended.setdefault(cid, view.state)
+        settled = self._events()  # what the release did is in the stream now
+        again: ClaimView = self.run(self.side.release_claim(ClaimId(cid), OwnerScope(OWNER)))
+        assert again.state is view.state, (view, again)
+        assert len(self._events()) == len(settled), "releasing an ended claim wrote an event"
+
+    @rule(cid=st.sampled_from(IDS))
+    def renew(self, cid: str) -> None:
+        """A live claim renews and stays live; an ended one is refused (``UsageError`` on
+        ``claim_id``) and stays as it ended; an unknown one is ``UnknownClaim``."""
+        cid = self.ns + cid
+        before = self.run(self._view_or_none(cid))
+        renewal = Renewal(ttl_s=20.0)
+        refused: UsageError | None = None
+        try:
+            view: ClaimView = self.run(
+                self.side.renew_claim(ClaimId(cid), OwnerScope(OWNER), renewal)
+            )
+        except UnknownClaim:
+            assert cid not in self.taken
+            return
+        except UsageError as exc:
+            refused = exc
+        assert before is not None
+        if refused is not None:
+            assert before.state.terminal, (before, refused)
+            assert refused.field == "claim_id", refused
+            return
+        assert not before.state.terminal, f"an ended claim was renewed: {before}"
+        assert not view.state.terminal, view
+
+    async def _view_or_none(self, cid: str) -> ClaimView | None:
+        try:
+            return await self.side.get_claim(ClaimId(cid), OwnerScope(OWNER))
+        except UnknownClaim:
+            return None
 
     @rule(cid=st.sampled_from(IDS))
     def another_owner_cannot_read_it(self, cid: str) -> None:
