@@ -51,6 +51,7 @@ from agentclaims.session.options import (
     check_options,
 )
 from agentclaims.session.reactions import ReactionPolicy
+from agentclaims.session.riding import Riding, RidingCalls
 from agentclaims.session.route import SessionRoute
 from agentclaims.session.toolhold import Wanted, hold_for_tool
 from agentclaims.session.workflow import WorkflowModel, wait_key
@@ -79,19 +80,6 @@ END_REASONS = ("completed", "error", "cancelled", "closed")
 _RANKED, _HELD, _UNRANKED = "ranked", "held", UNRANKED
 """What ``auto`` plans on a backend that ranks by reuse hints, on one that sheds holds by
 their hints and takes claims riding on requests, and on any other."""
-
-
-@dataclass(slots=True)
-class _Riding:
-    """What one LLM call carries to a backend where claims ride on requests
-    (``claims_ride_on_requests``): the claim planned before it on what it leaves cached, and
-    the releases that waited for it."""
-
-    backend: str
-    claim_id: str | None = None
-    plan: ClaimPlan | None = None
-    ctx: PrefixContext | None = None
-    releases: list[HeldClaim] = field(default_factory=list)
 
 
 _current: ContextVar[ClaimedSession | None] = ContextVar("agentclaims_session", default=None)
@@ -257,11 +245,8 @@ class ClaimedSession:
         self._replanned: dict[str, float] = {}
         """node -> the start of the wait in which its lapsed claim was re-planned (once)."""
         self._requests = itertools.count(1)
-        self._riding: dict[str, _Riding] = {}
-        """request id -> what the call in flight carries (claims riding on requests)."""
-        self._sequences: dict[str, str] = {}
-        """node -> the prefix id its last answered call left cached (its size: the next
-        riding claim's expected footprint)."""
+        self.riding = RidingCalls(self.io, self.workflow)
+        """What each call in flight carries where claims ride on requests."""
         self.loop: asyncio.AbstractEventLoop | None = None
         """The event loop the session runs on (set when it is entered): synchronous code in
         the workflow (a ``def`` node calling ``model.invoke()``) sends its calls there."""
@@ -510,47 +495,16 @@ class ClaimedSession:
             await self._follow_backend()
         except BackendUnavailable:
             return ext  # the call itself meets the outage (and fails over)
-        riding = _Riding(backend.name)
-        # still the session's (``io.releasing``) until the call's answer confirms them
-        riding.releases = [h for h in self.io.releasing if h.backend == backend.name]
-        tools = self.workflow.expected_tools(node)
-        last = self._sequences.get(node)
-        ctx, plan = self.workflow.plan_after_call(
-            node, SEQUENCE_OBJECT, tools, footprint=prefix_blocks(last) if last else 1
-        )
-        if plan.mode is not None:
-            hint = self.workflow.reuse_hint(node, ctx, tool=wait_key(node, tools))
-            found = await self.io.riding(backend, node, plan, ctx, hint)
-            if found is not None:
-                wire, riding.plan = found
-                riding.claim_id, riding.ctx = wire["claim_id"], ctx
-                ext["claims"] = [wire]
-                old = self.io.held.get(node)
-                if old is not None and old.backend == backend.name:
-                    # superseded by this call's claim: let go as it arrives (the call reuses
-                    # those blocks as it runs; its own claim holds them once it finishes)
-                    del self.io.held[node]
-                    self.io.let_go(old, "superseded")
-                    riding.releases.append(old)
-        if riding.releases:
-            ext["release"] = [h.claim_id for h in riding.releases]
-        self._riding[ext["request_id"]] = riding
+        await self.riding.plan(ext, node, backend)
         return ext
 
     def call_failed(self, request_id: str) -> None:
-        """The call ``request_id`` got no answer: what it carried is forgotten (a claim it
-        carried was never made; its releases stay with the session, for its next call)."""
-        self._riding.pop(request_id, None)
+        """The call ``request_id`` got no answer: what it carried is forgotten."""
+        self.riding.failed(request_id)
 
     def riding_to(self, request_id: str | None, backend: Backend) -> bool:
-        """Whether the releases the call ``request_id`` carries still go where they were
-        planned for; after a failover or a reroute they do not (that instance's claims are
-        lost or were released with the move): the call then carries none."""
-        riding = self._riding.get(request_id or "")
-        if riding is None or riding.backend == backend.name or not riding.releases:
-            return True
-        riding.releases = []  # still in ``io.releasing``: failed over or released from there
-        return False
+        """Whether the releases the call ``request_id`` carries still go to ``backend``."""
+        return self.riding.still_goes_to(request_id, backend)
 
     async def after_call(
         self,
@@ -613,9 +567,7 @@ class ClaimedSession:
                 **self.route.hop_fields(),
             )
         previous = self._background
-        riding = self._riding.pop(call_id or "", None)
-        if sequence:
-            self._sequences[node] = sequence
+        riding = self.riding.answered(call_id, node, sequence)
 
         async def replan() -> None:
             if previous is not None:
@@ -688,7 +640,7 @@ class ClaimedSession:
     async def _after_riding(
         self,
         node: str,
-        riding: _Riding,
+        riding: Riding,
         extension: Mapping[str, Any],
         prefix_id: str | None,
         tool_names: Sequence[str],
@@ -731,7 +683,7 @@ class ClaimedSession:
     async def _riding_refused(
         self,
         node: str,
-        riding: _Riding,
+        riding: Riding,
         prefix_id: str | None,
         tool_names: Sequence[str],
     ) -> None:
