@@ -767,7 +767,7 @@ class VllmKV:
         if self.liveness.dead is None:  # else its claims have all ended: nothing to hand back
             await self.start()
         claim = self.mirror.owned(claim_id, owner_scope)
-        if claim.held:  # the hand-back rides on the next request to vLLM (``_queue``)
+        if claim.held:  # the hand-back rides on the next request to vLLM (``RidingOps``)
             self.riding.queue(Release(claim_id, owner_scope))
         if claim.state in (ClaimState.MATERIALIZED, ClaimState.ACCEPTED, ClaimState.DEMOTED):
             self.mirror.end(claim)  # its resident_claim_expired follows from the connector

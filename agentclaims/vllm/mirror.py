@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from agentclaims import kernel
 from agentclaims.contract import (
     BACKEND_RESTART,
     ArbiterAction,
@@ -30,7 +31,7 @@ from agentclaims.contract import (
     owned_claim,
 )
 from agentclaims.errors import BackendError, BackendUnavailable
-from agentclaims.kernel import EVENTS_KEPT, Claim, EventLog, EventSource, harm, refuse, submitted
+from agentclaims.kernel import EVENTS_KEPT, Claim, EventLog, EventSource
 from agentclaims.protocol import ClaimDecision, ClaimView
 from agentclaims.vllm.client import ConnectorAnswer
 from agentclaims.vllm.observer import KVEventsObserver
@@ -190,8 +191,8 @@ class ClaimMirror:
     def refuse(self, spec: ClaimSpec, reason: str, request_id: str | None) -> ClaimDecision:
         """A claim refused before it reached vLLM: its events and decision, as the engine's."""
         claim = self.claims[spec.claim_id] = MirroredClaim(spec, ClaimState.SUBMITTED, 0)
-        submitted(self.events, claim, request_id)
-        return refuse(self.events, claim, reason, request_id)
+        kernel.submitted(self.events, claim, request_id)
+        return kernel.refuse(self.events, claim, reason, request_id)
 
     def decide(
         self, spec: ClaimSpec, answer: ConnectorAnswer, hashes: Sequence[BlockHash]
@@ -312,7 +313,7 @@ class ClaimMirror:
         if claim.state is ClaimState.MATERIALIZED:
             claim.held_blocks = 0
             after = 0 if self.observer is None else self.observer.leading_run(claim.hashes)
-            harm(
+            kernel.harm(
                 self.events,
                 claim,
                 cause,
