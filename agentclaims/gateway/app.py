@@ -314,6 +314,8 @@ class _Gateway:
         if not result.outcome.served:
             return self._refusal(request, result)
         payload = dict(written.payload)
+        if isinstance(payload.get("id"), str):  # it names the request: as the caller named it
+            payload["id"] = self.service.shown_text(payload["id"], tenant)
         payload[EXTENSION_KEY] = self._extension(result, released)
         return respond(body, payload)  # JSON, or server-sent events (#13)
 

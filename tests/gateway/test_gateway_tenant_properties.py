@@ -128,3 +128,27 @@ def test_any_interleaving_of_two_tenants_keeps_them_apart(
     steps: list[tuple[str, str, str, int, int, str]],
 ) -> None:
     asyncio.run(_run(steps))
+
+
+async def test_a_tenants_request_id_comes_back_as_it_named_it() -> None:
+    """The answer's ``id`` and ``agentclaims.request_id`` name the request as the tenant named
+    it, never with the tenant's namespace inside the gateway."""
+    keys = TenantKeys([(KEYS["alpha"], Tenant("alpha"))])
+    app = create_app(ReferenceKV.create(48, 4), ScriptedModel(), keys=keys)
+    async with httpx2.AsyncClient(
+        transport=httpx2.ASGITransport(app=app),
+        base_url="http://gw",
+        headers={"Authorization": f"Bearer {KEYS['alpha']}"},
+    ) as http:
+        answer = (
+            await http.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "m",
+                    "messages": [{"role": "user", "content": "hello there"}],
+                    "agentclaims": {"session_id": "o1", "request_id": "req-7"},
+                },
+            )
+        ).json()
+    assert answer["id"] == "req-7"
+    assert answer["agentclaims"]["request_id"] == "req-7"
