@@ -43,7 +43,7 @@ from agentclaims.engine.record import ClaimRecord
 from agentclaims.engine.stats import EngineStats
 from agentclaims.errors import UsageError
 from agentclaims.kernel.events import EVENTS_KEPT, EventLog
-from agentclaims.protocol.types import ActiveOutcome
+from agentclaims.protocol.types import ActiveOutcome, EventPage
 
 __all__ = ["EngineStats", "KVEngine", "check_begin"]
 
@@ -218,6 +218,12 @@ class KVEngine(ClaimArbiter):
         """Buffered events with ``seq`` greater than the given one (for resumable streams).
         O(number returned): the log is indexed by sequence number."""
         return self._events.events_since(seq)
+
+    def events_page(
+        self, since: int = 0, *, limit: int | None = None, id_prefix: str | None = None
+    ) -> EventPage:
+        """The claims protocol's ``events`` read of the buffered events."""
+        return self._events.page(since, limit=limit, id_prefix=id_prefix)
 
     @property
     def last_seq(self) -> int:

@@ -323,10 +323,7 @@ class ReferenceKV:
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None
     ) -> EventPage:
         async with self._lock:
-            engine = self.engine
-            return EventPage.select(
-                engine.events_since(since), since, engine.last_seq, limit=limit, id_prefix=id_prefix
-            )
+            return self.engine.events_page(since, limit=limit, id_prefix=id_prefix)
 
     async def residency(self, prefix_ids: Sequence[PrefixId]) -> dict[PrefixId, int]:
         async with self._lock:

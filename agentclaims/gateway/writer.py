@@ -9,6 +9,7 @@ import json
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 from agentclaims.contract import OwnerScope, RequestId
@@ -71,17 +72,7 @@ class ScriptedWriter:
                 "messages" if call.kind == "chat" else "prompt",
                 f"{tokens} tokens; at most {self.limits.max_prompt_tokens}",
             )
-        return CompletionCall(
-            call.kind,
-            body,
-            call.claims,
-            call.owner_scope,
-            call.cache_salt,
-            call.request_id,
-            call.admit,
-            call.node,
-            segments,
-        )
+        return replace(call, segments=segments)
 
     async def write(self, call: CompletionCall) -> Written:
         if call.segments is None:

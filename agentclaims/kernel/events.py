@@ -84,7 +84,7 @@ class EventLog:
         prefix_id: str | None = None,
         claim_id: str | None = None,
         **data: Any,
-    ) -> ClaimEvent:
+    ) -> None:
         """Append one event; ``claim`` numbers it in that claim's sequence and names its prefix
         (``claim_id``: a claim with no record here)."""
         self.seq += 1
@@ -123,7 +123,6 @@ class EventLog:
             ring.append(event)
         else:
             ring[(self.seq - self._origin) % self._capacity] = event
-        return event
 
     def events_since(self, seq: int = 0) -> list[ClaimEvent]:
         """Kept events with ``seq`` greater than the given one, oldest first."""

@@ -388,7 +388,7 @@ class FakeKV:
         prefix_ids = self._remember_prefixes(request, hashes, prompt_blocks)
         if self._outcomes:
             outcome = dataclasses.replace(self._outcomes.popleft(), request_id=request.request_id)
-            self._emit(
+            self._events.emit(
                 EventName.ACTIVE_REQUEST_DEFERRED
                 if outcome.deferred
                 else EventName.ACTIVE_REQUEST_REFUSED,
@@ -401,7 +401,7 @@ class FakeKV:
         if request.admit:
             self._arrive(hashes)
         decisions = tuple(self._decide(spec, blocks) for spec, blocks in specs)
-        self._emit(
+        self._events.emit(
             EventName.FUTURE_REUSE_ADMITTED if request.admit else EventName.FUTURE_REUSE_DENIED,
             request_id=request.request_id,
         )
@@ -617,9 +617,6 @@ class FakeKV:
         if target.terminal:
             claim.end_reason = data.get("reason")
         self._events.emit(name, claim=claim, state=target.value, **data)
-
-    def _emit(self, name: EventName, *, request_id: str | None = None, **data: Any) -> None:
-        self._events.emit(name, request_id=request_id, **data)
 
     def _view(self, claim: _Claim) -> ClaimView:
         return claim.view(

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import logging
 import re
 import time
@@ -172,15 +171,6 @@ class VllmKV:
         """The prompts served here, by prefix id (their tokens and cache salt)."""
         self.run_id = uuid.uuid4().hex[:12]
         self._lock = asyncio.Lock()
-        self.mirror = ClaimMirror(
-            _Stamp(self),
-            self._lock,
-            ask=lambda: self.riding.send_now([]),
-            release=self._release_now,
-            max_requests=max_prefixes,
-        )
-        """What this gateway knows of its claims on vLLM, and their events."""
-        self._requests = itertools.count(1)
         self._started: asyncio.Task[None] | None = None
         self.runtime_version: str | None = None
         """vLLM's version (from its /version), known once started."""
@@ -200,8 +190,15 @@ class VllmKV:
                 block_size=block_size,
                 replay=kv_events_replay,
             )
-            self.observer.on_removed = self.mirror.blocks_lost
-            self.mirror.observer = self.observer
+        self.mirror = ClaimMirror(
+            _Stamp(self),
+            self._lock,
+            ask=lambda: self.riding.send_now([]),
+            release=self._release_now,
+            observer=self.observer,
+            max_requests=max_prefixes,
+        )
+        """What this gateway knows of its claims on vLLM, and their events."""
         self.connector = True
         """Whether the agentclaims connector answers in this vLLM (stock vLLM: no claim held)."""
         self.usable_blocks = 0
@@ -358,9 +355,9 @@ class VllmKV:
         return call
 
     async def write(self, call: CompletionCall) -> Written:
-        """Forward one completion with its claims; the upstream payload and the KV life
-        (``request_id``: the gateway's name for it, in its outcome and events)."""
-        self.prepare(call)
+        """Forward one completion (``prepare`` checked it) with its claims; the upstream
+        payload and the KV life (``request_id``: the gateway's name for it, in its outcome and
+        events)."""
         kind, body, claims = call.kind, call.body, call.claims
         owner, cache_salt, request_id = call.owner_scope, call.cache_salt, call.request_id
         await self.start()
@@ -420,8 +417,8 @@ class VllmKV:
         (``agentclaims.vllm.streamed``), its KV life (prompt and sequence named, cached
         tokens, its claims' decisions) once it ends. vLLM sends no connector answer in a
         stream: the gateway reads it over the connector's channel (``streams_claims``); a
-        request with claims where there is none is answered whole (``write``)."""
-        self.prepare(call)
+        request with claims where there is none is answered whole (``write``). ``prepare``
+        checked the call."""
         kind, body, claims = call.kind, call.body, call.claims
         owner, cache_salt = call.owner_scope, call.cache_salt
         await self.start()

@@ -83,6 +83,7 @@ class ClaimMirror:
         *,
         ask: Callable[[], Awaitable[ConnectorAnswer]],
         release: Callable[[str, str], Awaitable[object]],
+        observer: KVEventsObserver | None = None,
         max_requests: int = 100_000,
     ) -> None:
         self._source = source
@@ -94,7 +95,11 @@ class ClaimMirror:
         self.claims: dict[str, MirroredClaim] = {}
         self.events = EventLog(source, EVENTS_KEPT)
         """The last ``EVENTS_KEPT`` events for readers (one further back reads as a gap)."""
-        self.observer: KVEventsObserver | None = None
+        self.observer = observer
+        """vLLM's KV events joined to the gateway's hashes: what ``blocks_stored`` and
+        ``blocks_lost`` hear from (the KV side starts it)."""
+        if observer is not None:
+            observer.on_removed = self.blocks_lost
         self.judging: set[asyncio.Task[None]] = set()
         self.fault: str | None = None
         """Set when a held claim was harmed (a connector bug): no claim is accepted after it."""
