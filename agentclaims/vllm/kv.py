@@ -748,6 +748,12 @@ class VllmKV:
             raise UsageError(
                 "duration_steps", "vLLM claims count seconds (ttl_s), not engine steps"
             )
+        if not claim.state.live:
+            raise UsageError("claim_id", f"claim {claim_id!r} has ended ({claim.state.value})")
+        if not claim.held:
+            # live, and nothing held on vLLM (observational, or shed to ``demoted``): there is
+            # no hold to extend, and such a claim ends only by release
+            return self.mirror.view(claim)
         answer = await self.riding.send_now([Renew(claim_id, ttl, owner_scope)])
         async with self._lock:
             self.mirror.absorb(answer)
