@@ -1,13 +1,17 @@
-"""The wire codec against pydantic v2, side by side: what moving the wire types onto pydantic
-would cost (or save) per claim on the per-call path (issue 25.8's decision).
+"""The wire types' JSON codec against plain pydantic v2 models, side by side: what the wire
+types cost per claim on the per-call path (issue 25.8).
 
 For a claim as a request carries it (``ClaimSpec`` with its cache identity, mode, TTL and reuse
 hint) and for the decision and outcome a completion answers with, it times, in one process:
 
-- ``codec``: agentclaims' own dataclass codec (``from_dict`` / ``to_dict``);
+- ``wire``: agentclaims' wire types (``from_dict``: pydantic's ``TypeAdapter`` over the frozen
+  dataclasses, then each type's own rules in ``__post_init__``; ``to_dict``: the few-line
+  writer of ``contract/wire.py``);
 - ``pydantic``: equivalent pydantic v2 models (strict types, frozen, forbidding unknown
-  fields: the same checks), ``model_validate`` / ``model_dump(mode="json")``.
+  fields, field constraints instead of ``__post_init__``), ``model_validate`` /
+  ``model_dump(mode="json")``.
 
+Before the move (the hand-written codec, 2026-12-02): 44.3 us to read a claim, 4.0 to write it.
 It prints the median microseconds per operation over ``--repeats`` runs of ``--n`` operations
 each, and the ratio. Run: ``.venv/bin/python benchmarks/bench_wire.py``.
 """
@@ -168,7 +172,7 @@ def main() -> None:
             lambda: (poutcome.model_dump(mode="json"), pdecision.model_dump(mode="json")),
         ),
     ]
-    print(f"{'operation':40s} {'codec us':>9s} {'pydantic us':>12s} {'pydantic/codec':>15s}")
+    print(f"{'operation':40s} {'wire us':>9s} {'pydantic us':>12s} {'pydantic/wire':>15s}")
     for name, ours, theirs in rows:
         a = _time(ours, args.n, args.repeats)
         b = _time(theirs, args.n, args.repeats)

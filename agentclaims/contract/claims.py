@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Protocol, TypeVar, cast
+from typing import Annotated, ClassVar, Protocol, TypeVar, cast
 
 from agentclaims.contract.hints import ReuseHint
 from agentclaims.contract.names import ProtectionMode
@@ -13,7 +13,7 @@ from agentclaims.contract.predicates import (
     ContiguousRange,
     LeadingPrefixAtLeast,
     MaterializationPredicate,
-    predicate_from_dict,
+    PredicateOnWire,
 )
 from agentclaims.contract.wire import Wire
 from agentclaims.errors import ScopeViolation, UnknownClaim, UnknownNameError, UsageError
@@ -83,7 +83,9 @@ class ClaimSpec(Wire):
     cache_identity: CacheIdentity
     footprint_blocks: int
     protection_mode: ProtectionMode
-    materialization_predicate: MaterializationPredicate = field(default=None)  # type: ignore[assignment]
+    materialization_predicate: Annotated[MaterializationPredicate, PredicateOnWire] = field(
+        default=None  # type: ignore[assignment]
+    )
     duration_steps: int | None = None
     ttl_s: float | None = None
     reuse_hint: ReuseHint | None = None
@@ -91,7 +93,6 @@ class ClaimSpec(Wire):
 
     wire_name: ClassVar[str] = "claim"
     wire_omit_none: ClassVar[tuple[str, ...]] = ("reuse_hint",)
-    wire_readers: ClassVar[Mapping[str, Any]] = {"materialization_predicate": predicate_from_dict}
 
     def __post_init__(self) -> None:
         _nonempty("claim_id", self.claim_id)

@@ -17,6 +17,7 @@ __all__ = [
     "ContiguousRange",
     "LeadingPrefixAtLeast",
     "MaterializationPredicate",
+    "PredicateOnWire",
     "leading_run",
     "predicate_from_dict",
 ]
@@ -93,6 +94,27 @@ def predicate_from_dict(data: Mapping[str, Any]) -> MaterializationPredicate:
     raise UnknownNameError(
         "materialization_predicate.kind", kind, ["leading_prefix_at_least", "contiguous_range"]
     )
+
+
+class PredicateOnWire:
+    """Annotation metadata for a predicate field of a wire type: pydantic reads it with
+    :func:`predicate_from_dict` (the ``kind`` names which one)."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_plain_validator_function(_read_predicate)
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: Any) -> dict[str, Any]:
+        return {"type": "object", "description": "a materialization predicate (by its kind)"}
+
+
+def _read_predicate(value: Any) -> MaterializationPredicate | None:
+    if value is None or isinstance(value, LeadingPrefixAtLeast | ContiguousRange):
+        return value
+    return predicate_from_dict(value)
 
 
 def _check_count(field: str, value: object, *, minimum: int) -> None:

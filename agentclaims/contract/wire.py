@@ -1,13 +1,22 @@
-"""One codec for every wire type: a frozen dataclass <-> its JSON object.
+"""Every wire type's JSON form: a frozen dataclass <-> its JSON object.
 
-The field annotations are the schema. ``to_wire`` writes enums as their values, tuples as
-lists, nested wire types as objects; ``from_wire`` reads the same form back and checks every
-field against its annotation, so a bad body is a ``UsageError`` naming the field, never an
-``AttributeError`` three calls later. Types with rules beyond their field types (``ClaimSpec``)
-check them in ``__post_init__``, which runs on every construction, decoded or not.
+The field annotations are the schema. pydantic v2 reads them (one ``TypeAdapter`` per class,
+built on first use, so importing ``agentclaims`` does not load pydantic) and states their JSON
+Schema (``/openapi.json``): enums travel as their values, tuples as lists, nested wire types as
+objects. Scalars are as strict as JSON's own types: an integer field takes an integer (not
+``true``, ``3.0`` or ``"3"``), a number field an integer or a float, a string field a string.
+A bad body is a ``UsageError`` naming the field (``events[0].seq``) in the codec's words
+(``expected an integer, got 'x'``), never a pydantic ``ValidationError``. Types with rules
+beyond their field types (``ClaimSpec``) check them in ``__post_init__``, which runs on every
+construction, decoded or not; its ``UsageError`` reaches the caller as raised.
 
-A class opts in by inheriting :class:`Wire`; ``wire_computed`` names read-only properties that
-are written for readers (``served``) and ignored when read back.
+Writing is :func:`to_wire`, a few lines over ``dataclasses.fields``: for these plain
+dataclasses it costs a fifth of pydantic's serializer (``benchmarks/bench_wire.py``).
+
+A class opts in by inheriting :class:`Wire`; its class variables say what the annotations
+cannot: the name errors use for the whole object, a field that takes every unknown key, fields
+left out while ``None``, read-only properties written for readers, fields with a default that
+must still be present.
 """
 
 from __future__ import annotations
@@ -15,17 +24,19 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import types
-import typing
+import re
 from collections.abc import Mapping
-from typing import Any, ClassVar, Self, TypeVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
 from agentclaims.errors import UnknownNameError, UsageError
+
+if TYPE_CHECKING:
+    from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler, TypeAdapter, ValidationError
+    from pydantic_core import CoreSchema
 
 __all__ = ["Wire", "from_wire", "json_schema", "to_wire"]
 
 T = TypeVar("T")
-_MISSING = dataclasses.MISSING
 
 
 class Wire:
@@ -45,8 +56,7 @@ class Wire:
     """Optional fields left out of ``to_dict`` while they are ``None``."""
     wire_required: ClassVar[tuple[str, ...]] = ()
     """Fields with a default that must still be present in the JSON form."""
-    wire_readers: ClassVar[Mapping[str, Any]] = {}
-    """Field name -> a reader for a field its annotation cannot describe (a tagged union)."""
+    __pydantic_config__: ClassVar[dict[str, Any]] = {"extra": "forbid"}
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = to_wire(self)
@@ -55,6 +65,96 @@ class Wire:
     @classmethod
     def from_dict(cls, data: Any, *, where: str | None = None) -> Self:
         return from_wire(cls, data, where=where)
+
+    # ------------------------------------------------------------------ pydantic's hooks
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        from pydantic_core import core_schema
+
+        schema: CoreSchema = _strict_scalars(handler(source))
+        if cls.wire_open or cls.wire_required or cls.wire_computed:
+            schema = core_schema.no_info_before_validator_function(cls._wire_read, schema)
+        return schema
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = handler(schema)
+        target = handler.resolve_ref_schema(out)
+        props = target.setdefault("properties", {})
+        if cls.wire_open:
+            props.pop(cls.wire_open, None)
+            target["additionalProperties"] = True
+        else:
+            target["additionalProperties"] = False
+        for name in cls.wire_computed:
+            props[name] = {"readOnly": True}
+        required = target.setdefault("required", [])
+        required += [n for n in cls.wire_required if n not in required]
+        doc = (cls.__doc__ or "").strip().split("\n\n")[0]
+        target["description"] = " ".join(doc.split())
+        return out
+
+    @classmethod
+    def _wire_read(cls, data: Any) -> Any:
+        """The JSON object as the dataclass takes it: computed properties dropped, unknown keys
+        gathered into the open field, fields that must be present checked."""
+        if not isinstance(data, Mapping):
+            return data  # pydantic names it: "expected an object"
+        from pydantic_core import PydanticCustomError
+
+        # in field order, as pydantic names a missing field
+        for name in _present(cls):  # type: ignore[arg-type]
+            if name not in data:
+                raise PydanticCustomError("wire_missing", "missing", {"field": name})
+        if not (cls.wire_open or cls.wire_computed):
+            return data
+        data = {k: v for k, v in data.items() if k not in cls.wire_computed}
+        if cls.wire_open:
+            known = _field_names(cls)  # type: ignore[arg-type]
+            data[cls.wire_open] = {k: data.pop(k) for k in sorted(set(data) - known)}
+        return data
+
+
+@functools.cache
+def _present(cls: Any) -> tuple[str, ...]:
+    """The fields that must be in ``cls``'s JSON form: those without a default, and
+    ``wire_required``."""
+    required = getattr(cls, "wire_required", ())
+    return tuple(
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name in required
+        or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    )
+
+
+@functools.cache
+def _field_names(cls: Any) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def _strict_scalars(schema: T) -> T:
+    """``schema`` with every integer, number, boolean and string check strict (JSON's types),
+    while enums, tuples and nested objects are still read from their JSON forms."""
+    if isinstance(schema, dict):
+        if schema.get("type") in ("int", "float", "bool", "str"):
+            schema["strict"] = True
+        for value in schema.values():
+            if isinstance(value, dict | list):
+                _strict_scalars(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            _strict_scalars(value)
+    return schema
+
+
+@functools.cache
+def _adapter(cls: Any) -> TypeAdapter[Any]:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(cls)
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
@@ -104,176 +204,77 @@ def to_wire(obj: Any) -> Any:
     return obj
 
 
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def from_wire(cls: type[T], data: Any, *, where: str | None = None) -> T:
     """Read ``cls`` back from its JSON form; every problem is a ``UsageError`` naming it."""
+    from pydantic import ValidationError
+
     where = where or getattr(cls, "wire_prefix", "") or None
     whole = where or getattr(cls, "wire_name", "") or cls.__name__
-    prefix = f"{where}." if where else ""
-    if not isinstance(data, Mapping):
-        raise UsageError(whole, f"expected an object, got {data!r}")
-    assert dataclasses.is_dataclass(cls), cls
-    hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    open_field: str | None = getattr(cls, "wire_open", None)
-    readers: Mapping[str, Any] = getattr(cls, "wire_readers", {})
-    required = set(getattr(cls, "wire_required", ()))
-    ignored = set(getattr(cls, "wire_computed", ()))
-    unknown = set(data) - set(fields) - ignored
-    kwargs: dict[str, Any] = {}
-    if open_field is not None:
-        kwargs[open_field] = {k: data[k] for k in sorted(unknown)}
-        unknown = set()
-    if unknown:
-        raise UsageError(whole, f"unknown fields {sorted(unknown)}")
-    for name, f in fields.items():
-        if name == open_field:
-            continue
-        if name not in data:
-            if name in required or (f.default is _MISSING and f.default_factory is _MISSING):
-                raise UsageError(f"{prefix}{name}", "missing")
-            continue
-        value = data[name]
-        reader = readers.get(name)
-        if reader is not None:
-            kwargs[name] = None if value is None else reader(value)
-        else:
-            kwargs[name] = _read(hints[name], value, f"{prefix}{name}")
     try:
-        return cls(**kwargs)
+        out: T = _adapter(cls).validate_python(data)  # type: ignore[arg-type]
+        return out
+    except ValidationError as exc:
+        raise _usage_error(exc, where, whole) from None
     except TypeError as exc:  # a rule of __post_init__ not phrased as a UsageError
         raise UsageError(whole, str(exc)) from None
 
 
-def _read(hint: Any, value: Any, where: str) -> Any:
-    """``value`` checked and converted to ``hint``."""
-    supertype = getattr(hint, "__supertype__", None)
-    if supertype is not None:  # a NewType
-        return _read(supertype, value, where)
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        options = [a for a in args if a is not type(None)]
-        errors = []
-        for option in options:
-            try:
-                return _read(option, value, where)
-            except UsageError as exc:
-                errors.append(exc)
-        raise errors[0]
-    if hint is Any:
-        return value
-    if origin is typing.Literal:
-        if value not in args:
-            raise UnknownNameError(where, value, [str(a) for a in args])
-        return value
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        try:
-            return hint(value)
-        except ValueError:
-            raise UnknownNameError(where, value, [str(m.value) for m in hint]) from None
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        reader = getattr(hint, "from_dict", None)
-        if reader is None:
-            return from_wire(hint, value, where=where)
-        try:
-            return reader(value, where=where)
-        except TypeError:  # a from_dict without ``where``
-            return reader(value)
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise UsageError(where, f"expected a list, got {value!r}")
-        item = args[0] if args else Any
-        return tuple(_read(item, v, f"{where}[{i}]") for i, v in enumerate(value))
-    if origin in (dict, Mapping) or hint in (dict, Mapping):
-        if not isinstance(value, Mapping):
-            raise UsageError(where, f"expected an object, got {value!r}")
-        item = args[1] if len(args) == 2 else Any
-        return {str(k): _read(item, v, f"{where}.{k}") for k, v in value.items()}
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise UsageError(where, f"expected true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise UsageError(where, f"expected an integer, got {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise UsageError(where, f"expected a number, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise UsageError(where, f"expected a string, got {value!r}")
-        return value
-    raise TypeError(f"{where}: no wire reader for {hint!r}")
+_EXPECTED = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "tuple_type": "a list",
+    "list_type": "a list",
+    "iterable_type": "a list",
+    "dict_type": "an object",
+    "mapping_type": "an object",
+    "dataclass_type": "an object",
+}
+_UNKNOWN_FIELD = frozenset({"unexpected_keyword_argument", "extra_forbidden"})
+_QUOTED = re.compile(r"'([^']*)'")
+
+
+def _usage_error(exc: ValidationError, where: str | None, whole: str) -> UsageError:
+    """The first problem pydantic found, as the ``UsageError`` the codec always raised."""
+
+    def path(loc: tuple[Any, ...]) -> str:
+        out = where or ""
+        for part in loc:
+            out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        return out or whole
+
+    errors = exc.errors(include_url=False)
+    unknown = [e for e in errors if e["type"] in _UNKNOWN_FIELD]
+    if unknown:  # unknown keys first, every one of the shallowest object's
+        parent = min((e["loc"][:-1] for e in unknown), key=len)
+        names = sorted(str(e["loc"][-1]) for e in unknown if e["loc"][:-1] == parent)
+        return UsageError(path(parent), f"unknown fields {names}")
+    first = errors[0]
+    kind, loc, value, ctx = first["type"], first["loc"], first.get("input"), first.get("ctx", {})
+    if kind == "value_error" and isinstance(ctx.get("error"), UsageError):
+        error: UsageError = ctx["error"]  # a rule of the type's own, named by it
+        return error
+    if kind == "missing":
+        return UsageError(path(loc), "missing")
+    if kind == "wire_missing":
+        return UsageError(path((*loc, ctx["field"])), "missing")
+    if kind in ("enum", "literal_error"):
+        return UnknownNameError(path(loc), value, _QUOTED.findall(str(ctx.get("expected", ""))))
+    if kind in _EXPECTED:
+        return UsageError(path(loc), f"expected {_EXPECTED[kind]}, got {value!r}")
+    return UsageError(path(loc), first["msg"])
 
 
 def json_schema(
     cls: type, defs: dict[str, Any], ref: str = "#/components/schemas/"
 ) -> dict[str, Any]:
     """The JSON Schema of a wire type's JSON form, as a ``$ref`` to ``ref + name``; its
-    definition, and those of the wire types it holds, are added to ``defs``. It says what
-    ``from_wire`` accepts: the same annotations read the same way."""
-    name = cls.__name__
-    if name not in defs:
-        defs[name] = {}  # taken, for a type that holds itself
-        assert dataclasses.is_dataclass(cls), cls
-        hints = _hints(cls)
-        open_field = getattr(cls, "wire_open", None)
-        readers: Mapping[str, Any] = getattr(cls, "wire_readers", {})
-        required = set(getattr(cls, "wire_required", ()))
-        props: dict[str, Any] = {}
-        needed = []
-        for f in dataclasses.fields(cls):
-            if not f.init or f.name == open_field:
-                continue
-            props[f.name] = {} if f.name in readers else _schema(hints[f.name], defs, ref)
-            if f.name in required or (f.default is _MISSING and f.default_factory is _MISSING):
-                needed.append(f.name)
-        for computed in getattr(cls, "wire_computed", ()):
-            props[computed] = {"readOnly": True}
-        doc = (cls.__doc__ or "").strip().split("\n\n")[0]
-        defs[name] = {
-            "type": "object",
-            "description": " ".join(doc.split()),
-            "properties": props,
-            "required": needed,
-            "additionalProperties": open_field is not None,
-        }
-    return {"$ref": f"{ref}{name}"}
-
-
-def _schema(hint: Any, defs: dict[str, Any], ref: str) -> dict[str, Any]:
-    supertype = getattr(hint, "__supertype__", None)
-    if supertype is not None:
-        return _schema(supertype, defs, ref)
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (Union, types.UnionType):
-        return {"anyOf": [_schema(a, defs, ref) for a in args]}
-    if hint is type(None):
-        return {"type": "null"}
-    if hint is Any:
-        return {}
-    if origin is typing.Literal:
-        return {"enum": list(args)}
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return {"enum": [m.value for m in hint]}
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return json_schema(hint, defs, ref)
-    if origin is tuple:
-        return {"type": "array", "items": _schema(args[0], defs, ref) if args else {}}
-    if origin in (dict, Mapping) or hint in (dict, Mapping):
-        item = _schema(args[1], defs, ref) if len(args) == 2 else {}
-        return {"type": "object", "additionalProperties": item}
-    simple = {bool: "boolean", int: "integer", float: "number", str: "string"}
-    if hint in simple:
-        return {"type": simple[hint]}
-    raise TypeError(f"no JSON Schema for {hint!r}")
+    definition, and those of the wire types it holds, are added to ``defs``. It is pydantic's,
+    from the same annotations that read the JSON form, so it says what ``from_wire`` accepts."""
+    schema = _adapter(cls).json_schema(ref_template=ref + "{model}")
+    defs.update(schema.pop("$defs", {}))
+    if "$ref" not in schema:
+        defs[cls.__name__] = schema
+        return {"$ref": f"{ref}{cls.__name__}"}
+    return schema
