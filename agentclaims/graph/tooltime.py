@@ -155,14 +155,23 @@ class ToolTimeModel:
         return _continuum_tau(ordered, benefit)
 
     def forecast(
-        self, tool: str, *, queue_delay_s: float, reload_s: float = 0.0
+        self, tool: str, *, queue_delay_s: float, reload_s: float = 0.0, waited_s: float = 0.0
     ) -> tuple[float, float]:
         """``(predict(tool), ttl(tool, queue_delay_s=..., reload_s=...))`` in one call (the
-        session's per-call path asks for both)."""
+        session's per-call path asks for both).
+
+        ``waited_s``: the wait began that long ago and is not over. Both figures then come
+        from the durations longer than it, less it (the wait's remaining time, given that it
+        lasted this long): a claim renewed mid-wait gets the TTL the rest of the wait needs,
+        not the whole wait's again. A wait longer than every one observed falls back to the
+        prior (the exponential's remaining time does not depend on the time waited)."""
         _check_tool(tool)
         _check_seconds("queue_delay_s", queue_delay_s)
         _check_seconds("reload_s", reload_s)
+        _check_seconds("waited_s", waited_s)
         ordered = self._ordered(tool)
+        if waited_s > 0.0 and ordered:
+            ordered = [d - waited_s for d in ordered[bisect.bisect_right(ordered, waited_s) :]]
         return (
             _median(ordered) if ordered else self._prior_mean,
             self._ttl(ordered, queue_delay_s + reload_s),

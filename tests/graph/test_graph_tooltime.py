@@ -151,3 +151,39 @@ def test_forecast_rejects_bad_input() -> None:
         model.forecast("search", queue_delay_s=-1.0)
     with pytest.raises(UsageError, match="tool"):
         model.forecast("", queue_delay_s=1.0)
+
+
+@given(
+    st.lists(st.floats(0.0, 50.0), min_size=1, max_size=40),
+    st.integers(0, 10),
+    st.floats(0.0, 60.0),
+    st.floats(0.0, 20.0),
+)
+def test_a_forecast_mid_wait_is_the_forecast_of_the_waits_that_lasted_as_long(
+    durations: list[float], cold: int, waited: float, queue_delay: float
+) -> None:
+    """Having waited ``waited_s``, the forecast is that of a model that saw only the waits
+    longer than it, each less it (the remaining time); past every observed wait, the prior."""
+    model = ToolTimeModel(cold_start_samples=cold, prior_mean_s=0.7)
+    model.observe_many("search", durations)
+    # a wait not yet begun (0 s) is every wait, as the forecast without ``waited_s``
+    remaining = [d - waited for d in durations if d > waited] if waited else durations
+    given_as_much = ToolTimeModel(cold_start_samples=cold, prior_mean_s=0.7)
+    given_as_much.observe_many("search", remaining)
+    got = model.forecast("search", queue_delay_s=queue_delay, waited_s=waited)
+    assert got == pytest.approx(given_as_much.forecast("search", queue_delay_s=queue_delay))
+    if not remaining:
+        assert got[0] == 0.7
+    if waited == 0.0:
+        assert got == model.forecast("search", queue_delay_s=queue_delay)
+
+
+def test_a_wait_that_outlasted_the_short_ones_gets_the_long_ones_rest() -> None:
+    """Waits of 1 s or 10 s: 2 s in, the wait is a 10 s one, so 8 s remain (not 1 s again)."""
+    model = ToolTimeModel(cold_start_samples=0)
+    model.observe_many("build", [1.0] * 50 + [10.0] * 50)
+    assert model.forecast("build", queue_delay_s=30.0)[1] == 10.0
+    wait, ttl = model.forecast("build", queue_delay_s=30.0, waited_s=2.0)
+    assert (wait, ttl) == (8.0, 8.0)
+    with pytest.raises(UsageError, match="waited_s"):
+        model.forecast("build", queue_delay_s=1.0, waited_s=-1.0)
