@@ -200,20 +200,28 @@ class WorkflowModel:
         tool_names: Sequence[str],
         *,
         footprint: int | None = None,
+        mid_wait: bool = False,
     ) -> PrefixContext:
         """What we know about ``node``'s next call, seen from the step after this call
         (``footprint``: the prefix's blocks, when ``prefix_id`` does not say: a claim planned
-        before the call, on what it will leave cached)."""
+        before the call, on what it will leave cached). ``mid_wait``: seen now, while
+        ``node`` waits after its last reply (its tools are that reply's; the wait and the TTL
+        are what remains of a wait that already lasted this long)."""
         tracker = self.tracker
         if footprint is None:
             footprint = prefix_blocks(prefix_id)
         reload_s = footprint * self.reload_s_per_block
+        waited = 0.0
+        waiting_since = self._waiting.get(node) if mid_wait else None
+        if waiting_since is not None:
+            tool_names = self._last_tools.get(node, ())
+            waited = max(0.0, self.clock() - waiting_since[1])
         key = wait_key(node, tool_names)
         wait: float | None = None
         ttl: float | None = None
         if tool_names or self.tool_times.count(key):  # a tool's prior until it has a history
             wait, ttl = self.tool_times.forecast(
-                key, queue_delay_s=self.queue_delay_s, reload_s=reload_s
+                key, queue_delay_s=self.queue_delay_s, reload_s=reload_s, waited_s=waited
             )
         if tool_names:
             waiting = "tool"

@@ -1,0 +1,41 @@
+"""The session's workflow model forecasts a wait already under way from its remaining time."""
+
+from __future__ import annotations
+
+from agentclaims.graph import AgentExecutionGraph, ToolTimeModel
+from agentclaims.planner import ClaimPlanner
+from agentclaims.session.workflow import WorkflowModel
+
+
+def _model(clock: list[float]) -> WorkflowModel:
+    times = ToolTimeModel(cold_start_samples=0)
+    return WorkflowModel(
+        AgentExecutionGraph(),
+        ClaimPlanner(),
+        times,
+        horizon=8,
+        reload_s_per_block=0.01,
+        queue_delay_s=30.0,
+        clock=lambda: clock[0],
+    )
+
+
+def test_a_wait_under_way_is_forecast_from_what_remains_of_it() -> None:
+    """An agent whose ``build`` tool took 1 s or 10 s, half and half: right after its reply
+    the wait is forecast whole; 2 s into it, only the 10 s waits are possible, and 8 s remain,
+    with a TTL for those 8 s (a claim renewed then is not given the whole wait again)."""
+    clock = [100.0]
+    model = _model(clock)
+    for took in [1.0] * 50 + [10.0] * 50:  # learned the way a session learns: call to call
+        model.before_call("agent")
+        model.after_call("agent", ["build"])
+        clock[0] += took
+    model.before_call("agent")
+    model.after_call("agent", ["build"])
+    fresh = model.context("agent", "pfx-0123456789abcdef-4", ["build"])
+    assert (fresh.expected_wait_s, fresh.ttl_s) == (5.5, 10.0)
+    clock[0] += 2.0
+    mid = model.context("agent", "pfx-0123456789abcdef-4", (), mid_wait=True)
+    assert (mid.expected_wait_s, mid.ttl_s, mid.waiting_on) == (8.0, 8.0, "tool")
+    # without mid_wait it is the next call's context, as before (no tools: not a tool wait)
+    assert model.context("agent", "pfx-0123456789abcdef-4", ()).waiting_on != "tool"
