@@ -2,28 +2,25 @@
 
 ``ClaimIO`` holds the claims of one session (one per agent node), talks to backends only
 through the claims protocol, and takes the session's events after every call (never only at
-the end), so each lands in the outcome log as it happens and a claim's state here is the
-backend's. What to do about an event (renew, re-plan, drop, fail) is the session's reaction
-policy; ``ClaimIO`` reports which held claims lapsed or were harmed.
+the end: ``ClaimEvents``, in ``events``), so each lands in the outcome log as it happens and a
+claim's state here is the backend's. What each backend's descriptor says is read once
+(``BackendFacts``, in ``facts``). What to do about an event (renew, re-plan, drop, fail) is
+the session's reaction policy; ``ClaimIO`` reports which held claims lapsed or were harmed.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from agentclaims.contract import (
     ArbiterAction,
-    CacheIdentity,
-    ClaimEvent,
     ClaimId,
     ClaimSpec,
-    ClaimState,
-    EventName,
     OwnerScope,
     PrefixId,
     ProtectionMode,
@@ -31,21 +28,15 @@ from agentclaims.contract import (
 )
 from agentclaims.errors import (
     BackendError,
-    BackendUnavailable,
     ClaimOutcomeError,
     ClaimRefused,
     UsageError,
 )
-from agentclaims.lowering import MappingResult, honours, trusted_modes
+from agentclaims.lowering import MappingResult, honours
 from agentclaims.planner import ClaimPlan, PlannerPolicy, PrefixContext, relax_mode
-from agentclaims.protocol import (
-    SEQUENCE_OBJECT,
-    ClaimDecision,
-    Renewal,
-    claims_ride_on_requests,
-    ranks_by_hints,
-    sheds_by_hints,
-)
+from agentclaims.protocol import SEQUENCE_OBJECT, ClaimDecision, Renewal
+from agentclaims.session.events import ClaimEvents, EventOutcomes
+from agentclaims.session.facts import BackendFacts
 from agentclaims.session.reactions import ReactionPolicy
 
 if TYPE_CHECKING:
@@ -55,12 +46,6 @@ if TYPE_CHECKING:
 __all__ = ["PIN_MODES", "ClaimIO", "EventOutcomes", "HeldClaim", "protects_at_least"]
 
 _log = structlog.get_logger("agentclaims.session")
-_STATE_OF = {
-    EventName.RESIDENT_CLAIM_MATERIALIZED: ClaimState.MATERIALIZED,
-    EventName.RESIDENT_CLAIM_DEMOTED: ClaimState.DEMOTED,
-    EventName.RESIDENT_CLAIM_EXPIRED: ClaimState.EXPIRED,
-    EventName.RESIDENT_CLAIM_HARMED: ClaimState.HARMED,
-}
 PIN_MODES = (ProtectionMode.EXPIRING, ProtectionMode.HARD_PROTECTED)
 """The modes that pin with a TTL (a release of one is sent at once, not kept for a call)."""
 _TTL_MODES = PIN_MODES
@@ -100,16 +85,6 @@ class HeldClaim:
     ``rerouted``, ``demoted``, ``expired``, ``harmed``, ``session_end``."""
 
 
-@dataclass(slots=True)
-class EventOutcomes:
-    """What one round of taken events did to the held claims."""
-
-    events: list[ClaimEvent] = field(default_factory=list)
-    lapsed: list[tuple[HeldClaim, ClaimEvent]] = field(default_factory=list)
-    """Held claims demoted or expired while the session still wanted them."""
-    harmed: list[tuple[HeldClaim, ClaimEvent]] = field(default_factory=list)
-
-
 class ClaimIO:
     """The claims of one session, and every claim round trip it makes."""
 
@@ -131,26 +106,26 @@ class ClaimIO:
         self.reaction = reaction
         self.stats = stats
         self.clock = clock
-        self._log = log
+        self.outcome_log = log
+        """The session's outcome log, if it writes one (asked each time: it opens on entering)."""
         self.held: dict[str, HeldClaim] = {}  # node -> claim held for its next call
         self.ended: list[HeldClaim] = []
-        self._backend_facts: dict[
-            str, tuple[CacheIdentity, dict[ProtectionMode, MappingResult], bool, bool, bool]
-        ] = {}
+        self.facts = BackendFacts()
+        """What each backend's descriptor says (read once)."""
         self.releasing: list[HeldClaim] = []
         """Claims let go that ride on this session's next call to their backend
         (``claims_ride_on_requests``): still this session's until that call's answer
         confirms them (or the session's end releases them on their own)."""
-        self._cursor: dict[str, int] = {}
-        self._harmed: set[str] = set()  # claims whose harm was counted
         self.calling: str | None = None
         """The node of the LLM call in flight (reactions to it are logged under it)."""
         self.request_nodes: dict[str, str] = {}  # request id -> node, for its events' lines
         self.last_refusal: str | None = None
         """Why the backend last refused a claim or a renewal (its reason)."""
+        self.events = ClaimEvents(self)
+        """The events of these claims, taken after every call."""
 
     def log_reaction(self, kind: str, **fields: Any) -> None:
-        log = self._log()
+        log = self.outcome_log()
         if log is not None:
             if fields.get("node") is None:
                 fields["node"] = self.node_of(fields.get("claim_id"), fields.get("request_id"))
@@ -167,63 +142,12 @@ class ClaimIO:
             return self.request_nodes[request_id]
         return self.calling
 
-    async def _facts(
-        self, backend: ClaimsProtocol
-    ) -> tuple[CacheIdentity, dict[ProtectionMode, MappingResult], bool, bool, bool]:
-        """``backend``'s cache identity, what it honours per mode, whether it ranks by reuse
-        hints, whether claims ride on its requests and whether it sheds holds by their hints,
-        from its descriptor, read once (and its lowering checked again:
-        ``agentclaims.lowering.trusted_modes``)."""
-        facts = self._backend_facts.get(backend.name)
-        if facts is None:
-            desc = await backend.descriptor()
-            try:
-                ident = CacheIdentity.from_dict(desc.get("cache_identity"))
-            except UsageError as exc:
-                raise BackendError(f"backend {backend.name!r}: bad descriptor: {exc}") from exc
-            facts = (
-                ident,
-                trusted_modes(desc),
-                ranks_by_hints(desc),
-                claims_ride_on_requests(desc),
-                sheds_by_hints(desc),
-            )
-            self._backend_facts[backend.name] = facts
-        return facts
-
-    def forget(self, backend_name: str) -> None:
-        """Read ``backend_name``'s descriptor again next time (it now reaches another
-        instance)."""
-        self._backend_facts.pop(backend_name, None)
-
-    async def identity(self, backend: ClaimsProtocol) -> CacheIdentity:
-        """The cache identity of ``backend``'s claims, from its descriptor, read once."""
-        return (await self._facts(backend))[0]
-
-    async def lowering(self, backend: ClaimsProtocol) -> dict[ProtectionMode, MappingResult]:
-        """Per mode, the checker's verdict on ``backend``'s lowering (read once)."""
-        return (await self._facts(backend))[1]
-
-    async def ranks_by_hints(self, backend: ClaimsProtocol) -> bool:
-        """Whether ``backend``'s descriptor states ``ranks_by_hints`` (read once)."""
-        return (await self._facts(backend))[2]
-
-    async def rides(self, backend: ClaimsProtocol) -> bool:
-        """Whether ``backend``'s descriptor states ``claims_ride_on_requests`` (read once)."""
-        return (await self._facts(backend))[3]
-
-    async def holds_by_hints(self, backend: ClaimsProtocol) -> bool:
-        """Whether ``backend`` sheds holds by their hints (``sheds_by_hints``) and its claims
-        ride on its requests: holding a prefix there costs no request (read once)."""
-        facts = await self._facts(backend)
-        return facts[3] and facts[4]
-
     async def honoured(
         self, backend: ClaimsProtocol, mode: ProtectionMode | None, node: str, prefix_id: str
     ) -> ProtectionMode | None:
         """``mode``, or where ``backend`` does not honour it the mode ``_unproven`` relaxes
         it to (``None``: no claim), each such step counted and logged."""
-        verdicts = await self.lowering(backend)
+        verdicts = await self.facts.lowering(backend)
         while mode is not None and not honours(verdicts[mode].lowering_class):
             mode = self._unproven(backend, mode, verdicts, node, PrefixId(prefix_id))
         return mode
@@ -250,7 +174,7 @@ class ClaimIO:
             "claim_id": claim_id,
             "owner_scope": self.owner_scope,
             "object_id": SEQUENCE_OBJECT,
-            "cache_identity": (await self.identity(backend)).to_dict(),
+            "cache_identity": (await self.facts.identity(backend)).to_dict(),
             "protection_mode": mode.value,
             "ttl_s": ttl,
         }
@@ -270,7 +194,7 @@ class ClaimIO:
         plan: ClaimPlan,
         node: str,
     ) -> None:
-        log = self._log()
+        log = self.outcome_log()
         if log is not None:
             log.claim_planned(
                 claim_id=claim_id,
@@ -408,7 +332,7 @@ class ClaimIO:
         honour (its lowering's class) is never submitted: see ``_unproven``."""
         mode: ProtectionMode | None = plan.mode
         st = self.stats
-        verdicts = await self.lowering(backend)
+        verdicts = await self.facts.lowering(backend)
         while mode is not None:
             if not honours(verdicts[mode].lowering_class):
                 mode = self._unproven(backend, mode, verdicts, node, prefix_id)
@@ -421,7 +345,7 @@ class ClaimIO:
                 claim_id=claim_id,
                 owner_scope=self.owner_scope,
                 object_id=prefix_id,
-                cache_identity=await self.identity(backend),
+                cache_identity=await self.facts.identity(backend),
                 footprint_blocks=ctx.footprint_blocks,
                 protection_mode=mode,
                 ttl_s=ttl,
@@ -512,7 +436,7 @@ class ClaimIO:
 
     def log_end(self, held: HeldClaim, reason: str, **extra: Any) -> None:
         """Log that ``held`` ended (``claim_ended``): why, its last state, how long held."""
-        log = self._log()
+        log = self.outcome_log()
         if log is not None:
             log.claim_ended(
                 claim_id=held.claim_id,
@@ -533,62 +457,3 @@ class ClaimIO:
         held.end_reason, held.state = reason, "unknown"
         self.ended.append(held)
         self.log_end(held, reason)
-
-    async def take_events(self, backends: Sequence[ClaimsProtocol]) -> EventOutcomes:
-        """Take this session's new events from ``backends``: log each, bring the held claims'
-        states up to date, and say which held claims lapsed or were harmed."""
-        out = EventOutcomes()
-        # ended claims too: a claim harmed while held may be let go (superseded by its node's
-        # next call) before the harm event is read; it is harm all the same
-        by_id = {h.claim_id: h for h in self.ended}
-        by_id.update((h.claim_id, h) for h in self.releasing)
-        by_id.update((h.claim_id, h) for h in self.held.values())
-        log = self._log()
-        for backend in backends:
-            since = self._cursor.get(backend.name, 0)
-            while True:
-                try:
-                    page = await backend.events(since, id_prefix=self.session_id)
-                except BackendUnavailable as exc:
-                    # read again next round from the same cursor; an instance that stays
-                    # gone is failed over, its claims reported lost (FleetBackend)
-                    _log.warning("events_unavailable", backend=backend.name, error=repr(exc))
-                    break
-                for ev in page.events:
-                    out.events.append(ev)
-                    if log is not None:
-                        known = by_id.get(ev.claim_id) if ev.claim_id else None
-                        node = (
-                            known.node
-                            if known is not None
-                            else self.request_nodes.get(ev.request_id or "")
-                        )
-                        log.claim_event(ev, backend=backend.name, node=node)
-                    self._apply(ev, by_id.get(ev.claim_id) if ev.claim_id else None, out)
-                if page.next_since <= since:
-                    break
-                since = page.next_since
-                if not page.more:
-                    break
-            self._cursor[backend.name] = since
-        return out
-
-    def _apply(self, ev: ClaimEvent, held: HeldClaim | None, out: EventOutcomes) -> None:
-        state = _STATE_OF.get(ev.event)
-        if held is None or state is None:
-            return
-        held.state = state.value
-        st = self.stats
-        if state is ClaimState.HARMED:
-            if held.claim_id not in self._harmed:
-                self._harmed.add(held.claim_id)
-                st.claims_harmed += 1
-                out.harmed.append((held, ev))
-        elif self.held.get(held.node) is not held:
-            return  # a lapse of a claim already let go changes nothing
-        elif state in (ClaimState.DEMOTED, ClaimState.EXPIRED):
-            if state is ClaimState.DEMOTED:
-                st.claims_demoted += 1
-            else:
-                st.claims_expired += 1
-            out.lapsed.append((held, ev))

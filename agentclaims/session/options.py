@@ -41,7 +41,7 @@ Sleep = Callable[[float], Awaitable[None]]
 
 AUTO_PLANNER = "auto"
 """The default ``planner``: the preset follows what the backend says it does
-(``ClaimedSession._follow_backend``)."""
+(``ClaimKeeper.follow_backend``)."""
 UNRANKED = "default"
 """The preset ``auto`` plans with until the backend's descriptor says otherwise."""
 

@@ -5,7 +5,7 @@ call carries, in its ``agentclaims`` object, the claim on what it will leave cac
 (``@sequence``), planned before it from what is known then (the graph, the tools the node's
 last reply called, the learned waits), and the releases that waited for a call: the claim it
 supersedes and those the session let go. Neither costs an engine request of its own. The
-session revises the claim once the reply is in (``ClaimedSession._after_riding``).
+session revises the claim once the reply is in (``ClaimKeeper._after_riding``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,110 @@
+"""``ClaimEvents``: the session's claim events, taken after every call.
+
+Each event lands in the outcome log as it is read, brings the state of the claim it names up
+to date, and says which held claims lapsed (demoted, expired) or were harmed. What to do about
+it is the session's reaction policy (``agentclaims.session.outcomes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import structlog
+
+from agentclaims.contract import ClaimEvent, ClaimState, EventName
+from agentclaims.errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    from agentclaims.protocol import ClaimsProtocol
+    from agentclaims.session.claims import ClaimIO, HeldClaim
+
+__all__ = ["ClaimEvents", "EventOutcomes"]
+
+_log = structlog.get_logger("agentclaims.session")
+_STATE_OF = {
+    EventName.RESIDENT_CLAIM_MATERIALIZED: ClaimState.MATERIALIZED,
+    EventName.RESIDENT_CLAIM_DEMOTED: ClaimState.DEMOTED,
+    EventName.RESIDENT_CLAIM_EXPIRED: ClaimState.EXPIRED,
+    EventName.RESIDENT_CLAIM_HARMED: ClaimState.HARMED,
+}
+
+
+@dataclass(slots=True)
+class EventOutcomes:
+    """What one round of taken events did to the held claims."""
+
+    events: list[ClaimEvent] = field(default_factory=list)
+    lapsed: list[tuple[HeldClaim, ClaimEvent]] = field(default_factory=list)
+    """Held claims demoted or expired while the session still wanted them."""
+    harmed: list[tuple[HeldClaim, ClaimEvent]] = field(default_factory=list)
+
+
+class ClaimEvents:
+    """The events of ``io``'s claims, read from each backend from where the last read ended."""
+
+    def __init__(self, io: ClaimIO) -> None:
+        self._io = io
+        self._cursor: dict[str, int] = {}
+        self._harmed: set[str] = set()  # claims whose harm was counted
+
+    async def take(self, backends: Sequence[ClaimsProtocol]) -> EventOutcomes:
+        """Take this session's new events from ``backends``: log each, bring the held claims'
+        states up to date, and say which held claims lapsed or were harmed."""
+        io = self._io
+        out = EventOutcomes()
+        # ended claims too: a claim harmed while held may be let go (superseded by its node's
+        # next call) before the harm event is read; it is harm all the same
+        by_id = {h.claim_id: h for h in io.ended}
+        by_id.update((h.claim_id, h) for h in io.releasing)
+        by_id.update((h.claim_id, h) for h in io.held.values())
+        log = io.outcome_log()
+        for backend in backends:
+            since = self._cursor.get(backend.name, 0)
+            while True:
+                try:
+                    page = await backend.events(since, id_prefix=io.session_id)
+                except BackendUnavailable as exc:
+                    # read again next round from the same cursor; an instance that stays
+                    # gone is failed over, its claims reported lost (FleetBackend)
+                    _log.warning("events_unavailable", backend=backend.name, error=repr(exc))
+                    break
+                for ev in page.events:
+                    out.events.append(ev)
+                    if log is not None:
+                        known = by_id.get(ev.claim_id) if ev.claim_id else None
+                        node = (
+                            known.node
+                            if known is not None
+                            else io.request_nodes.get(ev.request_id or "")
+                        )
+                        log.claim_event(ev, backend=backend.name, node=node)
+                    self._apply(ev, by_id.get(ev.claim_id) if ev.claim_id else None, out)
+                if page.next_since <= since:
+                    break
+                since = page.next_since
+                if not page.more:
+                    break
+            self._cursor[backend.name] = since
+        return out
+
+    def _apply(self, ev: ClaimEvent, held: HeldClaim | None, out: EventOutcomes) -> None:
+        state = _STATE_OF.get(ev.event)
+        if held is None or state is None:
+            return
+        held.state = state.value
+        st = self._io.stats
+        if state is ClaimState.HARMED:
+            if held.claim_id not in self._harmed:
+                self._harmed.add(held.claim_id)
+                st.claims_harmed += 1
+                out.harmed.append((held, ev))
+        elif self._io.held.get(held.node) is not held:
+            return  # a lapse of a claim already let go changes nothing
+        elif state in (ClaimState.DEMOTED, ClaimState.EXPIRED):
+            if state is ClaimState.DEMOTED:
+                st.claims_demoted += 1
+            else:
+                st.claims_expired += 1
+            out.lapsed.append((held, ev))

@@ -1,0 +1,218 @@
+"""``SessionLifecycle``: a session entered and ended, once.
+
+Entering takes the pool's admission, opens the outcome log and the tracing (when asked for),
+and makes the session the current one (``current_session``: a context variable, task-local).
+Ending, also on an exception or a cancellation, releases every claim (shielded), logs
+``session_ended`` with how the run ended, and closes the log and the trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import Iterator
+from contextvars import ContextVar, Token
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from agentclaims.errors import (
+    BackendUnavailable,
+    ClaimHarmed,
+    ClaimOutcomeError,
+    UnknownNameError,
+    UsageError,
+)
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import TracerProvider
+
+    from agentclaims.session.options import CheckedOptions
+    from agentclaims.session.session import ClaimedSession
+
+__all__ = ["END_REASONS", "SessionLifecycle", "current_session"]
+
+END_REASONS = ("completed", "error", "cancelled", "closed")
+"""How a session's run ended (``ClaimedSession.end_reason``, ``session_ended.reason``)."""
+
+_current: ContextVar[ClaimedSession | None] = ContextVar("agentclaims_session", default=None)
+
+
+def current_session() -> ClaimedSession | None:
+    """The session of the running workflow, if any (a context variable: task-local)."""
+    return _current.get()
+
+
+class SessionLifecycle:
+    """How ``session`` is entered and ended; what ending releases."""
+
+    def __init__(self, session: ClaimedSession, options: CheckedOptions) -> None:
+        self._s = session
+        self.log_dir: Path | None = options.log_dir
+        self._log_stream: TextIO | None = options.log_stream
+        self._tracing = options.tracing
+        self._tracer_provider: TracerProvider | None = options.tracer_provider
+        self._trace_token: Token[Context] | None = None
+        self._token: Any = None
+        self._started = 0.0
+        self._closed = False
+        self._ending: str | None = None
+
+    @property
+    def entered(self) -> bool:
+        """Entered and not ended yet."""
+        return self._token is not None and not self._closed
+
+    async def enter(self) -> None:
+        """Admission, then the outcome log and tracing; the session becomes the current one."""
+        s = self._s
+        if self._token is not None or self._closed:
+            raise UsageError("session", "a ClaimedSession can be entered once")
+        await s.route.admit()  # a pool with an admission window may make it wait
+        try:
+            if self._tracing_on():
+                from agentclaims.observability.otel import SessionTracer
+
+                s.tracer = SessionTracer(self._tracer_provider)
+            if self.log_dir is not None or self._log_stream is not None or s.tracer is not None:
+                from agentclaims.observability import WorkflowLog
+
+                s.log = WorkflowLog(
+                    s.workflow_id,
+                    s.session_id,
+                    directory=self.log_dir,
+                    stream=self._log_stream,
+                    thread_id=s.thread_id,
+                    listeners=() if s.tracer is None else (s.tracer,),
+                )
+        except BaseException:
+            s.tracer = None
+            s.route.leave()  # not entered after all: its slot goes to the next one
+            raise
+        self._started = s.clock()
+        s.loop = asyncio.get_running_loop()
+        self._token = _current.set(s)
+        self._log_session("session_started", backend=s.backend.name)
+        if s.tracer is not None:  # spans the workflow starts nest in the session's
+            self._trace_token = s.tracer.activate()
+
+    def _tracing_on(self) -> bool:
+        """Whether this run is traced: ``tracing`` as given, or (``None``) when a tracer
+        provider was given or the application set a global one. Nothing is imported to find
+        out: without ``opentelemetry.trace`` loaded, no provider can have been set."""
+        if self._tracing is not None:
+            return self._tracing
+        if self._tracer_provider is not None:
+            return True
+        if "opentelemetry.trace" not in sys.modules:
+            return False
+        from agentclaims.observability.otel import provider_is_configured
+
+        return provider_is_configured()
+
+    def ending(self, reason: str) -> None:
+        """Why the run is about to end (``ClaimedSession.ending``)."""
+        if reason not in END_REASONS:
+            raise UnknownNameError("reason", reason, END_REASONS)
+        self._ending = reason
+
+    async def exit(self, exc: BaseException | None) -> None:
+        """End the run (once): release every claim, log ``session_ended``, close the log and
+        the trace; a claim error raised below the OpenAI client is raised unwrapped."""
+        s = self._s
+        if self._closed:
+            return  # ended once already
+        self._closed = True
+        if exc is None:
+            reason = "completed"
+        elif isinstance(exc, GeneratorExit):
+            reason = "closed"
+        elif isinstance(exc, asyncio.CancelledError):
+            reason = self._ending or "cancelled"
+        else:
+            reason = self._ending if self._ending == "closed" else "error"
+        s.end_reason = reason
+        try:
+            # release even when the workflow was cancelled: shield the cleanup
+            await asyncio.shield(s.release_all())
+        finally:
+            with contextlib.suppress(ValueError):
+                # a stream closed later runs this in another context (the token is not its
+                # own there): nothing is set in that context, so nothing needs resetting
+                _current.reset(self._token)
+            s.route.leave()  # its affinity no longer counts as load
+            self._log_session(
+                "session_ended",
+                reason=reason,
+                duration_s=round(s.clock() - self._started, 6),
+                error=None if exc is None or reason == "closed" else type(exc).__name__,
+                hit_ratio=round(s.stats.hit_ratio, 6),
+                llm_calls=s.stats.llm_calls,
+                tool_calls=s.stats.tool_calls,
+                claims_submitted=s.stats.claims_submitted,
+            )
+            if s.log is not None:
+                s.log.close()
+            if s.tracer is not None:
+                s.tracer.close()  # ended with session_ended already; anything left now
+                s.tracer.deactivate(self._trace_token)
+                self._trace_token = None
+        cause = _claim_error_in(exc)
+        if cause is not None and cause is not exc:
+            raise cause from exc
+
+    async def release_all(self, reason: str) -> None:
+        """Release every claim (``ClaimedSession.release_all``)."""
+        s, io = self._s, self._s.io
+        harmed: ClaimHarmed | None = None
+        try:
+            await s.settle()
+        finally:
+            try:
+                await s.outcomes.react(await io.events.take(s.route.backends()), lapses=False)
+            except ClaimHarmed as exc:
+                harmed = exc
+            except BackendUnavailable:
+                pass  # a backend gone away tells no events; its claims are still let go below
+            finally:
+                held = list(io.held.values())
+                io.held.clear()
+                for claim in held:
+                    await io.release(s.route.named(claim.backend), claim, reason)
+                waiting, io.releasing = io.releasing, []
+                for claim in waiting:  # no call of this session will carry them now
+                    await io.release(
+                        s.route.named(claim.backend), claim, claim.end_reason or reason
+                    )
+                with contextlib.suppress(BackendUnavailable):
+                    await io.events.take(s.route.backends())
+        if harmed is not None:
+            raise harmed
+
+    @contextlib.contextmanager
+    def activated(self) -> Iterator[ClaimedSession]:
+        """The session current inside the block (``ClaimedSession.activated``)."""
+        if not self.entered:
+            raise UsageError("session", "only an entered session that has not ended is activated")
+        token = _current.set(self._s)
+        try:
+            yield self._s
+        finally:
+            _current.reset(token)
+
+    def _log_session(self, event: str, **fields: Any) -> None:
+        if self._s.log is not None:
+            self._s.log.session(event, **fields)
+
+
+def _claim_error_in(exc: BaseException | None) -> ClaimOutcomeError | BackendUnavailable | None:
+    """A ClaimOutcomeError or BackendUnavailable raised below the OpenAI client arrives
+    wrapped: find it."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ClaimOutcomeError | BackendUnavailable):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None

@@ -1,0 +1,96 @@
+"""``SessionTools``: the session's tool-call API.
+
+A tool call starts (the agent's claim held across it as planned, or the session's reaction
+applied: ``toolhold``) and ends (its real duration learned by the wait model, counted, logged).
+``async with session.tool_call(...)`` wraps both; LangGraph's tools are recorded the same way by
+``agentclaims.bindings.tools`` (``start_tool`` / ``finish_tool``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from agentclaims.errors import UsageError
+from agentclaims.session.toolhold import hold_for_tool
+
+if TYPE_CHECKING:
+    from agentclaims.session.claims import HeldClaim
+    from agentclaims.session.session import ClaimedSession
+
+__all__ = ["SessionTools", "ToolRun", "in_explicit_tool_call"]
+
+_in_tool: ContextVar[bool] = ContextVar("agentclaims_in_tool", default=False)
+
+
+def in_explicit_tool_call() -> bool:
+    """Whether the code running is inside ``async with session.tool_call(...)``."""
+    return _in_tool.get()
+
+
+@dataclass(slots=True)
+class ToolRun:
+    """One tool call in progress (``ClaimedSession.start_tool``)."""
+
+    tool: str
+    agent: str
+    predicted_s: float
+    held: HeldClaim | None
+    started: float
+    error: str | None = None
+
+
+class SessionTools:
+    """Starts and finishes ``session``'s tool calls."""
+
+    def __init__(self, session: ClaimedSession) -> None:
+        self._s = session
+
+    @contextlib.asynccontextmanager
+    async def tool_call(self, tool: str, *, node: str | None = None) -> AsyncIterator[None]:
+        """``start_tool``, the block, ``finish_tool`` (``ClaimedSession.tool_call``)."""
+        run = await self._s.start_tool(tool, node=node)
+        token = _in_tool.set(True)
+        try:
+            yield
+        except BaseException as exc:
+            run.error = type(exc).__name__
+            raise
+        finally:
+            _in_tool.reset(token)
+            self._s.finish_tool(run)
+
+    async def start_tool(
+        self, tool: str, *, node: str | None = None, step_node: str | None = None
+    ) -> ToolRun:
+        """A tool call starts (``ClaimedSession.start_tool``)."""
+        if not isinstance(tool, str) or not tool:
+            raise UsageError("tool", f"must be a non-empty string, got {tool!r}")
+        s = self._s
+        await s.settle()
+        agent = s.workflow.agent_of_tool(node or s.last_agent)
+        predicted = s.workflow.tool_started(tool, agent, step_node)
+        async with s.keeper.lock:
+            held = await hold_for_tool(s, tool, agent, predicted)
+        return ToolRun(tool, agent, predicted, held, s.clock())
+
+    def finish_tool(self, run: ToolRun) -> None:
+        """A tool call ended (``ClaimedSession.finish_tool``)."""
+        s = self._s
+        duration = max(0.0, s.clock() - run.started)
+        s.workflow.tool_finished(run.tool, run.agent, duration)
+        s.stats.tool_calls += 1
+        if s.log is not None:
+            held = run.held
+            s.log.tool_call(
+                tool=run.tool,
+                duration_s=round(duration, 6),
+                predicted_s=round(run.predicted_s, 6),
+                ttl_s=None if held is None else held.plan.ttl_s,
+                claim_ids=[] if held is None else [held.claim_id],
+                node=run.agent,
+                error=run.error,
+            )
