@@ -34,7 +34,8 @@ from agentclaims.replay.traces import (
     TraceSource,
     parse_trace,
 )
-from agentclaims.replay.vllm_pool import AgentClaimsVllmPolicy, LruVllmPolicy, VllmPoolEngine
+from agentclaims.replay.vllm_pool import VllmPoolEngine
+from agentclaims.replay.vllm_rows import AgentClaimsVllmPolicy, LruVllmPolicy
 
 __all__ = [
     "FUTURE_POLICIES",

@@ -3,7 +3,7 @@
 The agent side (:class:`~agentclaims.replay.pipeline.SessionPipeline`) claims each agent's
 prefix through the engine's claims API; the engine ranks resident blocks by predicted next use
 (:class:`~agentclaims.engine.NextUsePolicy`). The row on vLLM's pool is
-:mod:`agentclaims.replay.vllm_pool`'s. Registered by name in :mod:`agentclaims.replay.policies`.
+:mod:`agentclaims.replay.vllm_rows`'s. Registered by name in :mod:`agentclaims.replay.policies`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ the tool an agent waits on is its kind.
 What becomes of a plan is the backend's: :class:`SessionPipeline` leaves the claims port to a
 subclass (which blocks a claim covers, claim, release, what a new call, a wait for sub-agents
 and an agent's end say). :class:`~agentclaims.replay.policies.AgentClaimsPolicy` speaks the
-reference engine's claims API; :class:`~agentclaims.replay.vllm_pool.AgentClaimsVllmPolicy`
+reference engine's claims API; :class:`~agentclaims.replay.vllm_rows.AgentClaimsVllmPolicy`
 the agentclaims connector's holds on vLLM's pool.
 """
 

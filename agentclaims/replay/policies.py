@@ -30,7 +30,7 @@ from agentclaims.replay.baselines import ContinuumPolicy, KVFlowPolicy, LruRepla
 from agentclaims.replay.grouped import ReuseProbPolicy, SagaPolicy
 from agentclaims.replay.model import ReplayPolicy, ServiceModel
 from agentclaims.replay.optimal import OptimalPolicy
-from agentclaims.replay.vllm_pool import AgentClaimsVllmPolicy, LruVllmPolicy
+from agentclaims.replay.vllm_rows import AgentClaimsVllmPolicy, LruVllmPolicy
 
 if TYPE_CHECKING:
     from agentclaims.replay.harness import Schedule
