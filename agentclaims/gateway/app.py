@@ -9,47 +9,31 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Protocol, cast
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, cast
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from agentclaims.contract import (
-    SCHEMA_VERSION,
-    BlockHash,
-    ClaimId,
-    ClaimSpec,
-    OwnerScope,
-    RequestId,
-)
+from agentclaims.contract import SCHEMA_VERSION
 from agentclaims.engine import ReferenceKV
-from agentclaims.errors import (
-    AgentClaimsError,
-    ContractViolation,
-    OperationNotExposed,
-    UnknownClaim,
-    UsageError,
-)
+from agentclaims.errors import AgentClaimsError, UsageError
+from agentclaims.gateway.claim_routes import ClaimRoutes
+from agentclaims.gateway.completions import CompletionRoutes
+from agentclaims.gateway.extension import Extension, Instance
 from agentclaims.gateway.ledger import Ledger
-from agentclaims.gateway.limits import BodyTooLarge, Limits, parse_body
+from agentclaims.gateway.limits import BodyTooLarge, Limits
 from agentclaims.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from agentclaims.gateway.openapi import openapi
+from agentclaims.gateway.params import tenant_of
 from agentclaims.gateway.service import Service
-from agentclaims.gateway.streaming import (
-    DONE,
-    JSONResponse,
-    event,
-    respond,
-    stream_requested,
-    unstreamed,
-)
-from agentclaims.gateway.tenants import Tenant, TenantKeys
+from agentclaims.gateway.sides import KVSide
+from agentclaims.gateway.streaming import JSONResponse
+from agentclaims.gateway.tenants import TenantKeys
 from agentclaims.gateway.text import TextSide
 from agentclaims.gateway.writer import ScriptedWriter, TokenizingKV
 from agentclaims.lowering import (
@@ -64,24 +48,11 @@ from agentclaims.protocol import (
     INSTANCE_HEADER,
     INSTANCE_URL_HEADER,
     ROUTER_SAFE_HEADER,
-    ActiveRequest,
-    ActiveServing,
-    ClaimsProtocol,
-    ClaimView,
-    InstanceControl,
-    Renewal,
-    ServeResult,
     error_body,
     exception_error,
-    refusal_error,
     timing,
 )
-from agentclaims.protocol.writer import (
-    CompletionCall,
-    CompletionKind,
-    ReplyStream,
-    ReplyWriter,
-)
+from agentclaims.protocol.writer import ReplyWriter
 
 __all__ = [
     "INSTANCE_HEADER",
@@ -93,171 +64,13 @@ __all__ = [
     "create_app",
 ]
 
-
-class KVSide(ClaimsProtocol, ActiveServing, Protocol):
-    """What the gateway serves: the claims protocol with active serving. ``InstanceControl``
-    and a ``metrics()`` method are used if present, and so are a ``lowering`` attribute (its
-    lowering descriptor: a document or a file) and a ``runtime_version`` one (the version of
-    the runtime it lowers onto). Who writes the replies is a ``ReplyWriter``: the KV side itself
-    (``VllmKV``), or a text side over a KV side that tokenizes (``ScriptedWriter``)."""
-
-    block_size: int
-
-
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-@dataclass(frozen=True, slots=True)
-class Instance:
-    """Who this gateway is in a fleet (docs/fleet.md)."""
-
-    instance_id: str = "gateway"
-    advertise_url: str | None = None
-    behind_router: bool = False
-
-    @property
-    def fields(self) -> dict[str, str]:
-        """The same, in a completion's ``agentclaims`` object and a refusal's error body:
-        routers pass bodies through but not every header."""
-        out = {"instance": self.instance_id}
-        if self.advertise_url:
-            out["instance_url"] = self.advertise_url
-        return out
-
-    @property
-    def headers(self) -> dict[str, str]:
-        out = {INSTANCE_HEADER: self.instance_id}
-        if self.advertise_url:
-            out[INSTANCE_URL_HEADER] = self.advertise_url
-        return out
-
-
-_MAX_TOKEN_ID = 2**31
-_MAX_RELEASES = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Extension:
-    """The ``agentclaims`` object of a completion request's body (every field optional)."""
-
-    session_id: str | None = None
-    workflow_id: str | None = None
-    owner_scope: str | None = None
-    node: str | None = None
-    step: int | None = None
-    admit: bool = True
-    request_id: str | None = None
-    claims: tuple[Mapping[str, Any], ...] = ()
-    release: tuple[str, ...] = ()
-    """Claims of this request's owner to let go before it runs: they ride on it."""
-
-    @classmethod
-    def parse(cls, body: Mapping[str, Any]) -> Extension:
-        raw = body.get(EXTENSION_KEY)
-        if raw is None:
-            return cls()
-        if not isinstance(raw, Mapping):
-            raise UsageError(EXTENSION_KEY, f"expected an object, got {raw!r}")
-        known = {"session_id", "workflow_id", "owner_scope", "node", "step", "admit"}
-        known |= {"request_id", "claims", "release"}
-        extra = set(raw) - known
-        if extra:
-            raise UsageError(EXTENSION_KEY, f"unknown fields {sorted(extra)}")
-        strings = {}
-        for name in ("session_id", "workflow_id", "owner_scope", "node", "request_id"):
-            value = raw.get(name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise UsageError(
-                    f"{EXTENSION_KEY}.{name}", f"must be a non-empty string, got {value!r}"
-                )
-            strings[name] = value
-        step = raw.get("step")
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-            raise UsageError(
-                f"{EXTENSION_KEY}.step", f"must be a non-negative integer, got {step!r}"
-            )
-        admit = raw.get("admit", True)
-        if not isinstance(admit, bool):
-            raise UsageError(f"{EXTENSION_KEY}.admit", f"must be true or false, got {admit!r}")
-        claims = raw.get("claims")
-        claims = [] if claims is None else claims
-        if not isinstance(claims, list):
-            raise UsageError(f"{EXTENSION_KEY}.claims", f"must be a list, got {claims!r}")
-        release = raw.get("release")
-        release = [] if release is None else release
-        if (
-            not isinstance(release, list)
-            or len(release) > _MAX_RELEASES
-            or not all(isinstance(c, str) and c for c in release)
-            or len(set(release)) != len(release)
-        ):
-            raise UsageError(
-                f"{EXTENSION_KEY}.release",
-                f"must be a list of at most {_MAX_RELEASES} distinct claim ids, got {release!r}",
-            )
-        return cls(step=step, admit=admit, claims=tuple(claims), release=tuple(release), **strings)
-
-    @property
-    def default_owner(self) -> str | None:
-        return self.owner_scope or self.session_id or self.workflow_id
-
-
-async def _json_object(request: Request) -> dict[str, Any]:
-    """The body as a JSON object, within the gateway's limits (``limits.parse_body``)."""
-    limits: Limits = getattr(request.app.state, "limits", None) or Limits()
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
-        raise BodyTooLarge("body", f"{length} bytes; at most {limits.max_body_bytes}")
-    return parse_body(await request.body(), limits)
-
-
-def _optional_str(body: Mapping[str, Any], name: str) -> str | None:
-    value = body.get(name)
-    if value is not None and (not isinstance(value, str) or not value):
-        raise UsageError(name, f"must be a non-empty string, got {value!r}")
-    return value
-
-
-def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise UsageError(name, f"must be an integer, got {raw!r}") from None
-    if not low <= value <= high:
-        raise UsageError(name, f"must be within {low}..{high}, got {value}")
-    return value
-
-
-def _owner(request: Request, body: Mapping[str, Any] | None = None) -> OwnerScope:
-    """The owner scope a claims-API call names, checked against the caller's tenant."""
-    owner = (body or {}).get("owner_scope") or request.query_params.get("owner_scope")
-    if not isinstance(owner, str) or not owner:
-        raise UsageError("owner_scope", "missing: name the claim's owner scope")
-    service: Service = request.app.state.gateway.service
-    return OwnerScope(service.owner(owner, _tenant(request)) or owner)
-
-
-def _tenant(request: Request) -> Tenant | None:
-    """The tenant of the request's key (set by ``_Gateway.counted``); ``None`` without keys."""
-    return getattr(request.state, "tenant", None)
-
-
-def _claim_owners(claims: Sequence[Any], default_owner: str | None) -> dict[str, str]:
-    """claim_id -> owner scope of a request's claim dicts (for the ledger)."""
-    out = {}
-    for c in claims:
-        if isinstance(c, Mapping) and isinstance(c.get("claim_id"), str):
-            owner = c.get("owner_scope") or default_owner
-            if isinstance(owner, str):
-                out[c["claim_id"]] = owner
-    return out
-
-
 class _Gateway:
-    """The route handlers over one KV side and one text side."""
+    """The gateway over one KV side and its reply writer: the introspection routes and the
+    plumbing every route goes through. The completions (``CompletionRoutes``) and the claims
+    API (``ClaimRoutes``) have their own."""
 
     def __init__(
         self,
@@ -278,262 +91,8 @@ class _Gateway:
         self.calls: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self.prometheus = GatewayMetrics(self.stats)
-
-    # ------------------------------------------------------------------ completions
-    async def _completion(self, request: Request, kind: CompletionKind) -> Response:
-        """Both completion endpoints: the call checked (nothing changes on bad input), the
-        claims it releases let go, the reply written with its KV life, the claims' decisions
-        in its ``agentclaims`` object; streamed as the engine produces it where it can."""
-        body = await _json_object(request)
-        ext = Extension.parse(body)
-        tenant = _tenant(request)
-        owner = self.service.owner(ext.default_owner, tenant)
-        call = self.writer.prepare(
-            CompletionCall(
-                kind,
-                body,
-                claims=tuple(self.service.claims(ext.claims, owner, tenant)),
-                owner_scope=owner,
-                cache_salt=self.service.salt(_optional_str(body, "cache_salt"), tenant),
-                request_id=self.service.inner(ext.request_id, tenant) if ext.request_id else None,
-                admit=ext.admit,
-                node=ext.node,
-            )
-        )
-        streamed = stream_requested(body)  # (#13) a bad stream field is refused up front
-        released = await self._release(ext, owner, tenant)
-        writer = self.writer
-        if streamed and writer.streams and (not call.claims or writer.streams_claims):
-            return await self._stream(request, call, tenant, released)
-        # a reply written whole (a scripted one, or claims whose answer vLLM sends only in an
-        # answer read whole): the gateway then streams it itself (#13)
-        written = await writer.write(replace(call, body=unstreamed(body)) if streamed else call)
-        result = await self.service.served(
-            written.result, _claim_owners(call.claims, owner), tenant, owner
-        )
-        if not result.outcome.served:
-            return self._refusal(request, result)
-        payload = dict(written.payload)
-        if isinstance(payload.get("id"), str):  # it names the request: as the caller named it
-            payload["id"] = self.service.shown_text(payload["id"], tenant)
-        payload[EXTENSION_KEY] = self._extension(result, released)
-        return respond(body, payload)  # JSON, or server-sent events (#13)
-
-    async def _release(
-        self, ext: Extension, owner: str | None, tenant: Tenant | None
-    ) -> list[dict[str, Any]]:
-        """Let go of the claims a completion names in ``agentclaims.release`` (its owner's),
-        before it runs; their ids and states, for its answer. Each is checked first: another
-        owner's is refused and nothing changes. One this gateway does not know (the call
-        reached another instance than the claim's, say) is held nowhere here: ``unknown``,
-        not an error, so a release never costs the call it rides on."""
-        if not ext.release:
-            return []
-        if owner is None:
-            raise UsageError(
-                f"{EXTENSION_KEY}.release", "needs the owner scope (or session id) of its claims"
-            )
-        scope = OwnerScope(owner)
-        known = []
-        for shown in ext.release:
-            cid = ClaimId(self.service.inner(shown, tenant))
-            try:
-                await self.kv.get_claim(cid, scope)
-            except UnknownClaim:
-                continue
-            known.append(cid)
-        states: dict[str, str] = {}
-        for cid in known:
-            states[cid] = (await self.kv.release_claim(cid, scope)).state.value
-        await self.service.sync()
-        return [
-            {"claim_id": shown, "state": states.get(self.service.inner(shown, tenant), "unknown")}
-            for shown in ext.release
-        ]
-
-    async def _stream(
-        self,
-        request: Request,
-        call: CompletionCall,
-        tenant: Tenant | None,
-        released: Sequence[Mapping[str, Any]] = (),
-    ) -> Response:
-        """A streamed completion on the upstream engine: its chunks passed on as it produces
-        them, then one chunk more with the ``agentclaims`` object (its usage and its claims'
-        decisions inside). A request the engine ends before its first token (refused) is the
-        claim-scoped refusal, not a stream; a client that leaves early closes the engine's
-        stream (it aborts)."""
-        owner = call.owner_scope
-        owners = _claim_owners(call.claims, owner)
-        streamed = await self.writer.stream(call)
-        try:
-            early = await streamed.start()
-            if early is not None:
-                early = await self.service.served(early, owners, tenant, owner)
-                if not early.outcome.served:
-                    await streamed.aclose()
-                    return self._refusal(request, early)
-        except BaseException:
-            await streamed.aclose()
-            raise
-
-        async def events() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in streamed.chunks():
-                    yield event(chunk)
-                result = early or await self.service.served(
-                    _settled(streamed), owners, tenant, owner
-                )
-                ext = {**self._extension(result, released), "usage": streamed.usage}
-                yield event({**streamed.shape, "choices": [], EXTENSION_KEY: ext})
-                yield DONE
-            finally:
-                await streamed.aclose()
-
-        return StreamingResponse(
-            events(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
-        )
-
-    def _extension(
-        self, result: ServeResult, released: Sequence[Mapping[str, Any]] = ()
-    ) -> dict[str, Any]:
-        """The ``agentclaims`` object of an upstream engine's answer."""
-        return {
-            "request_id": result.outcome.request_id,
-            "outcome": result.outcome.to_dict(),
-            "prefix_ids": result.prefix_ids,
-            "decisions": [d.to_dict() for d in result.decisions],
-            "events_seq": result.events_seq,
-            **({"deferred_s": result.deferred_s} if result.deferred_s else {}),
-            **({"released": list(released)} if released else {}),
-            **self.instance.fields,
-        }
-
-    def _refusal(self, request: Request, result: ServeResult) -> Response:
-        """A request the KV side did not serve: its claim-scoped refusal (409, or 503 where
-        the router may retry it elsewhere), counted."""
-        status, headers, err = refusal_error(
-            result.outcome, result.prefix_ids, router_safe=self.router_safe(request)
-        )
-        err["error"].update(self.instance.fields)
-        self.errors[err["error"]["type"]] += 1
-        return JSONResponse(err, status_code=status, headers=headers)
-
-    async def chat_completions(self, request: Request) -> Response:
-        return await self._completion(request, "chat")
-
-    async def completions(self, request: Request) -> Response:
-        return await self._completion(request, "completion")
-
-    async def submit_claim(self, request: Request) -> Response:
-        body = await _json_object(request)
-        claim: Any = body.get("claim")  # from_dict names the field if it is not an object
-        tenant = _tenant(request)
-        spec = self.service.spec(ClaimSpec.from_dict(claim), tenant)
-        hashes = _block_hashes(body) if body.get("block_hashes") is not None else None
-        self.service.check_prefix(spec, hashes, tenant)
-        decision = await self.kv.submit_claim(spec, hashes)
-        await self.service.decided([decision], {spec.claim_id: spec.owner_scope}, tenant)
-        return JSONResponse(self.service.shown_decision(decision, tenant).to_dict())
-
-    def _claim_id(self, request: Request) -> ClaimId:
-        """The claim the path names, in the caller's namespace."""
-        return ClaimId(self.service.inner(request.path_params["claim_id"], _tenant(request)))
-
-    def _view(self, view: ClaimView, request: Request) -> Response:
-        return JSONResponse(self.service.shown_view(view, _tenant(request)).to_dict())
-
-    async def get_claim(self, request: Request) -> Response:
-        view = await self.kv.get_claim(self._claim_id(request), _owner(request))
-        return self._view(view, request)
-
-    async def renew_claim(self, request: Request) -> Response:
-        body = await _json_object(request)
-        terms = {k: v for k, v in body.items() if k != "owner_scope"}
-        renewal = Renewal.from_dict(terms, where="renewal")
-        owner = _owner(request, body)
-        tenant = _tenant(request)
-        if tenant is not None and tenant.max_ttl_s is not None:
-            self.service.check_ttl(renewal.ttl_s, tenant)
-        view = await self.kv.renew_claim(self._claim_id(request), owner, renewal)
-        await self.service.sync()
-        return self._view(view, request)
-
-    async def release_claim(self, request: Request) -> Response:
-        body = await _json_object(request) if request.method == "POST" else {}
-        view = await self.kv.release_claim(self._claim_id(request), _owner(request, body))
-        await self.service.sync()
-        return self._view(view, request)
-
-    async def events(self, request: Request) -> Response:
-        since = _int_param(request, "since", 0, 0, 2**62)
-        limit = _int_param(request, "limit", 10_000, 1, 100_000)
-        id_prefix = request.query_params.get("id_prefix") or None
-        page = await self.service.events(
-            since, limit=limit, id_prefix=id_prefix, tenant=_tenant(request)
-        )
-        return JSONResponse(page.to_dict())
-
-    async def residency(self, request: Request) -> Response:
-        """Leading resident blocks per prefix id, or (``block_hashes``) residency per block."""
-        body = await _json_object(request)
-        tenant = _tenant(request)
-        if "block_hashes" in body:
-            # a block hash names no tenant: per-block residency is the operator's (conformance)
-            TenantKeys.require_admin(tenant, "residency by block_hashes")
-            hashes = _block_hashes(body)
-            return JSONResponse({"resident": await self.kv.block_residency(hashes)})
-        ids = body.get("prefix_ids")
-        if not isinstance(ids, list) or not all(isinstance(p, str) for p in ids):
-            raise UsageError("prefix_ids", "must be a list of prefix id strings")
-        mine = [p for p in ids if self.service.owns_prefix(p, tenant)]
-        residency = await self.kv.residency(mine) if mine else {}
-        # another tenant's prefix is, to this one, a prefix never served: 0 resident blocks
-        return JSONResponse({"residency": {p: residency.get(p, 0) for p in ids}})
-
-    async def active(self, request: Request) -> Response:
-        """Serve one active request given by token ids or block hashes (no text is written):
-        the ``ServeResult``, refusals included, as data."""
-        body = await _json_object(request)
-        tenant = _tenant(request)
-        active = ActiveRequest.from_dict(body, where="request")
-        if tenant is not None:
-            owner = self.service.owner(active.owner_scope, tenant)
-            claims = self.service.claims(active.claims, owner, tenant)
-            active = replace(
-                active,
-                request_id=RequestId(self.service.inner(active.request_id, tenant)),
-                owner_scope=None if owner is None else OwnerScope(owner),
-                claims=claims,
-                cache_salt=self.service.salt(active.cache_salt, tenant),
-            )
-        result = await self.kv.serve(active)
-        result = await self.service.served(
-            result, _claim_owners(active.claims, active.owner_scope), tenant, active.owner_scope
-        )
-        return JSONResponse(result.to_dict())
-
-    async def fresh_instance(self, request: Request) -> Response:
-        body = await _json_object(request)
-        kv = self._instance_control("fresh_instance")
-        usable: Any = body.get("usable_blocks")
-        identity = await kv.fresh_instance(usable, _owner(request, body))
-        await self.service.sync()
-        return JSONResponse({"cache_identity": identity.to_dict()})
-
-    async def step(self, request: Request) -> Response:
-        body = await _json_object(request)
-        n = body.get("n", 1)
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1_000_000:
-            raise UsageError("n", f"must be an integer within 1..1000000, got {n!r}")
-        await self._instance_control("step").step(n)
-        await self.service.sync()
-        return JSONResponse({"stepped": n})
-
-    def _instance_control(self, operation: str) -> InstanceControl:
-        if not isinstance(self.kv, InstanceControl):
-            raise OperationNotExposed(self.kv.name, operation)
-        return self.kv
+        self.completion_routes = CompletionRoutes(kv, writer, service, instance, self.errors)
+        self.claim_routes = ClaimRoutes(kv, service)
 
     # ------------------------------------------------------------------ introspection
     async def descriptor(self, request: Request) -> Response:
@@ -627,11 +186,6 @@ class _Gateway:
         return Response(self.prometheus.render(), media_type=CONTENT_TYPE)
 
     # ------------------------------------------------------------------ plumbing
-    def router_safe(self, request: Request) -> bool:
-        """Whether a deferral answers 409 (behind a router: ``--behind-router``, or the client's
-        ``X-Agentclaims-Router-Safe: 1``), not 503."""
-        return self.instance.behind_router or request.headers.get(ROUTER_SAFE_HEADER) == "1"
-
     def counted(self, name: str, handler: Handler) -> Handler:
         """The route's handler behind the service's checks: the caller's key (401 without
         one), an operator key for operator routes (403), not while stopping (503), and the
@@ -666,7 +220,9 @@ class _Gateway:
     async def on_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, AgentClaimsError)
         status, body = exception_error(exc)
-        body = self.service.shown_body(body, _tenant(request))  # its own ids, as it named them
+        body = self.service.namespace.shown_body(
+            body, tenant_of(request)
+        )  # its own ids, as it named them
         if isinstance(exc, BodyTooLarge):
             status = 413
         self.errors[body["error"]["type"]] += 1
@@ -740,19 +296,20 @@ def create_app(
         )
     service = Service(kv, keys, ledger)
     gw = _Gateway(kv, writer, name, lowering, service, instance or Instance())
+    comp, claims = gw.completion_routes, gw.claim_routes
     table: list[tuple[str, Handler, list[str]]] = [
-        ("/v1/chat/completions", gw.chat_completions, ["POST"]),
-        ("/v1/completions", gw.completions, ["POST"]),
-        ("/v1/claims", gw.submit_claim, ["POST"]),
-        ("/v1/claims/{claim_id}", gw.get_claim, ["GET"]),
-        ("/v1/claims/{claim_id}", gw.release_claim, ["DELETE"]),
-        ("/v1/claims/{claim_id}/renew", gw.renew_claim, ["POST"]),
-        ("/v1/claims/{claim_id}/release", gw.release_claim, ["POST"]),
-        ("/v1/events", gw.events, ["GET"]),
-        ("/v1/residency", gw.residency, ["POST"]),
-        ("/v1/active", gw.active, ["POST"]),
-        ("/v1/instance", gw.fresh_instance, ["POST"]),
-        ("/v1/instance/step", gw.step, ["POST"]),
+        ("/v1/chat/completions", comp.chat_completions, ["POST"]),
+        ("/v1/completions", comp.completions, ["POST"]),
+        ("/v1/claims", claims.submit_claim, ["POST"]),
+        ("/v1/claims/{claim_id}", claims.get_claim, ["GET"]),
+        ("/v1/claims/{claim_id}", claims.release_claim, ["DELETE"]),
+        ("/v1/claims/{claim_id}/renew", claims.renew_claim, ["POST"]),
+        ("/v1/claims/{claim_id}/release", claims.release_claim, ["POST"]),
+        ("/v1/events", claims.events, ["GET"]),
+        ("/v1/residency", claims.residency, ["POST"]),
+        ("/v1/active", claims.active, ["POST"]),
+        ("/v1/instance", claims.fresh_instance, ["POST"]),
+        ("/v1/instance/step", claims.step, ["POST"]),
         ("/v1/descriptor", gw.descriptor, ["GET"]),
         ("/v1/models", gw.models, ["GET"]),
         ("/health", gw.health, ["GET"]),
@@ -803,20 +360,3 @@ _OPEN_ROUTES = frozenset({"GET /health", "GET /openapi.json"})
 _OPERATOR_ROUTES = frozenset(
     {"GET /metrics", "GET /v1/stats", "POST /v1/instance", "POST /v1/instance/step"}
 )
-
-
-def _settled(stream: ReplyStream) -> ServeResult:
-    """The KV life of a stream its chunks have all been read of."""
-    if stream.result is None:
-        raise ContractViolation("the reply stream ended without its KV life")
-    return stream.result
-
-
-def _block_hashes(body: Mapping[str, Any]) -> list[BlockHash]:
-    hashes = body.get("block_hashes")
-    if not (
-        isinstance(hashes, list)
-        and all(isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**64 for h in hashes)
-    ):
-        raise UsageError("block_hashes", "must be a list of 64-bit unsigned integers")
-    return [BlockHash(h) for h in hashes]

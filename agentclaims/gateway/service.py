@@ -5,8 +5,8 @@ ledger it is a pass-through (the embedded default). With either:
 
 - every request but ``/health`` and ``/openapi.json`` names its tenant by its key; the claim
   ids, owner scopes and request ids a tenant names live in a namespace of its own inside the KV
-  side (``<tenant>/<id>``), so tenants never meet in an id and another tenant's object is, to
-  one, an id never issued;
+  side (``<tenant>/<id>``: ``TenantNamespace``), so tenants never meet in an id and another
+  tenant's object (a prefix id too: ``TenantPrefixes``) is, to one, an id never issued;
 - a tenant's claims are checked against its limits by the KV side's claim gate, so a claim
   over quota is refused by the arbiter itself (``refuse_residency_claim``, the reason named,
   ``resident_claim_rejected`` in the stream);
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import hashlib
-import hmac
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,17 +32,15 @@ from agentclaims.contract import (
     ClaimSpec,
     EventName,
     OwnerScope,
-    RequestId,
-    prefix_id_of,
 )
 from agentclaims.errors import ServiceUnavailable, UsageError
 from agentclaims.gateway.ledger import Ledger, LedgerClaim
+from agentclaims.gateway.namespace import TenantNamespace
+from agentclaims.gateway.prefixes import TenantPrefixes
 from agentclaims.gateway.tenants import Tenant, TenantKeys
 from agentclaims.protocol import (
-    ActiveOutcome,
     ClaimDecision,
     ClaimsProtocol,
-    ClaimView,
     EventPage,
     ServeResult,
 )
@@ -81,11 +77,12 @@ class Service:
         self._inner: list[int] = []
         self._outer: list[int] = []
         self._reserved: dict[str, tuple[str, int, bool]] = {}
-        self._prefix_tenant: OrderedDict[str, str] = OrderedDict()
-        """Prefix ids given to tenants -> the tenant (the last ``_REMEMBERED``)."""
+        self.prefixes = TenantPrefixes(_REMEMBERED)
+        """The prefix ids given to tenants: a tenant may name only its own."""
         self._tenant_of_id: OrderedDict[str, str] = OrderedDict()
         """Request and claim ids of this process -> tenant (events of claims never accepted)."""
-        self._secret = b"" if ledger is None else ledger.secret().encode()
+        self.namespace = TenantNamespace(b"" if ledger is None else ledger.secret().encode())
+        """Each tenant's ids inside the KV side, and its cache salt."""
         self.counts: Counter[tuple[str, str]] = Counter()
         """(tenant, what) -> n: requests, refused, deferred, claims_refused, per tenant."""
         self.ends: Counter[tuple[str, str, str]] = Counter()
@@ -135,7 +132,7 @@ class Service:
         tenants may use the same owner scope without meeting. It is bound to its tenant in the
         ledger once an operation naming it succeeds (``bind``): a request that fails leaves no
         trace."""
-        return None if owner is None else self.inner(owner, tenant)
+        return None if owner is None else self.namespace.inner(owner, tenant)
 
     def bind(self, owners: Iterable[str | None], tenant: Tenant | None) -> None:
         """Bind the owner scopes a successful operation named to its tenant (first one wins)."""
@@ -144,13 +141,6 @@ class Service:
         for owner in owners:
             if owner is not None and owner not in self.ledger.owners:
                 self.ledger.bind_owner(owner, tenant.name)
-
-    def salt(self, cache_salt: str | None, tenant: Tenant | None) -> str | None:
-        """The tenant's own salt (the client's, if any, inside it)."""
-        if tenant is None:
-            return cache_salt
-        mac = hmac.new(self._secret, tenant.name.encode(), hashlib.sha256).hexdigest()[:32]
-        return f"{mac}:{cache_salt}" if cache_salt else mac
 
     def claims(
         self, raw: Sequence[Any], default_owner: str | None, tenant: Tenant | None
@@ -170,9 +160,9 @@ class Service:
                     item["ttl_s"] = tenant.max_ttl_s
                 named = item.get("object_id")
                 if isinstance(named, str) and not named.startswith("@"):
-                    self._own_or_unknown(named, tenant)
+                    self.prefixes.own_or_unknown(named, tenant)
                 if isinstance(item.get("claim_id"), str):
-                    item["claim_id"] = self.inner(item["claim_id"], tenant)
+                    item["claim_id"] = self.namespace.inner(item["claim_id"], tenant)
                     self._remember(item["claim_id"], tenant)
             out.append(item)
         return tuple(out)
@@ -181,8 +171,10 @@ class Service:
         """A claim submitted on its own, checked like one sent with a request."""
         if tenant is None:
             return spec
-        claim_id = ClaimId(self.inner(spec.claim_id, tenant))
-        spec = replace(spec, claim_id=claim_id, owner_scope=self.inner(spec.owner_scope, tenant))
+        claim_id = ClaimId(self.namespace.inner(spec.claim_id, tenant))
+        spec = replace(
+            spec, claim_id=claim_id, owner_scope=self.namespace.inner(spec.owner_scope, tenant)
+        )
         self._remember(spec.claim_id, tenant)
         if tenant.max_ttl_s is not None and spec.ttl_s is None:
             return replace(spec, ttl_s=tenant.max_ttl_s)
@@ -292,17 +284,17 @@ class Service:
         """After a completion: its tenant's counts, its claims recorded, its events in the
         ledger, and its ``events_seq`` in the ledger's numbering."""
         if tenant is not None:
-            self._own_prefixes(result.prefix_ids, tenant)
+            self.prefixes.own(result.prefix_ids, tenant)
             self.counts[tenant.name, "requests"] += 1
             outcome = result.outcome
             if not outcome.served:
                 self.counts[tenant.name, "deferred" if outcome.deferred else "refused"] += 1
             self._remember(outcome.request_id, tenant)
         if self.ledger is None:
-            return self.shown_result(result, tenant)
+            return self.namespace.shown_result(result, tenant)
         self.bind([owner], tenant)
         await self.decided(result.decisions, owners, tenant)
-        return self.shown_result(
+        return self.namespace.shown_result(
             replace(result, events_seq=self.outer_seq(result.events_seq)), tenant
         )
 
@@ -330,148 +322,6 @@ class Service:
             self._cursor = page.next_since
             if not page.more:
                 return
-
-    # ------------------------------------------------------------------ ids per tenant
-    # A tenant's claim ids, owner scopes and request ids live in a namespace of its own inside
-    # the KV side (``<tenant>/<id>``): two tenants may use the same ids without meeting, and an
-    # id of another tenant is, to this one, an id never issued. Without keys, and for an
-    # operator's key, ids are the KV side's own. Answers show a tenant its own ids as it named
-    # them; another tenant's (a claim in the way of its request) only as an opaque token.
-    def _ns(self, tenant: Tenant | None) -> str:
-        if tenant is None or tenant.admin:
-            return ""
-        return tenant.name.replace("%", "%25").replace("/", "%2F") + "/"
-
-    def inner(self, id_: str, tenant: Tenant | None) -> str:
-        """``id_`` as ``tenant`` named it -> as the KV side knows it."""
-        return self._ns(tenant) + id_
-
-    def shown(self, id_: str, tenant: Tenant | None) -> str:
-        """An id of the KV side -> as ``tenant`` may see it."""
-        ns = self._ns(tenant)
-        if not ns:
-            return id_
-        if id_.startswith(ns):
-            return id_[len(ns) :]
-        mac = hmac.new(self._secret, id_.encode(), hashlib.sha256).hexdigest()[:16]
-        return f"other:{mac}"
-
-    def shown_text(self, text: str, tenant: Tenant | None) -> str:
-        """A message of the KV side with ``tenant``'s namespace taken out of its ids."""
-        ns = self._ns(tenant)
-        return text.replace(ns, "") if ns else text
-
-    def shown_body(self, body: Any, tenant: Tenant | None) -> Any:
-        """An error body (JSON data) with ``tenant``'s namespace taken out of every string."""
-        if not self._ns(tenant):
-            return body
-        if isinstance(body, str):
-            return self.shown_text(body, tenant)
-        if isinstance(body, Mapping):
-            return {k: self.shown_body(v, tenant) for k, v in body.items()}
-        if isinstance(body, list | tuple):
-            return [self.shown_body(v, tenant) for v in body]
-        return body
-
-    def shown_outcome(self, outcome: ActiveOutcome, tenant: Tenant | None) -> ActiveOutcome:
-        if not self._ns(tenant):
-            return outcome
-        return replace(
-            outcome,
-            request_id=RequestId(self.shown(outcome.request_id, tenant)),
-            blocking_claim_ids=tuple(
-                ClaimId(self.shown(c, tenant)) for c in outcome.blocking_claim_ids
-            ),
-        )
-
-    def shown_decision(self, decision: ClaimDecision, tenant: Tenant | None) -> ClaimDecision:
-        if not self._ns(tenant):
-            return decision
-        return replace(
-            decision,
-            claim_id=ClaimId(self.shown(decision.claim_id, tenant)),
-            reason=None if decision.reason is None else self.shown_text(decision.reason, tenant),
-        )
-
-    def shown_view(self, view: ClaimView, tenant: Tenant | None) -> ClaimView:
-        if not self._ns(tenant):
-            return view
-        return replace(
-            view,
-            claim_id=ClaimId(self.shown(view.claim_id, tenant)),
-            owner_scope=OwnerScope(self.shown(view.owner_scope, tenant)),
-        )
-
-    def shown_result(self, result: ServeResult, tenant: Tenant | None) -> ServeResult:
-        if not self._ns(tenant):
-            return result
-        return replace(
-            result,
-            outcome=self.shown_outcome(result.outcome, tenant),
-            decisions=tuple(self.shown_decision(d, tenant) for d in result.decisions),
-        )
-
-    def shown_event(self, event: ClaimEvent, tenant: Tenant | None) -> ClaimEvent:
-        data = dict(event.data)
-        for key in ("blocking_claim_ids", "claim_ids"):
-            if isinstance(data.get(key), list | tuple):
-                data[key] = [self.shown(str(c), tenant) for c in data[key]]
-        for key in ("owner_scope", "superseded_by"):
-            if isinstance(data.get(key), str):
-                data[key] = self.shown(data[key], tenant)
-        return replace(
-            event,
-            claim_id=None
-            if event.claim_id is None
-            else ClaimId(self.shown(event.claim_id, tenant)),
-            request_id=(
-                None
-                if event.request_id is None
-                else RequestId(self.shown(event.request_id, tenant))
-            ),
-            data=data,
-        )
-
-    # ------------------------------------------------------------------ prefixes per tenant
-    def _own_prefixes(self, prefix_ids: Any, tenant: Tenant) -> None:
-        """The prefix ids a completion gave ``tenant``: its own from now on (a tenant's blocks
-        are hashed with its own salt, so no other tenant is ever given the same id)."""
-        if isinstance(prefix_ids, str):
-            self._prefix_tenant[prefix_ids] = tenant.name
-            self._prefix_tenant.move_to_end(prefix_ids)
-            while len(self._prefix_tenant) > _REMEMBERED:
-                self._prefix_tenant.popitem(last=False)
-        elif isinstance(prefix_ids, Mapping):
-            for value in prefix_ids.values():
-                self._own_prefixes(value, tenant)
-        elif isinstance(prefix_ids, list | tuple):
-            for value in prefix_ids:
-                self._own_prefixes(value, tenant)
-
-    def owns_prefix(self, prefix_id: str, tenant: Tenant | None) -> bool:
-        """Whether ``tenant`` may name ``prefix_id``: one it was given (any, without keys; an
-        operator's key, any). Another tenant's id is, to it, an id never issued."""
-        if tenant is None or tenant.admin:
-            return True
-        return self._prefix_tenant.get(prefix_id) == tenant.name
-
-    def check_prefix(
-        self, spec: ClaimSpec, hashes: Sequence[int] | None, tenant: Tenant | None
-    ) -> None:
-        """A claim on its own names a prefix ``tenant`` was given, and ``hashes`` (if any) are
-        that prefix's: else 400 ``unknown prefix``, as for an id never issued (nothing says
-        whether another tenant has it)."""
-        if tenant is None or tenant.admin:
-            return
-        named = spec.object_id
-        if hashes is not None and (not hashes or prefix_id_of(list(hashes)) != named):
-            raise UsageError("block_hashes", f"are not the blocks of prefix {named!r}")
-        self._own_or_unknown(named, tenant)
-
-    def _own_or_unknown(self, prefix_id: str, tenant: Tenant) -> None:
-        """``tenant``'s own prefix, or the 400 an id never issued gets."""
-        if not self.owns_prefix(prefix_id, tenant):
-            raise UsageError("object_id", f"unknown prefix {prefix_id!r}: serve it first")
 
     def _remember(self, id_: str, tenant: Tenant) -> None:
         self._tenant_of_id[id_] = tenant.name
@@ -513,11 +363,13 @@ class Service:
             return await self.kv.events(since, id_prefix=id_prefix, limit=limit)
         await self.sync()
         name = None if tenant is None or tenant.admin else tenant.name
-        inner_prefix = None if id_prefix is None else self.inner(id_prefix, tenant)
+        inner_prefix = None if id_prefix is None else self.namespace.inner(id_prefix, tenant)
         page = self.ledger.page(since, limit=limit, tenant=name, id_prefix=inner_prefix)
-        if not self._ns(tenant):
+        if not self.namespace.ns(tenant):
             return page
-        return replace(page, events=tuple(self.shown_event(ev, tenant) for ev in page.events))
+        return replace(
+            page, events=tuple(self.namespace.shown_event(ev, tenant) for ev in page.events)
+        )
 
     # ------------------------------------------------------------------ figures
     def health(self) -> dict[str, Any]:

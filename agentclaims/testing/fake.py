@@ -130,6 +130,78 @@ def _positive_count(name: str, value: object) -> int:
     return value
 
 
+def _scripted(
+    action: ArbiterAction,
+    feasibility: Feasibility,
+    blocking: Sequence[str],
+    shortfall_blocks: int,
+    retry_after_s: float | None,
+) -> ActiveOutcome:
+    """The outcome a test scripts for the next requests, its arguments checked."""
+    if isinstance(blocking, str):
+        raise UsageError("blocking", "expected a sequence of claim ids, got a string")
+    if retry_after_s is not None and not (
+        isinstance(retry_after_s, int | float) and retry_after_s >= 0
+    ):
+        raise UsageError("retry_after_s", f"must be a number >= 0, got {retry_after_s!r}")
+    return ActiveOutcome(
+        _PENDING,
+        action,
+        Feasibility(feasibility),
+        blocking_claim_ids=tuple(ClaimId(c) for c in blocking),
+        shortfall_blocks=_positive_count("shortfall_blocks", shortfall_blocks),
+        retry_after_s=retry_after_s,
+    )
+
+
+class _Cache:
+    """What ``FakeKV`` has cached (every block served, until the test evicts it), and the
+    prefixes it named."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.blocks: set[BlockHash] = set()
+        self.prefixes: dict[PrefixId, tuple[BlockHash, ...]] = {}
+
+    def name_prefixes(
+        self, request: ActiveRequest, hashes: tuple[BlockHash, ...], prompt_blocks: int
+    ) -> dict[str, Any]:
+        """Name the prompt, the sequence and (chat) every message boundary as a prefix."""
+        ends = itertools.accumulate(len(seg) for seg in request.segments)
+        by_message = request.chat and request.block_hashes is None
+        return {
+            "prompt": self._prefix(hashes[:prompt_blocks]),
+            "sequence": self._prefix(hashes),
+            "messages": [self._prefix(hashes[: e // self.block_size]) for e in ends]
+            if by_message
+            else [],
+        }
+
+    def _prefix(self, blocks: tuple[BlockHash, ...]) -> PrefixId | None:
+        if not blocks:
+            return None
+        pid = prefix_id_of(blocks)
+        self.prefixes[pid] = blocks
+        return pid
+
+    def evict(self, prefix_id: str) -> None:
+        """Drop a known prefix's blocks."""
+        blocks = self.prefixes.get(PrefixId(prefix_id))
+        if blocks is None:
+            raise UsageError("prefix_id", f"unknown prefix {prefix_id!r}")
+        self.blocks.difference_update(blocks)
+
+    def present(self, blocks: Sequence[BlockHash]) -> int:
+        return sum(h in self.blocks for h in blocks)
+
+    def leading(self, blocks: Sequence[BlockHash]) -> int:
+        return sum(1 for _ in itertools.takewhile(self.blocks.__contains__, blocks))
+
+    def holds(self, claim: _Claim) -> bool:
+        present = [h in self.blocks for h in claim.blocks]
+        return claim.spec.materialization_predicate.holds(present)
+
+
 def fake_descriptor() -> dict[str, Any]:
     """``FakeKV``'s lowering descriptor: a claims speaker deciding each claim itself (as the
     test says) in every mode but ``offloadable``, which it has no tier for (``unknown``)."""
@@ -218,8 +290,7 @@ class FakeKV:
         self.clock = clock
         self._events = EventLog(self, EVENTS_KEPT)
         self._claims: dict[str, _Claim] = {}
-        self._prefixes: dict[PrefixId, tuple[BlockHash, ...]] = {}
-        self._cached: set[BlockHash] = set()
+        self._cache = _Cache(self.block_size)
         self._outcomes: deque[ActiveOutcome] = deque()
         self._refusals: dict[ProtectionMode | None, str] = {}
 
@@ -254,7 +325,9 @@ class FakeKV:
         action = infeasible.get(feasibility)  # a StrEnum: its value finds it too
         if action is None:
             raise UsageError("feasibility", f"a refusal is infeasible, got {feasibility!r}")
-        self._script(n, action, feasibility, blocking, shortfall_blocks, retry_after_s)
+        n = _positive_count("n", n)
+        outcome = _scripted(action, feasibility, blocking, shortfall_blocks, retry_after_s)
+        self._outcomes.extend(itertools.repeat(outcome, n))
 
     def defer_requests(
         self,
@@ -271,33 +344,9 @@ class FakeKV:
             if blocking
             else Feasibility.FEASIBLE_AFTER_ACTIVE_DRAIN
         )
-        self._script(
-            n, ArbiterAction.DEFER_ACTIVE, feasibility, blocking, shortfall_blocks, retry_after_s
-        )
-
-    def _script(
-        self,
-        n: int,
-        action: ArbiterAction,
-        feasibility: Feasibility,
-        blocking: Sequence[str],
-        shortfall_blocks: int,
-        retry_after_s: float | None,
-    ) -> None:
-        _positive_count("n", n)
-        if isinstance(blocking, str):
-            raise UsageError("blocking", "expected a sequence of claim ids, got a string")
-        if retry_after_s is not None and not (
-            isinstance(retry_after_s, int | float) and retry_after_s >= 0
-        ):
-            raise UsageError("retry_after_s", f"must be a number >= 0, got {retry_after_s!r}")
-        outcome = ActiveOutcome(
-            _PENDING,
-            action,
-            Feasibility(feasibility),
-            blocking_claim_ids=tuple(ClaimId(c) for c in blocking),
-            shortfall_blocks=_positive_count("shortfall_blocks", shortfall_blocks),
-            retry_after_s=retry_after_s,
+        n = _positive_count("n", n)
+        outcome = _scripted(
+            ArbiterAction.DEFER_ACTIVE, feasibility, blocking, shortfall_blocks, retry_after_s
         )
         self._outcomes.extend(itertools.repeat(outcome, n))
 
@@ -327,15 +376,12 @@ class FakeKV:
     def evict(self, prefix_id: str) -> None:
         """Drop a known prefix's blocks from the cache. A materialized claim (not
         ``best_effort``) whose predicate breaks is harmed, cause ``evicted``."""
-        blocks = self._prefixes.get(PrefixId(prefix_id))
-        if blocks is None:
-            raise UsageError("prefix_id", f"unknown prefix {prefix_id!r}")
-        self._cached.difference_update(blocks)
+        self._cache.evict(prefix_id)
         for claim in list(self._claims.values()):
             if (
                 claim.state is ClaimState.MATERIALIZED
                 and claim.spec.protection_mode is not ProtectionMode.BEST_EFFORT
-                and not self._holds(claim)
+                and not self._cache.holds(claim)
             ):
                 self.harm(claim.spec.claim_id, cause="evicted")
 
@@ -385,7 +431,7 @@ class FakeKV:
             hashes = tuple(request.block_hashes)
             prompt_blocks = len(hashes)
         specs = self._request_claims(request, hashes[:prompt_blocks], hashes)
-        prefix_ids = self._remember_prefixes(request, hashes, prompt_blocks)
+        prefix_ids = self._cache.name_prefixes(request, hashes, prompt_blocks)
         if self._outcomes:
             outcome = dataclasses.replace(self._outcomes.popleft(), request_id=request.request_id)
             self._events.emit(
@@ -397,7 +443,7 @@ class FakeKV:
                 **{k: v for k, v in outcome.to_dict().items() if k in _REFUSAL_FIELDS},
             )
             return ServeResult(outcome, prefix_ids, events_seq=self.last_seq, block_hashes=hashes)
-        hits = self._leading_cached(hashes[:prompt_blocks])
+        hits = self._cache.leading(hashes[:prompt_blocks])
         if request.admit:
             self._arrive(hashes)
         decisions = tuple(self._decide(spec, blocks) for spec, blocks in specs)
@@ -425,7 +471,7 @@ class FakeKV:
 
     async def block_residency(self, block_hashes: Sequence[BlockHash]) -> list[bool]:
         self._record("block_residency", block_hashes=tuple(block_hashes))
-        return [h in self._cached for h in block_hashes]
+        return [h in self._cache.blocks for h in block_hashes]
 
     # ------------------------------------------------------------------ claims API
     async def submit_claim(
@@ -487,7 +533,7 @@ class FakeKV:
 
     async def residency(self, prefix_ids: Sequence[PrefixId]) -> dict[PrefixId, int]:
         self._record("residency", prefix_ids=tuple(prefix_ids))
-        return {p: self._leading_cached(self._prefixes.get(p, ())) for p in prefix_ids}
+        return {p: self._cache.leading(self._cache.prefixes.get(p, ())) for p in prefix_ids}
 
     async def descriptor(self) -> dict[str, Any]:
         self._record("descriptor")
@@ -504,27 +550,6 @@ class FakeKV:
     def _record(self, operation: str, **args: Any) -> None:
         self.calls.append(Call(operation, args))
 
-    def _remember_prefixes(
-        self, request: ActiveRequest, hashes: tuple[BlockHash, ...], prompt_blocks: int
-    ) -> dict[str, Any]:
-        """Name the prompt, the sequence and (chat) every message boundary as a prefix."""
-        ends = itertools.accumulate(len(seg) for seg in request.segments)
-        by_message = request.chat and request.block_hashes is None
-        return {
-            "prompt": self._prefix(hashes[:prompt_blocks]),
-            "sequence": self._prefix(hashes),
-            "messages": [self._prefix(hashes[: e // self.block_size]) for e in ends]
-            if by_message
-            else [],
-        }
-
-    def _prefix(self, blocks: tuple[BlockHash, ...]) -> PrefixId | None:
-        if not blocks:
-            return None
-        pid = prefix_id_of(blocks)
-        self._prefixes[pid] = blocks
-        return pid
-
     def _request_claims(
         self,
         request: ActiveRequest,
@@ -538,7 +563,7 @@ class FakeKV:
             owner_scope=request.owner_scope,
             prompt=prompt,
             sequence=sequence,
-            known=lambda pid: self._prefixes.get(PrefixId(pid)),
+            known=lambda pid: self._cache.prefixes.get(PrefixId(pid)),
             exists=self._claims.__contains__,
         )
 
@@ -549,7 +574,7 @@ class FakeKV:
         if spec.claim_id in self._claims:
             raise UsageError("claim_id", f"claim {spec.claim_id!r} already exists")
         if blocks is None:
-            blocks = self._prefixes.get(PrefixId(spec.object_id))
+            blocks = self._cache.prefixes.get(PrefixId(spec.object_id))
         return claim_blocks(spec, blocks)
 
     def _refusal(self, spec: ClaimSpec) -> str | None:
@@ -576,7 +601,7 @@ class FakeKV:
             decision=Decision.ACCEPTED.value,
             protection_mode=spec.protection_mode.value,
             conditions={},
-            present_blocks=sum(h in self._cached for h in blocks),
+            present_blocks=self._cache.present(blocks),
         )
         self._materialize(claim)
         return accepted(claim)
@@ -587,20 +612,13 @@ class FakeKV:
         claim.expires_at_ns = None if ttl_s is None else self.clock() + int(ttl_s * 1e9)
 
     def _arrive(self, hashes: tuple[BlockHash, ...]) -> None:
-        self._cached.update(hashes)
+        self._cache.blocks.update(hashes)
         for claim in list(self._claims.values()):
             self._materialize(claim)
 
     def _materialize(self, claim: _Claim) -> None:
-        if claim.state is ClaimState.ACCEPTED and self._holds(claim):
+        if claim.state is ClaimState.ACCEPTED and self._cache.holds(claim):
             self._transition(claim, ClaimState.MATERIALIZED, EventName.RESIDENT_CLAIM_MATERIALIZED)
-
-    def _holds(self, claim: _Claim) -> bool:
-        present = [h in self._cached for h in claim.blocks]
-        return claim.spec.materialization_predicate.holds(present)
-
-    def _leading_cached(self, blocks: Sequence[BlockHash]) -> int:
-        return sum(1 for _ in itertools.takewhile(self._cached.__contains__, blocks))
 
     def _claim(self, claim_id: str) -> _Claim:
         claim = self._claims.get(claim_id)
@@ -620,8 +638,8 @@ class FakeKV:
 
     def _view(self, claim: _Claim) -> ClaimView:
         return claim.view(
-            present_blocks=sum(h in self._cached for h in claim.blocks),
-            holds=self._holds(claim),
+            present_blocks=self._cache.present(claim.blocks),
+            holds=self._cache.holds(claim),
             expires_at_step=claim.expires_at_step,
             expires_at_ns=claim.expires_at_ns,
         )

@@ -1,0 +1,149 @@
+"""``ClaimRoutes``: the claims API (submit, read, renew, release, events, residency), an active
+request served as data, and instance control; each through the service (tenants, quotas, the
+ledger) to the KV side."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from agentclaims.contract import ClaimId, ClaimSpec, OwnerScope, RequestId
+from agentclaims.errors import OperationNotExposed, UsageError
+from agentclaims.gateway.params import (
+    block_hashes_of,
+    claim_owners,
+    int_param,
+    json_object,
+    owner_of,
+    tenant_of,
+)
+from agentclaims.gateway.service import Service
+from agentclaims.gateway.sides import KVSide
+from agentclaims.gateway.streaming import JSONResponse
+from agentclaims.gateway.tenants import TenantKeys
+from agentclaims.protocol import ActiveRequest, ClaimView, InstanceControl, Renewal
+
+__all__ = ["ClaimRoutes"]
+
+
+class ClaimRoutes:
+    """The claims-API routes over one KV side, through its service."""
+
+    def __init__(self, kv: KVSide, service: Service) -> None:
+        self.kv = kv
+        self.service = service
+
+    async def submit_claim(self, request: Request) -> Response:
+        body = await json_object(request)
+        claim: Any = body.get("claim")  # from_dict names the field if it is not an object
+        tenant = tenant_of(request)
+        spec = self.service.spec(ClaimSpec.from_dict(claim), tenant)
+        hashes = block_hashes_of(body) if body.get("block_hashes") is not None else None
+        self.service.prefixes.check(spec, hashes, tenant)
+        decision = await self.kv.submit_claim(spec, hashes)
+        await self.service.decided([decision], {spec.claim_id: spec.owner_scope}, tenant)
+        return JSONResponse(self.service.namespace.shown_decision(decision, tenant).to_dict())
+
+    def _claim_id(self, request: Request) -> ClaimId:
+        """The claim the path names, in the caller's namespace."""
+        return ClaimId(
+            self.service.namespace.inner(request.path_params["claim_id"], tenant_of(request))
+        )
+
+    def _view(self, view: ClaimView, request: Request) -> Response:
+        return JSONResponse(self.service.namespace.shown_view(view, tenant_of(request)).to_dict())
+
+    async def get_claim(self, request: Request) -> Response:
+        view = await self.kv.get_claim(self._claim_id(request), owner_of(request))
+        return self._view(view, request)
+
+    async def renew_claim(self, request: Request) -> Response:
+        body = await json_object(request)
+        terms = {k: v for k, v in body.items() if k != "owner_scope"}
+        renewal = Renewal.from_dict(terms, where="renewal")
+        owner = owner_of(request, body)
+        tenant = tenant_of(request)
+        if tenant is not None and tenant.max_ttl_s is not None:
+            self.service.check_ttl(renewal.ttl_s, tenant)
+        view = await self.kv.renew_claim(self._claim_id(request), owner, renewal)
+        await self.service.sync()
+        return self._view(view, request)
+
+    async def release_claim(self, request: Request) -> Response:
+        body = await json_object(request) if request.method == "POST" else {}
+        view = await self.kv.release_claim(self._claim_id(request), owner_of(request, body))
+        await self.service.sync()
+        return self._view(view, request)
+
+    async def events(self, request: Request) -> Response:
+        since = int_param(request, "since", 0, 0, 2**62)
+        limit = int_param(request, "limit", 10_000, 1, 100_000)
+        id_prefix = request.query_params.get("id_prefix") or None
+        page = await self.service.events(
+            since, limit=limit, id_prefix=id_prefix, tenant=tenant_of(request)
+        )
+        return JSONResponse(page.to_dict())
+
+    async def residency(self, request: Request) -> Response:
+        """Leading resident blocks per prefix id, or (``block_hashes``) residency per block."""
+        body = await json_object(request)
+        tenant = tenant_of(request)
+        if "block_hashes" in body:
+            # a block hash names no tenant: per-block residency is the operator's (conformance)
+            TenantKeys.require_admin(tenant, "residency by block_hashes")
+            hashes = block_hashes_of(body)
+            return JSONResponse({"resident": await self.kv.block_residency(hashes)})
+        ids = body.get("prefix_ids")
+        if not isinstance(ids, list) or not all(isinstance(p, str) for p in ids):
+            raise UsageError("prefix_ids", "must be a list of prefix id strings")
+        mine = [p for p in ids if self.service.prefixes.owns(p, tenant)]
+        residency = await self.kv.residency(mine) if mine else {}
+        # another tenant's prefix is, to this one, a prefix never served: 0 resident blocks
+        return JSONResponse({"residency": {p: residency.get(p, 0) for p in ids}})
+
+    async def active(self, request: Request) -> Response:
+        """Serve one active request given by token ids or block hashes (no text is written):
+        the ``ServeResult``, refusals included, as data."""
+        body = await json_object(request)
+        tenant = tenant_of(request)
+        active = ActiveRequest.from_dict(body, where="request")
+        if tenant is not None:
+            owner = self.service.owner(active.owner_scope, tenant)
+            claims = self.service.claims(active.claims, owner, tenant)
+            active = replace(
+                active,
+                request_id=RequestId(self.service.namespace.inner(active.request_id, tenant)),
+                owner_scope=None if owner is None else OwnerScope(owner),
+                claims=claims,
+                cache_salt=self.service.namespace.salt(active.cache_salt, tenant),
+            )
+        result = await self.kv.serve(active)
+        result = await self.service.served(
+            result, claim_owners(active.claims, active.owner_scope), tenant, active.owner_scope
+        )
+        return JSONResponse(result.to_dict())
+
+    async def fresh_instance(self, request: Request) -> Response:
+        body = await json_object(request)
+        kv = self._instance_control("fresh_instance")
+        usable: Any = body.get("usable_blocks")
+        identity = await kv.fresh_instance(usable, owner_of(request, body))
+        await self.service.sync()
+        return JSONResponse({"cache_identity": identity.to_dict()})
+
+    async def step(self, request: Request) -> Response:
+        body = await json_object(request)
+        n = body.get("n", 1)
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1_000_000:
+            raise UsageError("n", f"must be an integer within 1..1000000, got {n!r}")
+        await self._instance_control("step").step(n)
+        await self.service.sync()
+        return JSONResponse({"stepped": n})
+
+    def _instance_control(self, operation: str) -> InstanceControl:
+        if not isinstance(self.kv, InstanceControl):
+            raise OperationNotExposed(self.kv.name, operation)
+        return self.kv

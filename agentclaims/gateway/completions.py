@@ -1,0 +1,229 @@
+"""``CompletionRoutes``: both completion endpoints, one pipeline.
+
+The call checked (nothing changes on bad input), the claims it releases let go, the reply
+written with its KV life by the ``ReplyWriter`` (streamed as the engine produces it where it
+can), the service's books kept (``Service.served``), and the claims' decisions and the
+gateway's instance in the answer's ``agentclaims`` object; a request the KV side did not serve
+is its claim-scoped refusal.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from agentclaims.contract import ClaimId, OwnerScope
+from agentclaims.errors import ContractViolation, UnknownClaim, UsageError
+from agentclaims.gateway.extension import Extension, Instance
+from agentclaims.gateway.params import claim_owners, json_object, optional_str, tenant_of
+from agentclaims.gateway.service import Service
+from agentclaims.gateway.sides import KVSide
+from agentclaims.gateway.streaming import (
+    DONE,
+    JSONResponse,
+    event,
+    respond,
+    stream_requested,
+    unstreamed,
+)
+from agentclaims.gateway.tenants import Tenant
+from agentclaims.protocol import (
+    EXTENSION_KEY,
+    ROUTER_SAFE_HEADER,
+    ServeResult,
+    refusal_error,
+)
+from agentclaims.protocol.writer import (
+    CompletionCall,
+    CompletionKind,
+    ReplyStream,
+    ReplyWriter,
+)
+
+__all__ = ["CompletionRoutes"]
+
+
+class CompletionRoutes:
+    """``/v1/chat/completions`` and ``/v1/completions`` over a KV side and its reply writer
+    (``errors``: the gateway's error counts, refusals included)."""
+
+    def __init__(
+        self,
+        kv: KVSide,
+        writer: ReplyWriter,
+        service: Service,
+        instance: Instance,
+        errors: Counter[str],
+    ) -> None:
+        self.kv = kv
+        self.writer = writer
+        self.service = service
+        self.instance = instance
+        self.errors = errors
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._completion(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._completion(request, "completion")
+
+    async def _completion(self, request: Request, kind: CompletionKind) -> Response:
+        """Both completion endpoints: the call checked (nothing changes on bad input), the
+        claims it releases let go, the reply written with its KV life, the claims' decisions
+        in its ``agentclaims`` object; streamed as the engine produces it where it can."""
+        body = await json_object(request)
+        ext = Extension.parse(body)
+        tenant = tenant_of(request)
+        owner = self.service.owner(ext.default_owner, tenant)
+        call = self.writer.prepare(
+            CompletionCall(
+                kind,
+                body,
+                claims=tuple(self.service.claims(ext.claims, owner, tenant)),
+                owner_scope=owner,
+                cache_salt=self.service.namespace.salt(optional_str(body, "cache_salt"), tenant),
+                request_id=self.service.namespace.inner(ext.request_id, tenant)
+                if ext.request_id
+                else None,
+                admit=ext.admit,
+                node=ext.node,
+            )
+        )
+        streamed = stream_requested(body)  # (#13) a bad stream field is refused up front
+        released = await self._release(ext, owner, tenant)
+        writer = self.writer
+        if streamed and writer.streams and (not call.claims or writer.streams_claims):
+            return await self._stream(request, call, tenant, released)
+        # a reply written whole (a scripted one, or claims whose answer vLLM sends only in an
+        # answer read whole): the gateway then streams it itself (#13)
+        written = await writer.write(replace(call, body=unstreamed(body)) if streamed else call)
+        result = await self.service.served(
+            written.result, claim_owners(call.claims, owner), tenant, owner
+        )
+        if not result.outcome.served:
+            return self._refusal(request, result)
+        payload = dict(written.payload)
+        if isinstance(payload.get("id"), str):  # it names the request: as the caller named it
+            payload["id"] = self.service.namespace.shown_text(payload["id"], tenant)
+        payload[EXTENSION_KEY] = self._extension(result, released)
+        return respond(body, payload)  # JSON, or server-sent events (#13)
+
+    async def _release(
+        self, ext: Extension, owner: str | None, tenant: Tenant | None
+    ) -> list[dict[str, Any]]:
+        """Let go of the claims a completion names in ``agentclaims.release`` (its owner's),
+        before it runs; their ids and states, for its answer. Each is checked first: another
+        owner's is refused and nothing changes. One this gateway does not know (the call
+        reached another instance than the claim's, say) is held nowhere here: ``unknown``,
+        not an error, so a release never costs the call it rides on."""
+        if not ext.release:
+            return []
+        if owner is None:
+            raise UsageError(
+                f"{EXTENSION_KEY}.release", "needs the owner scope (or session id) of its claims"
+            )
+        scope = OwnerScope(owner)
+        known = []
+        for shown in ext.release:
+            cid = ClaimId(self.service.namespace.inner(shown, tenant))
+            try:
+                await self.kv.get_claim(cid, scope)
+            except UnknownClaim:
+                continue
+            known.append(cid)
+        states: dict[str, str] = {}
+        for cid in known:
+            states[cid] = (await self.kv.release_claim(cid, scope)).state.value
+        await self.service.sync()
+        return [
+            {
+                "claim_id": shown,
+                "state": states.get(self.service.namespace.inner(shown, tenant), "unknown"),
+            }
+            for shown in ext.release
+        ]
+
+    async def _stream(
+        self,
+        request: Request,
+        call: CompletionCall,
+        tenant: Tenant | None,
+        released: Sequence[Mapping[str, Any]] = (),
+    ) -> Response:
+        """A streamed completion on the upstream engine: its chunks passed on as it produces
+        them, then one chunk more with the ``agentclaims`` object (its usage and its claims'
+        decisions inside). A request the engine ends before its first token (refused) is the
+        claim-scoped refusal, not a stream; a client that leaves early closes the engine's
+        stream (it aborts)."""
+        owner = call.owner_scope
+        owners = claim_owners(call.claims, owner)
+        streamed = await self.writer.stream(call)
+        try:
+            early = await streamed.start()
+            if early is not None:
+                early = await self.service.served(early, owners, tenant, owner)
+                if not early.outcome.served:
+                    await streamed.aclose()
+                    return self._refusal(request, early)
+        except BaseException:
+            await streamed.aclose()
+            raise
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in streamed.chunks():
+                    yield event(chunk)
+                result = early or await self.service.served(
+                    _settled(streamed), owners, tenant, owner
+                )
+                ext = {**self._extension(result, released), "usage": streamed.usage}
+                yield event({**streamed.shape, "choices": [], EXTENSION_KEY: ext})
+                yield DONE
+            finally:
+                await streamed.aclose()
+
+        return StreamingResponse(
+            events(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+        )
+
+    def _extension(
+        self, result: ServeResult, released: Sequence[Mapping[str, Any]] = ()
+    ) -> dict[str, Any]:
+        """The ``agentclaims`` object of an upstream engine's answer."""
+        return {
+            "request_id": result.outcome.request_id,
+            "outcome": result.outcome.to_dict(),
+            "prefix_ids": result.prefix_ids,
+            "decisions": [d.to_dict() for d in result.decisions],
+            "events_seq": result.events_seq,
+            **({"deferred_s": result.deferred_s} if result.deferred_s else {}),
+            **({"released": list(released)} if released else {}),
+            **self.instance.fields,
+        }
+
+    def _refusal(self, request: Request, result: ServeResult) -> Response:
+        """A request the KV side did not serve: its claim-scoped refusal (409, or 503 where
+        the router may retry it elsewhere), counted."""
+        status, headers, err = refusal_error(
+            result.outcome, result.prefix_ids, router_safe=self.router_safe(request)
+        )
+        err["error"].update(self.instance.fields)
+        self.errors[err["error"]["type"]] += 1
+        return JSONResponse(err, status_code=status, headers=headers)
+
+    def router_safe(self, request: Request) -> bool:
+        """Whether a deferral answers 409 (behind a router: ``--behind-router``, or the client's
+        ``X-Agentclaims-Router-Safe: 1``), not 503."""
+        return self.instance.behind_router or request.headers.get(ROUTER_SAFE_HEADER) == "1"
+
+
+def _settled(stream: ReplyStream) -> ServeResult:
+    """The KV life of a stream its chunks have all been read of."""
+    if stream.result is None:
+        raise ContractViolation("the reply stream ended without its KV life")
+    return stream.result

@@ -1,0 +1,107 @@
+"""The gateway's side of the ``agentclaims`` object: what a completion's body may carry
+(``Extension``) and who answers (``Instance``: in every answer's object and headers)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agentclaims.errors import UsageError
+from agentclaims.protocol import EXTENSION_KEY, INSTANCE_HEADER, INSTANCE_URL_HEADER
+
+__all__ = ["Extension", "Instance"]
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """Who this gateway is in a fleet (docs/fleet.md)."""
+
+    instance_id: str = "gateway"
+    advertise_url: str | None = None
+    behind_router: bool = False
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """The same, in a completion's ``agentclaims`` object and a refusal's error body:
+        routers pass bodies through but not every header."""
+        out = {"instance": self.instance_id}
+        if self.advertise_url:
+            out["instance_url"] = self.advertise_url
+        return out
+
+    @property
+    def headers(self) -> dict[str, str]:
+        out = {INSTANCE_HEADER: self.instance_id}
+        if self.advertise_url:
+            out[INSTANCE_URL_HEADER] = self.advertise_url
+        return out
+
+
+_MAX_RELEASES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Extension:
+    """The ``agentclaims`` object of a completion request's body (every field optional)."""
+
+    session_id: str | None = None
+    workflow_id: str | None = None
+    owner_scope: str | None = None
+    node: str | None = None
+    step: int | None = None
+    admit: bool = True
+    request_id: str | None = None
+    claims: tuple[Mapping[str, Any], ...] = ()
+    release: tuple[str, ...] = ()
+    """Claims of this request's owner to let go before it runs: they ride on it."""
+
+    @classmethod
+    def parse(cls, body: Mapping[str, Any]) -> Extension:
+        raw = body.get(EXTENSION_KEY)
+        if raw is None:
+            return cls()
+        if not isinstance(raw, Mapping):
+            raise UsageError(EXTENSION_KEY, f"expected an object, got {raw!r}")
+        known = {"session_id", "workflow_id", "owner_scope", "node", "step", "admit"}
+        known |= {"request_id", "claims", "release"}
+        extra = set(raw) - known
+        if extra:
+            raise UsageError(EXTENSION_KEY, f"unknown fields {sorted(extra)}")
+        strings = {}
+        for name in ("session_id", "workflow_id", "owner_scope", "node", "request_id"):
+            value = raw.get(name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise UsageError(
+                    f"{EXTENSION_KEY}.{name}", f"must be a non-empty string, got {value!r}"
+                )
+            strings[name] = value
+        step = raw.get("step")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            raise UsageError(
+                f"{EXTENSION_KEY}.step", f"must be a non-negative integer, got {step!r}"
+            )
+        admit = raw.get("admit", True)
+        if not isinstance(admit, bool):
+            raise UsageError(f"{EXTENSION_KEY}.admit", f"must be true or false, got {admit!r}")
+        claims = raw.get("claims")
+        claims = [] if claims is None else claims
+        if not isinstance(claims, list):
+            raise UsageError(f"{EXTENSION_KEY}.claims", f"must be a list, got {claims!r}")
+        release = raw.get("release")
+        release = [] if release is None else release
+        if (
+            not isinstance(release, list)
+            or len(release) > _MAX_RELEASES
+            or not all(isinstance(c, str) and c for c in release)
+            or len(set(release)) != len(release)
+        ):
+            raise UsageError(
+                f"{EXTENSION_KEY}.release",
+                f"must be a list of at most {_MAX_RELEASES} distinct claim ids, got {release!r}",
+            )
+        return cls(step=step, admit=admit, claims=tuple(claims), release=tuple(release), **strings)
+
+    @property
+    def default_owner(self) -> str | None:
+        return self.owner_scope or self.session_id or self.workflow_id

@@ -1,0 +1,385 @@
+"""``CompletionForwarder``: how a completion goes to vLLM with its claims, and its answer back.
+
+The ``ReplyWriter`` work of ``VllmKV``: a body checked (``prepare``), its claims resolved
+(fail closed) and signed as ``hold`` operations with whatever rides on it (``RidingOps``), the
+request forwarded (whole, or streamed as vLLM produces it), and vLLM's answer turned into the
+request's KV life: the prompt and the sequence named, the claims decided from the connector's
+answer (``ClaimMirror``), or the claim-scoped refusal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from agentclaims_vllm.ops import Op
+
+from agentclaims.contract import (
+    ArbiterAction,
+    BlockHash,
+    ClaimId,
+    ClaimSpec,
+    Feasibility,
+    RequestId,
+)
+from agentclaims.engine.blocks import hash_token_blocks
+from agentclaims.errors import BackendUnavailable, UsageError
+from agentclaims.kernel import resolve_request_claims
+from agentclaims.protocol import (
+    SEQUENCE_OBJECT,
+    ActiveOutcome,
+    CompletionCall,
+    ServeResult,
+    Written,
+)
+from agentclaims.protocol.writer import check_body
+from agentclaims.vllm.client import ConnectorAnswer, ConnectorClient
+from agentclaims.vllm.payloads import (
+    KINDS,
+    client_payload,
+    forwarded,
+    hold_op,
+    prompt_ids,
+    sequence_ids,
+)
+from agentclaims.vllm.streamed import UpstreamStream
+from agentclaims.vllm.upstream import Upstream
+
+if TYPE_CHECKING:
+    from agentclaims.vllm.kv import VllmKV
+
+__all__ = ["CompletionForwarder"]
+
+
+class CompletionForwarder:
+    """The completions ``kv`` forwards to vLLM over ``http`` (``lock``: the mirror's and the
+    prompt book's), and how many went."""
+
+    def __init__(
+        self,
+        kv: VllmKV,
+        http: Upstream,
+        lock: asyncio.Lock,
+        gate: Callable[[ClaimSpec], str | None],
+    ) -> None:
+        self._kv = kv
+        self._http = http
+        self._lock = lock
+        self._gate = gate
+        self.block_size = kv.block_size
+        self._mirror = kv.mirror
+        self._prompts = kv.prompts
+        self._riding = kv.riding
+        self._liveness = kv.liveness
+        self._sight = kv.sight
+        self.completions = 0
+        """Completions forwarded to vLLM for clients (streamed or not): the agents' calls."""
+
+    def prepare(self, call: CompletionCall) -> CompletionCall:
+        """The body's shape checked here, before anything changes (a release it carries
+        included); vLLM checks the rest itself (its 400 is the client's)."""
+        check_body(call.kind, call.body)
+        return call
+
+    async def write(self, call: CompletionCall) -> Written:
+        """Forward one completion (``prepare`` checked it) with its claims; the upstream
+        payload and the KV life (``request_id``: the gateway's name for it, in its outcome and
+        events)."""
+        kind, body, claims = call.kind, call.body, call.claims
+        owner, cache_salt, request_id = call.owner_scope, call.cache_salt, call.request_id
+        await self._kv.start()
+        if body.get("stream"):
+            raise UsageError(
+                "stream",
+                "streaming through the vLLM KV side is not supported yet; send stream: false",
+            )
+        tokens, hashes, prompt_pid, specs = await self._claims_of(
+            kind, body, claims, owner, cache_salt
+        )
+        tenant = owner or "default"
+        client = await self._kv.connector_ready()
+        outgoing = forwarded(body, client.model)
+        if request_id is not None:
+            outgoing["request_id"] = request_id
+            self._mirror.name_request(f"cmpl-{request_id}", request_id)
+        if cache_salt:  # vLLM's own per-request salt: a tenant's blocks are its own
+            outgoing["cache_salt"] = cache_salt
+        wants_ids = bool(body.get("return_token_ids"))
+        on_reply, gated, riding, envelope = self._envelope(client, specs, tenant)
+        if tokens is None or on_reply:
+            outgoing["return_token_ids"] = True  # the prompt's and the reply's token ids
+        outgoing["kv_transfer_params"] = {"agentclaims": envelope}
+        self.completions += 1
+        try:
+            status, data = await self._http.post(KINDS[kind], outgoing)
+        except BackendUnavailable:
+            self._riding.put_back(riding)
+            # vLLM closed the connection under the request (a dying API server does): ask its
+            # /health, which says whether the engine is dead (503, or no vLLM listening)
+            await self._kv.health()
+            if self._liveness.dead is not None:
+                raise self._liveness.error() from None
+            raise
+        if status != 200 or not isinstance(data, dict):
+            self._riding.put_back(
+                riding
+            )  # it may not have reached the connector: again, harmlessly
+            raise self._refused(status, data)
+        payload = client_payload(data, keep_token_ids=wants_ids)
+        result = await self._answered(
+            client, data, tokens, hashes, prompt_pid, specs, gated, on_reply, cache_salt
+        )
+        return Written(payload, result)
+
+    def _refused(self, status: int, data: Any) -> Exception:
+        """The error vLLM's answer other than 200 is: the dead engine's, a 5xx, or vLLM
+        refusing the request (a 400 the client can act on)."""
+        message = (data.get("error") or {}).get("message") if isinstance(data, dict) else data
+        if self._liveness.dead is not None:
+            return self._liveness.error()
+        if status >= 500:
+            return BackendUnavailable(f"vLLM answered HTTP {status}: {message}")
+        return UsageError("body", f"vLLM refused the request: {message}")
+
+    async def stream(self, call: CompletionCall) -> UpstreamStream:
+        """Forward one streamed completion: its chunks pass on as vLLM produces them
+        (``agentclaims.vllm.streamed``), its KV life (prompt and sequence named, cached
+        tokens, its claims' decisions) once it ends. vLLM sends no connector answer in a
+        stream: the gateway reads it over the connector's channel (``streams_claims``); a
+        request with claims where there is none is answered whole (``write``). ``prepare``
+        checked the call."""
+        kind, body, claims = call.kind, call.body, call.claims
+        owner, cache_salt = call.owner_scope, call.cache_salt
+        await self._kv.start()
+        if claims and not self._kv.streams_claims:
+            raise UsageError("stream", "no channel to the connector: claims need stream false")
+        tokens, hashes, prompt_pid, specs = await self._claims_of(
+            kind, body, claims, owner, cache_salt
+        )
+        client = await self._kv.connector_ready()
+        outgoing = forwarded(body, client.model)
+        outgoing["stream"] = True
+        outgoing["return_token_ids"] = True  # the prompt's and the reply's, to name them
+        options = dict(body.get("stream_options") or {})
+        outgoing["stream_options"] = {**options, "include_usage": True}
+        if cache_salt:
+            outgoing["cache_salt"] = cache_salt
+        on_reply, gated, riding, envelope = self._envelope(client, specs, owner or "default")
+        outgoing["kv_transfer_params"] = {"agentclaims": envelope}
+        self.completions += 1
+        try:
+            upstream = await self._http.stream(KINDS[kind], outgoing)
+        except BackendUnavailable:
+            self._riding.put_back(riding)
+            await self._kv.health()  # a dying server's refused connection: is the engine dead?
+            if self._liveness.dead is not None:
+                raise self._liveness.error() from None
+            raise
+        if upstream.status != 200:
+            self._riding.put_back(riding)
+            raise self._refused(upstream.status, upstream.body())
+
+        async def settle(data: dict[str, Any]) -> ServeResult:
+            kept = await client.answer_of(envelope["nonce"], owner) if envelope["ops"] else None
+            if kept is not None:  # the connector's answer, read over its channel
+                data = {**data, "kv_transfer_params": {"agentclaims": kept}}
+            return await self._answered(
+                client, data, tokens, hashes, prompt_pid, specs, gated, on_reply, cache_salt
+            )
+
+        return UpstreamStream(
+            upstream,
+            keep_token_ids=bool(body.get("return_token_ids")),
+            include_usage=options.get("include_usage") is True,
+            settle=settle,
+        )
+
+    async def _claims_of(
+        self,
+        kind: str,
+        body: Mapping[str, Any],
+        claims: Sequence[Mapping[str, Any]],
+        owner: str | None,
+        cache_salt: str | None,
+    ) -> tuple[list[int] | None, list[BlockHash], str | None, list[ClaimSpec]]:
+        """A request's claims checked (fail closed) before it goes: its prompt's tokens,
+        hashes and prefix id when a claim names the prompt (``@prompt`` or its id: vLLM's
+        ``/tokenize`` first); a request whose claims all name ``@sequence`` (the SDK's: what
+        the call leaves cached) needs none before it runs, and saves that round trip."""
+        if not claims:
+            return None, [], None, []
+        on_reply_only = all(
+            isinstance(c, Mapping) and c.get("object_id") == SEQUENCE_OBJECT for c in claims
+        )
+        tokens = None if on_reply_only else await self._kv.tokenize(kind, body)
+        hashes: list[BlockHash] = []
+        prompt_pid: str | None = None
+        async with self._lock:
+            if tokens is not None:
+                hashes, prompt_pid = self._prompts.register(tokens, cache_salt)
+            specs = self._resolve(claims, owner, prompt_pid, hashes)
+        return tokens, hashes, prompt_pid, specs
+
+    def _envelope(
+        self, client: ConnectorClient, specs: Sequence[ClaimSpec], tenant: str
+    ) -> tuple[set[str], dict[str, str], list[Op], dict[str, Any]]:
+        """What a request to vLLM carries: its claims on ``@sequence`` (held when it ends),
+        the claims refused here (the reason, by claim id), the pending operations that ride on
+        it (taken: put them back if it does not go), and the signed envelope of them all."""
+        on_reply = {s.claim_id for s in specs if s.object_id == SEQUENCE_OBJECT}
+        gated = {spec.claim_id: reason for spec in specs if (reason := self._gate(spec))}
+        holds = [
+            hold_op(spec, all_blocks=spec.claim_id in on_reply)
+            for spec in specs
+            if spec.claim_id not in gated
+        ]
+        riding = self._riding.take()
+        return on_reply, gated, riding, client.envelope([*riding, *holds], tenant)
+
+    async def _answered(
+        self,
+        client: ConnectorClient,
+        data: Mapping[str, Any],
+        tokens: list[int] | None,
+        hashes: list[BlockHash],
+        prompt_pid: str | None,
+        specs: list[ClaimSpec],
+        gated: Mapping[str, str],
+        on_reply: set[str],
+        cache_salt: str | None,
+    ) -> ServeResult:
+        """The KV life of vLLM's answer ``data`` (read whole, or put together from a stream):
+        the prompt and sequence named, the claims decided from the connector's answer."""
+        answer = client._answer(data)
+        if tokens is None:
+            tokens = prompt_ids(data)
+        if tokens is not None and prompt_pid is None:
+            hashes = hash_token_blocks(tokens, self.block_size, cache_salt=cache_salt)
+        sequence = sequence_ids(data, tokens, self.block_size)
+        seq_hashes = (
+            hash_token_blocks(  # the prompt's full blocks start the sequence: hashed once
+                sequence,
+                self.block_size,
+                cache_salt=cache_salt,
+                known=hashes[: len(sequence) // self.block_size],
+            )
+            if sequence
+            else []
+        )
+        if answer.served and tokens is not None:
+            self._sight.last_stored = tuple(hashes)
+            footprint = max(
+                (s.footprint_blocks for s in specs if s.claim_id not in on_reply), default=0
+            )
+            await self._sight.seen_stored([*hashes[:footprint], *(seq_hashes if on_reply else ())])
+        async with self._lock:
+            if tokens is not None and prompt_pid is None:
+                hashes, prompt_pid = self._prompts.register(tokens, cache_salt, hashes)
+            seq_pid = (
+                self._prompts.register(sequence, cache_salt, seq_hashes)[1] if sequence else None
+            )
+            specs = [
+                dataclasses.replace(spec, object_id=seq_pid, footprint_blocks=len(seq_hashes))
+                if spec.claim_id in on_reply and seq_pid is not None
+                else spec
+                for spec in specs
+            ]
+            self._mirror.absorb(answer)
+            return self._result(
+                answer,
+                specs,
+                prompt_pid,
+                hashes,
+                gated,
+                sequence=(seq_pid, seq_hashes),
+                on_reply=on_reply,
+            )
+
+    def _resolve(
+        self,
+        claims: Sequence[Mapping[str, Any]],
+        owner: str | None,
+        prompt_pid: str | None,
+        prompt: Sequence[BlockHash],
+    ) -> list[ClaimSpec]:
+        """Each claim of the request, checked before anything is sent (fail closed). On vLLM
+        a claim names the request's own prompt (``@prompt``, or its prefix id) or its prompt
+        and reply (``@sequence``: its blocks are known when the request ends)."""
+
+        def known(prefix_id: str) -> Sequence[BlockHash] | None:
+            if prefix_id == prompt_pid:
+                return prompt
+            raise UsageError(
+                "object_id",
+                "on vLLM a claim sent with a request names that request's prompt "
+                "(@prompt) or its prompt and reply (@sequence)",
+            )
+
+        resolved = resolve_request_claims(
+            claims,
+            identity=self._kv.identity(),
+            owner_scope=owner,
+            prompt=prompt,
+            sequence=None,
+            known=known,
+            exists=self._mirror.claims.__contains__,
+        )
+        return [spec for spec, _ in resolved]
+
+    def _result(
+        self,
+        answer: ConnectorAnswer,
+        specs: Sequence[ClaimSpec],
+        prompt_pid: str | None,
+        hashes: Sequence[BlockHash],
+        gated: Mapping[str, str],
+        *,
+        sequence: tuple[str | None, Sequence[BlockHash]] = (None, ()),
+        on_reply: frozenset[str] | set[str] = frozenset(),
+    ) -> ServeResult:
+        bs = self.block_size
+        seq_pid, seq_hashes = sequence
+        rid = RequestId(self._mirror.our_request(answer.request_id) or answer.request_id)
+        if answer.refused is not None or answer.finish_reason == "abort":
+            refused = answer.refused or {}
+            outcome = ActiveOutcome(
+                rid,
+                ArbiterAction.REFUSE_ACTIVE,
+                Feasibility.INFEASIBLE_PRESERVE_RESIDENT_AND_ACTIVE,
+                blocking_claim_ids=tuple(ClaimId(c) for c in refused.get("blocking_claim_ids", ())),
+                shortfall_blocks=int(refused.get("shortfall_blocks") or 0),
+                retry_after_s=refused.get("retry_after_s"),
+            )
+            return ServeResult(
+                outcome,
+                {"prompt": prompt_pid},
+                events_seq=self._mirror.events.seq,
+                block_hashes=tuple(hashes),
+            )
+        hit = answer.cached_tokens // bs
+        outcome = ActiveOutcome(
+            rid,
+            ArbiterAction.SERVE_ACTIVE_PRESERVE_RESIDENT,
+            Feasibility.FEASIBLE,
+            hit_blocks=hit,
+            computed_blocks=max(0, len(hashes) - hit),
+        )
+        decisions = tuple(
+            self._mirror.refuse(spec, gated[spec.claim_id], rid)
+            if spec.claim_id in gated
+            else self._mirror.decide(
+                spec, answer, seq_hashes if spec.claim_id in on_reply else hashes
+            )
+            for spec in specs
+        )
+        return ServeResult(
+            outcome,
+            {"prompt": prompt_pid, "sequence": seq_pid, "messages": []},
+            decisions,
+            events_seq=self._mirror.events.seq,
+            cached_tokens=answer.cached_tokens,
+            block_hashes=tuple(hashes),
+            deferred_s=answer.deferred_s,
+        )
