@@ -25,9 +25,7 @@ import dataclasses
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentclaims.backends.embedded import EmbeddedBackend
@@ -45,17 +43,14 @@ from agentclaims.contract import (
     OwnerScope,
     PrefixId,
     ProtectionMode,
-    RequestId,
     owned_claim,
     parse_mode,
-    prefix_id_of,
 )
 from agentclaims.engine import WordTokenizer, hash_token_blocks
 from agentclaims.errors import UnknownClaim, UsageError
 from agentclaims.gateway import Script
 from agentclaims.kernel import (
     EVENTS_KEPT,
-    Claim,
     EventLog,
     Resolved,
     accepted,
@@ -66,7 +61,7 @@ from agentclaims.kernel import (
     resolve_request_claims,
     submitted,
 )
-from agentclaims.lowering import IDENTITY_FIELDS, LoweringSource
+from agentclaims.lowering import LoweringSource
 from agentclaims.protocol import (
     PROMPT_OBJECT,
     RENEW_AS_IS,
@@ -80,11 +75,17 @@ from agentclaims.protocol import (
     ServeResult,
     Tokenizer,
 )
+from agentclaims.testing.fake_parts import (
+    Call,
+    FakeCache,
+    FakeClaim,
+    fake_descriptor,
+    positive_count,
+    scripted_outcome,
+)
 
 __all__ = ["Call", "FakeBackend", "FakeKV", "fake_descriptor"]
 
-_PENDING = RequestId("?")
-"""Request id of a scripted outcome until a request takes it."""
 _REFUSAL_FIELDS = (
     "action",
     "feasibility",
@@ -93,166 +94,6 @@ _REFUSAL_FIELDS = (
     "retry_after_s",
 )
 """What a refusal or deferral event says of its outcome (as the reference engine's do)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One protocol call a ``FakeKV`` received: the operation and its main arguments."""
-
-    operation: str
-    args: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "args", MappingProxyType(dict(self.args)))
-
-    @property
-    def claim_id(self) -> str | None:
-        """The claim the call named, if any."""
-        value = self.args.get("claim_id")
-        return None if value is None else str(value)
-
-
-class _Claim(Claim):
-    """A claim as ``FakeKV`` keeps it: the blocks it covers, when it would end."""
-
-    __slots__ = ("blocks", "expires_at_ns", "expires_at_step")
-
-    def __init__(self, spec: ClaimSpec, blocks: tuple[BlockHash, ...]) -> None:
-        super().__init__(spec)
-        self.blocks = blocks
-        self.expires_at_step: int | None = None
-        self.expires_at_ns: int | None = None
-
-
-def _positive_count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(name, f"must be a positive integer, got {value!r}")
-    return value
-
-
-def _scripted(
-    action: ArbiterAction,
-    feasibility: Feasibility,
-    blocking: Sequence[str],
-    shortfall_blocks: int,
-    retry_after_s: float | None,
-) -> ActiveOutcome:
-    """The outcome a test scripts for the next requests, its arguments checked."""
-    if isinstance(blocking, str):
-        raise UsageError("blocking", "expected a sequence of claim ids, got a string")
-    if retry_after_s is not None and not (
-        isinstance(retry_after_s, int | float) and retry_after_s >= 0
-    ):
-        raise UsageError("retry_after_s", f"must be a number >= 0, got {retry_after_s!r}")
-    return ActiveOutcome(
-        _PENDING,
-        action,
-        Feasibility(feasibility),
-        blocking_claim_ids=tuple(ClaimId(c) for c in blocking),
-        shortfall_blocks=_positive_count("shortfall_blocks", shortfall_blocks),
-        retry_after_s=retry_after_s,
-    )
-
-
-class _Cache:
-    """What ``FakeKV`` has cached (every block served, until the test evicts it), and the
-    prefixes it named."""
-
-    def __init__(self, block_size: int) -> None:
-        self.block_size = block_size
-        self.blocks: set[BlockHash] = set()
-        self.prefixes: dict[PrefixId, tuple[BlockHash, ...]] = {}
-
-    def name_prefixes(
-        self, request: ActiveRequest, hashes: tuple[BlockHash, ...], prompt_blocks: int
-    ) -> dict[str, Any]:
-        """Name the prompt, the sequence and (chat) every message boundary as a prefix."""
-        ends = itertools.accumulate(len(seg) for seg in request.segments)
-        by_message = request.chat and request.block_hashes is None
-        return {
-            "prompt": self._prefix(hashes[:prompt_blocks]),
-            "sequence": self._prefix(hashes),
-            "messages": [self._prefix(hashes[: e // self.block_size]) for e in ends]
-            if by_message
-            else [],
-        }
-
-    def _prefix(self, blocks: tuple[BlockHash, ...]) -> PrefixId | None:
-        if not blocks:
-            return None
-        pid = prefix_id_of(blocks)
-        self.prefixes[pid] = blocks
-        return pid
-
-    def evict(self, prefix_id: str) -> None:
-        """Drop a known prefix's blocks."""
-        blocks = self.prefixes.get(PrefixId(prefix_id))
-        if blocks is None:
-            raise UsageError("prefix_id", f"unknown prefix {prefix_id!r}")
-        self.blocks.difference_update(blocks)
-
-    def present(self, blocks: Sequence[BlockHash]) -> int:
-        return sum(h in self.blocks for h in blocks)
-
-    def leading(self, blocks: Sequence[BlockHash]) -> int:
-        return sum(1 for _ in itertools.takewhile(self.blocks.__contains__, blocks))
-
-    def holds(self, claim: _Claim) -> bool:
-        present = [h in self.blocks for h in claim.blocks]
-        return claim.spec.materialization_predicate.holds(present)
-
-
-def fake_descriptor() -> dict[str, Any]:
-    """``FakeKV``'s lowering descriptor: a claims speaker deciding each claim itself (as the
-    test says) in every mode but ``offloadable``, which it has no tier for (``unknown``)."""
-    evidence = [
-        {"kind": "source", "where": "agentclaims/testing/fake.py: FakeKV"},
-        {"kind": "test", "where": "tests/testing/test_fake.py"},
-    ]
-    mapping = {
-        "primitive": {
-            "kind": "claim_arbiter",
-            "provider": "runtime",
-            "name": "FakeKV: every claim accepted, refused, demoted or harmed as the test says",
-        },
-        "obligations": {
-            "claim_identity": {"met": True, "bound_at": "submission", "evidence": evidence},
-            "materialization_predicate": {
-                "met": True,
-                "predicates": ["leading_prefix_at_least"],
-                "evidence": evidence,
-            },
-            "ordered_lifecycle_events": {
-                "met": True,
-                "ordering": "per_claim_sequence",
-                "evidence": evidence,
-            },
-            "claim_scoped_outcomes": {
-                "met": True,
-                "source": "claim_events",
-                "attribution": "claim_id",
-                "evidence": evidence,
-            },
-        },
-        "limits": ["nothing happens by itself: no eviction, no TTL runs out"],
-        "claimed": "native_conformance",
-    }
-    return {
-        "descriptor_version": 1,
-        "runtime": "agentclaims-fake-kv",
-        "versions": "*",
-        "title": "agentclaims.testing.FakeKV (a test double)",
-        "facts": {
-            "cache_identity": {
-                "fields": [*IDENTITY_FIELDS, "adapter_id"],
-                "evidence": evidence,
-            },
-            "token_map": {"kind": "shared_tokenizer", "evidence": evidence},
-        },
-        "modes": {
-            mode.value: mapping for mode in ProtectionMode if mode is not ProtectionMode.OFFLOADABLE
-        },
-    }
 
 
 class FakeKV:
@@ -273,9 +114,9 @@ class FakeKV:
         clock: Callable[[], int] = time.time_ns,
         lowering: LoweringSource | None = None,
     ) -> None:
-        self.num_blocks = _positive_count("num_blocks", num_blocks)
+        self.num_blocks = positive_count("num_blocks", num_blocks)
         self.lowering: LoweringSource = fake_descriptor() if lowering is None else lowering
-        self.block_size = _positive_count("block_size", block_size)
+        self.block_size = positive_count("block_size", block_size)
         self.tokenizer: Tokenizer = tokenizer or WordTokenizer()
         self.cache_identity = CacheIdentity(
             cache_key_domain="agentclaims-fake",
@@ -289,8 +130,8 @@ class FakeKV:
         """Every protocol call, in order (the test's own instructions are not calls)."""
         self.clock = clock
         self._events = EventLog(self, EVENTS_KEPT)
-        self._claims: dict[str, _Claim] = {}
-        self._cache = _Cache(self.block_size)
+        self._claims: dict[str, FakeClaim] = {}
+        self._cache = FakeCache(self.block_size)
         self._outcomes: deque[ActiveOutcome] = deque()
         self._refusals: dict[ProtectionMode | None, str] = {}
 
@@ -325,8 +166,8 @@ class FakeKV:
         action = infeasible.get(feasibility)  # a StrEnum: its value finds it too
         if action is None:
             raise UsageError("feasibility", f"a refusal is infeasible, got {feasibility!r}")
-        n = _positive_count("n", n)
-        outcome = _scripted(action, feasibility, blocking, shortfall_blocks, retry_after_s)
+        n = positive_count("n", n)
+        outcome = scripted_outcome(action, feasibility, blocking, shortfall_blocks, retry_after_s)
         self._outcomes.extend(itertools.repeat(outcome, n))
 
     def defer_requests(
@@ -344,8 +185,8 @@ class FakeKV:
             if blocking
             else Feasibility.FEASIBLE_AFTER_ACTIVE_DRAIN
         )
-        n = _positive_count("n", n)
-        outcome = _scripted(
+        n = positive_count("n", n)
+        outcome = scripted_outcome(
             ArbiterAction.DEFER_ACTIVE, feasibility, blocking, shortfall_blocks, retry_after_s
         )
         self._outcomes.extend(itertools.repeat(outcome, n))
@@ -588,7 +429,7 @@ class FakeKV:
         return "exceeds_capacity" if spec.footprint_blocks > self.num_blocks else None
 
     def _decide(self, spec: ClaimSpec, blocks: tuple[BlockHash, ...]) -> ClaimDecision:
-        claim = self._claims[spec.claim_id] = _Claim(spec, blocks)
+        claim = self._claims[spec.claim_id] = FakeClaim(spec, blocks)
         submitted(self._events, claim)
         reason = self._refusal(spec)
         if reason is not None:
@@ -606,7 +447,7 @@ class FakeKV:
         self._materialize(claim)
         return accepted(claim)
 
-    def _set_expiry(self, claim: _Claim, steps: int | None, ttl_s: float | None) -> None:
+    def _set_expiry(self, claim: FakeClaim, steps: int | None, ttl_s: float | None) -> None:
         """When the claim would end (shown in its view; the fake never ends it by itself)."""
         claim.expires_at_step = steps
         claim.expires_at_ns = None if ttl_s is None else self.clock() + int(ttl_s * 1e9)
@@ -616,27 +457,29 @@ class FakeKV:
         for claim in list(self._claims.values()):
             self._materialize(claim)
 
-    def _materialize(self, claim: _Claim) -> None:
+    def _materialize(self, claim: FakeClaim) -> None:
         if claim.state is ClaimState.ACCEPTED and self._cache.holds(claim):
             self._transition(claim, ClaimState.MATERIALIZED, EventName.RESIDENT_CLAIM_MATERIALIZED)
 
-    def _claim(self, claim_id: str) -> _Claim:
+    def _claim(self, claim_id: str) -> FakeClaim:
         claim = self._claims.get(claim_id)
         if claim is None:
             raise UnknownClaim(claim_id)
         return claim
 
-    def _owned(self, claim_id: str, owner_scope: str) -> _Claim:
+    def _owned(self, claim_id: str, owner_scope: str) -> FakeClaim:
         return owned_claim(self._claims, claim_id, owner_scope)
 
-    def _transition(self, claim: _Claim, target: ClaimState, name: EventName, **data: Any) -> None:
+    def _transition(
+        self, claim: FakeClaim, target: ClaimState, name: EventName, **data: Any
+    ) -> None:
         """Move ``claim`` to ``target`` (an illegal move raises before anything changes)."""
         claim.move(target)
         if target.terminal:
             claim.end_reason = data.get("reason")
         self._events.emit(name, claim=claim, state=target.value, **data)
 
-    def _view(self, claim: _Claim) -> ClaimView:
+    def _view(self, claim: FakeClaim) -> ClaimView:
         return claim.view(
             present_blocks=self._cache.present(claim.blocks),
             holds=self._cache.holds(claim),
