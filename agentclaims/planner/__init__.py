@@ -7,8 +7,10 @@ from agentclaims.planner.planner import (
     PlannerPolicy,
     PrefixContext,
     Revision,
+    claim_down_the_ladder,
     relax_ladder,
     relax_mode,
+    run_now,
     update_pressure,
 )
 
@@ -19,7 +21,9 @@ __all__ = [
     "PlannerPolicy",
     "PrefixContext",
     "Revision",
+    "claim_down_the_ladder",
     "relax_ladder",
     "relax_mode",
+    "run_now",
     "update_pressure",
 ]

@@ -47,12 +47,14 @@ what the mapping's ``best_effort`` rows give (``best_effort`` by default).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from agentclaims.contract import ProtectionMode
 from agentclaims.errors import UnknownNameError, UsageError
+
+T = TypeVar("T")
 
 __all__ = [
     "RELAX_ORDER",
@@ -61,7 +63,10 @@ __all__ = [
     "PlannerPolicy",
     "PrefixContext",
     "Revision",
+    "claim_down_the_ladder",
+    "relax_ladder",
     "relax_mode",
+    "run_now",
     "update_pressure",
 ]
 
@@ -98,6 +103,46 @@ def relax_ladder(
     while mode is not None:
         yield mode
         mode = relax_mode(mode, soft)
+
+
+async def claim_down_the_ladder(
+    first: ProtectionMode | None,
+    attempt: Callable[[ProtectionMode], Awaitable[bool]],
+    *,
+    soft: ProtectionMode = ProtectionMode.BEST_EFFORT,
+    usable: Callable[[ProtectionMode], ProtectionMode | None] | None = None,
+    refused: Callable[[ProtectionMode], ProtectionMode | None] | None = None,
+) -> ProtectionMode | None:
+    """The one relax loop, the session's and the replays' alike: claim in ``first``, then
+    down the ladder. ``usable(mode)`` is the mode to submit for ``mode`` (itself where the
+    backend honours it, a weaker one where it does not, ``None``: no claim); ``attempt(mode)``
+    submits, true when accepted; ``refused(mode)`` is the mode after a refusal (by default
+    the next rung, ``relax_mode``; ``None`` stops; it may raise). The accepted mode, or
+    ``None``. A port that never suspends (the replays' engines) runs it with
+    :func:`run_now`."""
+    mode = first
+    while mode is not None:
+        if usable is not None:
+            instead = usable(mode)
+            if instead is not mode:
+                mode = instead
+                continue
+        if await attempt(mode):
+            return mode
+        mode = relax_mode(mode, soft) if refused is None else refused(mode)
+    return None
+
+
+def run_now(coro: Coroutine[Any, Any, T]) -> T:
+    """The result of ``coro``, which must not suspend (its awaits all complete at once): the
+    replays' synchronous ports through the async loop, without an event loop."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    coro.close()
+    raise RuntimeError("run_now: the coroutine suspended (it awaits real I/O)")
 
 
 def relax_mode(

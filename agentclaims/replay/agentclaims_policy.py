@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from agentclaims.contract import ClaimSpec, ProtectionMode, ReuseHint
 from agentclaims.engine import KVEngine, NextUsePolicy, WaitModel, prefix_id_of
-from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_ladder
+from agentclaims.planner import (
+    ClaimPlan,
+    ClaimPlanner,
+    PlannerPolicy,
+    PrefixContext,
+    claim_down_the_ladder,
+    run_now,
+)
 from agentclaims.replay.model import ReplayEngine, ServiceModel, SessionState
 from agentclaims.replay.pipeline import HeldClaim, SessionPipeline, TraceWorkflow, shared_blocks
 from agentclaims.session.workflow import renews_claim
@@ -121,10 +128,12 @@ class AgentClaimsPolicy(SessionPipeline):
         ttl_s: float | None,
         hint: ReuseHint,
     ) -> None:
-        """Claim ``hashes`` for ``node``, one mode weaker after each rejection."""
+        """Claim ``hashes`` for ``node``, one mode weaker after each rejection (the
+        session's relax loop, on the engine's synchronous claims API)."""
         engine = self._engine
         assert engine is not None
-        for mode in relax_ladder(first, self.planner.policy.soft_mode):
+
+        async def attempt(mode: ProtectionMode) -> bool:
             cid = self._next_claim_id()
             spec = ClaimSpec(
                 claim_id=cid,
@@ -136,10 +145,13 @@ class AgentClaimsPolicy(SessionPipeline):
                 ttl_s=ttl_s if mode is not ProtectionMode.BEST_EFFORT else None,
                 reuse_hint=hint,
             )
-            if engine.submit_claim(spec, hashes).accepted:  # type: ignore[arg-type]
-                self._planned(mode)
-                wf.held[node] = HeldClaim(cid, hashes, mode)
-                return
+            if not engine.submit_claim(spec, hashes).accepted:  # type: ignore[arg-type]
+                return False
+            self._planned(mode)
+            wf.held[node] = HeldClaim(cid, hashes, mode)
+            return True
+
+        run_now(claim_down_the_ladder(first, attempt, soft=self.planner.policy.soft_mode))
 
     # ------------------------------------------------------------------ session signals
     def _on_call(

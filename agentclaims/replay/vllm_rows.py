@@ -15,7 +15,14 @@ from collections.abc import Callable
 
 from agentclaims.contract import ProtectionMode, ReuseHint, hint_owner
 from agentclaims.engine import EvictionPolicy, LRUPolicy
-from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext, relax_ladder
+from agentclaims.planner import (
+    ClaimPlan,
+    ClaimPlanner,
+    PlannerPolicy,
+    PrefixContext,
+    claim_down_the_ladder,
+    run_now,
+)
 from agentclaims.replay.model import PolicyHooks, ReplayEngine, ServiceModel, SessionState
 from agentclaims.replay.pipeline import HeldClaim, SessionPipeline, TraceWorkflow
 from agentclaims.replay.vllm_pool import NEVER_S, VllmPoolEngine, max_model_len_for
@@ -114,10 +121,14 @@ class AgentClaimsVllmPolicy(SessionPipeline):
         soft = self.planner.policy.soft_mode
         # the connector sheds soft holds farthest predicted next use first
         next_use_s = NEVER_S if hint.closed else hint.expected_s
-        for mode in relax_ladder(plan.mode, soft):
+
+        def usable(mode: ProtectionMode) -> ProtectionMode | None:
             if mode is ProtectionMode.BEST_EFFORT:
                 self._planned(mode)  # plain prefix caching: the connector holds nothing
-                return
+                return None
+            return mode
+
+        async def attempt(mode: ProtectionMode) -> bool:
             ttl = plan.ttl_s if mode in _TTL_MODES else None
             if mode is ProtectionMode.EXPIRING and ttl is None:
                 ttl = self.planner.policy.default_ttl_s
@@ -130,10 +141,13 @@ class AgentClaimsVllmPolicy(SessionPipeline):
                 ttl_s=ttl,
                 next_use_s=next_use_s,
             )
-            if decision["decision"] == "accepted":
-                self._planned(mode)
-                wf.held[node] = HeldClaim(cid, hashes, mode)
-                return
+            if decision["decision"] != "accepted":
+                return False
+            self._planned(mode)
+            wf.held[node] = HeldClaim(cid, hashes, mode)
+            return True
+
+        run_now(claim_down_the_ladder(plan.mode, attempt, soft=soft, usable=usable))
 
     def _release(self, wf: TraceWorkflow, node: str) -> None:
         held = wf.held.pop(node, None)

@@ -33,7 +33,13 @@ from agentclaims.errors import (
     UsageError,
 )
 from agentclaims.lowering import MappingResult, honours
-from agentclaims.planner import ClaimPlan, PlannerPolicy, PrefixContext, relax_mode
+from agentclaims.planner import (
+    ClaimPlan,
+    PlannerPolicy,
+    PrefixContext,
+    claim_down_the_ladder,
+    relax_mode,
+)
 from agentclaims.protocol import SEQUENCE_OBJECT, ClaimDecision, Renewal
 from agentclaims.session.events import ClaimEvents, EventOutcomes
 from agentclaims.session.facts import BackendFacts
@@ -330,13 +336,18 @@ class ClaimIO:
         refusal just answers ``None`` (its reason in ``last_refusal``). ``reuse_hint`` (what the
         workflow knows about the next use) travels on the claim. A mode the backend does not
         honour (its lowering's class) is never submitted: see ``_unproven``."""
-        mode: ProtectionMode | None = plan.mode
         st = self.stats
         verdicts = await self.facts.lowering(backend)
-        while mode is not None:
-            if not honours(verdicts[mode].lowering_class):
-                mode = self._unproven(backend, mode, verdicts, node, prefix_id)
-                continue
+        held: HeldClaim | None = None
+        last: tuple[ClaimId, ClaimDecision] | None = None
+
+        def usable(mode: ProtectionMode) -> ProtectionMode | None:
+            if honours(verdicts[mode].lowering_class):
+                return mode
+            return self._unproven(backend, mode, verdicts, node, prefix_id)
+
+        async def attempt(mode: ProtectionMode) -> bool:
+            nonlocal held, last
             claim_id = ClaimId(f"{self.session_id}-c{next(self._ids)}")
             ttl = plan.ttl_s if mode in _TTL_MODES else None
             if mode is ProtectionMode.EXPIRING and ttl is None:
@@ -354,24 +365,32 @@ class ClaimIO:
             self._planned(claim_id, prefix_id, mode, ttl, ctx, plan, node)
             st.claims_submitted += 1
             decision = await backend.submit_claim(spec)
-            if decision.accepted:
-                st.claims_accepted += 1
-                st.modes[mode.value] = st.modes.get(mode.value, 0) + 1
-                return HeldClaim(
-                    claim_id,
-                    node,
-                    prefix_id,
-                    ClaimPlan(mode, ttl, plan.reason),
-                    backend.name,
-                    self.clock(),
-                    state=decision.state.value,
-                )
-            st.claims_refused += 1
-            self.last_refusal = decision.reason or "refused"
-            if strict:
+            if not decision.accepted:
+                st.claims_refused += 1
+                self.last_refusal = decision.reason or "refused"
+                last = (claim_id, decision)
+                return False
+            st.claims_accepted += 1
+            st.modes[mode.value] = st.modes.get(mode.value, 0) + 1
+            held = HeldClaim(
+                claim_id,
+                node,
+                prefix_id,
+                ClaimPlan(mode, ttl, plan.reason),
+                backend.name,
+                self.clock(),
+                state=decision.state.value,
+            )
+            return True
+
+        def refused(mode: ProtectionMode) -> ProtectionMode | None:
+            if strict or last is None:
                 return None
-            mode = self.react_to_refusal(claim_id, mode, node, prefix_id, decision)
-        return None
+            claim_id, decision = last
+            return self.react_to_refusal(claim_id, mode, node, prefix_id, decision)
+
+        await claim_down_the_ladder(plan.mode, attempt, usable=usable, refused=refused)
+        return held
 
     def react_to_refusal(
         self,
