@@ -5,6 +5,7 @@
   (``tracker``): KVFlow's steps-to-execution per node and per prefix, and the probability that
   a prefix is reused within a horizon.
 * :class:`ToolTimeModel`: tool durations and Continuum's pin TTL.
+* :class:`EngineCosts`: the per-block recompute time, learned from the engine's answers.
 * :class:`GraphRegistry`: graphs declared with decorators.
 
 The LangGraph binding lives in ``agentclaims.bindings.langgraph`` (LangGraph is optional).
@@ -21,6 +22,7 @@ from agentclaims.graph.aeg import (
     GraphWarning,
     NodeKind,
 )
+from agentclaims.graph.costs import EngineCosts
 from agentclaims.graph.decorators import GraphRegistry
 from agentclaims.graph.reuse import Reuse, prefix_reuse, reuse_within
 from agentclaims.graph.ste import (
@@ -38,6 +40,7 @@ __all__ = [
     "AgentExecutionGraph",
     "AgentGraphWarning",
     "EdgeKind",
+    "EngineCosts",
     "GraphRegistry",
     "GraphWarning",
     "NodeKind",

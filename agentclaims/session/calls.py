@@ -142,6 +142,12 @@ class SessionCalls:
             st.deferral_s += held_back
         pressed = call.retried or held_back > 0
         s.note_call(retried=pressed)
+        costs = s.engine_costs
+        computed = (extension.get("outcome") or {}).get("computed_blocks")
+        if costs is not None and isinstance(computed, int) and isinstance(completion, int):
+            # what this call cost on the engine (not the time it was held back)
+            costs.observe(max(0.0, call.latency_s - held_back), computed, completion)
+            s.workflow.reload_s_per_block = costs.reload_s_per_block
         prefix_ids = extension.get("prefix_ids") or {}
         sequence: str | None = prefix_ids.get("sequence") or prefix_ids.get("prompt")
         s.route.observe_call(

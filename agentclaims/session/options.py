@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO, TypedDict
 
 from agentclaims.errors import UnknownNameError, UsageError
-from agentclaims.graph import AgentExecutionGraph, ToolTimeModel
+from agentclaims.graph import AgentExecutionGraph, EngineCosts, ToolTimeModel
 from agentclaims.planner import ClaimPlanner, PlannerPolicy
 from agentclaims.session.reactions import ReactionPolicy
 
@@ -83,6 +83,12 @@ class SessionOptions(TypedDict, total=False):
     queue_delay_s: float
     """Recent queueing delay of a request whose prefix was evicted (Continuum's ``T``), in
     seconds; a number >= 0. Default: 0.05."""
+    engine_costs: EngineCosts | None
+    """Learn ``reload_s_per_block`` from the engine's own answers: each answered call's time,
+    the prompt blocks computed for it and the tokens it generated feed this model, and the
+    session plans with its fitted cost per block (``reload_s_per_block`` until it is learned:
+    ``EngineCosts(prior_reload_s_per_block=...)``). Share one across runs to learn faster.
+    Default: ``None`` (``reload_s_per_block`` as given)."""
     sleep: Sleep
     """How the session waits (deferrals): an async ``sleep(seconds)``. Default:
     ``asyncio.sleep``; tests pass a fake one."""
@@ -126,6 +132,7 @@ class CheckedOptions:
     horizon: int
     reload_s_per_block: float
     queue_delay_s: float
+    engine_costs: EngineCosts | None
     sleep: Sleep
     clock: Callable[[], float]
     tracing: bool | None
@@ -159,6 +166,9 @@ def check_options(backend: object, options: SessionOptions) -> CheckedOptions:
     for name, number in (("reload_s_per_block", reload_s), ("queue_delay_s", queue_s)):
         if not isinstance(number, int | float) or number < 0:
             raise UsageError(name, f"must be a number >= 0, got {number!r}")
+    costs = o.get("engine_costs")
+    if costs is not None and not isinstance(costs, EngineCosts):
+        raise UsageError("engine_costs", f"expected an EngineCosts, got {costs!r}")
     planner, auto = _planner(o.get("planner", AUTO_PLANNER))
     reaction = o.get("reaction", "defer")
     if isinstance(reaction, str):
@@ -183,6 +193,7 @@ def check_options(backend: object, options: SessionOptions) -> CheckedOptions:
         horizon=horizon,
         reload_s_per_block=reload_s,
         queue_delay_s=queue_s,
+        engine_costs=costs,
         sleep=o.get("sleep", asyncio.sleep),
         clock=o.get("clock", time.monotonic),
         tracing=tracing,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from agentclaims.contract import OwnerScope
-from agentclaims.graph import AgentExecutionGraph, ToolTimeModel
+from agentclaims.graph import AgentExecutionGraph, EngineCosts, ToolTimeModel
 from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext
 from agentclaims.protocol import ActiveOutcome
 from agentclaims.session.calls import AnsweredCall, SessionCalls
@@ -124,6 +124,7 @@ class ClaimedSession:
         horizon: int = 4,
         reload_s_per_block: float = 0.002,
         queue_delay_s: float = 0.05,
+        engine_costs: EngineCosts | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         tracing: bool | None = None,
@@ -143,6 +144,7 @@ class ClaimedSession:
                 horizon=horizon,
                 reload_s_per_block=reload_s_per_block,
                 queue_delay_s=queue_delay_s,
+                engine_costs=engine_costs,
                 sleep=sleep,
                 clock=clock,
                 tracing=tracing,
@@ -169,6 +171,11 @@ class ClaimedSession:
             queue_delay_s=o.queue_delay_s,
             clock=clock,
         )
+        self.engine_costs = o.engine_costs
+        """What calls cost on the engine, learned from its answers (``engine_costs``); the
+        workflow plans with its ``reload_s_per_block``."""
+        if o.engine_costs is not None:
+            self.workflow.reload_s_per_block = o.engine_costs.reload_s_per_block
         self.io = ClaimIO(
             self.session_id,
             self.owner_scope,
