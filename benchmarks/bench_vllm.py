@@ -54,7 +54,7 @@ SERVER = ("--blocks", "97", "--max-model-len", "1024")
 TURNS = 3  # worker LLM calls per assignment (a tool call between each)
 TOOL_S = 0.5
 LOG_DIR: str | None = None  # outcome logs of the workflows, when set
-SETUPS = ("direct", "claims", "held", "no_claims", "stock")
+SETUPS = ("direct", "claims", "learned", "held", "no_claims", "stock")
 WORKLOAD = "supervisor"  # or "plain": an agent and a plain I/O node (--workload)
 PLAIN_TURNS = 6
 
@@ -281,6 +281,19 @@ def _usage(response: Any) -> dict[str, Any]:
     return {}
 
 
+_LEARNED: list[Any] = []
+
+
+def _learned_costs() -> Any:
+    """The ``learned`` set-up's ``EngineCosts``, one for all its runs (as a ``ClaimedGraph``
+    shares its wait model), from the default ``reload_s_per_block``."""
+    from agentclaims.graph import EngineCosts
+
+    if not _LEARNED:
+        _LEARNED.append(EngineCosts(prior_reload_s_per_block=0.002))
+    return _LEARNED[0]
+
+
 async def workflows(
     gateway: Any, n: int, planner: str, label: str, reaction: str = "defer", tool_s: float = TOOL_S
 ) -> dict[str, Any]:
@@ -304,11 +317,14 @@ async def workflows(
         callbacks=[timings],
     )
     sessions: list[Any] = []
+    options: dict[str, Any] = {}
+    if planner == "learned":  # ``auto``, planning with the costs learned from vLLM's answers
+        planner, options = "auto", {"engine_costs": _learned_costs()}
 
     async def one(i: int) -> float:
         graph, state = make_graph(model, f"{label} topic {i} " + "x" * i, tool_s)
         claimed = agentclaims.claimed_session(
-            graph, backend=backend, planner=planner, reaction=reaction, log_dir=LOG_DIR
+            graph, backend=backend, planner=planner, reaction=reaction, log_dir=LOG_DIR, **options
         )
         started = time.monotonic()
         run = claimed.run()
@@ -331,6 +347,11 @@ async def workflows(
         "refusals": sum(s.stats.fails for s in sessions),
         "reroutes": sum(s.stats.reroutes for s in sessions),
         "llm_calls": sum(s.stats.llm_calls for s in sessions),
+        **(
+            {"learned_reload_s_per_block": round(options["engine_costs"].reload_s_per_block, 6)}
+            if options
+            else {}
+        ),
     }
 
 
@@ -637,6 +658,7 @@ async def measure(
     every = (
         ("direct", urls["vllm"], urls["vllm"], "direct", "without"),
         ("claims", urls["gateway"], urls["vllm"], "auto", "without"),
+        ("learned", urls["gateway"], urls["vllm"], "learned", "without"),
         ("held", urls["gateway"], urls["vllm"], "held", "without"),
         ("no_claims", urls["gateway"], urls["vllm"], "off", "without"),
         ("stock", urls["stock_gateway"], urls["stock_vllm"], "off", "with"),
@@ -709,7 +731,9 @@ def main() -> None:
     parser.add_argument(
         "--setups",
         default="direct,claims,held,no_claims,stock",
-        help="comma-separated set-ups to run (of direct, claims, held, no_claims, stock)",
+        help="comma-separated set-ups to run (of direct, claims, learned, held, no_claims, "
+        "stock; learned: claims planned with the block cost learned from vLLM's answers, "
+        "engine_costs)",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
