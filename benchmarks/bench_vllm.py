@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import random
@@ -281,17 +282,13 @@ def _usage(response: Any) -> dict[str, Any]:
     return {}
 
 
-_LEARNED: list[Any] = []
-
-
+@functools.cache
 def _learned_costs() -> Any:
     """The ``learned`` set-up's ``EngineCosts``, one for all its runs (as a ``ClaimedGraph``
     shares its wait model), from the default ``reload_s_per_block``."""
     from agentclaims.graph import EngineCosts
 
-    if not _LEARNED:
-        _LEARNED.append(EngineCosts(prior_reload_s_per_block=0.002))
-    return _LEARNED[0]
+    return EngineCosts(prior_reload_s_per_block=0.002)
 
 
 async def workflows(

@@ -102,11 +102,11 @@ class Wire:
         gathered into the open field, fields that must be present checked."""
         if not isinstance(data, Mapping):
             return data  # pydantic names it: "expected an object"
-        from pydantic_core import PydanticCustomError
-
         # in field order, as pydantic names a missing field
         for name in _present(cls):  # type: ignore[arg-type]
             if name not in data:
+                from pydantic_core import PydanticCustomError
+
                 raise PydanticCustomError("wire_missing", "missing", {"field": name})
         if not (cls.wire_open or cls.wire_computed):
             return data

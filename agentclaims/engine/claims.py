@@ -434,8 +434,7 @@ class ClaimArbiter:
         ):
             raise UsageError("ttl_s", f"must be a positive number of seconds, got {ttl_s!r}")
         self._expire_due(None)
-        if not claim.state.live:
-            raise UsageError("claim_id", f"claim {claim_id!r} has ended ({claim.state.value})")
+        claim.require_live()
         if reuse_hint is not None:
             if not isinstance(reuse_hint, ReuseHint):
                 raise UsageError("reuse_hint", f"expected a ReuseHint, got {reuse_hint!r}")

@@ -16,6 +16,7 @@ from agentclaims.contract import (
     ProtectionMode,
     check_transition,
 )
+from agentclaims.errors import UsageError
 from agentclaims.protocol.types import ClaimView
 
 __all__ = ["Claim"]
@@ -44,6 +45,14 @@ class Claim:
     def move(self, target: ClaimState) -> None:
         """To ``target``; a move the lifecycle forbids raises before anything changes."""
         self.state = check_transition(self.spec.claim_id, self.state, target)
+
+    def require_live(self) -> None:
+        """What a renewal needs: a claim that has not ended (else ``UsageError`` on
+        ``claim_id``, every side's same words)."""
+        if not self.state.live:
+            raise UsageError(
+                "claim_id", f"claim {self.spec.claim_id!r} has ended ({self.state.value})"
+            )
 
     def end(self, target: ClaimState, reason: str) -> None:
         """To the terminal ``target``, for ``reason`` (checked as ``move``)."""

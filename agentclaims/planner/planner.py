@@ -209,6 +209,14 @@ class ClaimPlan:
     def claims(self) -> bool:
         return self.mode is not None
 
+    def ttl_for(self, mode: ProtectionMode, default_ttl_s: float) -> float | None:
+        """The TTL a claim of this plan carries in ``mode`` (a rung of its relax ladder): the
+        plan's for a pin (``hard_protected``, ``expiring``), ``default_ttl_s`` for an
+        ``expiring`` one the plan gave none; no TTL in any other mode."""
+        if mode is ProtectionMode.EXPIRING:
+            return default_ttl_s if self.ttl_s is None else self.ttl_s
+        return self.ttl_s if mode is ProtectionMode.HARD_PROTECTED else None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "mode": None if self.mode is None else self.mode.value,

@@ -41,7 +41,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agentclaims.contract import ArbiterAction, Feasibility, ProtectionMode
+from agentclaims.contract import ArbiterAction, Feasibility
 from agentclaims.contract.ids import RequestId
 from agentclaims.engine import Block, BlockHash, EngineStats, EvictionPolicy, LRUPolicy
 from agentclaims.engine.engine import check_begin
@@ -67,7 +67,6 @@ WATERMARK_BLOCKS = 1
 """The connector's watermark above one max-length request (``connector._WATERMARK_BLOCKS``)."""
 NEVER_S = 1e9
 """``next_use_s`` of a closed agent's hold (``agentclaims.vllm.kv._NEVER_S``)."""
-_TTL_MODES = (ProtectionMode.HARD_PROTECTED, ProtectionMode.EXPIRING)
 _EVENT_BUFFER = 65_536
 """Book events kept between two reads (each claim operation reads them all)."""
 

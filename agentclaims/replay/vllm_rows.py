@@ -29,8 +29,6 @@ from agentclaims.replay.vllm_pool import NEVER_S, VllmPoolEngine, max_model_len_
 
 __all__ = ["AgentClaimsVllmPolicy", "LruVllmPolicy"]
 
-_TTL_MODES = (ProtectionMode.HARD_PROTECTED, ProtectionMode.EXPIRING)
-
 
 class LruVllmPolicy(PolicyHooks):
     """Stock vLLM: its pool's LRU free queue, no connector (the ``lru-vllm`` row)."""
@@ -129,9 +127,7 @@ class AgentClaimsVllmPolicy(SessionPipeline):
             return mode
 
         async def attempt(mode: ProtectionMode) -> bool:
-            ttl = plan.ttl_s if mode in _TTL_MODES else None
-            if mode is ProtectionMode.EXPIRING and ttl is None:
-                ttl = self.planner.policy.default_ttl_s
+            ttl = plan.ttl_for(mode, self.planner.policy.default_ttl_s)
             cid = self._next_claim_id()
             decision = engine.hold(
                 hint_owner(wf.scope, node),

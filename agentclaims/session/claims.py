@@ -54,7 +54,6 @@ __all__ = ["PIN_MODES", "ClaimIO", "EventOutcomes", "HeldClaim", "protects_at_le
 _log = structlog.get_logger("agentclaims.session")
 PIN_MODES = (ProtectionMode.EXPIRING, ProtectionMode.HARD_PROTECTED)
 """The modes that pin with a TTL (a release of one is sent at once, not kept for a call)."""
-_TTL_MODES = PIN_MODES
 _STRENGTH = (
     ProtectionMode.HARD_PROTECTED,
     ProtectionMode.EXPIRING,
@@ -173,9 +172,7 @@ class ClaimIO:
         if mode is None:
             return None
         claim_id = ClaimId(f"{self.session_id}-c{next(self._ids)}")
-        ttl = plan.ttl_s if mode in _TTL_MODES else None
-        if mode is ProtectionMode.EXPIRING and ttl is None:
-            ttl = self.policy.default_ttl_s
+        ttl = plan.ttl_for(mode, self.policy.default_ttl_s)
         wire: dict[str, Any] = {
             "claim_id": claim_id,
             "owner_scope": self.owner_scope,
@@ -349,9 +346,7 @@ class ClaimIO:
         async def attempt(mode: ProtectionMode) -> bool:
             nonlocal held, last
             claim_id = ClaimId(f"{self.session_id}-c{next(self._ids)}")
-            ttl = plan.ttl_s if mode in _TTL_MODES else None
-            if mode is ProtectionMode.EXPIRING and ttl is None:
-                ttl = self.policy.default_ttl_s
+            ttl = plan.ttl_for(mode, self.policy.default_ttl_s)
             spec = ClaimSpec(
                 claim_id=claim_id,
                 owner_scope=self.owner_scope,

@@ -350,8 +350,7 @@ class FakeKV:
             duration_steps, ttl_s = claim.spec.duration_steps, claim.spec.ttl_s
         else:  # the spec's own checks name a bad value
             dataclasses.replace(claim.spec, duration_steps=duration_steps, ttl_s=ttl_s)
-        if not claim.state.live:
-            raise UsageError("claim_id", f"claim {claim_id!r} has ended ({claim.state.value})")
+        claim.require_live()
         self._set_expiry(claim, duration_steps, ttl_s)
         return self._view(claim)
 

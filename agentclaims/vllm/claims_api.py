@@ -94,10 +94,9 @@ class ClaimsApi:
             raise UsageError(
                 "duration_steps", "vLLM claims count seconds (ttl_s), not engine steps"
             )
-        if not claim.state.live:
-            raise UsageError("claim_id", f"claim {claim_id!r} has ended ({claim.state.value})")
+        claim.require_live()
         if not claim.held:
-            # live, and nothing held on vLLM (observational, or shed to ``demoted``): there is
+            # live and holding nothing on vLLM (``best_effort`` is only observed): there is
             # no hold to extend, and such a claim ends only by release
             return self._kv.mirror.view(claim)
         answer = await self._kv.riding.send_now([Renew(claim_id, ttl, owner_scope)])
