@@ -167,8 +167,12 @@ class HTTPBackend:
         data = await self._call("POST", f"/claims/{claim_id}/renew", json=body)
         return self._parse(ClaimView, data)
 
-    async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
-        body = {"owner_scope": owner_scope}
+    async def release_claim(
+        self, claim_id: ClaimId, owner_scope: OwnerScope, *, done: bool = False
+    ) -> ClaimView:
+        body: dict[str, Any] = {"owner_scope": owner_scope}
+        if done:
+            body["done"] = True
         data = await self._call("POST", f"/claims/{claim_id}/release", json=body)
         return self._parse(ClaimView, data)
 

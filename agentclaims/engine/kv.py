@@ -315,7 +315,9 @@ class ReferenceKV:
                 reuse_hint=renewal.reuse_hint,
             )
 
-    async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
+    async def release_claim(
+        self, claim_id: ClaimId, owner_scope: OwnerScope, *, done: bool = False
+    ) -> ClaimView:
         async with self._lock:
             return self.engine.release_claim(claim_id, owner_scope)
 

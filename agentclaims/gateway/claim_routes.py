@@ -74,7 +74,12 @@ class ClaimRoutes:
 
     async def release_claim(self, request: Request) -> Response:
         body = await json_object(request) if request.method == "POST" else {}
-        view = await self.kv.release_claim(self._claim_id(request), owner_of(request, body))
+        done = body.get("done", False)
+        if not isinstance(done, bool):
+            raise UsageError("done", f"must be true or false, got {done!r}")
+        view = await self.kv.release_claim(
+            self._claim_id(request), owner_of(request, body), done=done
+        )
         await self.service.sync()
         return self._view(view, request)
 

@@ -74,7 +74,6 @@ def _bodies(defs: dict[str, Any], extension: type) -> dict[str, tuple[Any, Any]]
     stream = {"type": "boolean"}  # true: server-sent events (gateway/streaming.py, #13)
     stream_options = _object({"include_usage": {"type": "boolean"}})
     view = ref(ClaimView)
-    owner = _object({"owner_scope": _STR}, ["owner_scope"])
     return {
         "POST /v1/chat/completions": (
             _object(
@@ -122,7 +121,10 @@ def _bodies(defs: dict[str, Any], extension: type) -> dict[str, tuple[Any, Any]]
             ),
             view,
         ),
-        "POST /v1/claims/{claim_id}/release": (owner, view),
+        "POST /v1/claims/{claim_id}/release": (
+            _object({"owner_scope": _STR, "done": {"type": "boolean"}}, ["owner_scope"]),
+            view,
+        ),
         "GET /v1/events": (None, ref(EventPage)),
         "POST /v1/residency": (
             _object({"prefix_ids": {"type": "array", "items": _STR}, "block_hashes": _HASHES}),

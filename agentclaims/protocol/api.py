@@ -79,7 +79,12 @@ class ClaimsProtocol(Protocol):
         """Extend a live claim (``renewal``: new ``duration_steps`` and/or ``ttl_s``)."""
         ...
 
-    async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView: ...
+    async def release_claim(
+        self, claim_id: ClaimId, owner_scope: OwnerScope, *, done: bool = False
+    ) -> ClaimView:
+        """End a live claim now. ``done``: its agent is finished and nothing will use the
+        prefix again (a KV side may then evict its blocks first; a hint, never a promise)."""
+        ...
 
     async def events(
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None

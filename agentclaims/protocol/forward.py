@@ -38,5 +38,7 @@ class ForwardsClaims:
     ) -> ClaimView:
         return await self.claim_target(claim_id).renew_claim(claim_id, owner_scope, renewal)
 
-    async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
-        return await self.claim_target(claim_id).release_claim(claim_id, owner_scope)
+    async def release_claim(
+        self, claim_id: ClaimId, owner_scope: OwnerScope, *, done: bool = False
+    ) -> ClaimView:
+        return await self.claim_target(claim_id).release_claim(claim_id, owner_scope, done=done)

@@ -152,14 +152,22 @@ class VllmBlockPool:
         for block in blocks:
             self.held[block.block_id] += 1
 
-    def unhold(self, blocks: Sequence[Any]) -> None:
-        """The connector's release: ``blocks`` head first, freed tail first."""
+    def unhold(self, blocks: Sequence[Any], *, evict_first: bool = False) -> None:
+        """The connector's release: ``blocks`` head first, freed tail first, to the free
+        queue's tail; with ``evict_first`` (a finished agent's) the cached ones go to its
+        head instead, the tail first (the connector moves them there after ``free_blocks``)."""
         held = self.held
         for block in blocks:
             held[block.block_id] -= 1
             if not held[block.block_id]:
                 del held[block.block_id]
-        self.free_blocks(reversed(blocks))
+        tail_first = list(reversed(blocks))
+        self.free_blocks(tail_first)
+        if evict_first:
+            free = self.free
+            for block in reversed(tail_first):  # the last moved to the head is the first victim
+                if block.ref_cnt == 0 and block.block_hash is not None:
+                    free.move_to_end(block.block_id, last=False)
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self, request_refs: Mapping[int, int] | None = None) -> None:
@@ -233,6 +241,7 @@ class VllmPoolEngine:
                 wall_ns=clock,
                 event_buffer=max(event_buffer, _EVENT_BUFFER),
                 max_defer_s=max_defer_s,
+                soft_reserve_blocks=min(self.reserve_blocks, WATERMARK_BLOCKS),
             )
         self.admit_evictable_hits = admit_evictable_hits
         """Ask the book's ``admit`` for what the request takes from the free queue: its new
@@ -477,11 +486,12 @@ class VllmPoolEngine:
             self.stats.claims_rejected += 1
         return decision
 
-    def release(self, claim_id: str, tenant: str) -> bool:
-        """Release a hold (its blocks back to the free queue, tail first); ``False``: the
-        book no longer had it (shed or expired meanwhile)."""
+    def release(self, claim_id: str, tenant: str, *, evict_first: bool = False) -> bool:
+        """Release a hold (its blocks back to the free queue, tail first; to its head with
+        ``evict_first``: its agent is done); ``False``: the book no longer had it (shed or
+        expired meanwhile)."""
         if self.book is None:
             return False
-        ok = bool(self.book.release(claim_id, tenant)["ok"])
+        ok = bool(self.book.release(claim_id, tenant, evict_first=evict_first)["ok"])
         self._take_events()
         return ok

@@ -6,7 +6,8 @@
 cached (``@sequence``): ``demotable`` with ``next_use_s`` from the reuse hint, or
 ``hard_protected``/``expiring`` with their TTL, released when the agent's next call arrives
 (superseded: the release rides on that call), when its reuse became unlikely, or when the
-agent is done. :class:`LruVllmPolicy` is the same pool without the connector: stock vLLM.
+agent is done (then ``done``: its blocks go to the head of the free queue).
+:class:`LruVllmPolicy` is the same pool without the connector: stock vLLM.
 """
 
 from __future__ import annotations
@@ -145,12 +146,12 @@ class AgentClaimsVllmPolicy(SessionPipeline):
 
         run_now(claim_down_the_ladder(plan.mode, attempt, soft=soft, usable=usable))
 
-    def _release(self, wf: TraceWorkflow, node: str) -> None:
+    def _release(self, wf: TraceWorkflow, node: str, *, done: bool = False) -> None:
         held = wf.held.pop(node, None)
         if (
             held is not None
             and self.engine is not None
-            and not self.engine.release(held.claim_id, wf.scope)
+            and not self.engine.release(held.claim_id, wf.scope, evict_first=done)
         ):
             self.released_gone += 1
 
@@ -164,5 +165,11 @@ class AgentClaimsVllmPolicy(SessionPipeline):
     def _on_wait(self, wf: TraceWorkflow, node: str, subagents: int) -> None:
         return None  # a hold's next use is the one it was taken with: no operation changes it
 
+    def on_trace_end(self, ordinal: int) -> None:
+        wf = self._workflows[ordinal]
+        for node in list(wf.held):  # the trace is over: every agent of it is done
+            self._release(wf, node, done=True)
+        super().on_trace_end(ordinal)
+
     def _close(self, wf: TraceWorkflow, node: str) -> None:
-        self._release(wf, node)
+        self._release(wf, node, done=True)  # nothing uses a finished agent's context again

@@ -52,6 +52,10 @@ if TYPE_CHECKING:
 __all__ = ["PIN_MODES", "ClaimIO", "EventOutcomes", "HeldClaim", "protects_at_least"]
 
 _log = structlog.get_logger("agentclaims.session")
+
+_DONE_REASONS = frozenset({"session_end", "rerouted"})
+"""Releases after which nothing here uses the prefix again (the run ended, or it moved to
+another instance): sent as ``done``, so the KV side may evict those blocks first."""
 PIN_MODES = (ProtectionMode.EXPIRING, ProtectionMode.HARD_PROTECTED)
 """The modes that pin with a TTL (a release of one is sent at once, not kept for a call)."""
 _STRENGTH = (
@@ -438,7 +442,9 @@ class ClaimIO:
         """Release ``held`` (its end reason recorded); a backend gone away is logged."""
         held.end_reason = reason
         try:
-            view = await backend.release_claim(held.claim_id, self.owner_scope)
+            view = await backend.release_claim(
+                held.claim_id, self.owner_scope, done=reason in _DONE_REASONS
+            )
             held.state = view.state.value
         except ClaimOutcomeError:
             raise

@@ -354,10 +354,12 @@ class FakeKV:
         self._set_expiry(claim, duration_steps, ttl_s)
         return self._view(claim)
 
-    async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
+    async def release_claim(
+        self, claim_id: ClaimId, owner_scope: OwnerScope, *, done: bool = False
+    ) -> ClaimView:
         """End a live claim now, as the reference engine does: ``expired``, reason
         ``released``; releasing an ended claim changes nothing."""
-        self._record("release_claim", claim_id=claim_id, owner_scope=owner_scope)
+        self._record("release_claim", claim_id=claim_id, owner_scope=owner_scope, done=done)
         claim = self._owned(claim_id, owner_scope)
         if claim.state.live:
             self._transition(

@@ -111,12 +111,15 @@ class ClaimsApi:
             raise UsageError("claim_id", f"claim {claim_id!r} cannot be renewed: {reason}")
         return self._kv.mirror.view(claim)
 
-    async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
+    async def release_claim(
+        self, claim_id: ClaimId, owner_scope: OwnerScope, *, done: bool = False
+    ) -> ClaimView:
         if self._kv.liveness.dead is None:  # else its claims have all ended: nothing to hand back
             await self._kv.start()
         claim = self._kv.mirror.owned(claim_id, owner_scope)
-        if claim.held:  # the hand-back rides on the next request to vLLM (``RidingOps``)
-            self._kv.riding.queue(Release(claim_id, owner_scope))
+        if claim.held:  # the hand-back rides on the next request to vLLM (``RidingOps``); a
+            # finished agent's blocks go to the head of vLLM's free queue (evicted first)
+            self._kv.riding.queue(Release(claim_id, owner_scope, evict_first=done))
         if claim.state in (ClaimState.MATERIALIZED, ClaimState.ACCEPTED, ClaimState.DEMOTED):
             self._kv.mirror.end(claim)  # its resident_claim_expired follows from the connector
         return self._kv.mirror.view(claim)

@@ -409,8 +409,10 @@ class VllmKV:
     ) -> ClaimView:
         return await self.claims_api.renew_claim(claim_id, owner_scope, renewal)
 
-    async def release_claim(self, claim_id: ClaimId, owner_scope: OwnerScope) -> ClaimView:
-        return await self.claims_api.release_claim(claim_id, owner_scope)
+    async def release_claim(
+        self, claim_id: ClaimId, owner_scope: OwnerScope, *, done: bool = False
+    ) -> ClaimView:
+        return await self.claims_api.release_claim(claim_id, owner_scope, done=done)
 
     async def events(
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None

@@ -240,6 +240,19 @@ async def test_calls_record_the_submits_and_releases(backend):
     assert [c.operation for c in backend.kv.calls][:2] == ["descriptor", "serve"]
 
 
+async def test_releases_say_done_only_when_nothing_here_uses_the_prefix_again(backend):
+    """A claim let go while the run goes on (superseded by the next call's) is released as
+    live work; those the ended session lets go are released ``done``: the KV side may evict
+    their blocks first (the connector puts them at the head of vLLM's free queue)."""
+    log = OutcomeLog()
+    async with session_on(backend, log):
+        await ask(backend)
+        await ask(backend)
+    first, second = log.claim_ids()
+    done = {c.claim_id: c.args["done"] for c in backend.kv.calls_of("release_claim")}
+    assert done == {first: False, second: True}  # superseded by the 2nd call's; the run ended
+
+
 async def test_claim_story_runs_from_planned_to_ended(backend):
     """A claim's story in the captured log: planned, its events, then ended with a reason."""
     log = OutcomeLog()

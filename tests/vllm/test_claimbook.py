@@ -51,13 +51,18 @@ class FakePool:
                 self.free.remove(block)
             block.ref_cnt += 1
 
-    def unhold(self, blocks: Sequence[Any]) -> None:
+    def unhold(self, blocks: Sequence[Any], *, evict_first: bool = False) -> None:
+        freed = []
         for block in reversed(blocks):  # head first in, tail first freed
             assert block.ref_cnt > 0, f"double free of {block!r}"
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free.append(block)
+                freed.append(block)
                 self.freed.append(block.block_id)
+        if evict_first:  # the next victims: the tail first
+            self.free.extendleft(reversed(freed))
+        else:
+            self.free.extend(freed)
 
     def num_free(self) -> int:
         return len(self.free)
@@ -226,17 +231,20 @@ def test_at_the_cap_a_nearer_use_sheds_soft_holds_farthest_first() -> None:
     farther = book.hold("later", "t1", "demotable", pool.run(0, 3), ttl_s=30, next_use_s=90)
     assert farther["decision"] == "rejected"
     assert set(book.holds) == {"mid", "near"}
-    # time counts: 18 s on, "mid" is due in 2 s, farther than a new hold due in 1 s, while
-    # "near" is overdue (its use is late: nearest of all), so "mid" goes
+    # time counts: 18 s on, "mid" is due in 2 s, while "near" is 13 s late for its use:
+    # waits are heavy-tailed, so it is expected to wait about as long again as it has (18 s),
+    # the farthest, and it goes for a new hold due in 1 s
     clock.advance(18)
+    assert book.holds["near"].expected_wait(clock.now) == 18
+    assert book.holds["mid"].expected_wait(clock.now) == 2
     soon = book.hold("soon", "t1", "demotable", pool.run(0, 3), ttl_s=30, next_use_s=1)
     assert soon["decision"] == "accepted"
-    assert set(book.holds) == {"near", "soon"}
+    assert set(book.holds) == {"mid", "soon"}
     # a hard hold sheds soft holds whatever their next use (farthest first), no more than it
-    # needs: "soon" (due in 1 s) before "near" (overdue)
-    hard = book.hold("pin", "t1", "hard_protected", pool.run(3, 3), ttl_s=30)
+    # needs: "mid" (due in 2 s) before "soon" (due in 1 s)
+    hard = book.hold("pin", "t1", "hard_protected", pool.run(6, 3), ttl_s=30)
     assert hard["decision"] == "accepted"
-    assert set(book.holds) == {"near", "pin"}
+    assert set(book.holds) == {"soon", "pin"}
     assert book.held_blocks == book.cap_blocks
     # too big to fit even with every soft hold shed: nothing is shed
     before = set(book.holds)
@@ -639,7 +647,7 @@ def test_an_event_carries_its_seq_name_claim_and_wall_time() -> None:
 
 
 # ---------------------------------------------------------------------- stateful
-TOTAL, RESERVE, MAX_DEFER_S = 12, 4, 40.0
+TOTAL, RESERVE, SOFT_RESERVE, MAX_DEFER_S = 12, 4, 1, 40.0
 QUOTAS = {"t1": 5}
 TENANTS = ("t1", "t2")
 CLAIMS = tuple(f"c{i}" for i in range(6))
@@ -664,6 +672,7 @@ class ClaimBookMachine(RuleBasedStateMachine):
             clock=self.clock,
             wall_ns=self.clock.ns,
             max_defer_s=MAX_DEFER_S,
+            soft_reserve_blocks=SOFT_RESERVE,
         )
         self.log: list[dict[str, Any]] = []
 
@@ -732,14 +741,21 @@ class ClaimBookMachine(RuleBasedStateMachine):
         ids = [b.block_id for b in list(self.pool.free)[:n]]
         self.hold(claim, tenant, mode, ids, None, ttl, next_use)
 
-    @rule(claim=st.sampled_from(CLAIMS), tenant=st.sampled_from(TENANTS))
-    def release(self, claim: str, tenant: str) -> None:
+    @rule(claim=st.sampled_from(CLAIMS), tenant=st.sampled_from(TENANTS), done=st.booleans())
+    def release(self, claim: str, tenant: str, done: bool) -> None:
         held = self.book.holds.get(claim)
         owned = held is not None and held.tenant == tenant
         before = self._snapshot()
-        assert self.book.release(claim, tenant)["ok"] is owned
+        free_before = list(self.pool.free)
+        assert self.book.release(claim, tenant, evict_first=done)["ok"] is owned
         if owned:
+            assert held is not None
             assert claim not in self.book.holds
+            # the blocks no other hold keeps join the free list: at its tail, or at its head
+            # (the next victims, the tail first) for a finished agent's
+            freed = [b for b in reversed(held.blocks) if b.ref_cnt == 0]
+            expected = freed + free_before if done else free_before + freed
+            assert list(self.pool.free) == expected
         else:
             assert self._snapshot() == before
 
@@ -776,9 +792,28 @@ class ClaimBookMachine(RuleBasedStateMachine):
             assert self.book.admit(request, needed).action == "serve"
             assert self.book.seq == seq
 
+    @rule(min_free=st.integers(0, TOTAL + 2))
+    def relieve(self, min_free: int) -> None:
+        """Before a step: soft holds shed, farthest expected use first, until ``min_free``
+        blocks are free, no more; hard holds never."""
+        now = self.clock.now
+        expected = {c: h.expected_wait(now) for c, h in self.book.holds.items()}
+        hard = {c for c, h in self.book.holds.items() if h.mode in HARD}
+        seq = self.book.seq
+        shed_n = self.book.relieve(min_free)
+        shed = [e["claim_id"] for e in self.book.events_since(seq)]
+        assert len(shed) == shed_n
+        assert all(e["event"] == "resident_claim_demoted" for e in self.book.events_since(seq))
+        assert not set(shed) & hard
+        assert [expected[c] for c in shed] == sorted((expected[c] for c in shed), reverse=True)
+        left = [c for c, h in self.book.holds.items() if h.mode in SOFT]
+        assert self.pool.num_free() >= min_free or not left
+        if shed:  # no more than it needed: one hold fewer would not have been enough
+            assert all(expected[c] <= expected[shed[-1]] for c in left)
+
     @rule(request=st.sampled_from(REQUESTS), needed=st.integers(0, TOTAL + 2))
     def admit(self, request: str, needed: int) -> None:
-        next_use = {c: h.next_use_s for c, h in self.book.holds.items()}
+        next_use = {c: h.expected_wait(self.clock.now) for c, h in self.book.holds.items()}
         seq = self.book.seq
         verdict = self.book.admit(request, needed)
         assert all(h.expires_at > self.clock.now for h in self.book.holds.values())
@@ -831,6 +866,12 @@ class ClaimBookMachine(RuleBasedStateMachine):
     def held_blocks_within_the_cap(self) -> None:
         distinct = {id(b) for h in self.book.holds.values() for b in h.blocks}
         assert self.book.held_blocks == len(distinct) <= self.book.cap_blocks
+        assert self.book.cap_blocks == TOTAL - SOFT_RESERVE
+
+    @invariant()
+    def hard_holds_leave_a_max_length_request_room(self) -> None:
+        hard = {id(b) for h in self.book.holds.values() if h.mode in HARD for b in h.blocks}
+        assert len(hard) <= self.book.hard_cap_blocks == TOTAL - RESERVE
 
     @invariant()
     def every_ref_is_a_hold(self) -> None:

@@ -9,15 +9,18 @@ contract's rules around that one primitive::
     hard_protected, expiring   held until released, revoked or their TTL ends; a request that
                                cannot fit without their blocks is deferred (one of them ends by
                                TTL) or refused, naming them
-    soft_priority, demotable   held too, but shed under pressure, farthest predicted next use
+    soft_priority, demotable   held too, but shed under pressure, farthest expected next use
                                first; every shed is a demotion event, never silent
     best_effort                not held: plain prefix caching
     offloadable                refused: no honest restore-or-fail path is lowered
 
-The held blocks never exceed ``total - reserve`` (``reserve``: one max-length request and a
-watermark), so a request of any allowed length always fits once active work drains. Each tenant
-has a quota, every TTL a maximum (a claim without one gets the maximum: nothing is held for
-ever).
+Hard holds never take more than ``total - reserve`` blocks (``reserve``: one max-length
+request and a watermark), so a request of any allowed length always fits once active work
+drains. Soft holds may take more, up to ``total - soft_reserve``: a request that needs their
+room sheds them as it is admitted, and running requests that need more blocks shed them before
+each step (``relieve``). A hold a finished agent leaves (``release(evict_first=True)``) goes
+back to the head of the free queue, the next victims. Each tenant has a quota, every TTL a
+maximum (a claim without one gets the maximum: nothing is held for ever).
 """
 
 from __future__ import annotations
@@ -43,8 +46,10 @@ class PoolPort(Protocol):
     def hold(self, blocks: Sequence[Any]) -> None:
         """Add one reference to each block (they leave the free queue)."""
 
-    def unhold(self, blocks: Sequence[Any]) -> None:
-        """Drop one reference from each block; ``blocks`` is head first, freed tail first."""
+    def unhold(self, blocks: Sequence[Any], *, evict_first: bool = False) -> None:
+        """Drop one reference from each block; ``blocks`` is head first, freed tail first:
+        those left without a reference join the free queue at its tail (evicted last), or at
+        its head with ``evict_first`` (the next victims, the tail first of them)."""
 
     def num_free(self) -> int:
         """Blocks an allocation may take now (free or evictable)."""
@@ -61,15 +66,20 @@ class Hold:
     expires_at: float
     next_use_s: float
     """Predicted seconds to the prefix's next use when held: soft holds whose next use is
-    farthest *now* (``next_use_s`` less the time held) go first, as the engine ranks."""
+    expected farthest *now* (``expected_wait``) go first."""
     request_id: str | None = None
     since: float = 0.0
     """When the hold was taken (the book's clock)."""
 
-    def due_in(self, now: float) -> float:
-        """Seconds until the predicted next use, at ``now`` (below 0: overdue, the use is
-        late, so nearest of all; ``inf``: no prediction)."""
-        return self.next_use_s - (now - self.since)
+    def expected_wait(self, now: float) -> float:
+        """Seconds still expected until the next use, at ``now``: the prediction less the
+        time held, and once that has passed, the time held so far (``inf``: no prediction).
+        Agents' waits are heavy-tailed: one late for its predicted use is likely waiting on a
+        long tool or a person, and is expected to wait about as long again, not to come
+        back at once."""
+        held = now - self.since
+        left = self.next_use_s - held
+        return left if left > 0 else held
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +116,21 @@ class ClaimBook:
         wall_ns: Callable[[], int] = time.time_ns,
         event_buffer: int = 100_000,
         max_defer_s: float = 30.0,
+        soft_reserve_blocks: int | None = None,
     ) -> None:
-        if total_blocks < 1 or reserve_blocks < 0:
-            raise ValueError(f"bad pool size: total {total_blocks}, reserve {reserve_blocks}")
+        soft_reserve = reserve_blocks if soft_reserve_blocks is None else soft_reserve_blocks
+        if total_blocks < 1 or not 0 <= soft_reserve <= reserve_blocks:
+            raise ValueError(
+                f"bad pool size: total {total_blocks}, reserve {reserve_blocks}, "
+                f"soft reserve {soft_reserve} (0 <= soft reserve <= reserve)"
+            )
         self.pool = pool
         self.total_blocks = total_blocks
-        self.cap_blocks = max(0, total_blocks - reserve_blocks)
-        """The most blocks holds may take, so that one max-length request always fits."""
+        self.hard_cap_blocks = max(0, total_blocks - reserve_blocks)
+        """The most blocks hard holds may take, so that one max-length request always fits."""
+        self.cap_blocks = max(0, total_blocks - soft_reserve)
+        """The most blocks all holds may take (soft ones are shed for a request that needs
+        their room); ``hard_cap_blocks`` where no ``soft_reserve_blocks`` is given."""
         self.max_ttl_s = max_ttl_s
         self.max_defer_s = max_defer_s
         """A request blocked longer than this (until the first blocking TTL ends) is refused."""
@@ -150,7 +168,7 @@ class ClaimBook:
         self._tenant(hold.tenant).held_blocks += len(hold.blocks)
         self.holds[hold.claim_id] = hold
 
-    def _give_back(self, hold: Hold) -> None:
+    def _give_back(self, hold: Hold, *, evict_first: bool = False) -> None:
         del self.holds[hold.claim_id]
         for b in hold.blocks:
             n = self._refs[id(b)] - 1
@@ -159,7 +177,10 @@ class ClaimBook:
             else:
                 del self._refs[id(b)]
         self._tenant(hold.tenant).held_blocks -= len(hold.blocks)
-        self.pool.unhold(hold.blocks)
+        if evict_first:
+            self.pool.unhold(hold.blocks, evict_first=True)
+        else:
+            self.pool.unhold(hold.blocks)
 
     # ------------------------------------------------------------------ events
     def emit(self, event: str, claim_id: str | None = None, **data: Any) -> dict[str, Any]:
@@ -307,36 +328,42 @@ class ClaimBook:
 
     def _to_shed(self, run: Sequence[Any], mode: str, next_use_s: float) -> list[Hold] | None:
         """The soft holds to shed (demote) so that a hold on ``run`` fits under the cap, as
-        memory pressure sheds them: farthest next use first (an unknown one farthest, the
-        oldest of those first), no more than it needs. A soft hold makes room only with holds
-        whose next use is farther than its own (with its own unknown: older ones whose next
-        use is unknown too, as LRU would); a hard one with any soft hold. ``[]``: it fits as
-        it is; ``None``: no shedding makes it fit."""
-        refs = Counter(id(b) for h in self.holds.values() for b in h.blocks)
-        wanted = {id(b) for b in run}
-
-        def fits() -> bool:
-            return len(refs) + len(wanted - refs.keys()) <= self.cap_blocks
-
-        if fits():
+        memory pressure sheds them: farthest expected next use first (an unknown one
+        farthest, the oldest of those first), no more than it needs. A soft hold makes room
+        only with holds whose next use is farther than its own (with its own unknown: older
+        ones whose next use is unknown too, as LRU would); a hard one with any soft hold, and
+        only within the hard holds' own cap. ``[]``: it fits as it is; ``None``: no shedding
+        makes it fit. Counts from the book's block references: O(the blocks it sheds)."""
+        refs = self._refs
+        new = [b for b in {id(b): b for b in run}.values() if id(b) not in refs]
+        if mode in HARD_MODES:
+            hard = {id(b) for h in self.holds.values() if h.mode in HARD_MODES for b in h.blocks}
+            if len(hard) + sum(1 for b in run if id(b) not in hard) > self.hard_cap_blocks:
+                return None
+        over = len(refs) + len(new) - self.cap_blocks
+        if over <= 0:
             return []
         now = self.clock()
+        wanted = {id(b) for b in run}
         soft = [
             h
             for h in self.holds.values()
             if h.mode in SOFT_MODES
             and (
                 mode in HARD_MODES
-                or h.due_in(now) > next_use_s
-                or h.due_in(now) == next_use_s == math.inf  # both unknown: the older goes (LRU)
+                or h.expected_wait(now) > next_use_s
+                or h.expected_wait(now) == next_use_s == math.inf  # both unknown: LRU
             )
         ]
         shed: list[Hold] = []
-        for hold in sorted(soft, key=lambda h: (-h.due_in(now), h.since)):
+        dropped: Counter[int] = Counter()
+        for hold in sorted(soft, key=lambda h: (-h.expected_wait(now), h.since)):
             shed.append(hold)
-            refs.subtract(id(b) for b in hold.blocks)
-            refs += Counter()  # drop the blocks no hold keeps
-            if fits():
+            for b in hold.blocks:
+                dropped[id(b)] += 1
+                if dropped[id(b)] == refs[id(b)] and id(b) not in wanted:
+                    over -= 1  # no hold keeps it, and the new one does not want it
+            if over <= 0:
                 return shed
         return None
 
@@ -344,8 +371,10 @@ class ClaimBook:
         hold = self.holds.get(claim_id)
         return hold if hold is not None and hold.tenant == tenant else None
 
-    def release(self, claim_id: str, tenant: str) -> dict[str, Any]:
-        """Hand a claim's blocks back (tail first); an unknown claim changes nothing."""
+    def release(self, claim_id: str, tenant: str, *, evict_first: bool = False) -> dict[str, Any]:
+        """Hand a claim's blocks back (tail first); an unknown claim changes nothing.
+        ``evict_first``: its agent is done, nothing will use the prefix again: the blocks go
+        to the head of the free queue (the next victims), not its tail."""
         hold = self._owned(claim_id, tenant)
         if hold is None:
             return {
@@ -354,7 +383,7 @@ class ClaimBook:
                 "ok": False,
                 "reason": "no such held claim",
             }
-        self._give_back(hold)
+        self._give_back(hold, evict_first=evict_first)
         self.emit("resident_claim_expired", claim_id, reason="released", blocks=len(hold.blocks))
         return {"claim_id": claim_id, "op": "release", "ok": True, "state": "expired"}
 
@@ -433,7 +462,7 @@ class ClaimBook:
         if needed_blocks > free + len(only_soft):
             soft = []
         now = self.clock()
-        for hold in sorted(soft, key=lambda h: -h.due_in(now)):
+        for hold in sorted(soft, key=lambda h: -h.expected_wait(now)):
             self._demote(hold, "memory_pressure", request_id)
             free = self.pool.num_free()
             if needed_blocks <= free:
@@ -460,6 +489,25 @@ class ClaimBook:
                 else "infeasible_preserve_resident_and_active",
             )
         return Verdict(action, ids, shortfall, retry)
+
+    def relieve(self, min_free: int) -> int:
+        """Before a scheduler step: shed soft holds (farthest expected next use first, each a
+        demotion event) until at least ``min_free`` blocks are free or evictable, so that the
+        running requests' next blocks never wait on a soft hold. Returns how many it shed."""
+        if not self.holds or self.pool.num_free() >= min_free:
+            return 0
+        now = self.clock()
+        soft = sorted(
+            (h for h in self.holds.values() if h.mode in SOFT_MODES),
+            key=lambda h: -h.expected_wait(now),
+        )
+        shed = 0
+        for hold in soft:
+            self._demote(hold, "memory_pressure", None)
+            shed += 1
+            if self.pool.num_free() >= min_free:
+                break
+        return shed
 
     def _serve(self, request_id: str) -> Verdict:
         """The request may run: its verdict ends, and so does its wait, if claims held it back."""

@@ -117,8 +117,15 @@ class _VllmPool:
     def hold(self, blocks: Sequence[Any]) -> None:
         self.pool.touch(blocks)
 
-    def unhold(self, blocks: Sequence[Any]) -> None:
-        self.pool.free_blocks(reversed(blocks))  # the first freed is evicted first: tail first
+    def unhold(self, blocks: Sequence[Any], *, evict_first: bool = False) -> None:
+        tail_first = list(reversed(blocks))  # the first freed is evicted first: tail first
+        self.pool.free_blocks(tail_first)  # cached blocks join the free queue at its tail
+        if evict_first:  # a finished agent's: to the head instead, the next victims
+            queue = self.pool.free_block_queue
+            freed = [b for b in tail_first if b.ref_cnt == 0 and b.block_hash is not None]
+            for block in freed:
+                queue.remove(block)
+            queue.prepend_n(freed)
 
     def num_free(self) -> int:
         return int(self.pool.get_num_free_blocks())
@@ -138,6 +145,12 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         self._key = str(extra.get("claims_key") or os.environ.get("AGENTCLAIMS_CLAIMS_KEY", ""))
         self._max_ttl_s = float(extra.get("max_ttl_s", 600.0))
         self._max_defer_s = float(extra.get("max_defer_s", 30.0))
+        soft_reserve = extra.get("soft_reserve_blocks")
+        self._soft_reserve_blocks = None if soft_reserve is None else int(soft_reserve)
+        """Blocks soft holds leave free (``None``: what hard ones leave, a max-length
+        request's). Set lower, soft holds fill the pool but that: they are shed for a request
+        that needs their room, and for running requests' next blocks before each step
+        (``relieve``)."""
         self._quotas = {str(k): int(v) for k, v in (extra.get("tenant_quota_blocks") or {}).items()}
         self._book: ClaimBook | None = None
         self._pool: BlockPool | None = None
@@ -186,10 +199,15 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             max_ttl_s=self._max_ttl_s,
             tenant_quota_blocks=self._quotas,
             max_defer_s=self._max_defer_s,
+            soft_reserve_blocks=None
+            if self._soft_reserve_blocks is None
+            else min(reserve, max(_WATERMARK_BLOCKS, self._soft_reserve_blocks)),
         )
         logger.info(
-            "agentclaims connector bound: %d blocks, holds capped at %d, max TTL %.0f s",
+            "agentclaims connector bound: %d blocks, hard holds capped at %d, all at %d, "
+            "max TTL %.0f s",
             total,
+            self._book.hard_cap_blocks,
             self._book.cap_blocks,
             self._max_ttl_s,
         )
@@ -240,7 +258,9 @@ class AgentClaimsConnector(KVConnectorBase_V1):
                 results.append({"op": exc.kind, "ok": False, "reason": exc.reason})
                 continue
             if isinstance(op, Release):
-                results.append(book.release(op.claim_id, op.tenant or default))
+                results.append(
+                    book.release(op.claim_id, op.tenant or default, evict_first=op.evict_first)
+                )
             elif isinstance(op, Renew):
                 results.append(book.renew(op.claim_id, op.tenant or default, op.ttl_s))
             elif isinstance(op, RevokeAll):  # a gateway restarting without a ledger: end all
@@ -278,7 +298,8 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             "events": book.events_since(since, limit=256),
             "last_seq": book.seq,
             "held_blocks": book.held_blocks,
-            "cap_blocks": book.cap_blocks,
+            "cap_blocks": book.hard_cap_blocks,  # what hard holds may take
+            "soft_cap_blocks": book.cap_blocks,  # what all holds may (soft ones shed for work)
             "max_ttl_s": book.max_ttl_s,
             "max_defer_s": book.max_defer_s,
             "instance": self.instance,
@@ -356,6 +377,13 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             return 0, False
         self._asks[request.request_id] = needed
         return None, False
+
+    def relieve(self, running: int) -> None:
+        """Before a step: shed soft holds until the ``running`` requests' next blocks (one
+        each) and the watermark are free (each shed a demotion event)."""
+        book = self._book
+        if book is not None and book.holds:
+            book.relieve(running + _WATERMARK_BLOCKS)
 
     def settle_admissions(self, waiting: Callable[[str], bool]) -> None:
         """Before a step (``ClaimsScheduler``): each request the admission hook found blocked

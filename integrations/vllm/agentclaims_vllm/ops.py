@@ -65,6 +65,8 @@ class Hold:
 class Release:
     claim_id: str
     tenant: str | None = None
+    evict_first: bool = False
+    """Its agent is done: the blocks go to the head of the free queue (the next victims)."""
     op: ClassVar[str] = "release"
 
 
@@ -97,11 +99,11 @@ _KINDS: dict[str, type[Op]] = {k.op: k for k in (Hold, Release, Renew, RevokeAll
 
 
 def to_wire(op: Op) -> dict[str, Any]:
-    """``op`` as its JSON object (fields left ``None`` are left out)."""
+    """``op`` as its JSON object (fields left ``None`` or ``False`` are left out)."""
     out: dict[str, Any] = {"op": op.op}
     for name in op.__slots__:
         value = getattr(op, name)
-        if value is not None:
+        if value is not None and value is not False:
             out[name] = value
     return out
 
@@ -145,4 +147,7 @@ def parse(raw: object) -> Op:
     claim_id = str(raw.get("claim_id"))
     if cls is Renew:
         return Renew(claim_id, raw.get("ttl_s"), tenant)
-    return Release(claim_id, tenant)
+    evict_first = raw.get("evict_first", False)
+    if not isinstance(evict_first, bool):
+        raise MalformedOp(kind, f"evict_first must be true or false, got {evict_first!r}", claim_id)
+    return Release(claim_id, tenant, evict_first)

@@ -1,5 +1,7 @@
-"""``ClaimsScheduler``: vLLM's scheduler, plus two things:
+"""``ClaimsScheduler``: vLLM's scheduler, plus three things:
 
+- soft holds make room, before each step, for the running requests' next blocks (soft holds
+  may fill what hard ones leave to one max-length request; ``ClaimBook.relieve``);
 - a request the agentclaims connector refused (held claims would block it longer than the
   connector may defer) is finished as aborted at once, with the refusal (blocking claim ids,
   shortfall, retry hint) in its ``kv_transfer_params``, instead of waiting without end;
@@ -61,6 +63,8 @@ class _Refusals:
             connector = self.connector  # type: ignore[attr-defined]
             if isinstance(connector, AgentClaimsConnector):
                 connector.drain()  # the channel's operations, before this step
+                # each running request may need one more block this step: soft holds make room
+                connector.relieve(len(self.running))  # type: ignore[attr-defined]
                 connector.settle_admissions(self._waiting)  # holds shed, deferred, refused
             return super().schedule(*args, **kwargs)  # type: ignore[misc]
 
