@@ -169,13 +169,15 @@ async def test_cache_hits_in_the_free_queue_count_against_the_free_blocks(
 async def test_soft_holds_are_shed_under_pressure_each_with_a_demotion(
     connector: ConnectorClient, prompts: Any
 ) -> None:
-    """Soft holds give way to a request that needs their blocks, farthest next use first,
-    and every shed is a demotion event; the request is served without waiting."""
+    """Soft holds give way to a request that needs their blocks, farthest expected next use
+    first, and every shed is a demotion event; the request is served without waiting. (The
+    next uses lie past the test's length: a hold late for its use would count as farther the
+    longer it has been held.)"""
     ids = []
     for i in range(5):
         cid = f"soft-{i}"
         answer = await connector.complete(
-            prompts(200), [hold(cid, "soft_priority", blocks=6, ttl_s=60, next_use_s=float(i))]
+            prompts(200), [hold(cid, "soft_priority", blocks=6, ttl_s=60, next_use_s=100.0 + 10 * i)]
         )
         assert answer.result_of(cid)["state"] == "materialized"
         ids.append(cid)
