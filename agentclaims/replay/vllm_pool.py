@@ -277,7 +277,7 @@ class VllmPoolEngine:
     @property
     def protected_resident_blocks(self) -> int:
         """Distinct blocks under at least one hold."""
-        return 0 if self.book is None else self.book.held_blocks
+        return 0 if self.book is None else self.book.claimed_blocks
 
     @property
     def free_blocks(self) -> int:
@@ -488,10 +488,11 @@ class VllmPoolEngine:
 
     def release(self, claim_id: str, tenant: str, *, evict_first: bool = False) -> bool:
         """Release a hold (its blocks back to the free queue, tail first; to its head with
-        ``evict_first``: its agent is done); ``False``: the book no longer had it (shed or
-        expired meanwhile)."""
+        ``evict_first``: its agent is done); ``False``: the claim had ended (shed, its head
+        let go now if the book still kept it, or expired meanwhile)."""
         if self.book is None:
             return False
-        ok = bool(self.book.release(claim_id, tenant, evict_first=evict_first)["ok"])
+        result = self.book.release(claim_id, tenant, evict_first=evict_first)
+        ok = bool(result["ok"]) and result.get("state") != "demoted"  # a demoted claim's head
         self._take_events()
         return ok

@@ -208,11 +208,14 @@ def test_a_hard_hold_defers_the_request_that_needs_its_blocks() -> None:
 
 
 def test_holds_are_capped_below_one_max_length_request() -> None:
-    """Holds never take the reserve: a hold past the cap is refused (an event, nothing held)."""
+    """Hard holds never take the reserve: one past their cap is refused (an event, nothing
+    held); soft ones may take all but the watermark block, as the connector's
+    ``soft_reserve_blocks: 1`` lets them."""
     clock = Clock()
-    engine = claims_engine(10, clock)  # reserve 3: at most 7 held
+    engine = claims_engine(10, clock)  # reserve 3: at most 7 held hard
     assert engine.book is not None
-    assert engine.book.cap_blocks == 7
+    assert engine.book.hard_cap_blocks == 7
+    assert engine.book.cap_blocks == 9
     assert engine.begin("a", hashes(*range(1, 9)), owner="o").served
     decision = engine.hold("o", "c1", "t0", "hard_protected", ttl_s=5.0)
     assert decision["decision"] == "rejected"

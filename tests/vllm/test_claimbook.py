@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -442,7 +442,8 @@ def test_a_request_that_fits_is_served() -> None:
 
 def test_soft_holds_are_shed_farthest_next_use_first_until_it_fits() -> None:
     """Soft holds give way farthest predicted next use first, each a demotion, and only until
-    the request fits."""
+    the request fits: the last one gives only the blocks still needed, its deepest, and keeps
+    its head (its claim demoted) until released; those blocks go to the free queue's head."""
     book, pool, _ = make(total=20, reserve=2)
     book.hold("near", "t1", "soft_priority", pool.run(0, 4), ttl_s=30, next_use_s=1)
     book.hold("far", "t1", "soft_priority", pool.run(4, 4), ttl_s=30, next_use_s=5)
@@ -459,7 +460,24 @@ def test_soft_holds_are_shed_farthest_next_use_first_until_it_fits() -> None:
     ]
     assert all(e["reason"] == "memory_pressure" and e["request_id"] == "r1" for e in demoted)
     assert [e["blocks"] for e in demoted] == [4, 4]
-    assert sorted(book.holds) == ["mid", "near"]
+    assert sorted(h for h in book.holds if not book.holds[h].demoted) == ["mid", "near"]
+    far = book.holds["far"]  # 11 needed, 4 free, 4 from "never": 3 of its 4, tail first
+    assert far.demoted
+    assert [b.block_id for b in far.blocks] == [4]
+    assert [b.block_id for b in list(pool.free)[:7]] == [7, 6, 5, 11, 10, 9, 8]
+    assert pool.num_free() == 11
+    assert book.claimed_blocks == 8
+    assert book.held_blocks == 9
+    assert book.renew("far", "t1", 10)["ok"] is False  # its claim ended: nothing to renew
+    seq = book.seq
+    assert book.release("far", "t1") == {
+        "claim_id": "far",
+        "op": "release",
+        "ok": True,
+        "state": "demoted",
+    }
+    assert book.seq == seq  # no second end: the demotion was its end
+    assert "far" not in book.holds
     assert pool.num_free() == 12
 
 
@@ -763,7 +781,8 @@ class ClaimBookMachine(RuleBasedStateMachine):
     def renew(self, claim: str, tenant: str, ttl: float | None) -> None:
         held = self.book.holds.get(claim)
         result = self.book.renew(claim, tenant, ttl)  # type: ignore[arg-type]
-        ok = held is not None and held.tenant == tenant and ttl is not None and 0 < ttl <= 60
+        live = held is not None and held.tenant == tenant and not held.demoted
+        ok = live and ttl is not None and 0 < ttl <= 60
         assert result["ok"] is ok
         if ok:
             assert held is not None
@@ -796,35 +815,49 @@ class ClaimBookMachine(RuleBasedStateMachine):
     def relieve(self, min_free: int) -> None:
         """Before a step: soft holds shed, farthest expected use first, until ``min_free``
         blocks are free, no more; hard holds never."""
-        now = self.clock.now
-        expected = {c: h.expected_wait(now) for c, h in self.book.holds.items()}
-        hard = {c for c, h in self.book.holds.items() if h.mode in HARD}
-        seq = self.book.seq
-        shed_n = self.book.relieve(min_free)
-        shed = [e["claim_id"] for e in self.book.events_since(seq)]
-        assert len(shed) == shed_n
-        assert all(e["event"] == "resident_claim_demoted" for e in self.book.events_since(seq))
-        assert not set(shed) & hard
-        assert [expected[c] for c in shed] == sorted((expected[c] for c in shed), reverse=True)
+        self._sheds_farthest_first(lambda: self.book.relieve(min_free))
         left = [c for c, h in self.book.holds.items() if h.mode in SOFT]
         assert self.pool.num_free() >= min_free or not left
-        if shed:  # no more than it needed: one hold fewer would not have been enough
-            assert all(expected[c] <= expected[shed[-1]] for c in left)
+
+    def _sheds_farthest_first(self, act: Callable[[], object]) -> list[str]:
+        """Run ``act``; what pressure took: soft holds only, each live claim it touched
+        demoted once (an event), every hold it did not touch nearer than every one it did,
+        the last one touched alone kept a head. Returns the claims demoted, in order."""
+        now = self.clock.now
+        before = {  # the holds pressure may take (those past their TTL end first, as such)
+            c: (h.expected_wait(now), len(h.blocks), h.demoted, h.mode)
+            for c, h in self.book.holds.items()
+            if h.expires_at > now
+        }
+        seq = self.book.seq
+        act()
+        events = self.book.events_since(seq)
+        demoted = [e["claim_id"] for e in events if e["event"] == "resident_claim_demoted"]
+        after = {c: len(h.blocks) for c, h in self.book.holds.items()}
+        touched = [c for c, b in before.items() if after.get(c, 0) < b[1]]
+        if touched or demoted:
+            assert not [c for c in touched if before[c][3] in HARD]
+            assert sorted(demoted) == sorted(c for c in touched if not before[c][2])
+            assert len(demoted) == len(set(demoted))
+            kept = [c for c in touched if c in after]
+            assert len(kept) <= 1
+            if touched:
+                nearest = min(before[c][0] for c in touched)
+                untouched = [c for c, b in before.items() if b[3] in SOFT and c not in touched]
+                assert all(before[c][0] <= nearest for c in untouched)
+                if kept:
+                    assert before[kept[0]][0] == nearest
+                    assert self.book.holds[kept[0]].demoted
+        return demoted
 
     @rule(request=st.sampled_from(REQUESTS), needed=st.integers(0, TOTAL + 2))
     def admit(self, request: str, needed: int) -> None:
-        next_use = {c: h.expected_wait(self.clock.now) for c, h in self.book.holds.items()}
-        seq = self.book.seq
-        verdict = self.book.admit(request, needed)
+        verdicts = []
+        self._sheds_farthest_first(lambda: verdicts.append(self.book.admit(request, needed)))
+        verdict = verdicts[0]
         assert all(h.expires_at > self.clock.now for h in self.book.holds.values())
         free = self.pool.num_free()
         hard = sorted(c for c, h in self.book.holds.items() if h.mode in HARD)
-        shed = [
-            e["claim_id"]
-            for e in self.book.events_since(seq)
-            if e["event"] == "resident_claim_demoted"
-        ]
-        assert [next_use[c] for c in shed] == sorted((next_use[c] for c in shed), reverse=True)
         if verdict.action == "serve":
             assert needed <= free or not hard or needed > free + self.book.held_blocks
         else:
@@ -851,7 +884,7 @@ class ClaimBookMachine(RuleBasedStateMachine):
 
     @rule()
     def revoke_all(self) -> None:
-        n = len(self.book.holds)
+        n = sum(not h.demoted for h in self.book.holds.values())  # live claims: each an end
         assert self.book.revoke_all("reset") == n
         assert not self.book.holds
 
@@ -884,7 +917,7 @@ class ClaimBookMachine(RuleBasedStateMachine):
     @invariant()
     def tenants_within_their_quota(self) -> None:
         for tenant in TENANTS:
-            mine = [h for h in self.book.holds.values() if h.tenant == tenant]
+            mine = [h for h in self.book.holds.values() if h.tenant == tenant and not h.demoted]
             assert len({id(b) for h in mine for b in h.blocks}) <= self._quota(tenant)
             assert sum(len(h.blocks) for h in mine) <= self._quota(tenant)
 
@@ -905,7 +938,7 @@ class ClaimBookMachine(RuleBasedStateMachine):
             elif e["event"] in END_EVENTS:
                 assert claim in held, f"{claim} ended while not held: {e}"
                 held.remove(claim)
-        assert held == set(self.book.holds)
+        assert held == {c for c, h in self.book.holds.items() if not h.demoted}
 
 
 TestClaimBookMachine = ClaimBookMachine.TestCase

@@ -1,8 +1,8 @@
 """The connector's port onto vLLM's own ``BlockPool`` (``connector._VllmPool``), run in the vLLM
 environment on a real pool: a released hold goes back to the free queue's tail (evicted
 last), a finished agent's to its head (the next victims, its tail first), and the claim book
-over it sheds soft holds for running requests (``relieve``) and keeps hard ones within their
-own cap."""
+over it sheds soft holds for running requests (``relieve``: the deepest blocks it needs, to
+the free queue's head) and keeps hard ones within their own cap."""
 
 from __future__ import annotations
 
@@ -55,6 +55,10 @@ CHILD = textwrap.dedent(
     out["free_before"] = pool.get_num_free_blocks()
     out["shed"] = book.relieve(6)
     out["free_after"] = pool.get_num_free_blocks()
+    out["victims"] = queue()[:2]  # the blocks pressure took: the next victims
+    out["c"] = [x.block_id for x in c]
+    out["kept"] = len(book.holds["c"].blocks)  # its head, kept though its claim is demoted
+    out["claimed"] = book.claimed_blocks
     out["events"] = [e["event"] for e in book.events_since(0)]
     print(json.dumps(out))
     """
@@ -90,7 +94,12 @@ def test_soft_holds_fill_past_the_hard_cap_and_make_room_for_running_requests(
     assert child["hard_over_cap"] == "rejected"  # 9 hard blocks: over their own cap
     assert child["free_before"] == 4
     assert child["shed"] == 1
-    assert child["free_after"] == 16
+    assert child["free_after"] == 6  # no more than it needed: its two deepest blocks
+    c = child["c"]
+    assert isinstance(c, list)
+    assert child["victims"] == [c[-1], c[-2]]
+    assert child["kept"] == 10
+    assert child["claimed"] == 0
     events = child["events"]
     assert isinstance(events, list)
     assert events[-1] == "resident_claim_demoted"

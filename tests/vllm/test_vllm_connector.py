@@ -177,7 +177,8 @@ async def test_soft_holds_are_shed_under_pressure_each_with_a_demotion(
     for i in range(5):
         cid = f"soft-{i}"
         answer = await connector.complete(
-            prompts(200), [hold(cid, "soft_priority", blocks=6, ttl_s=60, next_use_s=100.0 + 10 * i)]
+            prompts(200),
+            [hold(cid, "soft_priority", blocks=6, ttl_s=60, next_use_s=100.0 + 10 * i)],
         )
         assert answer.result_of(cid)["state"] == "materialized"
         ids.append(cid)

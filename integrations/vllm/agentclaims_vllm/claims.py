@@ -10,7 +10,10 @@ contract's rules around that one primitive::
                                cannot fit without their blocks is deferred (one of them ends by
                                TTL) or refused, naming them
     soft_priority, demotable   held too, but shed under pressure, farthest expected next use
-                               first; every shed is a demotion event, never silent
+                               first, each only of the blocks still needed, deepest first;
+                               every shed is a demotion event first, never silent (the
+                               demoted claim's head stays held, ranked above unheld blocks,
+                               until released, its TTL or more pressure)
     best_effort                not held: plain prefix caching
     offloadable                refused: no honest restore-or-fail path is lowered
 
@@ -70,6 +73,11 @@ class Hold:
     request_id: str | None = None
     since: float = 0.0
     """When the hold was taken (the book's clock)."""
+    demoted: bool = False
+    """The claim was demoted (its event sent): pressure took its deepest blocks, and these
+    are its head blocks, kept only to rank them above unheld ones (a shorter prefix still
+    saves its tokens) until the claim is released, its TTL ends or pressure takes them too.
+    No claim covers them any more: they are neither counted as claimed nor reported."""
 
     def expected_wait(self, now: float) -> float:
         """Seconds still expected until the next use, at ``now``: the prediction less the
@@ -140,6 +148,7 @@ class ClaimBook:
         self._quotas = dict(tenant_quota_blocks or {})
         self._tenants: dict[str, _Tenant] = {}
         self._refs: dict[int, int] = {}  # id(block) -> holds on it (the distinct-block cap)
+        self._demoted = 0  # holds in ``holds`` that are demoted claims' heads
         self.events: deque[dict[str, Any]] = deque(maxlen=event_buffer)
         self.seq = 0
         self._judged: dict[str, str] = {}  # request id -> last verdict action reported
@@ -149,8 +158,15 @@ class ClaimBook:
     # ------------------------------------------------------------------ accounting
     @property
     def held_blocks(self) -> int:
-        """Distinct blocks under at least one hold."""
+        """Distinct blocks under at least one hold (demoted claims' heads too)."""
         return len(self._refs)
+
+    @property
+    def claimed_blocks(self) -> int:
+        """Distinct blocks under at least one live claim (what the book reports as held)."""
+        if not self._demoted:
+            return len(self._refs)
+        return len({id(b) for h in self.holds.values() if not h.demoted for b in h.blocks})
 
     def _tenant(self, name: str) -> _Tenant:
         t = self._tenants.get(name)
@@ -170,17 +186,54 @@ class ClaimBook:
 
     def _give_back(self, hold: Hold, *, evict_first: bool = False) -> None:
         del self.holds[hold.claim_id]
-        for b in hold.blocks:
+        if hold.demoted:
+            self._demoted -= 1
+        else:
+            self._tenant(hold.tenant).held_blocks -= len(hold.blocks)
+        self._unhold(hold.blocks, evict_first=evict_first)
+
+    def _unhold(self, blocks: list[Any], *, evict_first: bool = False) -> None:
+        for b in blocks:
             n = self._refs[id(b)] - 1
             if n:
                 self._refs[id(b)] = n
             else:
                 del self._refs[id(b)]
-        self._tenant(hold.tenant).held_blocks -= len(hold.blocks)
         if evict_first:
-            self.pool.unhold(hold.blocks, evict_first=True)
+            self.pool.unhold(blocks, evict_first=True)
         else:
-            self.pool.unhold(hold.blocks)
+            self.pool.unhold(blocks)
+
+    def _shed(self, hold: Hold, blocks: int, reason: str, request_id: str | None) -> None:
+        """Pressure takes a soft hold's deepest blocks until ``blocks`` of them come free
+        (blocks another hold keeps too do not), all of them at most: the claim is demoted
+        first (its event, once), its head kept (``Hold.demoted``); the blocks taken go to the
+        head of the free queue, the victims of the allocation that needs them."""
+        if blocks <= 0:
+            return
+        if not hold.demoted:
+            self.emit(
+                "resident_claim_demoted",
+                hold.claim_id,
+                reason=reason,
+                request_id=request_id,
+                blocks=len(hold.blocks),
+            )
+            hold.demoted = True
+            self._demoted += 1
+            self._tenant(hold.tenant).held_blocks -= len(hold.blocks)
+        keep, freed = len(hold.blocks), 0
+        while keep and freed < blocks:
+            keep -= 1
+            freed += self._refs[id(hold.blocks[keep])] == 1
+        if not keep:
+            del self.holds[hold.claim_id]
+            self._demoted -= 1
+            self._unhold(hold.blocks, evict_first=True)
+            return
+        cut = hold.blocks[keep:]
+        del hold.blocks[keep:]
+        self._unhold(cut, evict_first=True)
 
     # ------------------------------------------------------------------ events
     def emit(self, event: str, claim_id: str | None = None, **data: Any) -> dict[str, Any]:
@@ -234,7 +287,8 @@ class ClaimBook:
             return refuse("claim_id must be a non-empty string")
         if mode not in KNOWN_MODES:
             return refuse(f"unknown protection mode {mode!r}")
-        if claim_id in self.holds:
+        old = self.holds.get(claim_id)
+        if old is not None and not old.demoted:
             return refuse(f"claim {claim_id} already holds blocks")
         if mode == "offloadable":
             return refuse("offloadable is not lowered on vLLM: no restore-or-fail per claim")
@@ -276,7 +330,9 @@ class ClaimBook:
                 f"{self.cap_blocks} (one max-length request must always fit)"
             )
         tenant_state = self._tenant(tenant)
-        kept = tenant_state.held_blocks - sum(len(h.blocks) for h in shed if h.tenant == tenant)
+        kept = tenant_state.held_blocks - sum(
+            len(h.blocks) for h in shed if h.tenant == tenant and not h.demoted
+        )
         if kept + len(run) > tenant_state.quota_blocks:
             return refuse(
                 f"tenant {tenant!r} would hold {kept + len(run)} blocks, "
@@ -286,6 +342,8 @@ class ClaimBook:
             self._demote(
                 victim, "held_cap: a claim with a nearer next use took its blocks", request_id
             )
+        if old is not None and self.holds.get(claim_id) is old:
+            self._give_back(old)  # the id's demoted head: the new hold replaces it
         ttl = self.max_ttl_s if ttl_s is None else float(ttl_s)
         hold = Hold(
             claim_id,
@@ -316,8 +374,12 @@ class ClaimBook:
         }
 
     def _demote(self, hold: Hold, reason: str, request_id: str | None) -> None:
-        """Shed a soft hold: its blocks back to the pool, with its demotion event."""
+        """Shed a soft hold: its blocks back to the pool, with its demotion event (a demoted
+        claim's head goes without one: its claim ended already)."""
+        demoted = hold.demoted
         self._give_back(hold)
+        if demoted:
+            return
         self.emit(
             "resident_claim_demoted",
             hold.claim_id,
@@ -368,13 +430,18 @@ class ClaimBook:
         return None
 
     def _owned(self, claim_id: str, tenant: str) -> Hold | None:
+        """The live claim ``claim_id`` of ``tenant`` (not a demoted one's head)."""
         hold = self.holds.get(claim_id)
-        return hold if hold is not None and hold.tenant == tenant else None
+        return hold if hold is not None and hold.tenant == tenant and not hold.demoted else None
 
     def release(self, claim_id: str, tenant: str, *, evict_first: bool = False) -> dict[str, Any]:
         """Hand a claim's blocks back (tail first); an unknown claim changes nothing.
         ``evict_first``: its agent is done, nothing will use the prefix again: the blocks go
         to the head of the free queue (the next victims), not its tail."""
+        hold = self.holds.get(claim_id)
+        if hold is not None and hold.tenant == tenant and hold.demoted:
+            self._give_back(hold, evict_first=evict_first)  # its head: no event, it ended
+            return {"claim_id": claim_id, "op": "release", "ok": True, "state": "demoted"}
         hold = self._owned(claim_id, tenant)
         if hold is None:
             return {
@@ -409,14 +476,17 @@ class ClaimBook:
         return {"claim_id": claim_id, "op": "renew", "ok": True, "ttl_s": float(ttl_s)}
 
     def revoke_all(self, reason: str) -> int:
-        """End every hold (shutdown, reset): each with an event; how many."""
-        ended = list(self.holds.values())
-        for hold in ended:
+        """End every hold (shutdown, reset): each live claim with an event; how many."""
+        ended = 0
+        for hold in list(self.holds.values()):
+            demoted = hold.demoted
             self._give_back(hold)
-            self.emit(
-                "resident_claim_expired", hold.claim_id, reason=reason, blocks=len(hold.blocks)
-            )
-        return len(ended)
+            if not demoted:
+                ended += 1
+                self.emit(
+                    "resident_claim_expired", hold.claim_id, reason=reason, blocks=len(hold.blocks)
+                )
+        return ended
 
     def expire_due(self) -> None:
         """End the holds whose TTL has passed, each with its event."""
@@ -424,10 +494,15 @@ class ClaimBook:
             return  # every scheduler step asks: nothing held costs nothing
         now = self.clock()
         for hold in [h for h in self.holds.values() if h.expires_at <= now]:
+            demoted = hold.demoted
             self._give_back(hold)
-            self.emit(
-                "resident_claim_expired", hold.claim_id, reason="ttl_ended", blocks=len(hold.blocks)
-            )
+            if not demoted:
+                self.emit(
+                    "resident_claim_expired",
+                    hold.claim_id,
+                    reason="ttl_ended",
+                    blocks=len(hold.blocks),
+                )
 
     # ------------------------------------------------------------------ admission
     def fits(self, needed_blocks: int) -> bool:
@@ -463,7 +538,7 @@ class ClaimBook:
             soft = []
         now = self.clock()
         for hold in sorted(soft, key=lambda h: -h.expected_wait(now)):
-            self._demote(hold, "memory_pressure", request_id)
+            self._shed(hold, needed_blocks - free, "memory_pressure", request_id)
             free = self.pool.num_free()
             if needed_blocks <= free:
                 return self._serve(request_id)
@@ -496,6 +571,9 @@ class ClaimBook:
         running requests' next blocks never wait on a soft hold. Returns how many it shed."""
         if not self.holds or self.pool.num_free() >= min_free:
             return 0
+        self.expire_due()  # a hold past its TTL holds nothing, here as at admission
+        if self.pool.num_free() >= min_free:
+            return 0
         now = self.clock()
         soft = sorted(
             (h for h in self.holds.values() if h.mode in SOFT_MODES),
@@ -503,7 +581,7 @@ class ClaimBook:
         )
         shed = 0
         for hold in soft:
-            self._demote(hold, "memory_pressure", None)
+            self._shed(hold, min_free - self.pool.num_free(), "memory_pressure", None)
             shed += 1
             if self.pool.num_free() >= min_free:
                 break

@@ -297,7 +297,7 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             "results": results,
             "events": book.events_since(since, limit=256),
             "last_seq": book.seq,
-            "held_blocks": book.held_blocks,
+            "held_blocks": book.claimed_blocks,  # live claims' (not demoted heads)
             "cap_blocks": book.hard_cap_blocks,  # what hard holds may take
             "soft_cap_blocks": book.cap_blocks,  # what all holds may (soft ones shed for work)
             "max_ttl_s": book.max_ttl_s,
