@@ -374,19 +374,9 @@ class ClaimBook:
         }
 
     def _demote(self, hold: Hold, reason: str, request_id: str | None) -> None:
-        """Shed a soft hold: its blocks back to the pool, with its demotion event (a demoted
-        claim's head goes without one: its claim ended already)."""
-        demoted = hold.demoted
-        self._give_back(hold)
-        if demoted:
-            return
-        self.emit(
-            "resident_claim_demoted",
-            hold.claim_id,
-            reason=reason,
-            request_id=request_id,
-            blocks=len(hold.blocks),
-        )
+        """Shed a whole soft hold: its demotion event first (a demoted claim's head goes
+        without one: its claim ended already), its blocks to the head of the free queue."""
+        self._shed(hold, len(hold.blocks), reason, request_id)
 
     def _to_shed(self, run: Sequence[Any], mode: str, next_use_s: float) -> list[Hold] | None:
         """The soft holds to shed (demote) so that a hold on ``run`` fits under the cap, as
