@@ -209,8 +209,8 @@ def test_a_hard_hold_defers_the_request_that_needs_its_blocks() -> None:
 
 def test_holds_are_capped_below_one_max_length_request() -> None:
     """Hard holds never take the reserve: one past their cap is refused (an event, nothing
-    held); soft ones may take all but the watermark block, as the connector's
-    ``soft_reserve_blocks: 1`` lets them."""
+    held); soft ones may take all but the watermark block, as the connector's default
+    ``soft_reserve_blocks`` lets them."""
     clock = Clock()
     engine = claims_engine(10, clock)  # reserve 3: at most 7 held hard
     assert engine.book is not None

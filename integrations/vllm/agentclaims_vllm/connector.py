@@ -145,12 +145,11 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         self._key = str(extra.get("claims_key") or os.environ.get("AGENTCLAIMS_CLAIMS_KEY", ""))
         self._max_ttl_s = float(extra.get("max_ttl_s", 600.0))
         self._max_defer_s = float(extra.get("max_defer_s", 30.0))
-        soft_reserve = extra.get("soft_reserve_blocks")
-        self._soft_reserve_blocks = None if soft_reserve is None else int(soft_reserve)
-        """Blocks soft holds leave free (``None``: what hard ones leave, a max-length
-        request's). Set lower, soft holds fill the pool but that: they are shed for a request
-        that needs their room, and for running requests' next blocks before each step
-        (``relieve``)."""
+        self._soft_reserve_blocks = int(extra.get("soft_reserve_blocks", _WATERMARK_BLOCKS))
+        """Blocks soft holds leave free (at least the watermark; at most what hard ones leave,
+        a max-length request's): soft holds fill the pool but that, shed for a request that
+        needs their room and for running requests' next blocks before each step
+        (``relieve``), each only of the blocks still needed."""
         self._quotas = {str(k): int(v) for k, v in (extra.get("tenant_quota_blocks") or {}).items()}
         self._book: ClaimBook | None = None
         self._pool: BlockPool | None = None
@@ -199,9 +198,7 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             max_ttl_s=self._max_ttl_s,
             tenant_quota_blocks=self._quotas,
             max_defer_s=self._max_defer_s,
-            soft_reserve_blocks=None
-            if self._soft_reserve_blocks is None
-            else min(reserve, max(_WATERMARK_BLOCKS, self._soft_reserve_blocks)),
+            soft_reserve_blocks=min(reserve, max(_WATERMARK_BLOCKS, self._soft_reserve_blocks)),
         )
         logger.info(
             "agentclaims connector bound: %d blocks, hard holds capped at %d, all at %d, "
