@@ -35,7 +35,7 @@ best-effort hint is only a hint, and the pins are what keeps a prefix.
 
 The ``held`` preset is for a backend whose descriptor states ``sheds_by_hints`` (vLLM with the
 agentclaims connector: it ranks no unclaimed block, its free queue is LRU, but it holds claimed
-blocks and sheds soft holds farthest predicted next use first): the ``ranked`` mapping with
+blocks and sheds soft holds farthest expected next use first): the ``ranked`` mapping with
 ``soft_mode=demotable``, so every prefix likely reused is held with its hint instead of only
 watched, ``hard_protected`` where the agent is sure of a short tool wait and the pool has room,
 and a refused ``expiring`` relaxed to ``demotable``. It is named, not picked by ``auto``: while

@@ -259,7 +259,7 @@ carrying hints are then ranked with everything else (never harmed); a session's 
 SHEDS_BY_HINTS = "sheds_by_hints"
 """Descriptor capability: ``true`` when the backend ranks no unclaimed block (its free queue is
 LRU, as vLLM's) but holds claimed blocks and, when memory is needed, sheds soft holds
-(``demotable``) farthest predicted next use first, from the claims' reuse hints, each shed a
+(``demotable``) farthest expected next use first, from the claims' reuse hints, each shed a
 ``resident_claim_demoted`` (the agentclaims connector in vLLM). The ``held`` planner preset is
 made for it: ``demotable`` where ``default`` would claim ``best_effort`` (which such a backend
 only watches); a session names it (``planner="held"``), and its claims are still submitted

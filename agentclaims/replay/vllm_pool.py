@@ -23,7 +23,7 @@ With claims on, the connector's own :class:`agentclaims_vllm.claims.ClaimBook` (
 the standard library only) takes, sheds and refuses the holds over :class:`VllmBlockPool` (its
 ``PoolPort``): ``admit`` each request before it is scheduled, for what it takes from the free
 queue (its new blocks and its hits there; the connector's hook today asks for the new blocks
-only: ``admit_evictable_hits``), to serve it, or shed soft holds farthest predicted next use
+only: ``admit_evictable_hits``), to serve it, or shed soft holds farthest expected next use
 first, or defer/refuse it while hard holds are in the way;
 ``hold`` on the leading cached blocks of a request as it finishes (before its blocks are
 freed, as ``request_finished`` does), ``release``, ``expire_due`` as the replay's virtual time

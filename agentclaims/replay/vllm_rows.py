@@ -118,7 +118,7 @@ class AgentClaimsVllmPolicy(SessionPipeline):
         assert engine is not None
         self._release(wf, node)  # normally gone already: released as the call arrived
         soft = self.planner.policy.soft_mode
-        # the connector sheds soft holds farthest predicted next use first
+        # the connector sheds soft holds farthest expected next use first
         next_use_s = NEVER_S if hint.closed else hint.expected_s
 
         def usable(mode: ProtectionMode) -> ProtectionMode | None:

@@ -460,7 +460,7 @@ class VllmKV:
             if self.connector
             else "none: stock vLLM (no agentclaims connector answers)",
             "connector": self.connector,
-            # the connector holds claimed blocks and sheds soft holds farthest predicted next
+            # the connector holds claimed blocks and sheds soft holds farthest expected next
             # use first, each a demotion; vLLM's own free queue ranks nothing (LRU)
             SHEDS_BY_HINTS: self.connector,
             "special_object_ids": [PROMPT_OBJECT, SEQUENCE_OBJECT],

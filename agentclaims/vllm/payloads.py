@@ -75,7 +75,7 @@ def hold_op(spec: ClaimSpec, *, all_blocks: bool = False) -> Hold:
     hint = spec.reuse_hint
     next_use = None
     if hint is not None and (hint.expected_s is not None or hint.closed):
-        # the connector sheds soft holds farthest predicted next use first
+        # the connector sheds soft holds farthest expected next use first
         next_use = _NEVER_S if hint.closed else hint.expected_s
     return Hold(
         spec.claim_id,
