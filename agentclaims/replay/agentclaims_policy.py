@@ -86,7 +86,8 @@ class AgentClaimsPolicy(SessionPipeline):
         self._submit(wf, node, held.hashes, ProtectionMode.BEST_EFFORT, None, hint)
         return True
 
-    def _release(self, wf: TraceWorkflow, node: str) -> None:
+    def _release(self, wf: TraceWorkflow, node: str, *, done: bool = False) -> None:
+        # ``done`` changes nothing here: the closed hint already ranks a finished agent's blocks
         held = wf.held.pop(node, None)
         if held is not None and self._engine is not None:
             self._engine.release_claim(held.claim_id, wf.scope)

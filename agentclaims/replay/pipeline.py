@@ -145,8 +145,9 @@ class SessionPipeline(PolicyHooks):
         """Claim ``hashes`` for ``node`` as ``plan`` says (``plan.mode`` is not ``None``)."""
         raise NotImplementedError
 
-    def _release(self, wf: TraceWorkflow, node: str) -> None:
-        """Release ``node``'s claim, if it holds one."""
+    def _release(self, wf: TraceWorkflow, node: str, *, done: bool = False) -> None:
+        """Release ``node``'s claim, if it holds one (``done``: the agent is finished, as a
+        session's release at its end says)."""
         raise NotImplementedError
 
     def _on_call(
@@ -205,5 +206,5 @@ class SessionPipeline(PolicyHooks):
         wf = self._workflows.pop(ordinal)
         if self.close_root:
             self._close(wf, "main")
-        for node in list(wf.held):
-            self._release(wf, node)
+        for node in list(wf.held):  # the trace is over: every agent of it is done
+            self._release(wf, node, done=True)

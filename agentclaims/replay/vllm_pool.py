@@ -161,11 +161,10 @@ class VllmBlockPool:
             held[block.block_id] -= 1
             if not held[block.block_id]:
                 del held[block.block_id]
-        tail_first = list(reversed(blocks))
-        self.free_blocks(tail_first)
+        self.free_blocks(reversed(blocks))
         if evict_first:
             free = self.free
-            for block in reversed(tail_first):  # the last moved to the head is the first victim
+            for block in blocks:  # head first: the last moved to the head is the first victim
                 if block.ref_cnt == 0 and block.block_hash is not None:
                     free.move_to_end(block.block_id, last=False)
 

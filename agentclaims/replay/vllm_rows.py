@@ -165,11 +165,5 @@ class AgentClaimsVllmPolicy(SessionPipeline):
     def _on_wait(self, wf: TraceWorkflow, node: str, subagents: int) -> None:
         return None  # a hold's next use is the one it was taken with: no operation changes it
 
-    def on_trace_end(self, ordinal: int) -> None:
-        wf = self._workflows[ordinal]
-        for node in list(wf.held):  # the trace is over: every agent of it is done
-            self._release(wf, node, done=True)
-        super().on_trace_end(ordinal)
-
     def _close(self, wf: TraceWorkflow, node: str) -> None:
         self._release(wf, node, done=True)  # nothing uses a finished agent's context again

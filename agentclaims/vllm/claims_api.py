@@ -117,9 +117,9 @@ class ClaimsApi:
         if self._kv.liveness.dead is None:  # else its claims have all ended: nothing to hand back
             await self._kv.start()
         claim = self._kv.mirror.owned(claim_id, owner_scope)
-        if claim.held or claim.state is ClaimState.DEMOTED:  # (the connector may still keep a
-            # demoted claim's head) the hand-back rides on the next request to vLLM
-            # (``RidingOps``); a finished agent's blocks go to the head of vLLM's free queue
+        # the hand-back rides on the next request to vLLM (``RidingOps``), for a demoted claim
+        # too (the connector may still keep its head); ``done``: to the free queue's head
+        if claim.held or claim.state is ClaimState.DEMOTED:
             self._kv.riding.queue(Release(claim_id, owner_scope, evict_first=done))
         if claim.state in (ClaimState.MATERIALIZED, ClaimState.ACCEPTED, ClaimState.DEMOTED):
             self._kv.mirror.end(claim)  # its resident_claim_expired follows from the connector

@@ -148,7 +148,7 @@ class ClaimBook:
         self._quotas = dict(tenant_quota_blocks or {})
         self._tenants: dict[str, _Tenant] = {}
         self._refs: dict[int, int] = {}  # id(block) -> holds on it (the distinct-block cap)
-        self._demoted = 0  # holds in ``holds`` that are demoted claims' heads
+        self._live: dict[int, int] = {}  # id(block) -> live claims' holds on it (not heads)
         self.events: deque[dict[str, Any]] = deque(maxlen=event_buffer)
         self.seq = 0
         self._judged: dict[str, str] = {}  # request id -> last verdict action reported
@@ -164,9 +164,7 @@ class ClaimBook:
     @property
     def claimed_blocks(self) -> int:
         """Distinct blocks under at least one live claim (what the book reports as held)."""
-        if not self._demoted:
-            return len(self._refs)
-        return len({id(b) for h in self.holds.values() if not h.demoted for b in h.blocks})
+        return len(self._live)
 
     def _tenant(self, name: str) -> _Tenant:
         t = self._tenants.get(name)
@@ -177,32 +175,42 @@ class ClaimBook:
     def _new_blocks(self, blocks: Iterable[Any]) -> int:
         return sum(1 for b in blocks if id(b) not in self._refs)
 
+    @staticmethod
+    def _count(refs: dict[int, int], blocks: Iterable[Any], step: int) -> None:
+        """One reference more (``step`` 1) or less (-1) on each block in ``refs``."""
+        for b in blocks:
+            n = refs.get(id(b), 0) + step
+            if n:
+                refs[id(b)] = n
+            else:
+                del refs[id(b)]
+
     def _take(self, hold: Hold) -> None:
         self.pool.hold(hold.blocks)
-        for b in hold.blocks:
-            self._refs[id(b)] = self._refs.get(id(b), 0) + 1
+        self._count(self._refs, hold.blocks, 1)
+        self._count(self._live, hold.blocks, 1)
         self._tenant(hold.tenant).held_blocks += len(hold.blocks)
         self.holds[hold.claim_id] = hold
 
     def _give_back(self, hold: Hold, *, evict_first: bool = False) -> None:
         del self.holds[hold.claim_id]
-        if hold.demoted:
-            self._demoted -= 1
-        else:
+        if not hold.demoted:  # a demoted claim's head left the claims' counts already
+            self._count(self._live, hold.blocks, -1)
             self._tenant(hold.tenant).held_blocks -= len(hold.blocks)
         self._unhold(hold.blocks, evict_first=evict_first)
 
     def _unhold(self, blocks: list[Any], *, evict_first: bool = False) -> None:
-        for b in blocks:
-            n = self._refs[id(b)] - 1
-            if n:
-                self._refs[id(b)] = n
-            else:
-                del self._refs[id(b)]
-        if evict_first:
-            self.pool.unhold(blocks, evict_first=True)
-        else:
-            self.pool.unhold(blocks)
+        self._count(self._refs, blocks, -1)
+        self.pool.unhold(blocks, evict_first=evict_first)
+
+    def _end(self, hold: Hold, reason: str) -> bool:
+        """End a hold (TTL, revocation): its blocks back, and its claim's expiry event unless
+        it was a demoted claim's head (its demotion was its end). Whether a claim ended."""
+        self._give_back(hold)
+        if hold.demoted:
+            return False
+        self.emit("resident_claim_expired", hold.claim_id, reason=reason, blocks=len(hold.blocks))
+        return True
 
     def _shed(self, hold: Hold, blocks: int, reason: str, request_id: str | None) -> None:
         """Pressure takes a soft hold's deepest blocks until ``blocks`` of them come free
@@ -220,16 +228,14 @@ class ClaimBook:
                 blocks=len(hold.blocks),
             )
             hold.demoted = True
-            self._demoted += 1
+            self._count(self._live, hold.blocks, -1)
             self._tenant(hold.tenant).held_blocks -= len(hold.blocks)
         keep, freed = len(hold.blocks), 0
         while keep and freed < blocks:
             keep -= 1
             freed += self._refs[id(hold.blocks[keep])] == 1
         if not keep:
-            del self.holds[hold.claim_id]
-            self._demoted -= 1
-            self._unhold(hold.blocks, evict_first=True)
+            self._give_back(hold, evict_first=True)
             return
         cut = hold.blocks[keep:]
         del hold.blocks[keep:]
@@ -387,16 +393,15 @@ class ClaimBook:
         only within the hard holds' own cap. ``[]``: it fits as it is; ``None``: no shedding
         makes it fit. Counts from the book's block references: O(the blocks it sheds)."""
         refs = self._refs
-        new = [b for b in {id(b): b for b in run}.values() if id(b) not in refs]
+        wanted = {id(b) for b in run}
         if mode in HARD_MODES:
             hard = {id(b) for h in self.holds.values() if h.mode in HARD_MODES for b in h.blocks}
-            if len(hard) + sum(1 for b in run if id(b) not in hard) > self.hard_cap_blocks:
+            if len(hard | wanted) > self.hard_cap_blocks:
                 return None
-        over = len(refs) + len(new) - self.cap_blocks
+        over = len(refs) + len(wanted - refs.keys()) - self.cap_blocks
         if over <= 0:
             return []
         now = self.clock()
-        wanted = {id(b) for b in run}
         soft = [
             h
             for h in self.holds.values()
@@ -467,16 +472,7 @@ class ClaimBook:
 
     def revoke_all(self, reason: str) -> int:
         """End every hold (shutdown, reset): each live claim with an event; how many."""
-        ended = 0
-        for hold in list(self.holds.values()):
-            demoted = hold.demoted
-            self._give_back(hold)
-            if not demoted:
-                ended += 1
-                self.emit(
-                    "resident_claim_expired", hold.claim_id, reason=reason, blocks=len(hold.blocks)
-                )
-        return ended
+        return sum(self._end(hold, reason) for hold in list(self.holds.values()))
 
     def expire_due(self) -> None:
         """End the holds whose TTL has passed, each with its event."""
@@ -484,15 +480,7 @@ class ClaimBook:
             return  # every scheduler step asks: nothing held costs nothing
         now = self.clock()
         for hold in [h for h in self.holds.values() if h.expires_at <= now]:
-            demoted = hold.demoted
-            self._give_back(hold)
-            if not demoted:
-                self.emit(
-                    "resident_claim_expired",
-                    hold.claim_id,
-                    reason="ttl_ended",
-                    blocks=len(hold.blocks),
-                )
+            self._end(hold, "ttl_ended")
 
     # ------------------------------------------------------------------ admission
     def fits(self, needed_blocks: int) -> bool:
@@ -526,9 +514,7 @@ class ClaimBook:
         }
         if needed_blocks > free + len(only_soft):
             soft = []
-        now = self.clock()
-        for hold in sorted(soft, key=lambda h: -h.expected_wait(now)):
-            self._shed(hold, needed_blocks - free, "memory_pressure", request_id)
+        if self._shed_until(needed_blocks, soft, request_id):
             free = self.pool.num_free()
             if needed_blocks <= free:
                 return self._serve(request_id)
@@ -562,19 +548,20 @@ class ClaimBook:
         if not self.holds or self.pool.num_free() >= min_free:
             return 0
         self.expire_due()  # a hold past its TTL holds nothing, here as at admission
-        if self.pool.num_free() >= min_free:
-            return 0
+        soft = [h for h in self.holds.values() if h.mode in SOFT_MODES]
+        return self._shed_until(min_free, soft, None)
+
+    def _shed_until(self, min_free: int, soft: Iterable[Hold], request_id: str | None) -> int:
+        """Shed ``soft`` holds, farthest expected next use first and each only of the blocks
+        still needed, until ``min_free`` blocks are free or evictable; how many it shed."""
         now = self.clock()
-        soft = sorted(
-            (h for h in self.holds.values() if h.mode in SOFT_MODES),
-            key=lambda h: -h.expected_wait(now),
-        )
         shed = 0
-        for hold in soft:
-            self._shed(hold, min_free - self.pool.num_free(), "memory_pressure", None)
-            shed += 1
-            if self.pool.num_free() >= min_free:
+        for hold in sorted(soft, key=lambda h: -h.expected_wait(now)):
+            short = min_free - self.pool.num_free()
+            if short <= 0:
                 break
+            self._shed(hold, short, "memory_pressure", request_id)
+            shed += 1
         return shed
 
     def _serve(self, request_id: str) -> Verdict:
