@@ -668,9 +668,10 @@ async def measure(
     for rep in range(args.repeats):  # the set-ups in turn, each run on fresh topics
         for name, gateway, vurl, planner, idle in runs:
             with paused(sessions[idle]):
-                results[name].append(
-                    await under_pressure(gateway, vurl, model_dir, planner, f"{name}{rep}", args)
-                )
+                row = await under_pressure(gateway, vurl, model_dir, planner, f"{name}{rep}", args)
+            results[name].append(row)
+            # a long run leaves its figures as it goes (stderr; the table stays on stdout)
+            print(f"run {rep} {name}: {json.dumps(row)}", file=sys.stderr, flush=True)
     for name, rows in results.items():
         out[name] = medians(rows)
     return out
