@@ -202,6 +202,7 @@ class CompletionRoutes:
             "decisions": [d.to_dict() for d in result.decisions],
             "events_seq": result.events_seq,
             **({"deferred_s": result.deferred_s} if result.deferred_s else {}),
+            **({"pool": result.pool} if result.pool is not None else {}),
             **({"released": list(released)} if released else {}),
             **self.instance.fields,
         }

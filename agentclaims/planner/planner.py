@@ -10,6 +10,8 @@ crashed client never pins memory forever).
 The default mapping, in order (every threshold lives in ``PlannerPolicy``)::
 
     footprint < min_blocks, p < best_effort_min_p, STE inf   -> no claim
+    the pool keeps it unheld (its KV events: a block freed now
+        survives >= pool_keeps_factor x the wait)            -> no claim
     waiting on the human                                     -> no claim (plain LRU)
     tau* == 0 (Continuum: pinning costs more than reloading) -> best_effort
     pressure > pin_max_pressure (requests being deferred)    -> demotable if p >= expiring_min_p,
@@ -38,10 +40,13 @@ agentclaims connector: it ranks no unclaimed block, its free queue is LRU, but i
 blocks and sheds soft holds farthest expected next use first): the ``ranked`` mapping with
 ``soft_mode=demotable``, so every prefix likely reused is held with its hint instead of only
 watched, ``hard_protected`` where the agent is sure of a short tool wait and the pool has room,
-and a refused ``expiring`` relaxed to ``demotable``. It is named, not picked by ``auto``: while
-each claim on vLLM is one more engine request, holding every prefix kept the cached share of
-the ``default`` mapping and made the agents finish later (docs/session.md). ``soft_mode`` is
-what the mapping's ``best_effort`` rows give (``best_effort`` by default).
+and a refused ``expiring`` relaxed to ``demotable``. ``auto`` picks it where claims also ride on the
+backend's requests (``claims_ride_on_requests``: a hold then costs no engine request).
+``soft_mode`` is what the mapping's ``best_effort`` rows give (``best_effort`` by default).
+
+Every preset claims nothing where the engine says its pool would keep the prefix unheld
+through the wait (``PrefixContext.pool_survival_s``: vLLM's connector measures it from the
+pool's own KV events), so a pool that does not churn costs the agents no claim work.
 """
 
 from __future__ import annotations
@@ -177,6 +182,10 @@ class PrefixContext:
     """Cost-benefit TTL (Continuum's tau*) for the pending wait, when one is known."""
     pressure: float = 0.0
     """Share of recent requests the backend deferred or refused (0..1): memory pressure."""
+    pool_survival_s: float | None = None
+    """How long an unheld block freed now survives the engine's evictions (from its KV
+    events: free blocks / evicted blocks per second; ``inf``: it evicts nothing lately;
+    ``None``: unknown, as on a backend that does not say)."""
 
     def __post_init__(self) -> None:
         if not self.prefix_id:
@@ -195,6 +204,16 @@ class PrefixContext:
             value = getattr(self, name)
             if value is not None and not (value >= 0 and math.isfinite(value)):
                 raise UsageError(name, f"must be a finite number >= 0, got {value}")
+        survival = self.pool_survival_s
+        if survival is not None and not survival >= 0:
+            raise UsageError("pool_survival_s", f"must be >= 0 (inf allowed), got {survival}")
+
+    def pool_keeps(self, factor: float) -> bool:
+        """Whether the pool keeps the prefix through the predicted wait unheld: the engine
+        said how long a block freed now survives its evictions, and that is at least
+        ``factor`` times the wait. Unknown survival or wait: it may not (fail closed)."""
+        survival, wait = self.pool_survival_s, self.expected_wait_s
+        return survival is not None and wait is not None and survival >= factor * wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +274,10 @@ class PlannerPolicy:
     """Above this pressure nothing is pinned (hard/expiring): pins would only turn misses into
     deferrals. Likely reuse is then claimed ``demotable``: kept ahead of other blocks, and
     demoted (not harmed) when the memory is needed."""
+    pool_keeps_factor: float = 4.0
+    """No claim where the engine's pool keeps an unheld prefix through the wait: the time a
+    block freed now survives its evictions (``PrefixContext.pool_survival_s``, from vLLM's KV
+    events) is at least this many times the predicted wait. ``inf``: always claim."""
     renew_fraction: float = 0.2
     """Renew when less than this fraction of the TTL is left and reuse is still likely."""
     ranked: bool = False
@@ -274,7 +297,9 @@ class PlannerPolicy:
             value = getattr(self, f.name)
             if f.name.endswith("_p") and not 0.0 <= value <= 1.0:
                 raise UsageError(f"policy.{f.name}", f"must be within [0, 1], got {value}")
-            if f.name.endswith(("_s", "_ste", "_margin", "_fraction")) and not value >= 0:
+            if f.name.endswith(("_s", "_ste", "_margin", "_fraction", "_factor")) and not (
+                value >= 0
+            ):
                 raise UsageError(f"policy.{f.name}", f"must be >= 0, got {value}")
         if self.min_ttl_s > self.max_ttl_s:
             raise UsageError("policy.min_ttl_s", "must not exceed max_ttl_s")
@@ -335,6 +360,8 @@ class ClaimPlanner:
             return ClaimPlan(None, reason="planner off")
         if ctx.footprint_blocks < pol.min_blocks:
             return ClaimPlan(None, reason="prefix too small")
+        if ctx.pool_keeps(pol.pool_keeps_factor):
+            return ClaimPlan(None, reason="the pool keeps it: its evictions are too slow")
         if pol.ranked:
             return self._ranked(ctx)
         if p < pol.best_effort_min_p or math.isinf(ctx.ste):

@@ -199,6 +199,10 @@ class ServeResult(Wire):
     deferred_s: float = 0.0
     """Seconds the engine held the request back, inside itself, for claims' blocks before it
     ran (a deferral the client did not have to retry; 0: none)."""
+    pool: dict[str, Any] | None = None
+    """The engine's pool pressure as it answered, where it measures it (vLLM with the
+    connector: evicted blocks per second from its KV events and ``survival_s``, how long an
+    unheld block freed now survives them; docs/vllm.md). ``None``: unknown."""
 
     wire_name: ClassVar[str] = "serve_result"
 

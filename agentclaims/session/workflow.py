@@ -10,6 +10,7 @@ clock exactly as a session does.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 from agentclaims.contract import ReuseHint, prefix_blocks
@@ -63,6 +64,9 @@ class WorkflowModel:
         self.clock = clock
         self.pressure = 0.0
         """Recent share of LLM calls the backend deferred or refused (EWMA, 0..1)."""
+        self.pool_survival_s: float | None = None
+        """How long an unheld block freed now survives the engine's evictions, as its last
+        answer said (``inf``: it evicts nothing lately; ``None``: unknown)."""
         self.last_node: str = START
         self._tracker: SteTracker | None = None
         self._step_base: dict[str, int] = {}  # graph level -> first LangGraph step seen
@@ -155,6 +159,18 @@ class WorkflowModel:
         waiting = self._waiting.get(node)
         return None if waiting is None else waiting[1]
 
+    def note_pool(self, pool: object) -> None:
+        """The engine's pool pressure from an answer (its ``agentclaims.pool``: evicted
+        blocks per second and ``survival_s``); an answer without it leaves it unknown."""
+        survival: float | None = None
+        if isinstance(pool, dict):
+            rate, said = pool.get("evicted_per_s"), pool.get("survival_s")
+            if rate == 0:
+                survival = math.inf
+            elif isinstance(said, int | float) and not isinstance(said, bool) and said >= 0:
+                survival = float(said)
+        self.pool_survival_s = survival
+
     def note_call(self, *, retried: bool) -> None:
         """Record an answered LLM call; one that needed a retry (deferred or refused first)
         met memory pressure. ``pressure`` is the recent share of such calls."""
@@ -239,6 +255,7 @@ class WorkflowModel:
             expected_wait_s=wait,
             ttl_s=ttl,
             pressure=self.pressure,
+            pool_survival_s=self.pool_survival_s,
         )
 
     def _after_reply(self, node: str) -> tuple[tuple[str, ...], str]:

@@ -60,6 +60,9 @@ class ConnectorAnswer:
     refused: Mapping[str, Any] | None = None
     deferred_s: float = 0.0
     """Seconds the connector's admission hook held the request back for claims' blocks."""
+    pool: Mapping[str, Any] | None = None
+    """The pool's churn from vLLM's KV events (the connector's ``PoolChurn.figures``), where
+    vLLM records them."""
     text: str = ""
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
@@ -182,6 +185,7 @@ class ConnectorClient:
             held_blocks=int(answer.get("held_blocks") or 0),
             refused=answer.get("refused"),
             deferred_s=float(answer.get("deferred_s") or 0.0),
+            pool=pool if isinstance(pool := answer.get("pool"), Mapping) else None,
             text=str(choice.get("text") or ""),
             raw=data,
         )

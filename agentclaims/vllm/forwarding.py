@@ -382,4 +382,5 @@ class CompletionForwarder:
             cached_tokens=answer.cached_tokens,
             block_hashes=tuple(hashes),
             deferred_s=answer.deferred_s,
+            pool=None if answer.pool is None else dict(answer.pool),
         )

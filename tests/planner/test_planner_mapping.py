@@ -214,3 +214,43 @@ def test_a_soft_mode_that_is_no_soft_claim_is_refused():
     with pytest.raises(UsageError, match="soft_mode"):
         PlannerPolicy(soft_mode=M.HARD_PROTECTED)
     assert PlannerPolicy.named("held").soft_mode is M.DEMOTABLE
+
+
+@given(
+    **CONTEXTS,
+    preset=st.sampled_from(["default", "held", "ranked", "aggressive"]),
+    survival=st.one_of(st.none(), st.floats(0, 1e4), st.just(math.inf)),
+)
+def test_no_claim_only_where_the_engine_says_its_pool_keeps_the_prefix(
+    p, ste, wait, pressure, waiting, preset, survival
+):
+    """Property: a prefix is left unclaimed for the pool's sake exactly where the engine's
+    figure says an unheld block survives at least ``pool_keeps_factor`` times the predicted
+    wait; unknown survival (or an unknown wait) plans as if the engine had said nothing."""
+    planner_ = ClaimPlanner(PlannerPolicy.named(preset))
+    base = {
+        "reuse_probability": p,
+        "ste": float(ste),
+        "expected_wait_s": wait,
+        "pressure": pressure,
+        "waiting_on": waiting,
+    }
+    said = planner_.plan(ctx(pool_survival_s=survival, **base))
+    silent = planner_.plan(ctx(**base))
+    factor = planner_.policy.pool_keeps_factor
+    keeps = survival is not None and wait is not None and survival >= factor * wait
+    if keeps:
+        assert said.mode is None and "pool keeps" in said.reason
+    else:
+        assert said == silent
+
+
+def test_a_pool_that_evicts_nothing_needs_no_claim_and_a_churning_one_does() -> None:
+    held_ = ClaimPlanner(PlannerPolicy.named("held"))
+    base = {"reuse_probability": 1.0, "waiting_on": "tool", "expected_wait_s": 0.5}
+    assert held_.plan(ctx(pool_survival_s=math.inf, **base)).mode is None
+    assert held_.plan(ctx(pool_survival_s=1.2, **base)).mode is not None  # < 4 x 0.5 s
+    with pytest.raises(UsageError, match="pool_survival_s"):
+        ctx(pool_survival_s=-1.0)
+    with pytest.raises(UsageError, match="pool_keeps_factor"):
+        PlannerPolicy(pool_keeps_factor=-1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -18,8 +19,15 @@ from pathlib import Path
 import pytest
 from servers import free_port, stop
 
+from agentclaims.planner import PlannerPolicy
+
 KEY = "test-claims-key"
 MAX_DEFER_S = 10.0
+
+ALWAYS_HELD = PlannerPolicy.named("held").with_(pool_keeps_factor=math.inf)
+"""What ``auto`` plans on vLLM with the connector, but holding whatever the pool's churn:
+these tests share servers whose recent evictions depend on the tests before them, and what
+they test is the claims' path (the pool's figures have tests of their own)."""
 
 
 @dataclass(frozen=True)

@@ -250,3 +250,22 @@ async def test_a_claim_whose_ttl_ends_is_expired_with_an_event(
 
 
 pytestmark = pytest.mark.vllm
+
+
+async def test_answers_report_the_pools_churn_from_its_kv_events(
+    connector: ConnectorClient, prompts: Any
+) -> None:
+    """Each answer says how hard vLLM's pool churns, counted from its own ``BlockRemoved`` KV
+    events: the blocks evicted so far go up by at least what unclaimed pressure (more blocks
+    than the pool) must evict, and a block freed now then survives a finite time."""
+    before = (await connector.complete(prompts(40))).pool
+    assert before is not None
+    await pressure(connector, prompts)  # 8 x 7 blocks of new prompts through a 40-block pool
+    after = (await connector.complete(prompts(40))).pool
+    assert after is not None
+    assert after["evicted_blocks"] - before["evicted_blocks"] >= 8 * 7 - 40
+    assert after["evicted_per_s"] > 0
+    assert after["survival_s"] == pytest.approx(
+        after["free_blocks"] / after["evicted_per_s"], rel=0.01, abs=0.01
+    )
+    assert 0 < after["free_blocks"] <= 40

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from conftest import VllmServer, serve_vllm
+from conftest import ALWAYS_HELD, VllmServer, serve_vllm
 from servers import start_gateway, start_router, stop
 
 import agentclaims
@@ -77,7 +77,7 @@ async def test_a_fleet_session_keeps_affinity_then_fails_over_on_vllm(
 ) -> None:
     async with FleetBackend(fleet.router_url) as backend:
         client = agentclaims.openai_client(backend)
-        async with ClaimedSession(backend, log_dir=tmp_path) as session:
+        async with ClaimedSession(backend, planner=ALWAYS_HELD, log_dir=tmp_path) as session:
             messages = [{"role": "system", "content": words("sys", 12)}]
             with session.node("agent"):
                 for i in range(3):
@@ -147,7 +147,9 @@ async def test_every_session_on_a_killed_vllm_instance_reports_its_own_claims_lo
             async def agent(i: int) -> None:
                 messages = [{"role": "system", "content": words(f"a{i}s", 12)}]
                 workflow = f"vmulti-{i}"
-                async with ClaimedSession(backend, log_dir=tmp_path, workflow_id=workflow) as s:
+                async with ClaimedSession(
+                    backend, planner=ALWAYS_HELD, log_dir=tmp_path, workflow_id=workflow
+                ) as s:
                     with s.node("agent"):
                         for k in range(2):
                             await turn(client, messages, words(f"a{i}t{k}w", 3))

@@ -18,7 +18,7 @@ import httpx2
 import pytest
 from agentclaims_vllm.channel import call
 from agentclaims_vllm.signing import sign
-from conftest import VllmServer
+from conftest import ALWAYS_HELD, VllmServer
 from servers import gateway_process, start_gateway, stop
 
 from agentclaims.backends import HTTPBackend
@@ -252,7 +252,7 @@ async def test_a_langgraph_agent_loop_costs_one_engine_request_per_llm_call(
         await http.post("/v1/chat/completions", json=chat("warm"))
         before = await _stats(http)
         claimed = agentclaims.claimed_session(
-            builder.compile(), backend=backend, planner="held", log_dir=tmp_path
+            builder.compile(), backend=backend, planner=ALWAYS_HELD, log_dir=tmp_path
         )
         run = claimed.run()
         pieces = [
@@ -283,6 +283,10 @@ async def test_a_langgraph_agent_loop_costs_one_engine_request_per_llm_call(
     assert ended == ["session_end", "superseded", "superseded"], ended
     states = {d["claim_id"]: d["state"] for d in lines if d["event"] == "claim_ended"}
     assert set(states.values()) <= {"expired"}, states
+    # each call's line carries the pool's churn the connector measured from vLLM's KV events
+    pools = [d["pool"] for d in lines if d["event"] == "llm_call"]
+    assert len(pools) == 3
+    assert all(p["evicted_blocks"] >= 0 and p["free_blocks"] > 0 for p in pools), pools
 
 
 async def test_astream_events_of_a_claimed_agent_yield_tokens_with_claims_riding(
@@ -317,7 +321,7 @@ async def test_astream_events_of_a_claimed_agent_yield_tokens_with_claims_riding
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", route, ["fetch", END])
     builder.add_edge("fetch", "agent")
-    run = agentclaims.claimed_session(builder.compile(), backend=backend).run()
+    run = agentclaims.claimed_session(builder.compile(), backend=backend, planner=ALWAYS_HELD).run()
     tokens = [
         event["data"]["chunk"].content
         async for event in run.astream_events(

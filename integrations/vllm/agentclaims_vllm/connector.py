@@ -46,6 +46,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from vllm.distributed.kv_events import BlockRemoved
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -54,6 +55,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.logger import init_logger
 
 from agentclaims_vllm.channel import OpsChannel
+from agentclaims_vllm.churn import PoolChurn
 from agentclaims_vllm.claims import ClaimBook
 from agentclaims_vllm.ops import (
     EXTENSION_KEY,
@@ -153,6 +155,9 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         self._quotas = {str(k): int(v) for k, v in (extra.get("tenant_quota_blocks") or {}).items()}
         self._book: ClaimBook | None = None
         self._pool: BlockPool | None = None
+        self._churn: PoolChurn | None = None
+        """The pool's evictions, from its KV events (``None``: it records none, so the
+        answers say nothing of its pressure)."""
         self._nonces = NonceWindow()
         self._ops: dict[str, dict[str, Any]] = {}  # request id -> its verified envelope
         self._receipts: dict[str, list[dict[str, Any]]] = {}  # request id -> op results
@@ -200,6 +205,8 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             max_defer_s=self._max_defer_s,
             soft_reserve_blocks=min(reserve, max(_WATERMARK_BLOCKS, self._soft_reserve_blocks)),
         )
+        if getattr(gpu_block_pool, "enable_kv_cache_events", False):
+            self._churn = PoolChurn()
         logger.info(
             "agentclaims connector bound: %d blocks, hard holds capped at %d, all at %d, "
             "max TTL %.0f s",
@@ -301,7 +308,27 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             "max_defer_s": book.max_defer_s,
             "instance": self.instance,
             **({"channel": self.channel.path} if self.channel is not None else {}),
+            **({"pool": self.pool_figures()} if self._churn is not None else {}),
         }
+
+    def pool_figures(self) -> dict[str, Any] | None:
+        """The pool's pressure as its KV events show it (``PoolChurn.figures``), or
+        ``None`` where vLLM records no KV events."""
+        if self._churn is None or self._pool is None:
+            return None
+        return self._churn.figures(int(self._pool.get_num_free_blocks()))
+
+    def count_evictions(self) -> None:
+        """Count the evictions among the KV events vLLM recorded since it last took them
+        (``ClaimsScheduler`` calls this in each step, before vLLM takes and publishes them)."""
+        churn, pool = self._churn, self._pool
+        if churn is None or pool is None:
+            return
+        evicted = 0
+        for event in pool.kv_event_queue:
+            if isinstance(event, BlockRemoved):
+                evicted += len(event.block_hashes)
+        churn.evicted(evicted)
 
     # ------------------------------------------------------------------ the channel
     def open_channel(self) -> None:

@@ -1,4 +1,4 @@
-"""``ClaimsScheduler``: vLLM's scheduler, plus three things:
+"""``ClaimsScheduler``: vLLM's scheduler, plus four things:
 
 - soft holds make room, before each step, for the running requests' next blocks (soft holds
   may fill what hard ones leave to one max-length request; ``ClaimBook.relieve``);
@@ -9,7 +9,9 @@
   ``finish_requests``, ``reset_prefix_cache``) runs under the connector's lock, and the
   connector's channel (``agentclaims_vllm.channel``) is opened: claim operations sent there
   apply at the top of the next ``schedule`` (the engine's own thread drains the channel's
-  inbox), or at once while the engine idles, never inside a step.
+  inbox), or at once while the engine idles, never inside a step;
+- each step's evictions (the ``BlockRemoved`` KV events vLLM recorded) are counted before vLLM
+  takes them, so the connector's answers say how hard the pool churns (``churn.PoolChurn``).
 
 Loaded with vLLM's own flag::
 
@@ -89,10 +91,12 @@ class _Refusals:
             return self._update_from_output(scheduler_output, model_runner_output)
 
     def _update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        connector = self.connector  # type: ignore[attr-defined]
+        if isinstance(connector, AgentClaimsConnector):
+            connector.count_evictions()  # this step's, before vLLM takes its KV events
         outputs: dict[int, EngineCoreOutputs] = super().update_from_output(  # type: ignore[misc]
             scheduler_output, model_runner_output
         )
-        connector = self.connector  # type: ignore[attr-defined]
         if not isinstance(connector, AgentClaimsConnector):
             return outputs
         refused = connector.take_refusals()
