@@ -147,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     vserve.add_argument("--no-connector", action="store_true", help="stock vLLM, for comparison")
     vserve.add_argument(
+        "--dtype",
+        default="auto",
+        help="the model's dtype: auto (bfloat16 where the CPU has native bf16, else float32), "
+        "bfloat16, float32 or float16",
+    )
+    vserve.add_argument(
         "--kv-events",
         default=None,
         metavar="ENDPOINT",

@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
             max_defer_s=args.max_defer_s,
             connector=not args.no_connector,
             kv_events=args.kv_events,
+            dtype=args.dtype,
             extra=extra,
         )
     except UsageError as exc:
