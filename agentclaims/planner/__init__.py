@@ -1,6 +1,7 @@
 """The claim planner: which prefixes to claim, in which mode, for how long."""
 
 from agentclaims.planner.planner import (
+    POOL_KEEPS,
     RELAX_ORDER,
     ClaimPlan,
     ClaimPlanner,
@@ -15,6 +16,7 @@ from agentclaims.planner.planner import (
 )
 
 __all__ = [
+    "POOL_KEEPS",
     "RELAX_ORDER",
     "ClaimPlan",
     "ClaimPlanner",

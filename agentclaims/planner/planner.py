@@ -61,7 +61,12 @@ from agentclaims.errors import UnknownNameError, UsageError
 
 T = TypeVar("T")
 
+POOL_KEEPS = "the pool keeps it: its evictions are too slow"
+"""The reason of a plan without a claim because the engine's pool keeps the prefix unheld
+through the predicted wait (``PlannerPolicy.pool_keeps_factor``)."""
+
 __all__ = [
+    "POOL_KEEPS",
     "RELAX_ORDER",
     "ClaimPlan",
     "ClaimPlanner",
@@ -361,7 +366,7 @@ class ClaimPlanner:
         if ctx.footprint_blocks < pol.min_blocks:
             return ClaimPlan(None, reason="prefix too small")
         if ctx.pool_keeps(pol.pool_keeps_factor):
-            return ClaimPlan(None, reason="the pool keeps it: its evictions are too slow")
+            return ClaimPlan(None, reason=POOL_KEEPS)
         if pol.ranked:
             return self._ranked(ctx)
         if p < pol.best_effort_min_p or math.isinf(ctx.ste):

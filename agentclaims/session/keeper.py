@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentclaims.contract import PrefixId, ReuseHint, prefix_blocks
 from agentclaims.errors import BackendUnavailable
-from agentclaims.planner import ClaimPlan, PlannerPolicy, PrefixContext, relax_mode
+from agentclaims.planner import POOL_KEEPS, ClaimPlan, PlannerPolicy, PrefixContext, relax_mode
 from agentclaims.protocol import SEQUENCE_OBJECT
 from agentclaims.session.claims import PIN_MODES
 from agentclaims.session.options import UNRANKED
@@ -126,7 +126,9 @@ class ClaimKeeper:
         io.released_with_call(riding.releases, extension)
         backend = s.route.named(riding.backend)
         if riding.claim_id is None or riding.plan is None:
-            await self.replan(node, prefix_id, tool_names)
+            # a call that went without a claim because the pool kept its prefix: the claim it
+            # held before goes, and none is made on its own (that is an engine request)
+            await self.replan(node, None if riding.pool_kept else prefix_id, tool_names)
             return
         old = io.held.pop(node, None)
         if old is not None:
@@ -142,11 +144,12 @@ class ClaimKeeper:
             made_with_call(held.claim_id)
         _, plan = s.workflow.plan_after_call(node, held.prefix_id, tool_names)
         if plan.mode is None:  # its reuse became unlikely (the human is next, say)
-            del io.held[node]
+            del io.held[node]  # or the pool keeps it anyway (its answer said so)
+            why = "pool_keeps" if plan.reason == POOL_KEEPS else "reuse_unlikely"
             if held.plan.mode in PIN_MODES:
-                await io.release(backend, held, "reuse_unlikely")  # a pin: now
+                await io.release(backend, held, why)  # a pin: now
             else:
-                io.let_go(held, "reuse_unlikely")
+                io.let_go(held, why)
         elif (
             plan.ttl_s is not None and held.plan.ttl_s is not None and plan.ttl_s > held.plan.ttl_s
         ):

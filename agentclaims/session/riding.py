@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agentclaims.contract import prefix_blocks
-from agentclaims.planner import ClaimPlan, PrefixContext
+from agentclaims.planner import POOL_KEEPS, ClaimPlan, PrefixContext
 from agentclaims.protocol import SEQUENCE_OBJECT
 from agentclaims.session.claims import ClaimIO, HeldClaim
 from agentclaims.session.workflow import WorkflowModel, wait_key
@@ -35,6 +35,10 @@ class Riding:
     plan: ClaimPlan | None = None
     ctx: PrefixContext | None = None
     releases: list[HeldClaim] = field(default_factory=list)
+    pool_kept: bool = False
+    """It carries no claim because the engine's pool keeps its prefix through the wait
+    (``POOL_KEEPS``): none is made on its own after it either (that would be an engine
+    request of its own, for what the call chose not to carry)."""
 
 
 class RidingCalls:
@@ -61,6 +65,7 @@ class RidingCalls:
         ctx, plan = workflow.plan_after_call(
             node, SEQUENCE_OBJECT, tools, footprint=prefix_blocks(last) if last else 1
         )
+        riding.pool_kept = plan.reason == POOL_KEEPS
         if plan.mode is not None:
             hint = workflow.reuse_hint(node, ctx, tool=wait_key(node, tools))
             found = await io.riding(backend, node, plan, ctx, hint)

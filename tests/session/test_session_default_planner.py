@@ -4,7 +4,9 @@ elsewhere. Real sessions on embedded reference engines, real HTTP through the ga
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -117,9 +119,11 @@ class _Shedding(EmbeddedBackend):
     (``honoured=False``) stated ``rejected``; ``rides``: it states
     ``claims_ride_on_requests`` too (as vLLM's gateway does)."""
 
-    def __init__(self, *, honoured: bool = True, rides: bool = False) -> None:
+    def __init__(self, *, honoured: bool = True, rides: bool = False, script=None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(
-            num_blocks=512, block_size=16, script=lambda request: "an answer in a few words"
+            num_blocks=512,
+            block_size=16,
+            script=script or (lambda request: "an answer in a few words"),
         )
         self.honoured = honoured
         self.rides = rides
@@ -198,3 +202,51 @@ async def test_held_claims_follow_the_lowering_not_the_capability(tmp_path):
     assert planned
     assert "demotable" not in {line["mode"] for line in planned}
     assert session.stats.claims_refused >= 1
+
+
+class _Pool(_Shedding):
+    """``_Shedding(rides=True)`` whose answers call the ``search`` tool (so the wait until
+    the next call is the tool's, predicted) and report the pool's churn as vLLM's connector
+    does (``agentclaims.pool``: ``survival_s`` from its KV events), a figure the test sets."""
+
+    def __init__(self, pool: dict[str, object]) -> None:
+        super().__init__(rides=True, script=lambda request: Reply.tool("search"))
+        self.pool = pool
+        serve = self.kv.serve
+
+        async def reporting(request):  # type: ignore[no-untyped-def]
+            return dataclasses.replace(await serve(request), pool=dict(self.pool))
+
+        self.kv.serve = reporting  # type: ignore[method-assign]
+
+
+QUIET = {"free_blocks": 400, "evicted_blocks": 0, "evicted_per_s": 0.0, "survival_s": None}
+CHURNING = {"free_blocks": 0, "evicted_blocks": 900, "evicted_per_s": 40.0, "survival_s": 0.0}
+
+
+async def test_no_claim_where_the_pool_keeps_the_prefix_and_none_made_on_its_own(tmp_path):
+    """On a pool that evicts nothing (its answers say so), ``auto`` holds the first call's
+    prefix (nothing known yet), then claims nothing: the next calls carry no claim, none is
+    made on its own after them (no ``POST /v1/claims``: on vLLM an engine request), and the
+    first claim goes. On a churning pool every call carries its claim. Each ``llm_call``
+    line carries the figures its answer gave."""
+    quiet = _Pool(QUIET)
+    churning = _Pool(CHURNING)
+    try:
+        kept, kept_plans = await _three_calls(quiet, tmp_path / "quiet")
+        quiet_routes = (await quiet.http_client().get("/v1/stats")).json()["gateway"]["calls"]
+        held, held_plans = await _three_calls(churning, tmp_path / "churning")
+    finally:
+        await quiet.aclose()
+        await churning.aclose()
+    assert kept.planner.policy.name == "held"
+    assert kept.stats.claims_accepted == 1  # the first call's, before any answer
+    assert len(kept_plans) == 1
+    assert not any(route == "POST /v1/claims" for route in quiet_routes), quiet_routes
+    assert kept.workflow.pool_survival_s == math.inf
+    lines = [json.loads(x) for x in kept.log_path.read_text().splitlines()]  # type: ignore[union-attr]
+    assert [d["reason"] for d in lines if d["event"] == "claim_ended"] == ["pool_keeps"]
+    assert [d["pool"] for d in lines if d["event"] == "llm_call"] == [QUIET] * 3
+    assert held.stats.claims_accepted == 3
+    assert len(held_plans) == 3  # each call carried its claim
+    assert held.workflow.pool_survival_s == 0.0
