@@ -216,9 +216,12 @@ class PrefixContext:
     def pool_keeps(self, factor: float) -> bool:
         """Whether the pool keeps the prefix through the predicted wait unheld: the engine
         said how long a block freed now survives its evictions, and that is at least
-        ``factor`` times the wait. Unknown survival or wait: it may not (fail closed)."""
+        ``factor`` times the wait. Unknown survival or wait: it may not (fail closed); an
+        infinite ``factor``: never (even a pool that evicts nothing)."""
         survival, wait = self.pool_survival_s, self.expected_wait_s
-        return survival is not None and wait is not None and survival >= factor * wait
+        if survival is None or wait is None or math.isinf(factor):
+            return False
+        return survival >= factor * wait
 
 
 @dataclass(frozen=True, slots=True)

@@ -255,3 +255,11 @@ def test_a_pool_that_evicts_nothing_needs_no_claim_and_a_churning_one_does() -> 
         ctx(pool_survival_s=-1.0)
     with pytest.raises(UsageError, match="pool_keeps_factor"):
         PlannerPolicy(pool_keeps_factor=-1)
+
+
+def test_an_infinite_pool_keeps_factor_always_claims_even_on_a_pool_that_evicts_nothing() -> None:
+    always = ClaimPlanner(PlannerPolicy.named("held").with_(pool_keeps_factor=math.inf))
+    base = {"reuse_probability": 1.0, "waiting_on": "tool"}
+    for wait in (0.0, 0.5):
+        plan = always.plan(ctx(pool_survival_s=math.inf, expected_wait_s=wait, **base))
+        assert plan.mode is not None, (wait, plan)
