@@ -142,7 +142,8 @@ class SessionCalls:
             st.deferral_s += held_back
         pressed = call.retried or held_back > 0
         s.note_call(retried=pressed)
-        s.workflow.note_pool(extension.get("pool"))  # the engine's churn, where it says
+        pool = extension.get("pool")  # the engine's churn, where it says (vLLM: KV events)
+        s.workflow.note_pool(pool)
         costs = s.engine_costs
         computed = (extension.get("outcome") or {}).get("computed_blocks")
         if costs is not None and isinstance(computed, int) and isinstance(completion, int):
@@ -173,8 +174,7 @@ class SessionCalls:
                 model=model if isinstance(model, str) and model else None,
                 completion_tokens=completion if isinstance(completion, int) else None,
                 **({"deferred_s": round(held_back, 6)} if held_back > 0 else {}),
-                # the engine's churn as it answered (vLLM: from its KV events), planned with
-                **({"pool": pool} if isinstance(pool := extension.get("pool"), dict) else {}),
+                **({"pool": pool} if isinstance(pool, dict) else {}),  # planned with
                 **s.route.hop_fields(),
             )
         return sequence

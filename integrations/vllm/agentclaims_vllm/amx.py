@@ -31,7 +31,14 @@ import platform
 import sys
 from dataclasses import dataclass
 
-__all__ = ["AmxPermission", "AmxReport", "cpu_has_amx", "register", "request_amx_permission"]
+__all__ = [
+    "AmxPermission",
+    "AmxReport",
+    "cpu_flags",
+    "cpu_has_amx",
+    "register",
+    "request_amx_permission",
+]
 
 log = logging.getLogger("agentclaims_vllm.amx")
 
@@ -66,20 +73,26 @@ class AmxReport:
         return f"agentclaims AMX: {self.permission.value}: {self.detail} (pid {os.getpid()})"
 
 
-def cpu_has_amx(cpuinfo: str | None = None) -> bool:
-    """Whether the CPU lists ``amx_tile`` among its flags (``cpuinfo``: the text of
-    ``/proc/cpuinfo``, read when not given)."""
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The CPU's flags, from the first ``flags`` line of ``cpuinfo`` (the text of
+    ``/proc/cpuinfo``, read when not given); none where it cannot be read or has no such
+    line."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
                 cpuinfo = f.read()
         except OSError:
-            return False
+            return frozenset()
     for line in cpuinfo.splitlines():
         key, sep, value = line.partition(":")
         if sep and key.strip() == "flags":
-            return "amx_tile" in value.split()
-    return False
+            return frozenset(value.split())
+    return frozenset()
+
+
+def cpu_has_amx(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU lists ``amx_tile`` among its flags (``cpu_flags``)."""
+    return "amx_tile" in cpu_flags(cpuinfo)
 
 
 def _arch_prctl(code: int, arg: int) -> int:

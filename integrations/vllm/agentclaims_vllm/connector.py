@@ -205,7 +205,9 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             max_defer_s=self._max_defer_s,
             soft_reserve_blocks=min(reserve, max(_WATERMARK_BLOCKS, self._soft_reserve_blocks)),
         )
-        if getattr(gpu_block_pool, "enable_kv_cache_events", False):
+        if getattr(gpu_block_pool, "enable_kv_cache_events", False) and hasattr(
+            gpu_block_pool, "kv_event_queue"
+        ):  # (a vLLM whose pool keeps them elsewhere: its churn is unknown, not a crash)
             self._churn = PoolChurn()
         logger.info(
             "agentclaims connector bound: %d blocks, hard holds capped at %d, all at %d, "
@@ -308,15 +310,9 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             "max_defer_s": book.max_defer_s,
             "instance": self.instance,
             **({"channel": self.channel.path} if self.channel is not None else {}),
-            **({"pool": self.pool_figures()} if self._churn is not None else {}),
+            # the pool's churn from its KV events, where vLLM records them (set with the pool)
+            **({"pool": self._churn.figures(book.pool.num_free())} if self._churn else {}),
         }
-
-    def pool_figures(self) -> dict[str, Any] | None:
-        """The pool's pressure as its KV events show it (``PoolChurn.figures``), or
-        ``None`` where vLLM records no KV events."""
-        if self._churn is None or self._pool is None:
-            return None
-        return self._churn.figures(int(self._pool.get_num_free_blocks()))
 
     def count_evictions(self) -> None:
         """Count the evictions among the KV events vLLM recorded since it last took them
