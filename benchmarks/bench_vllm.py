@@ -51,7 +51,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from servers import free_port, stop, wait_healthy  # noqa: E402
 
 KEY = "bench-claims-key"
-SERVER = ("--blocks", "97", "--max-model-len", "1024")
+BLOCKS = 97
+MAX_MODEL_LEN = 1024
+SERVER = ("--blocks", str(BLOCKS), "--max-model-len", str(MAX_MODEL_LEN))
 TURNS = 3  # worker LLM calls per assignment (a tool call between each)
 TOOL_S = 0.5
 LOG_DIR: str | None = None  # outcome logs of the workflows, when set
@@ -733,8 +735,17 @@ def main() -> None:
         "stock; learned: claims planned with the block cost learned from vLLM's answers, "
         "engine_costs)",
     )
+    parser.add_argument(
+        "--blocks",
+        type=int,
+        default=BLOCKS,
+        help=f"each vLLM's KV pool, in blocks of 32 tokens ({BLOCKS}; at least "
+        f"{MAX_MODEL_LEN // 32 + 1}: one max-length request)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.blocks <= MAX_MODEL_LEN // 32:
+        parser.error(f"--blocks must be above {MAX_MODEL_LEN // 32} (one max-length request)")
     # stopped (SIGTERM), it still stops the servers it started (the finally below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.setups = tuple(x for x in args.setups.split(",") if x)
@@ -752,7 +763,8 @@ def main() -> None:
     try:
         for name, extra in (("vllm", ("--claims-key", KEY)), ("stock_vllm", ("--no-connector",))):
             argv = cli("vllm", "serve", "--model", model_dir, "--port", str(ports[name]))
-            procs.append(start([*on_vllm, *argv, *SERVER, *extra], urls[name]))
+            server = ("--blocks", str(args.blocks), "--max-model-len", str(MAX_MODEL_LEN))
+            procs.append(start([*on_vllm, *argv, *server, *extra], urls[name]))
             sessions["with" if name == "vllm" else "without"] = procs[-1].pid
         for name, upstream in (("gateway", "vllm"), ("stock_gateway", "stock_vllm")):
             argv = cli("serve", "--port", str(ports[name]), "--kv", "vllm")
@@ -796,7 +808,7 @@ def report(out: dict[str, Any], args: Any) -> None:
         else f"plain-node agent loops ({PLAIN_TURNS} calls, I/O 0.75-2.25 s)"
     )
     print(
-        f"{args.workflows} concurrent {work} on vLLM (model {shape}, 97 blocks x 32 tokens), "
+        f"{args.workflows} concurrent {work} on vLLM (model {shape}, {args.blocks} blocks x 32 tokens), "
         f"another tenant sending {args.churn_rate:g} one-shot prompts/s of "
         f"{args.churn_tokens} tokens; layout {out['layout']}\n"
     )

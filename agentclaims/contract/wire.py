@@ -24,8 +24,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
 from agentclaims.errors import UnknownNameError, UsageError
@@ -163,13 +164,28 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 @functools.cache
 def _layout(
     cls: type,
-) -> tuple[tuple[str, ...], str | None, frozenset[str], tuple[str, ...]] | None:
-    """How a class is written: its fields, open field, fields omitted while ``None`` and
-    computed properties (``None``: not a dataclass). Read once per class."""
+) -> (
+    tuple[
+        tuple[str, ...],
+        Callable[[Any], tuple[Any, ...]],
+        str | None,
+        frozenset[str],
+        tuple[str, ...],
+    ]
+    | None
+):
+    """How a class is written: its fields and one getter of all their values, its open
+    field, fields omitted while ``None`` and computed properties (``None``: not a dataclass).
+    Read once per class."""
     if not dataclasses.is_dataclass(cls):
         return None
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    getter = (
+        operator.attrgetter(*names) if len(names) > 1 else lambda obj: (getattr(obj, names[0]),)
+    )
     return (
-        tuple(f.name for f in dataclasses.fields(cls)),
+        names,
+        getter,
         getattr(cls, "wire_open", None),
         frozenset(getattr(cls, "wire_omit_none", ())),
         tuple(getattr(cls, "wire_computed", ())),
@@ -177,21 +193,28 @@ def _layout(
 
 
 def to_wire(obj: Any) -> Any:
-    """The JSON form of a wire value (dataclass, enum, tuple, mapping or scalar)."""
+    """The JSON form of a wire value (dataclass, enum, tuple, mapping or scalar).
+
+    Every agent's call writes a few of these, so a dataclass is read in one call and its
+    scalar and enum fields are written in place."""
     cls = type(obj)
     if cls in _SCALARS:
         return obj
     if isinstance(obj, enum.Enum):
-        return obj.value
+        return obj._value_
     layout = None if isinstance(obj, type) else _layout(cls)  # type: ignore[arg-type]
     if layout is not None:
-        names, open_field, omit, computed = layout
+        names, values, open_field, omit, computed = layout
         out: dict[str, Any] = {}
-        for name in names:
-            value = getattr(obj, name)
-            if name == open_field or (value is None and name in omit):
-                continue
-            out[name] = value if type(value) in _SCALARS else to_wire(value)
+        for name, value in zip(names, values(obj), strict=True):
+            if type(value) in _SCALARS:
+                if value is None and name in omit:
+                    continue
+                out[name] = value
+            elif isinstance(value, enum.Enum):
+                out[name] = value._value_
+            elif name != open_field:
+                out[name] = to_wire(value)
         for name in computed:
             out[name] = to_wire(getattr(obj, name))
         if open_field is not None:

@@ -15,6 +15,7 @@ import hashlib
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from agentclaims.contract.ids import BlockHash, prefix_blocks, prefix_id_of
 from agentclaims.errors import UsageError
@@ -76,12 +77,45 @@ def hash_token_blocks(
         raise UsageError("known", f"{len(known)} blocks known of {len(token_ids)} tokens")
     hashes: list[BlockHash] = list(known)
     parent: BlockHash | None = hashes[-1] if hashes else None
-    for start in range(len(hashes) * block_size, len(token_ids) - block_size + 1, block_size):
+    first = len(hashes) * block_size
+    if hash_fn is blake2b_hash:  # the default: every block in one pass (every call hashes)
+        return _blake2b_blocks(hashes, token_ids, first, block_size, cache_salt)
+    for start in range(first, len(token_ids) - block_size + 1, block_size):
         extra: tuple[object, ...] = (
             ("cache_salt", cache_salt) if (start == 0 and cache_salt) else ()
         )
         parent = hash_block_tokens(parent, token_ids[start : start + block_size], extra, hash_fn)
         hashes.append(parent)
+    return hashes
+
+
+def _blake2b_blocks(
+    hashes: list[BlockHash],
+    token_ids: Sequence[int],
+    first: int,
+    block_size: int,
+    cache_salt: str | None,
+) -> list[BlockHash]:
+    """``hash_block_tokens`` chained with the default hash over the full blocks from token
+    ``first`` on, appended to ``hashes``: the same bytes hashed (the parent as ``<Q``, each
+    token as ``<q``), the tokens packed once rather than block by block."""
+    end = first + (len(token_ids) - first) // block_size * block_size
+    if end == first:
+        return hashes
+    packed = struct.pack(f"<{end - first}q", *token_ids[first:end])
+    width = 8 * block_size
+    # a digest is its hash big-endian: reversed, the parent as the next block packs it
+    parent = (hashes[-1] if hashes else NONE_HASH).to_bytes(8, "little")
+    blake2b = hashlib.blake2b
+    digests = []
+    for offset in range(0, len(packed), width):
+        payload = parent + packed[offset : offset + width]
+        if first + offset == 0 and cache_salt:
+            payload += repr(("cache_salt", cache_salt)).encode()
+        digest = blake2b(payload, digest_size=8).digest()
+        digests.append(digest)
+        parent = digest[::-1]
+    hashes += cast("tuple[BlockHash, ...]", struct.unpack(f">{len(digests)}Q", b"".join(digests)))
     return hashes
 
 

@@ -29,7 +29,7 @@ from agentclaims.gateway.ledger import Ledger
 from agentclaims.gateway.limits import BodyTooLarge, Limits
 from agentclaims.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from agentclaims.gateway.openapi import openapi
-from agentclaims.gateway.params import tenant_of
+from agentclaims.gateway.params import TENANT_SCOPE_KEY, tenant_of
 from agentclaims.gateway.service import Service
 from agentclaims.gateway.sides import KVSide
 from agentclaims.gateway.streaming import JSONResponse
@@ -192,6 +192,8 @@ class _Gateway:
         ledger accounted for before the first operation."""
         open_route = name in _OPEN_ROUTES
         operator = name in _OPERATOR_ROUTES
+        # the instance's headers, as a response's raw headers: added to each in one step
+        instance = [(k.lower().encode(), v.encode()) for k, v in self.instance.headers.items()]
 
         async def run(request: Request) -> Response:
             self.calls[name] += 1
@@ -202,15 +204,13 @@ class _Gateway:
                 if not open_route:
                     service.check_open()
                     tenant = service.tenant(request.headers.get("authorization"))
-                    request.state.tenant = tenant
+                    request.scope[TENANT_SCOPE_KEY] = tenant
                     if operator:
                         TenantKeys.require_admin(tenant, name)
                     await service.ready()
                 response = await handler(request)
-                response.headers.update(self.instance.headers)
-                response.headers["server-timing"] = timing.server_timing(
-                    time.perf_counter() - started, waited[0]
-                )
+                spent = timing.server_timing(time.perf_counter() - started, waited[0])
+                response.raw_headers += [*instance, (b"server-timing", spent.encode())]
                 return response
             finally:
                 self.prometheus.observe(name, time.perf_counter() - started)

@@ -111,7 +111,7 @@ class CompletionRoutes:
         if isinstance(payload.get("id"), str):  # it names the request: as the caller named it
             payload["id"] = self.service.namespace.shown_text(payload["id"], tenant)
         payload[EXTENSION_KEY] = self._extension(result, released)
-        return respond(body, payload)  # JSON, or server-sent events (#13)
+        return respond(body, payload, streamed)  # JSON, or server-sent events (#13)
 
     async def _release(
         self, ext: Extension, owner: str | None, tenant: Tenant | None

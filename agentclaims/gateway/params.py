@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from agentclaims.contract import BlockHash, OwnerScope
 from agentclaims.errors import UsageError
@@ -27,12 +27,27 @@ __all__ = [
 
 
 async def json_object(request: Request) -> dict[str, Any]:
-    """The body as a JSON object, within the gateway's limits (``limits.parse_body``)."""
+    """The body as a JSON object, within the gateway's limits (``limits.parse_body``): one
+    that says or turns out to be too large is refused before more of it is read."""
     limits: Limits = getattr(request.app.state, "limits", None) or Limits()
+    most = limits.max_body_bytes
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
-        raise BodyTooLarge("body", f"{length} bytes; at most {limits.max_body_bytes}")
-    return parse_body(await request.body(), limits)
+    if length is not None and length.isdigit() and int(length) > most:
+        raise BodyTooLarge("body", f"{length} bytes; at most {most}")
+    receive = request.receive  # read here: every agent's call comes this way
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > most:
+            raise BodyTooLarge("body", f"over {most} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return parse_body(b"".join(chunks), limits)
 
 
 def optional_str(body: Mapping[str, Any], name: str) -> str | None:
@@ -64,9 +79,14 @@ def owner_of(request: Request, body: Mapping[str, Any] | None = None) -> OwnerSc
     return OwnerScope(service.owner(owner, tenant_of(request)) or owner)
 
 
+TENANT_SCOPE_KEY = "agentclaims.tenant"
+"""Where ``_Gateway.counted`` puts the request's tenant in its ASGI scope."""
+
+
 def tenant_of(request: Request) -> Tenant | None:
     """The tenant of the request's key (set by ``_Gateway.counted``); ``None`` without keys."""
-    return getattr(request.state, "tenant", None)
+    tenant: Tenant | None = request.scope.get(TENANT_SCOPE_KEY)
+    return tenant
 
 
 def claim_owners(claims: Sequence[Any], default_owner: str | None) -> dict[str, str]:

@@ -44,10 +44,20 @@ _PIECE = re.compile(r"\s*\S+\s*|\s+")
 
 
 class JSONResponse(_StarletteJSON):
-    """Starlette's JSON response, written by the gateway's codec (``agentclaims._json``)."""
+    """Starlette's JSON response, written by the gateway's codec (``agentclaims._json``);
+    without extra headers (every agent's call), its two headers are set in one step."""
 
     def render(self, content: Any) -> bytes:
         return _json.dumps(content)
+
+    def init_headers(self, headers: Mapping[str, str] | None = None) -> None:
+        if headers is not None or self.status_code < 200 or self.status_code in (204, 304):
+            super().init_headers(headers)
+            return
+        self.raw_headers = [
+            (b"content-length", str(len(self.body)).encode()),
+            (b"content-type", b"application/json"),
+        ]
 
 
 def stream_requested(body: Mapping[str, Any]) -> bool:
@@ -81,11 +91,11 @@ def unstreamed(body: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
 
 
-def respond(body: Mapping[str, Any], answer: Mapping[str, Any]) -> Response:
+def respond(body: Mapping[str, Any], answer: Mapping[str, Any], streamed: bool) -> Response:
     """``answer`` (a ``chat.completion`` or ``text_completion`` object) as JSON, or as a
-    stream of events when ``body`` asks for one."""
-    if not stream_requested(body):
-        return JSONResponse(dict(answer))
+    stream of events when ``body`` asks for one (``streamed``: ``stream_requested(body)``)."""
+    if not streamed:
+        return JSONResponse(answer)
     options = body.get("stream_options") or {}
     return StreamingResponse(
         sse(chunks(answer, include_usage=bool(options.get("include_usage")))),

@@ -168,7 +168,16 @@ class ConnectorClient:
         choice = (data.get("choices") or [{}])[0]
         usage = data.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
-        answer = (data.get("kv_transfer_params") or {}).get(EXTENSION_KEY) or {}
+        answer = (data.get("kv_transfer_params") or {}).get(EXTENSION_KEY)
+        if not answer:  # vLLM's own answer (a plain call's): the connector had nothing to say
+            return ConnectorAnswer(
+                request_id=str(data.get("id")),
+                finish_reason=choice.get("finish_reason"),
+                prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                cached_tokens=int(details.get("cached_tokens") or 0),
+                text=str(choice.get("text") or ""),
+                raw=data,
+            )
         self._learn(answer)
         events = tuple(e for e in answer.get("events") or () if int(e.get("seq", 0)) > self.cursor)
         if events:

@@ -28,6 +28,7 @@ from agentclaims.engine.blocks import hash_token_blocks
 from agentclaims.errors import BackendUnavailable, UsageError
 from agentclaims.kernel import resolve_request_claims
 from agentclaims.protocol import (
+    EXTENSION_KEY,
     SEQUENCE_OBJECT,
     ActiveOutcome,
     CompletionCall,
@@ -76,6 +77,8 @@ class CompletionForwarder:
         self._sight = kv.sight
         self.completions = 0
         """Completions forwarded to vLLM for clients (streamed or not): the agents' calls."""
+        self.bare = 0
+        """Of them, plain OpenAI calls that went without an envelope (``_envelope``)."""
 
     def prepare(self, call: CompletionCall) -> CompletionCall:
         """The body's shape checked here, before anything changes (a release it carries
@@ -107,10 +110,11 @@ class CompletionForwarder:
         if cache_salt:  # vLLM's own per-request salt: a tenant's blocks are its own
             outgoing["cache_salt"] = cache_salt
         wants_ids = bool(body.get("return_token_ids"))
-        on_reply, gated, riding, envelope = self._envelope(client, specs, tenant)
+        on_reply, gated, riding, envelope = self._envelope(client, specs, tenant, body)
         if tokens is None or on_reply:
             outgoing["return_token_ids"] = True  # the prompt's and the reply's token ids
-        outgoing["kv_transfer_params"] = {"agentclaims": envelope}
+        if envelope is not None:
+            outgoing["kv_transfer_params"] = {"agentclaims": envelope}
         self.completions += 1
         try:
             status, data = await self._http.post(KINDS[kind], outgoing)
@@ -166,8 +170,9 @@ class CompletionForwarder:
         outgoing["stream_options"] = {**options, "include_usage": True}
         if cache_salt:
             outgoing["cache_salt"] = cache_salt
-        on_reply, gated, riding, envelope = self._envelope(client, specs, owner or "default")
-        outgoing["kv_transfer_params"] = {"agentclaims": envelope}
+        on_reply, gated, riding, envelope = self._envelope(client, specs, owner or "default", body)
+        if envelope is not None:
+            outgoing["kv_transfer_params"] = {"agentclaims": envelope}
         self.completions += 1
         try:
             upstream = await self._http.stream(KINDS[kind], outgoing)
@@ -182,7 +187,11 @@ class CompletionForwarder:
             raise self._refused(upstream.status, upstream.body())
 
         async def settle(data: dict[str, Any]) -> ServeResult:
-            kept = await client.answer_of(envelope["nonce"], owner) if envelope["ops"] else None
+            kept = (
+                await client.answer_of(envelope["nonce"], owner)
+                if envelope is not None and envelope["ops"]
+                else None
+            )
             if kept is not None:  # the connector's answer, read over its channel
                 data = {**data, "kv_transfer_params": {"agentclaims": kept}}
             return await self._answered(
@@ -223,11 +232,21 @@ class CompletionForwarder:
         return tokens, hashes, prompt_pid, specs
 
     def _envelope(
-        self, client: ConnectorClient, specs: Sequence[ClaimSpec], tenant: str
-    ) -> tuple[set[str], dict[str, str], list[Op], dict[str, Any]]:
+        self,
+        client: ConnectorClient,
+        specs: Sequence[ClaimSpec],
+        tenant: str,
+        body: Mapping[str, Any],
+    ) -> tuple[set[str], dict[str, str], list[Op], dict[str, Any] | None]:
         """What a request to vLLM carries: its claims on ``@sequence`` (held when it ends),
         the claims refused here (the reason, by claim id), the pending operations that ride on
-        it (taken: put them back if it does not go), and the signed envelope of them all."""
+        it (taken: put them back if it does not go), and the signed envelope of them all.
+
+        A plain OpenAI call (no ``agentclaims`` object) that carries no operation goes without
+        an envelope, as vLLM's own: nothing is signed, and vLLM's answer tells the gateway what
+        it needs (the token ids, the cached tokens; the connector answers a refusal or a
+        deferral of any request). A call with the object always carries one, so its answer
+        brings the connector's events and the pool's figures (the SDK plans with them)."""
         on_reply = {s.claim_id for s in specs if s.object_id == SEQUENCE_OBJECT}
         gated = {spec.claim_id: reason for spec in specs if (reason := self._gate(spec))}
         holds = [
@@ -236,7 +255,11 @@ class CompletionForwarder:
             if spec.claim_id not in gated
         ]
         riding = self._riding.take()
-        return on_reply, gated, riding, client.envelope([*riding, *holds], tenant)
+        ops = [*riding, *holds]
+        if not ops and EXTENSION_KEY not in body:
+            self.bare += 1
+            return on_reply, gated, riding, None
+        return on_reply, gated, riding, client.envelope(ops, tenant)
 
     async def _answered(
         self,

@@ -440,6 +440,8 @@ class VllmKV:
             )
             if self.completions
             else None,
+            # plain OpenAI calls with nothing riding: forwarded as they came, nothing signed
+            "bare_completions": self.forwarder.bare,
             "claim_operations": {
                 "rode": riding.rode,
                 "standalone": riding.standalone,

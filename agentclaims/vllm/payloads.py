@@ -38,7 +38,7 @@ def sequence_ids(
     reply = (data.get("choices") or [{}])[0].get("token_ids")
     if prompt is None or not isinstance(reply, list):
         return None
-    tokens = [*prompt, *(int(t) for t in reply)]
+    tokens = [*prompt, *map(int, reply)]
     full = (len(tokens) - 1) // block_size * block_size
     return tokens[:full] if full else None
 

@@ -102,3 +102,26 @@ def test_more_known_blocks_than_tokens_is_refused() -> None:
     known = hash_token_blocks(list(range(8)), 4)
     with pytest.raises(UsageError, match="known"):
         hash_token_blocks(list(range(7)), 4, known=known)
+
+
+@given(
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=80),
+    st.integers(1, 9),
+    st.sampled_from([None, "", "tenant-a"]),
+    st.data(),
+)
+def test_the_one_pass_default_hash_is_the_chain_of_block_hashes(
+    tokens: list[int], block_size: int, salt: str | None, data: st.DataObject
+) -> None:
+    """``hash_token_blocks`` packs the tokens once for the default hash; each block's hash is
+    still exactly ``hash_block_tokens`` of its parent and its tokens (the salt on block 0), from
+    any known head on."""
+    chain: list[int] = []
+    parent = None
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        extra: tuple[object, ...] = ("cache_salt", salt) if start == 0 and salt else ()
+        parent = hash_block_tokens(parent, tokens[start : start + block_size], extra)
+        chain.append(parent)
+    assert hash_token_blocks(tokens, block_size, cache_salt=salt) == chain
+    known = data.draw(st.integers(0, len(chain)))
+    assert hash_token_blocks(tokens, block_size, cache_salt=salt, known=chain[:known]) == chain

@@ -498,6 +498,41 @@ async def test_a_sequence_claim_holds_the_prompt_and_the_reply_blocks(gateway: s
         await backend.release_claim("seq-1", "wf-seq")
 
 
+async def _fill_the_pool(http: httpx2.AsyncClient, tag: str) -> list[str]:
+    """Another owner's hard claims (owner ``wf-fill``) on 5 x 6 blocks: 30 of the 40, under
+    the cap of 31, TTL 6 s; their ids (each test its own: a release may still be riding)."""
+    ids = []
+    for i in range(5):
+        cid = f"{tag}-{i}"
+        claim = {"claim_id": cid, "object_id": "@prompt", "ttl_s": 6}
+        body = chat(words(f"fill{i}x", 34), owner_scope="wf-fill", claims=[claim])
+        body["agentclaims"]["claims"][0]["protection_mode"] = "hard_protected"
+        first = (await http.post("/v1/chat/completions", json=body)).json()
+        assert "agentclaims" in first, first
+        [decision] = first["agentclaims"]["decisions"]
+        assert decision["state"] == "materialized", decision
+        assert first["usage"]["prompt_tokens"] >= 6 * BS
+        ids.append(cid)
+    return ids
+
+
+async def _renew_the_fill(gateway: str, ids: list[str]) -> None:
+    """Renewed just before a burst: a slow run must not let the TTLs end."""
+    async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
+        for cid in ids:
+            renewed = await http.post(
+                f"/v1/claims/{cid}/renew", json={"owner_scope": "wf-fill", "ttl_s": 6}
+            )
+            assert renewed.json()["state"] == "materialized", renewed.json()
+
+
+async def _release_the_fill(gateway: str, ids: list[str]) -> None:
+    """What a test holds goes with it, pass or fail."""
+    async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
+        for cid in ids:
+            await http.post(f"/v1/claims/{cid}/release", json={"owner_scope": "wf-fill"})
+
+
 async def test_a_deferral_inside_vllm_reaches_the_session_as_pressure(
     gateway: str, tmp_path: Any
 ) -> None:
@@ -512,23 +547,7 @@ async def test_a_deferral_inside_vllm_reaches_the_session_as_pressure(
     import agentclaims
 
     async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
-        for i in range(5):  # 5 x 6 blocks: 30 of the 40, under the cap of 31
-            claim = {"claim_id": f"press-{i}", "object_id": "@prompt", "ttl_s": 6}
-            body = chat(words(f"fill{i}x", 34), owner_scope="wf-fill", claims=[claim])
-            body["agentclaims"]["claims"][0]["protection_mode"] = "hard_protected"
-            first = (await http.post("/v1/chat/completions", json=body)).json()
-            assert "agentclaims" in first, first
-            [decision] = first["agentclaims"]["decisions"]
-            assert decision["state"] == "materialized", decision
-            assert first["usage"]["prompt_tokens"] >= 6 * BS
-
-    async def renew_all() -> None:
-        async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
-            for i in range(5):
-                renewed = await http.post(
-                    f"/v1/claims/press-{i}/renew", json={"owner_scope": "wf-fill", "ttl_s": 6}
-                )
-                assert renewed.json()["state"] == "materialized", renewed.json()
+        fill = await _fill_the_pool(http, "press")
 
     def deferred_s(reply: Any) -> float:
         return float((reply.model_extra or {}).get("agentclaims", {}).get("deferred_s", 0))
@@ -545,7 +564,7 @@ async def test_a_deferral_inside_vllm_reaches_the_session_as_pressure(
                 )
             for attempt in range(3):  # a burst whose calls did not overlap (a loaded machine
                 # ran them one after another) defers none: up to 3 bursts
-                await renew_all()  # a slow run must not let the TTLs end
+                await _renew_the_fill(gateway, fill)
                 with session.node("agent"):
                     burst = await asyncio.gather(
                         *(
@@ -581,9 +600,48 @@ async def test_a_deferral_inside_vllm_reaches_the_session_as_pressure(
         calls = [d for d in logged if d["event"] == "llm_call" and d["node"] == "agent"]
         assert sorted(d.get("deferred_s", 0) for d in calls) == pytest.approx(sorted(held_back))
     finally:
-        async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
-            for i in range(5):  # what the test holds goes with it, pass or fail
-                await http.post(f"/v1/claims/press-{i}/release", json={"owner_scope": "wf-fill"})
+        await _release_the_fill(gateway, fill)
+
+
+async def test_a_plain_call_goes_to_vllm_unsigned_and_still_hears_its_deferral(
+    gateway: str,
+) -> None:
+    """A plain OpenAI call (no ``agentclaims`` object) with no claim operation waiting to ride
+    goes to vLLM as vLLM's own: no signed envelope (``/v1/stats`` counts it in
+    ``bare_completions``). Its answer still names its prefixes, and the connector still
+    answers a deferral of it: with another owner's hard holds filling the pool, three
+    concurrent plain calls cannot all start, and the one held back says for how long."""
+    import asyncio
+
+    async with httpx2.AsyncClient(base_url=gateway, timeout=120) as http:
+
+        async def counts() -> tuple[int, int]:
+            stats = (await http.get("/v1/stats")).json()
+            return stats["bare_completions"], stats["claim_operations"]["rode"]
+
+        fill = await _fill_the_pool(http, "plain-fill")
+        try:
+            answers: list[dict[str, Any]] = []
+            for attempt in range(3):  # calls that did not overlap defer none: up to 3 bursts
+                await _renew_the_fill(gateway, fill)
+                bare, rode = await counts()
+                burst = [
+                    {**chat(words(f"plain{attempt}u{k}x", 26)), "max_tokens": 120} for k in range(3)
+                ]
+                replies = await asyncio.gather(
+                    *(http.post("/v1/chat/completions", json=body) for body in burst)
+                )
+                assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+                answers = [r.json()["agentclaims"] for r in replies]
+                bare_after, rode_after = await counts()
+                # a call that carried a pending operation (a renewal riding) was signed
+                assert 3 - (rode_after - rode) <= bare_after - bare <= 3
+                assert all(a["prefix_ids"]["prompt"] for a in answers), answers
+                if any(a.get("deferred_s", 0) > 0 for a in answers):
+                    break
+            assert any(a.get("deferred_s", 0) > 0 for a in answers), answers
+        finally:
+            await _release_the_fill(gateway, fill)
 
 
 def test_the_middleware_example_runs_through_the_gateway_on_vllm(gateway: str) -> None:

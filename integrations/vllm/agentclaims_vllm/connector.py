@@ -467,8 +467,8 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         envelope = self._ops.pop(rid, None)
         results = self._receipts.pop(rid, None)
         refusal = self._pending_refusals.pop(rid, None)
-        if envelope is None and results is None and refusal is None:
-            return False, None
+        if envelope is None and results is None and refusal is None and held_back is None:
+            return False, None  # a plain request held claims never touched: nothing to tell
         results = list(results or ())
         if envelope is not None and refusal is None:  # a refused request computed no blocks
             tenant = str(envelope.get("tenant") or "default")
