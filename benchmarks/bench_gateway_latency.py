@@ -4,14 +4,17 @@ work (benchmarks/passthrough_proxy.py). A script that prints figures; no test ti
 
 One vLLM with the connector (the tiny model, 97 blocks of 32 tokens); in front of it the
 gateway (`agentclaims serve --kv vllm`) and the bare proxy, both up at once. Each run sends
-``--probes`` chat requests straight to vLLM and as many through the front, interleaved (the
-order alternating), for the gateway and the proxy in turn; ``--runs`` runs. Per run: the
-front's CPU per request, the end-to-end difference per pair (p50, p99) and, for the gateway,
-its own time (its ``Server-Timing``: the handler's time less its wait on vLLM). With
-``--layout pinned`` (the default with two or more cores) vLLM runs on the last core and the
-fronts and this client on the others, as docs/operations.md deploys them. Run::
+``--probes`` rounds of three plain chat requests, one straight to vLLM, one through the
+gateway and one through the proxy, in an order that rotates every round, so the two fronts
+are measured side by side under the same load. Per run and front: its CPU per request (its
+process's own counters, summed over the run), the end-to-end difference from the straight
+request of the same round (p50, p99) and, for the gateway, its own time (its
+``Server-Timing``: the handler's time less its wait on vLLM); then the ratio of the two
+fronts' CPU, per run and its median. With ``--layout pinned`` (the default with two or more
+cores) vLLM runs on the last core and the fronts and this client on the others, as
+docs/operations.md deploys them. Run::
 
-    .venv/bin/python benchmarks/bench_gateway_latency.py [--probes 200] [--runs 3] [--json]
+    .venv/bin/python benchmarks/bench_gateway_latency.py [--probes 300] [--runs 3] [--json]
 
 (needs the vLLM environment: `make vllm-env`).
 """
@@ -21,32 +24,78 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx2
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vllm import KEY, SERVER, cli, latencies, layout, start, tiny_model
+from bench_vllm import KEY, SERVER, _timing, cli, layout, pct, start, tiny_model
 from servers import free_port, stop
 
 FRONTS = ("gateway", "bare proxy")
 
 
-async def measure(urls: dict[str, str], sessions: dict[str, int], args: Any) -> dict[str, Any]:
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) one process has used so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def one_run(urls: dict[str, str], pids: dict[str, int], args: Any) -> dict[str, Any]:
+    """``args.probes`` rounds (and 5 unmeasured first): each sends the same kind of request
+    straight to vLLM and through each front, the order rotating."""
     body = {"model": args.model, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
-    runs: dict[str, list[dict[str, Any]]] = {front: [] for front in FRONTS}
-    for _ in range(args.runs):
-        for front in FRONTS:
-            runs[front].append(
-                await latencies(urls["vllm"], urls[front], args.probes, body, sessions[front])
-            )
-    return runs
+    names = ("vllm", *FRONTS)
+    elapsed: dict[str, list[float]] = {name: [] for name in names}
+    own: list[float] = []
+    cpu = dict.fromkeys(FRONTS, 0.0)
+    async with httpx2.AsyncClient(timeout=60) as http:
+        for i in range(args.probes + 5):
+            order = names[i % 3 :] + names[: i % 3]
+            for name in order:
+                payload = {**body, "messages": [{"role": "user", "content": f"probe {i} " * 20}]}
+                c0 = process_cpu_s(pids[name]) if name in pids else 0.0
+                t = time.perf_counter()
+                r = await http.post(f"{urls[name]}/v1/chat/completions", json=payload)
+                took = time.perf_counter() - t
+                assert r.status_code == 200, r.text[:300]
+                if i < 5:
+                    continue  # warm-up: connections, first-request paths
+                if name in pids:
+                    cpu[name] += process_cpu_s(pids[name]) - c0
+                elapsed[name].append(took)
+                timing = _timing(r.headers.get("server-timing", ""))
+                if "gateway" in timing:  # the bare proxy says nothing
+                    own.append(timing["gateway"])
+    ms = 1e3
+    out: dict[str, Any] = {}
+    for front in FRONTS:
+        added = [b - a for a, b in zip(elapsed["vllm"], elapsed[front], strict=True)]
+        out[front] = {
+            "cpu_ms_per_request": round(cpu[front] / args.probes * ms, 3),
+            "added_p50_ms": round(statistics.median(added) * ms, 2),
+            "added_p99_ms": round(pct(added, 0.99) * ms, 2),
+            "own_p50_ms": round(statistics.median(own), 3) if front == "gateway" else None,
+            "own_p99_ms": round(pct(own, 0.99), 3) if front == "gateway" else None,
+        }
+    floor = out["bare proxy"]["cpu_ms_per_request"]
+    out["cpu_ratio"] = round(out["gateway"]["cpu_ms_per_request"] / floor, 3) if floor else None
+    return out
+
+
+async def measure(urls: dict[str, str], pids: dict[str, int], args: Any) -> list[dict[str, Any]]:
+    return [await one_run(urls, pids, args) for _ in range(args.runs)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--probes", type=int, default=200, help="interleaved pairs per run")
+    parser.add_argument("--probes", type=int, default=300, help="rounds per run")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--layout", choices=("pinned", "shared"), default="pinned")
     parser.add_argument("--json", action="store_true")
@@ -58,7 +107,7 @@ def main() -> None:
     ports = {name: free_port() for name in ("vllm", *FRONTS)}
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     procs: list[subprocess.Popen[bytes]] = []
-    sessions: dict[str, int] = {}
+    pids: dict[str, int] = {}
     try:
         argv = cli("vllm", "serve", "--model", args.model, "--port", str(ports["vllm"]))
         procs.append(start([*on_vllm, *argv, *SERVER, "--claims-key", KEY], urls["vllm"]))
@@ -75,27 +124,30 @@ def main() -> None:
         }
         for front, argv in fronts.items():
             procs.append(start([*on_front, *argv], urls[front]))
-            sessions[front] = procs[-1].pid
-        out = asyncio.run(measure(urls, sessions, args))
+            pids[front] = procs[-1].pid
+        out = asyncio.run(measure(urls, pids, args))
     finally:
         for proc in reversed(procs):
             stop(proc, group=True, timeout_s=30)
     report(out, args, "pinned" if on_vllm else "shared")
 
 
-def report(out: dict[str, list[dict[str, Any]]], args: Any, where: str) -> None:
+def report(runs: list[dict[str, Any]], args: Any, where: str) -> None:
+    ratios = [r["cpu_ratio"] for r in runs if r["cpu_ratio"] is not None]
+    median = round(statistics.median(ratios), 3) if ratios else None
     if args.json:
-        print(json.dumps({"layout": where, "probes": args.probes, "runs": out}))
+        print(json.dumps({"layout": where, "probes": args.probes, "runs": runs, "ratio": median}))
         return
-    print(f"{args.probes} interleaved pairs per run, {args.runs} runs, layout {where}; ms\n")
+    print(f"{args.probes} rounds per run, {args.runs} runs, layout {where}; ms\n")
     head = ("CPU/request", "added p50", "added p99", "own p50", "own p99")
-    print(f"{'':14}" + "".join(f"{h:>13}" for h in head))
-    keys = ("gateway_cpu_ms_per_request", "added_p50_ms", "added_p99_ms", "own_p50_ms")
-    for front, rows in out.items():
-        for i, row in enumerate(rows):
-            cells = [row[k] for k in (*keys, "own_p99_ms")]
-            label = front if i == 0 else ""
-            print(f"{label:14}" + "".join(f"{'-' if c is None else c:>13}" for c in cells))
+    print(f"{'':8}{'':14}" + "".join(f"{h:>13}" for h in head))
+    keys = ("cpu_ms_per_request", "added_p50_ms", "added_p99_ms", "own_p50_ms", "own_p99_ms")
+    for i, run in enumerate(runs):
+        for front in FRONTS:
+            cells = [run[front][k] for k in keys]
+            label = f"run {i}" if front == "gateway" else ""
+            print(f"{label:8}{front:14}" + "".join(f"{'-' if c is None else c:>13}" for c in cells))
+    print(f"\ngateway / bare proxy CPU per request: runs {ratios}, median {median}x")
 
 
 if __name__ == "__main__":

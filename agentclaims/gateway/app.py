@@ -29,7 +29,7 @@ from agentclaims.gateway.ledger import Ledger
 from agentclaims.gateway.limits import BodyTooLarge, Limits
 from agentclaims.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from agentclaims.gateway.openapi import openapi
-from agentclaims.gateway.params import TENANT_SCOPE_KEY, tenant_of
+from agentclaims.gateway.params import TENANT_SCOPE_KEY, header, tenant_of
 from agentclaims.gateway.service import Service
 from agentclaims.gateway.sides import KVSide
 from agentclaims.gateway.streaming import JSONResponse
@@ -203,7 +203,7 @@ class _Gateway:
                 service = self.service
                 if not open_route:
                     service.check_open()
-                    tenant = service.tenant(request.headers.get("authorization"))
+                    tenant = service.tenant(header(request, b"authorization"))
                     request.scope[TENANT_SCOPE_KEY] = tenant
                     if operator:
                         TenantKeys.require_admin(tenant, name)
