@@ -62,6 +62,11 @@ class _Snapshot(Collector):
             for kind, n in engine_requests.items():
                 family.add_metric([kind], n)
             yield family
+            yield CounterMetricFamily(
+                "agentclaims_bare_completions",
+                "Plain OpenAI calls with nothing riding, forwarded to the engine unsigned",
+                value=snap.get("bare_completions", 0),
+            )
         operations = snap.get("claim_operations")
         if operations:  # how the gateway's claim operations reached the engine
             family = CounterMetricFamily(

@@ -873,4 +873,14 @@ async def test_the_gateway_counts_the_engine_requests_it_makes_on_vllm(gateway: 
         stats = (await http.get("/v1/stats")).json()
         assert stats["engine_requests"] == after_claim
         assert stats["engine_requests_per_completion"] > 1
+        # the plain calls above that went unsigned, the same in both
+        text = (await http.get("/metrics")).text
+        [bare] = [
+            s.value
+            for f in text_string_to_metric_families(text)
+            if f.name == "agentclaims_bare_completions"
+            for s in f.samples
+            if s.name.endswith("_total")
+        ]
+        assert 1 <= bare == stats["bare_completions"] <= after_claim["completion"]
         await http.post("/v1/claims/count-c1/release", json={"owner_scope": "count"})
