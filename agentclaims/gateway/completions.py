@@ -65,6 +65,7 @@ class CompletionRoutes:
         self.service = service
         self.instance = instance
         self.errors = errors
+        self._fields = instance.fields  # in every answer: read once
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._completion(request, "chat")
@@ -199,12 +200,12 @@ class CompletionRoutes:
             "request_id": result.outcome.request_id,
             "outcome": result.outcome.to_dict(),
             "prefix_ids": result.prefix_ids,
-            "decisions": [d.to_dict() for d in result.decisions],
+            "decisions": [d.to_dict() for d in result.decisions] if result.decisions else [],
             "events_seq": result.events_seq,
             **({"deferred_s": result.deferred_s} if result.deferred_s else {}),
             **({"pool": result.pool} if result.pool is not None else {}),
             **({"released": list(released)} if released else {}),
-            **self.instance.fields,
+            **self._fields,
         }
 
     def _refusal(self, request: Request, result: ServeResult) -> Response:

@@ -47,11 +47,9 @@ def forwarded(body: Mapping[str, Any], model: str) -> dict[str, Any]:
     """The client's body as it goes to vLLM: never a client's ``kv_transfer_params`` (the
     gateway signs its own), the ``agentclaims`` object or its ``cache_salt`` (the tenant's is
     set instead); the model is vLLM's own."""
-    out = {
-        k: v
-        for k, v in body.items()
-        if k not in ("kv_transfer_params", "agentclaims", "cache_salt")
-    }
+    out = dict(body)
+    for key in ("kv_transfer_params", "agentclaims", "cache_salt"):
+        out.pop(key, None)
     out["model"] = model
     return out
 
@@ -59,13 +57,17 @@ def forwarded(body: Mapping[str, Any], model: str) -> dict[str, Any]:
 def client_payload(data: Mapping[str, Any], *, keep_token_ids: bool) -> dict[str, Any]:
     """The answer as the client sees it: never the connector's receipt; token ids only when
     the client asked for them."""
-    out = {k: v for k, v in data.items() if k != "kv_transfer_params"}
+    out = dict(data)
+    out.pop("kv_transfer_params", None)
     if not keep_token_ids:
         out.pop("prompt_token_ids", None)
-        out["choices"] = [
-            {k: v for k, v in c.items() if k not in ("token_ids", "prompt_token_ids")}
-            for c in out.get("choices") or []
-        ]
+        choices = []
+        for choice in out.get("choices") or ():
+            choice = dict(choice)
+            choice.pop("token_ids", None)
+            choice.pop("prompt_token_ids", None)
+            choices.append(choice)
+        out["choices"] = choices
     return out
 
 
