@@ -10,6 +10,7 @@ answer (``ClaimMirror``), or the claim-scoped refusal.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
     from agentclaims.vllm.kv import VllmKV
 
 __all__ = ["CompletionForwarder"]
+
+_UNLOCKED = contextlib.nullcontext()
 
 
 class CompletionForwarder:
@@ -299,20 +302,8 @@ class CompletionForwarder:
                 )
                 stored = [*hashes[:footprint], *(seq_hashes if on_reply else ())]
                 await self._sight.seen_stored(stored)
-        if not self._lock.locked():  # nothing below awaits: held by no one, it needs no taking
-            return self._book(
-                answer,
-                tokens,
-                hashes,
-                prompt_pid,
-                specs,
-                gated,
-                on_reply,
-                cache_salt,
-                sequence,
-                seq_hashes,
-            )
-        async with self._lock:
+        # nothing in the booking awaits: where no one holds the lock, it needs no taking
+        async with self._lock if self._lock.locked() else _UNLOCKED:
             return self._book(
                 answer,
                 tokens,
