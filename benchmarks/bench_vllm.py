@@ -53,7 +53,14 @@ from servers import free_port, stop, wait_healthy  # noqa: E402
 KEY = "bench-claims-key"
 BLOCKS = 97
 MAX_MODEL_LEN = 1024
-SERVER = ("--blocks", str(BLOCKS), "--max-model-len", str(MAX_MODEL_LEN))
+
+
+def server_args(blocks: int = BLOCKS) -> tuple[str, ...]:
+    """``agentclaims vllm serve``'s pool for these benchmarks: ``blocks`` of 32 tokens."""
+    return ("--blocks", str(blocks), "--max-model-len", str(MAX_MODEL_LEN))
+
+
+SERVER = server_args()
 TURNS = 3  # worker LLM calls per assignment (a tool call between each)
 TOOL_S = 0.5
 LOG_DIR: str | None = None  # outcome logs of the workflows, when set
@@ -763,8 +770,7 @@ def main() -> None:
     try:
         for name, extra in (("vllm", ("--claims-key", KEY)), ("stock_vllm", ("--no-connector",))):
             argv = cli("vllm", "serve", "--model", model_dir, "--port", str(ports[name]))
-            server = ("--blocks", str(args.blocks), "--max-model-len", str(MAX_MODEL_LEN))
-            procs.append(start([*on_vllm, *argv, *server, *extra], urls[name]))
+            procs.append(start([*on_vllm, *argv, *server_args(args.blocks), *extra], urls[name]))
             sessions["with" if name == "vllm" else "without"] = procs[-1].pid
         for name, upstream in (("gateway", "vllm"), ("stock_gateway", "stock_vllm")):
             argv = cli("serve", "--port", str(ports[name]), "--kv", "vllm")

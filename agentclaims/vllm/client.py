@@ -168,26 +168,24 @@ class ConnectorClient:
         choice = (data.get("choices") or [{}])[0]
         usage = data.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
+        own = ConnectorAnswer(  # what vLLM's own answer says
+            request_id=str(data.get("id")),
+            finish_reason=choice.get("finish_reason"),
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            cached_tokens=int(details.get("cached_tokens") or 0),
+            text=str(choice.get("text") or ""),
+            raw=data,
+        )
         answer = (data.get("kv_transfer_params") or {}).get(EXTENSION_KEY)
-        if not answer:  # vLLM's own answer (a plain call's): the connector had nothing to say
-            return ConnectorAnswer(
-                request_id=str(data.get("id")),
-                finish_reason=choice.get("finish_reason"),
-                prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                cached_tokens=int(details.get("cached_tokens") or 0),
-                text=str(choice.get("text") or ""),
-                raw=data,
-            )
+        if not answer:  # a plain call's: the connector had nothing to say
+            return own
         self._learn(answer)
         events = tuple(e for e in answer.get("events") or () if int(e.get("seq", 0)) > self.cursor)
         if events:
             self.seen.extend(events)
             self.cursor = int(events[-1].get("seq", 0))
-        return ConnectorAnswer(
-            request_id=str(data.get("id")),
-            finish_reason=choice.get("finish_reason"),
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            cached_tokens=int(details.get("cached_tokens") or 0),
+        return dataclasses.replace(
+            own,
             results=tuple(answer.get("results") or ()),
             events=events,
             last_seq=int(answer.get("last_seq") or 0),
@@ -195,8 +193,6 @@ class ConnectorClient:
             refused=answer.get("refused"),
             deferred_s=float(answer.get("deferred_s") or 0.0),
             pool=pool if isinstance(pool := answer.get("pool"), Mapping) else None,
-            text=str(choice.get("text") or ""),
-            raw=data,
         )
 
     def _learn(self, answer: Mapping[str, Any]) -> None:

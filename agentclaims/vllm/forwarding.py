@@ -296,63 +296,33 @@ class CompletionForwarder:
         )
         if answer.served and tokens is not None:
             self._sight.last_stored = tuple(hashes)
-            if self._sight.observer is not None:
-                footprint = max(
-                    (s.footprint_blocks for s in specs if s.claim_id not in on_reply), default=0
-                )
-                stored = [*hashes[:footprint], *(seq_hashes if on_reply else ())]
-                await self._sight.seen_stored(stored)
-        # nothing in the booking awaits: where no one holds the lock, it needs no taking
-        async with self._lock if self._lock.locked() else _UNLOCKED:
-            return self._book(
-                answer,
-                tokens,
-                hashes,
-                prompt_pid,
-                specs,
-                gated,
-                on_reply,
-                cache_salt,
-                sequence,
-                seq_hashes,
+            footprint = max(
+                (s.footprint_blocks for s in specs if s.claim_id not in on_reply), default=0
             )
-
-    def _book(
-        self,
-        answer: ConnectorAnswer,
-        tokens: list[int] | None,
-        hashes: list[BlockHash],
-        prompt_pid: str | None,
-        specs: list[ClaimSpec],
-        gated: Mapping[str, str],
-        on_reply: set[str],
-        cache_salt: str | None,
-        sequence: list[int] | None,
-        seq_hashes: list[BlockHash],
-    ) -> ServeResult:
-        """The answer booked, under the lock (or where no one holds it): the prompt and the
-        sequence named, the claims' objects resolved, the connector's events absorbed, the
-        result."""
-        if tokens is not None and prompt_pid is None:
-            hashes, prompt_pid = self._prompts.register(tokens, cache_salt, hashes)
-        seq_pid = self._prompts.register(sequence, cache_salt, seq_hashes)[1] if sequence else None
-        if on_reply and seq_pid is not None:
+            await self._sight.seen_stored([*hashes[:footprint], *(seq_hashes if on_reply else ())])
+        # nothing below awaits: where no one holds the lock, it needs no taking
+        async with self._lock if self._lock.locked() else _UNLOCKED:
+            if tokens is not None and prompt_pid is None:
+                hashes, prompt_pid = self._prompts.register(tokens, cache_salt, hashes)
+            seq_pid = (
+                self._prompts.register(sequence, cache_salt, seq_hashes)[1] if sequence else None
+            )
             specs = [
                 dataclasses.replace(spec, object_id=seq_pid, footprint_blocks=len(seq_hashes))
-                if spec.claim_id in on_reply
+                if spec.claim_id in on_reply and seq_pid is not None
                 else spec
                 for spec in specs
             ]
-        self._mirror.absorb(answer)
-        return self._result(
-            answer,
-            specs,
-            prompt_pid,
-            hashes,
-            gated,
-            sequence=(seq_pid, seq_hashes),
-            on_reply=on_reply,
-        )
+            self._mirror.absorb(answer)
+            return self._result(
+                answer,
+                specs,
+                prompt_pid,
+                hashes,
+                gated,
+                sequence=(seq_pid, seq_hashes),
+                on_reply=on_reply,
+            )
 
     def _resolve(
         self,
