@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import functools
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -67,6 +69,21 @@ LOG_DIR: str | None = None  # outcome logs of the workflows, when set
 SETUPS = ("direct", "claims", "learned", "held", "no_claims", "stock")
 WORKLOAD = "supervisor"  # or "plain": an agent and a plain I/O node (--workload)
 PLAIN_TURNS = 6
+CONTEXT_TOKENS = 0  # each agent's own working context, about this many tokens (--context-tokens)
+_CONTEXT_WORDS = ("def", "return", "self", "import", "class", "value", "index", "config")
+_CONTEXT_WORDS += ("result", "parse", "token", "block", "claim", "cache", "agent", "tool")
+
+
+def context(seed: str, tokens: int | None = None) -> str:
+    """An agent's private working context (what a coding agent carries: files it read, its
+    notes) of about ``tokens`` tokens (``CONTEXT_TOKENS``) of the tiny model's tokenizer
+    (about 6.6 a word here), the same for the same ``seed``; "" for 0."""
+    tokens = CONTEXT_TOKENS if tokens is None else tokens
+    rng = random.Random(seed)
+    words = (
+        f"{rng.choice(_CONTEXT_WORDS)}_{rng.randrange(1000)}" for _ in range(tokens * 10 // 66)
+    )
+    return " ".join(words)
 
 
 def start(argv: list[str], url: str, timeout_s: float = 300) -> subprocess.Popen[bytes]:
@@ -100,8 +117,9 @@ def layout(name: str) -> tuple[list[str], list[str]]:
 
 def tiny_model(layers: int | None = None, hidden: int | None = None) -> str:
     """A fresh folder with the tiny random-weight model the tests use (no hub); ``layers``
-    and ``hidden``: a deeper, wider one, whose prefill costs more."""
+    and ``hidden``: a deeper, wider one, whose prefill costs more. Removed at exit."""
     model_dir = tempfile.mkdtemp(prefix="bench-tiny-")
+    atexit.register(shutil.rmtree, model_dir, ignore_errors=True)  # about 40 MB a model
     size = [
         *(("--layers", str(layers)) if layers else ()),
         *(("--hidden", str(hidden)) if hidden else ()),
@@ -125,7 +143,9 @@ def build_graph(model: Any, topic: str, tool_s: float = TOOL_S) -> Any:
 
     import agentclaims
 
-    system = SystemMessage(("You coordinate a small team of agents on " + topic + ". ") * 6)
+    system = SystemMessage(
+        ("You coordinate a small team of agents on " + topic + ". ") * 6 + context(topic)
+    )
 
     async def call(history: list[Any], prompt: str) -> list[Any]:
         history = [*history, HumanMessage(prompt)]
@@ -141,7 +161,9 @@ def build_graph(model: Any, topic: str, tool_s: float = TOOL_S) -> Any:
 
     def worker(name: str) -> Any:
         async def run(state: State) -> dict[str, Any]:
-            history = state[name] or [SystemMessage((f"You are the {name} on {topic}. ") * 6)]  # type: ignore[literal-required]
+            history = state[name] or [  # type: ignore[literal-required]
+                SystemMessage((f"You are the {name} on {topic}. ") * 6 + context(topic + name))
+            ]
             session = agentclaims.current_session()  # None: the direct set-up
             for turn in range(TURNS):
                 history = await call(history, f"{name} turn {turn}: continue")
@@ -191,7 +213,7 @@ def build_plain_graph(model: Any, topic: str, wait_s: tuple[float, float] = (0.7
 
     async def agent(state: PlainState) -> dict[str, Any]:
         history = state["messages"] or [
-            SystemMessage(("You are an engineer working on " + topic + ". ") * 8),
+            SystemMessage(("You are an engineer working on " + topic + ". ") * 8 + context(topic)),
             HumanMessage("start"),
         ]
         reply = await model.ainvoke(history)
@@ -712,6 +734,13 @@ def main() -> None:
     parser.add_argument("--churn-rate", type=float, default=8.0, help="other tenant, req/s")
     parser.add_argument("--churn-tokens", type=int, default=600)
     parser.add_argument("--tool-s", type=float, default=TOOL_S)
+    parser.add_argument(
+        "--context-tokens",
+        type=int,
+        default=0,
+        help="each agent's own working context in its system prompt, about this many tokens "
+        "(0: none); the agentic coding traces carry contexts far longer than a turn adds",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="runs of each set-up (medians)")
     parser.add_argument(
         "--warmup",
@@ -756,8 +785,10 @@ def main() -> None:
     # stopped (SIGTERM), it still stops the servers it started (the finally below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.setups = tuple(x for x in args.setups.split(",") if x)
-    global WORKLOAD
-    WORKLOAD = args.workload
+    global WORKLOAD, CONTEXT_TOKENS
+    WORKLOAD, CONTEXT_TOKENS = args.workload, args.context_tokens
+    if not 0 <= args.context_tokens < MAX_MODEL_LEN // 2:
+        parser.error(f"--context-tokens must be 0 to {MAX_MODEL_LEN // 2 - 1}")
     unknown = set(args.setups) - set(SETUPS)
     if unknown or not args.setups:
         parser.error(f"--setups: unknown {sorted(unknown)}; of {', '.join(SETUPS)}")
@@ -813,6 +844,8 @@ def report(out: dict[str, Any], args: Any) -> None:
         if args.workload == "supervisor"
         else f"plain-node agent loops ({PLAIN_TURNS} calls, I/O 0.75-2.25 s)"
     )
+    if args.context_tokens:
+        work += f", each agent with its own context of about {args.context_tokens} tokens"
     print(
         f"{args.workflows} concurrent {work} on vLLM (model {shape}, {args.blocks} blocks x 32 tokens), "
         f"another tenant sending {args.churn_rate:g} one-shot prompts/s of "

@@ -60,7 +60,7 @@ class Extension:
     def parse(cls, body: Mapping[str, Any]) -> Extension:
         raw = body.get(EXTENSION_KEY)
         if raw is None:
-            return cls()
+            return _NONE  # a plain OpenAI call's (frozen: one serves them all)
         if not isinstance(raw, Mapping):
             raise UsageError(EXTENSION_KEY, f"expected an object, got {raw!r}")
         known = {"session_id", "workflow_id", "owner_scope", "node", "step", "admit"}
@@ -105,3 +105,6 @@ class Extension:
     @property
     def default_owner(self) -> str | None:
         return self.owner_scope or self.session_id or self.workflow_id
+
+
+_NONE = Extension()

@@ -459,6 +459,29 @@ async def test_tenants_and_the_ledger_on_vllm(vllm_server: VllmServer, tmp_path:
         stop(second)
 
 
+async def test_a_plain_call_names_its_sequence_by_the_blocks_its_reply_completes(
+    gateway: str,
+) -> None:
+    """A reply that completes no block past the prompt leaves the prompt's prefix cached: its
+    sequence is the prompt's own id; one that completes a block names the longer chain."""
+    from agentclaims.contract import prefix_id_of
+    from agentclaims.engine import hash_token_blocks
+
+    prompt = [3 + (57 + 13 * i) % 997 for i in range(3 * BS + 5)]
+    async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
+        answers = []
+        for max_tokens in (2, 40):  # 102 and 140 computed tokens: 3 and 4 full blocks
+            body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+            body |= {"temperature": 0, "return_token_ids": True}
+            answers.append((await http.post("/v1/completions", json=body)).json())
+    short, long = (a["agentclaims"]["prefix_ids"] for a in answers)
+    assert short["prompt"] == prefix_id_of(hash_token_blocks(prompt, BS))
+    assert short["sequence"] == short["prompt"] == long["prompt"]
+    reply = answers[1]["choices"][0]["token_ids"]
+    assert len(reply) == 40
+    assert long["sequence"] == prefix_id_of(hash_token_blocks((prompt + reply)[: 4 * BS], BS))
+
+
 async def test_a_sequence_claim_holds_the_prompt_and_the_reply_blocks(gateway: str) -> None:
     """`@sequence` on vLLM: the connector holds every full block the request leaves cached,
     the reply's included (all but the reply's last token, whose KV is never computed); the
