@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vllm import KEY, SERVER, cli, layout, start, tiny_model
+from bench_vllm import KEY, layout, serve_vllm, tiny_model
 from passthrough_proxy import make_app
 from servers import free_port, stop
 
@@ -134,8 +134,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        argv = cli("vllm", "serve", "--model", args.model, "--port", str(port))
-        procs.append(start([*on_vllm, *argv, *SERVER, "--claims-key", KEY], url))
+        procs.append(serve_vllm(args.model, port, "--claims-key", KEY, on=on_vllm))
         out = asyncio.run(measure(url, args))
     finally:
         for proc in reversed(procs):

@@ -35,7 +35,7 @@ from typing import Any
 import httpx2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vllm import KEY, SERVER, _timing, cli, layout, pct, start, tiny_model
+from bench_vllm import KEY, _timing, cli, layout, pct, serve_vllm, start, tiny_model
 from servers import free_port, stop
 
 FRONTS = ("gateway", "bare proxy")
@@ -109,8 +109,7 @@ def main() -> None:
     procs: list[subprocess.Popen[bytes]] = []
     pids: dict[str, int] = {}
     try:
-        argv = cli("vllm", "serve", "--model", args.model, "--port", str(ports["vllm"]))
-        procs.append(start([*on_vllm, *argv, *SERVER, "--claims-key", KEY], urls["vllm"]))
+        procs.append(serve_vllm(args.model, ports["vllm"], "--claims-key", KEY, on=on_vllm))
         proxy = str(Path(__file__).with_name("passthrough_proxy.py"))
         fronts = {
             "gateway": [

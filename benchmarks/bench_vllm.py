@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -70,8 +70,10 @@ SETUPS = ("direct", "claims", "learned", "held", "no_claims", "stock")
 WORKLOAD = "supervisor"  # or "plain": an agent and a plain I/O node (--workload)
 PLAIN_TURNS = 6
 CONTEXT_TOKENS = 0  # each agent's own working context, about this many tokens (--context-tokens)
-_CONTEXT_WORDS = ("def", "return", "self", "import", "class", "value", "index", "config")
-_CONTEXT_WORDS += ("result", "parse", "token", "block", "claim", "cache", "agent", "tool")
+_CONTEXT_WORDS = (
+    *("def", "return", "self", "import", "class", "value", "index", "config"),
+    *("result", "parse", "token", "block", "claim", "cache", "agent", "tool"),
+)
 
 
 def context(seed: str, tokens: int | None = None) -> str:
@@ -98,6 +100,15 @@ def start(argv: list[str], url: str, timeout_s: float = 300) -> subprocess.Popen
         except AssertionError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"{' '.join(argv)} did not start") from None
+
+
+def serve_vllm(
+    model: str, port: int, *extra: str, on: Sequence[str] = (), blocks: int = BLOCKS
+) -> subprocess.Popen[bytes]:
+    """``agentclaims vllm serve`` of ``model`` on ``port`` with these benchmarks' pool
+    (``server_args``) and ``extra`` arguments, started (``on``: a ``taskset`` prefix)."""
+    argv = cli("vllm", "serve", "--model", model, "--port", str(port))
+    return start([*on, *argv, *server_args(blocks), *extra], f"http://127.0.0.1:{port}")
 
 
 def cli(*args: str) -> list[str]:
@@ -800,8 +811,7 @@ def main() -> None:
     sessions: dict[str, int] = {}
     try:
         for name, extra in (("vllm", ("--claims-key", KEY)), ("stock_vllm", ("--no-connector",))):
-            argv = cli("vllm", "serve", "--model", model_dir, "--port", str(ports[name]))
-            procs.append(start([*on_vllm, *argv, *server_args(args.blocks), *extra], urls[name]))
+            procs.append(serve_vllm(model_dir, ports[name], *extra, on=on_vllm, blocks=args.blocks))
             sessions["with" if name == "vllm" else "without"] = procs[-1].pid
         for name, upstream in (("gateway", "vllm"), ("stock_gateway", "stock_vllm")):
             argv = cli("serve", "--port", str(ports[name]), "--kv", "vllm")

@@ -278,40 +278,37 @@ class CompletionForwarder:
     ) -> ServeResult:
         """The KV life of vLLM's answer ``data`` (read whole, or put together from a stream):
         the prompt and sequence named, the claims decided from the connector's answer."""
-        bs = self.block_size
         answer = client._answer(data)
         if tokens is None:
             tokens = prompt_ids(data)
         if tokens is not None and prompt_pid is None:
-            hashes = hash_token_blocks(tokens, bs, cache_salt=cache_salt)
-        sequence = sequence_ids(data, tokens, bs)
-        # the prompt's full blocks start the sequence: hashed once, and a reply that fills no
-        # block more names the prompt's own prefix (registered with it)
-        blocks = len(sequence) // bs if sequence else 0
+            hashes = hash_token_blocks(tokens, self.block_size, cache_salt=cache_salt)
+        sequence = sequence_ids(data, tokens, self.block_size)
         seq_hashes = (
-            hashes[:blocks]
-            if blocks <= len(hashes)
-            else hash_token_blocks(sequence or (), bs, cache_salt=cache_salt, known=hashes)
+            hash_token_blocks(  # the prompt's full blocks start the sequence: hashed once
+                sequence,
+                self.block_size,
+                cache_salt=cache_salt,
+                known=hashes[: len(sequence) // self.block_size],
+            )
+            if sequence
+            else []
         )
         if answer.served and tokens is not None:
             self._sight.last_stored = tuple(hashes)
-            if specs:  # what the claims hold, seen stored in vLLM's events
-                footprint = max(
-                    (s.footprint_blocks for s in specs if s.claim_id not in on_reply), default=0
-                )
-                await self._sight.seen_stored(
-                    [*hashes[:footprint], *(seq_hashes if on_reply else ())]
-                )
+            footprint = max(
+                (s.footprint_blocks for s in specs if s.claim_id not in on_reply), default=0
+            )
+            await self._sight.seen_stored([*hashes[:footprint], *(seq_hashes if on_reply else ())])
         # nothing below awaits: where no one holds the lock, it needs no taking
         async with self._lock if self._lock.locked() else _UNLOCKED:
             if tokens is not None and prompt_pid is None:
                 hashes, prompt_pid = self._prompts.register(tokens, cache_salt, hashes)
-            if not blocks:
-                seq_pid = None
-            elif blocks == len(hashes) and prompt_pid is not None:
-                seq_pid = prompt_pid
-            else:
-                seq_pid = self._prompts.register(sequence or (), cache_salt, seq_hashes)[1]
+            # a reply that completes no block past the prompt names the prompt's own prefix:
+            # the book knows it already (``register``)
+            seq_pid = (
+                self._prompts.register(sequence, cache_salt, seq_hashes)[1] if sequence else None
+            )
             specs = [
                 dataclasses.replace(spec, object_id=seq_pid, footprint_blocks=len(seq_hashes))
                 if spec.claim_id in on_reply and seq_pid is not None

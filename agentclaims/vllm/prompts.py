@@ -36,7 +36,8 @@ class PromptBook:
             return hashes, None
         pid = prefix_id_of(hashes)
         known = self._known
-        known[pid] = (tuple(tokens[: len(hashes) * self.block_size]), salt)
+        if pid not in known:  # the id names the salted chain: a known one has these tokens
+            known[pid] = (tuple(tokens[: len(hashes) * self.block_size]), salt)
         known.move_to_end(pid)
         while len(known) > self._max:
             known.popitem(last=False)
