@@ -54,7 +54,7 @@ from servers import free_port, stop, wait_healthy  # noqa: E402
 
 KEY = "bench-claims-key"
 BLOCKS = 97
-MAX_MODEL_LEN = 1024
+MAX_MODEL_LEN = 1024  # (--max-model-len; the tiny model has 2048 positions)
 
 
 def server_args(blocks: int = BLOCKS) -> tuple[str, ...]:
@@ -738,6 +738,7 @@ def medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
+    global MAX_MODEL_LEN, WORKLOAD, CONTEXT_TOKENS
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--workflows", type=int, default=4)
     parser.add_argument("--probes", type=int, default=200)
@@ -786,17 +787,34 @@ def main() -> None:
         "--blocks",
         type=int,
         default=BLOCKS,
-        help=f"each vLLM's KV pool, in blocks of 32 tokens ({BLOCKS}; at least "
-        f"{MAX_MODEL_LEN // 32 + 1}: one max-length request)",
+        help=f"each vLLM's KV pool, in blocks of 32 tokens ({BLOCKS}; above one max-length "
+        "request: --max-model-len / 32)",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        choices=(1024, 2048),
+        default=MAX_MODEL_LEN,
+        help="each vLLM's longest request, in tokens (1024; 2048 for longer contexts)",
+    )
+    parser.add_argument(
+        "--max-batched-tokens",
+        type=int,
+        default=None,
+        help="vLLM's chunked-prefill budget per engine step (--max-num-batched-tokens), the "
+        "same for every vLLM; by default vLLM's own (2048 on CPU). A smaller budget splits the "
+        "other tenant's prefills, so a step that decodes an agent's tokens is shorter",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    MAX_MODEL_LEN = args.max_model_len  # every vLLM's (server_args), and the limits below
+    if args.max_batched_tokens is not None and args.max_batched_tokens < 32:
+        parser.error("--max-batched-tokens must be at least 32 (one block)")
     if args.blocks <= MAX_MODEL_LEN // 32:
         parser.error(f"--blocks must be above {MAX_MODEL_LEN // 32} (one max-length request)")
     # stopped (SIGTERM), it still stops the servers it started (the finally below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.setups = tuple(x for x in args.setups.split(",") if x)
-    global WORKLOAD, CONTEXT_TOKENS
     WORKLOAD, CONTEXT_TOKENS = args.workload, args.context_tokens
     if not 0 <= args.context_tokens < MAX_MODEL_LEN // 2:
         parser.error(f"--context-tokens must be 0 to {MAX_MODEL_LEN // 2 - 1}")
@@ -810,8 +828,11 @@ def main() -> None:
     procs: list[subprocess.Popen[bytes]] = []
     sessions: dict[str, int] = {}
     try:
+        budget = () if args.max_batched_tokens is None else (str(args.max_batched_tokens),)
+        vllm_args = ("--", "--max-num-batched-tokens", *budget) if budget else ()
         for name, extra in (("vllm", ("--claims-key", KEY)), ("stock_vllm", ("--no-connector",))):
-            procs.append(serve_vllm(model_dir, ports[name], *extra, on=on_vllm, blocks=args.blocks))
+            argv = (*extra, *vllm_args)
+            procs.append(serve_vllm(model_dir, ports[name], *argv, on=on_vllm, blocks=args.blocks))
             sessions["with" if name == "vllm" else "without"] = procs[-1].pid
         for name, upstream in (("gateway", "vllm"), ("stock_gateway", "stock_vllm")):
             argv = cli("serve", "--port", str(ports[name]), "--kv", "vllm")
@@ -856,8 +877,11 @@ def report(out: dict[str, Any], args: Any) -> None:
     )
     if args.context_tokens:
         work += f", each agent with its own context of about {args.context_tokens} tokens"
+    if args.max_batched_tokens is not None:
+        work += f"; vLLM steps of at most {args.max_batched_tokens} tokens"
     print(
-        f"{args.workflows} concurrent {work} on vLLM (model {shape}, {args.blocks} blocks x 32 tokens), "
+        f"{args.workflows} concurrent {work} on vLLM (model {shape}, {args.blocks} blocks x 32 tokens, "
+        f"requests of at most {MAX_MODEL_LEN} tokens), "
         f"another tenant sending {args.churn_rate:g} one-shot prompts/s of "
         f"{args.churn_tokens} tokens; layout {out['layout']}\n"
     )
