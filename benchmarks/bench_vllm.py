@@ -738,7 +738,7 @@ def medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    global MAX_MODEL_LEN, WORKLOAD, CONTEXT_TOKENS
+    global MAX_MODEL_LEN, WORKLOAD, CONTEXT_TOKENS, LOG_DIR
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--workflows", type=int, default=4)
     parser.add_argument("--probes", type=int, default=200)
@@ -805,6 +805,9 @@ def main() -> None:
         "same for every vLLM; by default vLLM's own (2048 on CPU). A smaller budget splits the "
         "other tenant's prefills, so a step that decodes an agent's tokens is shorter",
     )
+    parser.add_argument(
+        "--log-dir", default=None, help="write each workflow's outcome log (JSON lines) here"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     MAX_MODEL_LEN = args.max_model_len  # every vLLM's (server_args), and the limits below
@@ -815,7 +818,7 @@ def main() -> None:
     # stopped (SIGTERM), it still stops the servers it started (the finally below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.setups = tuple(x for x in args.setups.split(",") if x)
-    WORKLOAD, CONTEXT_TOKENS = args.workload, args.context_tokens
+    WORKLOAD, CONTEXT_TOKENS, LOG_DIR = args.workload, args.context_tokens, args.log_dir
     if not 0 <= args.context_tokens < MAX_MODEL_LEN // 2:
         parser.error(f"--context-tokens must be 0 to {MAX_MODEL_LEN // 2 - 1}")
     unknown = set(args.setups) - set(SETUPS)
