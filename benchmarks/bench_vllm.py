@@ -831,10 +831,10 @@ def main() -> None:
     procs: list[subprocess.Popen[bytes]] = []
     sessions: dict[str, int] = {}
     try:
-        budget = () if args.max_batched_tokens is None else (str(args.max_batched_tokens),)
-        vllm_args = ("--", "--max-num-batched-tokens", *budget) if budget else ()
+        budget = args.max_batched_tokens  # vLLM's own flag, after agentclaims serve's "--"
+        own = () if budget is None else ("--", "--max-num-batched-tokens", str(budget))
         for name, extra in (("vllm", ("--claims-key", KEY)), ("stock_vllm", ("--no-connector",))):
-            argv = (*extra, *vllm_args)
+            argv = (*extra, *own)
             procs.append(serve_vllm(model_dir, ports[name], *argv, on=on_vllm, blocks=args.blocks))
             sessions["with" if name == "vllm" else "without"] = procs[-1].pid
         for name, upstream in (("gateway", "vllm"), ("stock_gateway", "stock_vllm")):
