@@ -333,6 +333,12 @@ def _learned_costs() -> Any:
     return EngineCosts(prior_reload_s_per_block=0.002)
 
 
+_LEARNING: dict[tuple[str, str], dict[str, Any]] = {}
+"""A set-up's learned graph and waits (``graph``, ``tool_times``), shared by all its workflows
+and runs: what one claimed graph, compiled once and run for every task, learns. Each workflow
+here builds its own graph (its topic is in its prompts), so they are passed on."""
+
+
 async def workflows(
     gateway: Any, n: int, planner: str, label: str, reaction: str = "defer", tool_s: float = TOOL_S
 ) -> dict[str, Any]:
@@ -357,14 +363,23 @@ async def workflows(
     )
     sessions: list[Any] = []
     options: dict[str, Any] = {}
+    setup = (planner, WORKLOAD)
     if planner == "learned":  # ``auto``, planning with the costs learned from vLLM's answers
         planner, options = "auto", {"engine_costs": _learned_costs()}
 
     async def one(i: int) -> float:
         graph, state = make_graph(model, f"{label} topic {i} " + "x" * i, tool_s)
+        learning = _LEARNING.get(setup, {})
         claimed = agentclaims.claimed_session(
-            graph, backend=backend, planner=planner, reaction=reaction, log_dir=LOG_DIR, **options
+            graph,
+            backend=backend,
+            planner=planner,
+            reaction=reaction,
+            log_dir=LOG_DIR,
+            **options,
+            **learning,
         )
+        _LEARNING.setdefault(setup, {"graph": claimed.aeg, "tool_times": claimed.tool_times})
         started = time.monotonic()
         run = claimed.run()
         await run.ainvoke(state)

@@ -218,6 +218,22 @@ class AgentExecutionGraph:
         weights = _smoothed([count for _, count in choice], self._smoothing)
         return plain, dict(zip((target for target, _ in choice), weights, strict=True))
 
+    def comeback_probability(self, node: str) -> float | None:
+        """Chance that ``node``, once it has handed over to another agent step, makes an LLM
+        call again in the same run, learned over the runs observed (``observe_handoffs``);
+        ``None`` before ``node`` was seen hand over.
+
+        It is what a first-order transition model cannot say: a supervisor's conditional edge
+        may route back to a worker at any time, yet in many graphs a worker that returned is
+        done. A Beta(1/8, 1/8) prior on the count of comebacks: one run's handover without a
+        comeback gives 0.1, three give under 0.04."""
+        data = self._node(node)
+        handoffs: int = data.get("handoffs", 0)
+        comebacks: int = data.get("comebacks", 0)
+        if not handoffs:
+            return None
+        return (comebacks + _COMEBACK_PRIOR) / (handoffs + 2 * _COMEBACK_PRIOR)
+
     def _choice_weights(self, node: str) -> list[float]:
         """The probabilities of ``split_transitions`` alone, in the order of its choices, for
         a node known to exist (the STE tracker's hot path: it keeps which successors they
@@ -345,6 +361,21 @@ class AgentExecutionGraph:
             self._count_versions[source] = self._count_versions.get(source, 0) + 1
         self._changed(structure=structure)
 
+    def observe_handoffs(self, node: str, handoffs: int, comebacks: int) -> None:
+        """Learn from one finished run that ``node`` handed over to another agent step
+        ``handoffs`` times and called again after ``comebacks`` of them."""
+        self._node(node)
+        _check_count(handoffs, "handoffs")
+        _check_count(comebacks, "comebacks")
+        if comebacks > handoffs:
+            raise UsageError(
+                "comebacks", f"{comebacks} comebacks after only {handoffs} handoffs of {node!r}"
+            )
+        data = self._node(node)
+        data["handoffs"] = data.get("handoffs", 0) + handoffs
+        data["comebacks"] = data.get("comebacks", 0) + comebacks
+        self._changed(structure=False)
+
     def observe_run(self, path: Sequence[str]) -> None:
         """Learn one complete run: each consecutive pair of ``path`` is a transition.
 
@@ -387,6 +418,11 @@ class AgentExecutionGraph:
                     "prefixes": sorted(data["prefixes"]),
                     "targets_unknown": data["targets_unknown"],
                     "joins": [sorted(g) for g in data["joins"]],
+                    **(
+                        {"handoffs": data["handoffs"], "comebacks": data["comebacks"]}
+                        if data.get("handoffs")
+                        else {}
+                    ),
                 }
                 for name, data in self._g.nodes(data=True)
             ],
@@ -421,6 +457,9 @@ class AgentExecutionGraph:
                         prefixes=node.get("prefixes", ()),
                         targets_unknown=node.get("targets_unknown", False),
                     )
+            for node in nodes:
+                if node.get("handoffs"):
+                    graph.observe_handoffs(node["name"], node["handoffs"], node["comebacks"])
             for edge in data["edges"]:
                 source, target = edge["source"], edge["target"]
                 graph.add_edge(source, target, edge["kind"], count=edge["count"])
@@ -484,6 +523,10 @@ class AgentExecutionGraph:
             self.structure_version += 1
 
 
+_COMEBACK_PRIOR = 0.125
+"""Each of the Beta prior's two pseudo-counts in ``comeback_probability``."""
+
+
 def _node_attrs(
     kind: str, prefixes: frozenset[str], targets_unknown: bool = False
 ) -> dict[str, Any]:
@@ -501,6 +544,6 @@ def _check_name(field: str, name: object) -> None:
         raise UsageError(field, f"must be a non-empty string, got {name!r}")
 
 
-def _check_count(count: object) -> None:
+def _check_count(count: object, field: str = "count") -> None:
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise UsageError("count", f"must be an integer >= 0, got {count!r}")
+        raise UsageError(field, f"must be an integer >= 0, got {count!r}")

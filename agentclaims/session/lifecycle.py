@@ -133,6 +133,8 @@ class SessionLifecycle:
         else:
             reason = self._ending if self._ending == "closed" else "error"
         s.end_reason = reason
+        if reason == "completed":
+            s.workflow.finish()  # what the graph learns from a whole run
         try:
             # release even when the workflow was cancelled: shield the cleanup
             await asyncio.shield(s.release_all())

@@ -78,6 +78,9 @@ class WorkflowModel:
         self._tools_without_calls: set[str] = set()  # nodes seen running tools unasked
         self._after_reply_cache: dict[tuple[str, bool], tuple[tuple[str, ...], str]] = {}
         self._after_reply_of: tuple[AgentExecutionGraph, int] | None = None
+        self._caller: str | None = None  # the node that made the last LLM call
+        self._handed_over: set[str] = set()  # nodes that handed over and have not called since
+        self._handoffs: dict[str, list[int]] = {}  # node -> [handoffs, comebacks] this run
 
     # ------------------------------------------------------------------ the graph
     @property
@@ -131,12 +134,47 @@ class WorkflowModel:
         same_step = step is not None and step == self._last_step
         if node != self.last_node or (waited is not None and not same_step):
             self.enter_node(node)
+        self._hand_over(node, same_step)
         self._last_step = step
         if not self.graph.prefixes_of(node):
             self.graph.add_node(node, kind="agent", prefixes=[f"node:{node}"])
         self.tracker.move({node})
         self._steps[node] = self._relative_step(node, step)
         return self._steps[node]
+
+    def _hand_over(self, node: str, same_step: bool) -> None:
+        """Count ``node``'s call as a handover from the last caller (another agent step, not
+        one running beside it: in the same step of the same graph level, as a ``Send``
+        fan-out does), and as a comeback if ``node`` had handed over."""
+        last, self._caller = self._caller, node
+        if node in self._handed_over:
+            self._handed_over.discard(node)
+            self._handoffs[node][1] += 1
+        if last is None or last == node or last not in self.graph:
+            return
+        beside = same_step and last.rpartition(":")[0] == node.rpartition(":")[0]
+        if not beside:
+            self._handed_over.add(last)
+            self._handoffs.setdefault(last, [0, 0])[0] += 1
+
+    def finish(self) -> None:
+        """The run completed: teach the graph how often each step that handed over called
+        again (``AgentExecutionGraph.comeback_probability``). A run cut short teaches
+        nothing (its steps might have come back)."""
+        for node, (handoffs, comebacks) in self._handoffs.items():
+            if node in self.graph:
+                self.graph.observe_handoffs(node, handoffs, comebacks)
+        self._handoffs.clear()
+
+    def reuse_probability(self, node: str) -> float:
+        """Chance that ``node`` calls again within the horizon: the transition model's, and
+        no more than the graph learned of steps like it that handed over (``node`` has)."""
+        p = self.tracker.node_reuse(node).probability
+        if node in self._handed_over:
+            learned = self.graph.comeback_probability(node)
+            if learned is not None:
+                return min(p, learned)
+        return p
 
     def _relative_step(self, node: str, step: object) -> int | None:
         """``step`` counted from this run's first step at ``node``'s graph level: LangGraph's
@@ -326,7 +364,7 @@ class WorkflowModel:
                 prefix_id=prefix_id,
                 footprint_blocks=prefix_blocks(prefix_id),
                 ste=tracker.near_ste(other),
-                reuse_probability=tracker.node_reuse(other).probability,
+                reuse_probability=self.reuse_probability(other),
                 waiting_on="llm",
             )
             if self.planner.revise(ctx, plan, None) == "release":

@@ -52,7 +52,7 @@ _WATCH = re.compile(
 )
 """``agentclaims_vllm.watch.LINE`` (the connector's distribution is not importable here)."""
 _WORKER_DIED = re.compile(
-    r"Worker proc (?P<name>\S+) died unexpectedly \(exit code: (?P<code>-?\d+)"
+    r"Worker proc (?P<name>\S+) died unexpectedly \(exit code: (?P<code>-?\d+|None)"
 )
 """vLLM's own line, when its monitor saw the exit status (a signal is its negative)."""
 _FAULTS = {
@@ -89,40 +89,67 @@ def read_state(kv_events: str) -> dict[str, Any] | None:
 
 @dataclass
 class DeathCause:
-    """What vLLM's processes said as they died, in the order they said it."""
+    """What vLLM's processes said as they died, in the order they said it.
 
-    signal: str | None = None
-    """The signal a vLLM process ended by (``SIGILL``): from the watch plugin's line, else
-    vLLM's own exit code, else Python's fault handler (the watch may lose the race to vLLM's
-    own reaping of the child)."""
-    process: str | None = None
-    """Which one (``VLLM::Worker (pid 2886)``)."""
+    The death is named after the first process that ended badly (the watch plugin's line, an
+    orphan the supervisor reaped, vLLM's own exit code), with one exception: once vLLM's
+    monitor says a worker "died unexpectedly", the death began there, and what follows (vLLM
+    tearing down its engine core with SIGTERM, the supervisor stopping the rest) is its
+    consequence. The cause is then the worker's end, or no signal at all if none names it."""
+
     lines: list[str] = field(default_factory=list)
     """vLLM's own reasons (at most one of each kind)."""
+    worker_died: bool = False
+    """vLLM's monitor saw a worker die unexpectedly."""
+    _ends: list[_End] = field(default_factory=list, repr=False)
+    _fault: str | None = field(default=None, repr=False)
     _kinds: set[int] = field(default_factory=set, repr=False)
 
-    def orphan(self, name: str, pid: int, signame: str) -> None:
-        """A vLLM process reaped by the supervisor (orphaned: its parent died before reaping
-        it) ended by ``signame``."""
-        if self.signal is None:
-            self.signal = signame
-            self.process = f"{name} (pid {pid})"
+    @property
+    def signal(self) -> str | None:
+        """The signal the death began with (``SIGILL``): from the watch plugin's line, else
+        vLLM's own exit code, else an orphan's status, else Python's fault handler (the watch
+        may lose the race to vLLM's own reaping of the child)."""
+        end = self._cause()
+        return end.signal if end is not None and end.signal else self._fault
 
-    def read(self, line: str) -> bool:
-        """Keep what ``line`` tells of a death; whether it told anything."""
+    @property
+    def process(self) -> str | None:
+        """Which process (``VLLM::Worker (pid 2886)``)."""
+        end = self._cause()
+        return None if end is None else end.process
+
+    def _cause(self) -> _End | None:
+        ends = (  # what a teardown did after a worker's death, or a stop, names nothing
+            [e for e in self._ends if e.worker]
+            if self.worker_died
+            else [e for e in self._ends if not e.stopping]
+        )
+        return next((e for e in ends if e.signal), ends[0] if ends else None)
+
+    def orphan(self, name: str, pid: int, signame: str) -> None:
+        """A vLLM process the supervisor saw end (an orphan it reaped, or a zombie not yet
+        reaped by its parent) ended by ``signame``."""
+        process = f"{name} (pid {pid})"
+        if all(e.process != process for e in self._ends):  # a zombie is seen until reaped
+            self._ends.append(_End(signame, process, _is_worker(name), False))
+
+    def read(self, line: str, *, stopping: bool = False) -> bool:
+        """Keep what ``line`` tells of a death; whether it told anything. ``stopping``: the
+        supervisor is stopping vLLM (the ends it causes name nothing, unless a worker's)."""
         told = False
         if (m := _WATCH.search(line)) is not None and (m["signal"] or m["status"] != "0"):
-            if self.signal is None and self.process is None:
-                self.signal = m["signal"]
-                self.process = f"{m['name']} (pid {m['pid']})"
+            process = f"{m['name']} (pid {m['pid']})"
+            self._ends.append(_End(m["signal"], process, _is_worker(m["name"]), stopping))
             told = True
-        if self.signal is None and (w := _WORKER_DIED.search(line)) and int(w["code"]) < 0:
+        if (w := _WORKER_DIED.search(line)) is not None and not stopping:
+            self.worker_died = True
             with contextlib.suppress(ValueError):  # the watch lost the race to vLLM's reaping
-                self.signal = signal.Signals(-int(w["code"])).name
-                self.process = self.process or w["name"]
+                if (code := int(w["code"])) < 0:
+                    self._ends.append(_End(signal.Signals(-code).name, w["name"], True, False))
         fault = line.partition("Fatal Python error: ")[2].strip()
-        if self.signal is None and fault in _FAULTS:
-            self.signal = _FAULTS[fault]
+        if self._fault is None and fault in _FAULTS:
+            self._fault = _FAULTS[fault]
         for kind, pattern in enumerate(_VLLM_REASONS):
             if (r := pattern.search(line)) is not None:
                 if kind not in self._kinds:  # each kind once: a traceback repeats itself
@@ -136,14 +163,29 @@ class DeathCause:
         return bool(self.signal or self.process or self.lines)
 
     def __str__(self) -> str:
+        signame, process = self.signal, self.process
         head = (
-            f"vLLM's {self.process or 'process'} was killed by {self.signal}"
-            if self.signal
-            else f"vLLM's {self.process} exited with an error"
-            if self.process
+            f"vLLM's {process or 'process'} was killed by {signame}"
+            if signame
+            else f"vLLM's {process} exited with an error"
+            if process
             else "vLLM's engine died"
         )
         return head + (f" (vLLM: {'; '.join(self.lines)})" if self.lines else "")
+
+
+@dataclass(frozen=True)
+class _End:
+    """One vLLM process that ended badly, as the supervisor learned it."""
+
+    signal: str | None  # None: an error exit status
+    process: str
+    worker: bool
+    stopping: bool  # seen while the supervisor stopped vLLM
+
+
+def _is_worker(name: str) -> bool:
+    return name.startswith(("VLLM::Worker", "VllmWorker"))
 
 
 class Supervisor:
@@ -247,8 +289,8 @@ class Supervisor:
         for line in proc.stdout:
             self.out.write(line)
             self.out.flush()
-            if not self._stop.is_set():
-                self.cause.read(line)
+            if not self._stop.is_set():  # a stop asked for: its lines name no death
+                self.cause.read(line, stopping=self._stopping.is_set())
 
     def _reap_orphans(self, proc: subprocess.Popen[str]) -> None:
         """The supervisor is a child subreaper: a vLLM process whose parent died before

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from agentclaims_vllm import amx, watch
 from agentclaims_vllm.amx import AmxPermission, cpu_has_amx, request_amx_permission
+from hypothesis import given
+from hypothesis import strategies as st
 
 WITH_AMX = "processor\t: 0\nflags\t\t: fpu sse avx512f amx_bf16 amx_tile amx_int8\n"
 WITHOUT_AMX = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n"
@@ -165,3 +167,56 @@ def test_the_signal_is_named_when_the_watch_lost_the_race_to_vllms_reaping() -> 
     assert unknown.signal is None
     assert str(unknown).startswith("vLLM's engine died (vLLM: Worker proc VllmWorker-0 died")
     assert not DeathCause().read("INFO 12-01 [api_server.py:1] Starting vLLM API server")
+
+
+_ENGINE_CORE_TERMINATED = (
+    "(APIServer pid=2) ERROR [watch.py:79] agentclaims: vLLM process VLLM::EngineCor "
+    "(pid 3) ended by signal SIGTERM (15)"
+)
+_WORKER_DIED_NO_CODE = (
+    "(EngineCore pid=3) ERROR [multiproc_executor.py:315] Worker proc VllmWorker-0 died "
+    "unexpectedly (exit code: None), shutting down executor."
+)
+_WORKER_KILLED = (
+    "(EngineCore pid=3) ERROR [watch.py:79] agentclaims: vLLM process VLLM::Worker (pid 4) "
+    "ended by signal SIGKILL (9)"
+)
+
+
+@given(order=st.permutations([_ENGINE_CORE_TERMINATED, _WORKER_DIED_NO_CODE, _WORKER_KILLED]))
+def test_a_workers_death_is_named_not_the_teardown_that_followed_it(order: list[str]) -> None:
+    """vLLM SIGTERMs its engine core after a worker died: in whatever order the lines of the
+    three processes reach the supervisor, the worker's signal names the death."""
+    from agentclaims.vllm.supervise import DeathCause
+
+    cause = DeathCause()
+    for line in order:
+        cause.read(line)
+    assert (cause.signal, cause.process) == ("SIGKILL", "VLLM::Worker (pid 4)")
+    assert str(cause).startswith("vLLM's VLLM::Worker (pid 4) was killed by SIGKILL (vLLM: ")
+
+
+def test_without_the_workers_signal_the_teardown_is_not_named_in_its_place() -> None:
+    from agentclaims.vllm.supervise import DeathCause
+
+    cause = DeathCause()
+    cause.read(_ENGINE_CORE_TERMINATED)
+    assert cause.signal == "SIGTERM"  # alone, the engine core's end is the death
+    cause.read(_WORKER_DIED_NO_CODE)
+    assert (cause.signal, cause.process) == (None, None)
+    assert str(cause) == (
+        "vLLM's engine died (vLLM: Worker proc VllmWorker-0 died unexpectedly (exit code: None))"
+    )
+    cause.orphan("VLLM::Worker", 4, "SIGILL")  # its zombie, seen before vLLM reaped it
+    cause.orphan("VLLM::Worker", 4, "SIGILL")
+    assert str(cause).startswith("vLLM's VLLM::Worker (pid 4) was killed by SIGILL")
+
+
+def test_what_the_supervisors_own_stop_ends_names_no_death() -> None:
+    from agentclaims.vllm.supervise import DeathCause
+
+    cause = DeathCause()
+    assert cause.read(_ENGINE_CORE_TERMINATED, stopping=True)
+    assert (cause.signal, cause.process) == (None, None)
+    cause.read("Fatal Python error: Segmentation fault")
+    assert cause.signal == "SIGSEGV"  # Python's own words still count
