@@ -71,3 +71,39 @@ def test_a_first_run_without_a_comeback_is_not_yet_enough_to_give_up_on_a_step()
     assert g.comeback_probability("worker") == pytest.approx(0.1)
     g.observe_handoffs("worker", 2, 0)
     assert g.comeback_probability("worker") < 0.05  # type: ignore[operator]
+
+
+@given(st.lists(st.sampled_from(["supervisor", "researcher", "writer"]), max_size=30))
+def test_a_runs_handoffs_and_comebacks_are_counted_from_its_calls(calls: list[str]) -> None:
+    """Whatever order the agents call in: each change of caller is one handover of the one
+    before, and a comeback of the new one if it had handed over; the graph learns them only
+    when the run completes."""
+    from agentclaims.graph import ToolTimeModel
+    from agentclaims.planner import ClaimPlanner
+    from agentclaims.session.workflow import WorkflowModel
+
+    graph = AgentExecutionGraph()
+    model = WorkflowModel(
+        graph,
+        ClaimPlanner(),
+        ToolTimeModel(),
+        horizon=4,
+        reload_s_per_block=0.01,
+        queue_delay_s=0.05,
+        clock=lambda: 0.0,
+    )
+    for step, node in enumerate(calls):  # one call a step: nothing runs beside another
+        model.before_call(node, step)
+        model.after_call(node, ())
+    changes = [a for a, b in zip(calls, calls[1:], strict=False) if a != b]
+    assert all(graph.comeback_probability(n) is None for n in set(calls))  # not yet
+    model.finish()
+    for node in set(calls):
+        handoffs = changes.count(node)
+        # it came back after every handover but one that ended its part of the run
+        comebacks = handoffs - (1 if handoffs and calls[-1] != node else 0)
+        p = graph.comeback_probability(node)
+        if handoffs == 0:
+            assert p is None
+        else:
+            assert p == pytest.approx((comebacks + 0.125) / (handoffs + 0.25))

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,12 +83,14 @@ def serve_vllm(
     connector: bool = True,
     env: dict[str, str] | None = None,
     ready: bool = True,
+    extra: Sequence[str] = (),
 ) -> Iterator[VllmServer]:
     """`agentclaims vllm serve --dev-mode` (``/reset_prefix_cache`` for fresh conformance
     instances), with the connector (41 blocks x 32 tokens, max length 256) or stock
     (``connector=False``), its KV events on an ipc:// endpoint of its own, on a free loopback
     port, once it says it is ready (``ready=False``: as soon as it started; ``env``: more
-    environment for it); stopped (its whole process group) at the end."""
+    environment for it; ``extra``: more of vLLM's own arguments); stopped (its whole
+    process group) at the end."""
     python = _vllm_python()
     port = free_port()
     where = tmp_path_factory.mktemp(f"vllm-{name}")
@@ -105,7 +107,7 @@ def serve_vllm(
                 *_cli("vllm", "serve", "--model", tiny_model, "--port", str(port)),
                 *("--python", python, "--kv-events", events, "--dev-mode", *claims),
                 # tool-using agents (create_agent sends tool_choice "auto"): vLLM's text parser
-                *("--", "--enable-auto-tool-choice", "--tool-call-parser", "pythonic"),
+                *("--", "--enable-auto-tool-choice", "--tool-call-parser", "pythonic", *extra),
             ],
             stdout=sink,
             stderr=subprocess.STDOUT,

@@ -18,7 +18,7 @@ import httpx2
 import pytest
 from agentclaims_vllm.channel import call
 from agentclaims_vllm.signing import sign
-from conftest import ALWAYS_HELD, VllmServer
+from conftest import ALWAYS_HELD, VllmServer, serve_vllm
 from servers import gateway_process, start_gateway, stop
 
 from agentclaims.backends import HTTPBackend
@@ -404,3 +404,65 @@ def test_the_connector_serves_on_after_a_channel_client_dies_mid_line(
     )
     assert answer.status_code == 200
     assert call(path, {"v": 1})["ok"] is False  # answered: not signed
+
+
+async def _engine_count(http: httpx2.AsyncClient, gauge: str) -> float:
+    """One of vLLM's own gauges (``vllm:num_requests_waiting``), summed over its labels."""
+    text = (await http.get("/metrics")).text
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith((gauge + "{", gauge + " "))
+    )
+
+
+async def _until(http: httpx2.AsyncClient, gauge: str, at_least: float, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while await _engine_count(http, gauge) < at_least:
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+async def test_a_release_riding_on_the_call_that_reuses_its_prefix_keeps_it_held_till_it_runs(
+    tiny_model: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """An agent's next call lets go of the claim on its last sequence, whose blocks it starts
+    with. While that call waits in vLLM's queue (one seat here, taken by long answers), the
+    prefix stays held: released on arrival, its blocks would sit in the free queue, where
+    other requests' allocations take them just before the call's reuse. Once the call has
+    its blocks the claim goes, and the call's answer says so, with the prefix a cache hit."""
+    from agentclaims.vllm import ConnectorClient
+
+    with serve_vllm(tiny_model, tmp_path_factory, "one-seat", extra=("--max-num-seqs", "1")) as s:
+        client = ConnectorClient(s.url, s.key, model=s.model)
+        try:
+            first = await client.complete([1], max_tokens=1)
+            client.skip_events(first.last_seq)
+            prefix = [5 + i % 900 for i in range(3 * 32)]
+            hold = {"op": "hold", "claim_id": "seat-1", "mode": "hard_protected", "ttl_s": 60}
+            held = await client.complete(prefix, [hold], max_tokens=1)
+            assert held.result_of("seat-1")["decision"] == "accepted"
+            blocks = held.held_blocks
+            assert blocks >= 3
+            async with httpx2.AsyncClient(base_url=s.url, timeout=60) as http:
+                busy = [  # long answers, one after another in the only seat
+                    asyncio.ensure_future(client.complete([700 + i] * 8, max_tokens=240))
+                    for i in range(3)
+                ]
+                await _until(http, "vllm:num_requests_running", 1, "no long answer ran")
+                release = {"op": "release", "claim_id": "seat-1"}
+                reuse = asyncio.ensure_future(
+                    client.complete([*prefix, *range(40, 60)], [release], max_tokens=1)
+                )
+                await _until(http, "vllm:num_requests_waiting", 3, "the call never queued")
+                waiting = await client.operate([])  # over the channel, between two steps
+                assert await _engine_count(http, "vllm:num_requests_waiting") >= 1
+                assert waiting.held_blocks == blocks  # still held while its reuser waits
+                answer = await reuse
+                await asyncio.gather(*busy)
+            [result] = [r for r in answer.results if r.get("claim_id") == "seat-1"]
+            assert result == {**result, "op": "release", "ok": True, "state": "expired"}
+            assert answer.cached_tokens >= 3 * 32
+            assert (await client.operate([])).held_blocks == 0
+        finally:
+            await client.aclose()

@@ -21,7 +21,11 @@ or defer a request that would need held blocks. Claim operations ride on request
      "sig": "<hmac-sha256>"}
 
 ``release`` and ``renew`` apply when the request arrives; ``hold`` when it finishes, on its own
-leading full blocks (before vLLM frees them). An operation may name its own ``tenant`` (the
+leading full blocks (before vLLM frees them). A release of a claim whose prefix the request
+itself starts with (an agent's next call letting go of the claim on its last one) applies
+once the request has its blocks (vLLM allocated them; or it ended first): the prefix stays
+held while the request waits in vLLM's queue, where other requests' allocations would evict
+it just before its reuse. An operation may name its own ``tenant`` (the
 gateway puts any tenant's pending releases on whichever request goes out next); else the
 envelope's. The answer comes back in the response's ``kv_transfer_params["agentclaims"]``: the
 decisions, the claim events after ``since``, and ``deferred_s`` when held claims kept the
@@ -53,6 +57,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 from vllm.logger import init_logger
+from vllm.v1.core.kv_cache_utils import get_block_hash
 
 from agentclaims_vllm.channel import OpsChannel
 from agentclaims_vllm.churn import PoolChurn
@@ -161,6 +166,9 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         self._nonces = NonceWindow()
         self._ops: dict[str, dict[str, Any]] = {}  # request id -> its verified envelope
         self._receipts: dict[str, list[dict[str, Any]]] = {}  # request id -> op results
+        self._staged: dict[str, list[tuple[Release, str]]] = {}
+        """request id -> releases (and their tenants) of the prefix it reuses, applied once
+        it has its blocks (``update_state_after_alloc``) or ends (``request_finished``)."""
         self._refusals: dict[str, Any] = {}  # request id -> its refusal verdict, to abort
         self._refused_params: dict[str, dict[str, Any]] = {}  # answers of aborted refusals
         self._pending_refusals: dict[str, Any] = {}
@@ -235,7 +243,7 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         if reason is not None:
             self._receipts[rid] = [{"ok": False, "reason": reason}]
             return
-        self._receipts[rid] = self._apply(envelope)
+        self._receipts[rid] = self._apply(envelope, request)
         self._ops[rid] = envelope
 
     def _rejected(self, envelope: Any, request_id: str | None) -> str | None:
@@ -249,9 +257,12 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         self.book.emit("claim_operations_rejected", request_id=request_id, reason=reason)
         return reason
 
-    def _apply(self, envelope: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def _apply(
+        self, envelope: Mapping[str, Any], request: Request | None = None
+    ) -> list[dict[str, Any]]:
         """The operations of a verified envelope that apply now (all but ``hold``, which
-        applies when its request finishes), each under its own tenant or the envelope's."""
+        applies when its request finishes, and a release of the prefix ``request`` reuses,
+        which applies once it has its blocks), each under its own tenant or the envelope's."""
         default = str(envelope.get("tenant") or "default")
         results: list[dict[str, Any]] = []
         book = self.book
@@ -264,6 +275,9 @@ class AgentClaimsConnector(KVConnectorBase_V1):
                 results.append({"op": exc.kind, "ok": False, "reason": exc.reason})
                 continue
             if isinstance(op, Release):
+                if request is not None and self._reuses(request, op.claim_id):
+                    self._staged.setdefault(request.request_id, []).append((op, default))
+                    continue
                 results.append(
                     book.release(op.claim_id, op.tenant or default, evict_first=op.evict_first)
                 )
@@ -276,6 +290,22 @@ class AgentClaimsConnector(KVConnectorBase_V1):
                 kept = self._answers.pop(op.nonce, None)
                 results.append({"op": op.op, "ok": kept is not None, "answer": kept})
         return results
+
+    def _reuses(self, request: Request, claim_id: str) -> bool:
+        """Whether ``request`` starts with the first block claim ``claim_id`` holds."""
+        hold = self.book.holds.get(claim_id)
+        if hold is None or not hold.blocks or not request.block_hashes:
+            return False
+        first = hold.blocks[0].block_hash
+        return first is not None and get_block_hash(first) == request.block_hashes[0]
+
+    def _release_staged(self, request_id: str) -> list[dict[str, Any]]:
+        """Apply the releases staged for ``request_id`` (it has its blocks, or ended)."""
+        book = self.book
+        return [
+            book.release(op.claim_id, op.tenant or tenant, evict_first=op.evict_first)
+            for op, tenant in self._staged.pop(request_id, ())
+        ]
 
     @staticmethod
     def _holds(envelope: Mapping[str, Any]) -> list[Hold | MalformedOp]:
@@ -439,7 +469,10 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         if self._book is not None:
-            self._book.admitted(request.request_id)  # it runs: a wait the holds caused ends
+            rid = request.request_id
+            self._book.admitted(rid)  # it runs: a wait the holds caused ends
+            if rid in self._staged:  # its prefix is its own now: the claim on it may go
+                self._receipts.setdefault(rid, []).extend(self._release_staged(rid))
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         if self._book is not None:
@@ -469,7 +502,7 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         refusal = self._pending_refusals.pop(rid, None)
         if envelope is None and results is None and refusal is None and held_back is None:
             return False, None  # a plain request held claims never touched: nothing to tell
-        results = list(results or ())
+        results = [*(results or ()), *self._release_staged(rid)]  # (ended before its blocks)
         if envelope is not None and refusal is None:  # a refused request computed no blocks
             tenant = str(envelope.get("tenant") or "default")
             run = self._leading_cached(block_ids)
