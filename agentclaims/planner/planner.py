@@ -191,6 +191,10 @@ class PrefixContext:
     """How long an unheld block freed now survives the engine's evictions (from its KV
     events: free blocks / evicted blocks per second; ``inf``: it evicts nothing lately;
     ``None``: unknown, as on a backend that does not say)."""
+    admission_s: float = 0.0
+    """How long the next call may take to reach the prefix after it is sent (the session's
+    recent LLM-call latency): a call queued in a busy engine finds its prefix only when it is
+    scheduled, so an unheld prefix must survive the wait and this."""
 
     def __post_init__(self) -> None:
         if not self.prefix_id:
@@ -205,7 +209,7 @@ class PrefixContext:
             )
         if not 0.0 <= self.pressure <= 1.0:
             raise UsageError("pressure", f"must be within [0, 1], got {self.pressure}")
-        for name in ("expected_wait_s", "ttl_s"):
+        for name in ("expected_wait_s", "ttl_s", "admission_s"):
             value = getattr(self, name)
             if value is not None and not (value >= 0 and math.isfinite(value)):
                 raise UsageError(name, f"must be a finite number >= 0, got {value}")
@@ -216,12 +220,13 @@ class PrefixContext:
     def pool_keeps(self, factor: float) -> bool:
         """Whether the pool keeps the prefix through the predicted wait unheld: the engine
         said how long a block freed now survives its evictions, and that is at least
-        ``factor`` times the wait. Unknown survival or wait: it may not (fail closed); an
-        infinite ``factor``: never (even a pool that evicts nothing)."""
+        ``factor`` times the wait and the next call's way to the prefix (``admission_s``).
+        Unknown survival or wait: it may not (fail closed); an infinite ``factor``: never
+        (even a pool that evicts nothing)."""
         survival, wait = self.pool_survival_s, self.expected_wait_s
         if survival is None or wait is None or math.isinf(factor):
             return False
-        return survival >= factor * wait
+        return survival >= factor * (wait + self.admission_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,7 +141,7 @@ class SessionCalls:
             st.deferrals += 1
             st.deferral_s += held_back
         pressed = call.retried or held_back > 0
-        s.note_call(retried=pressed)
+        s.note_call(retried=pressed, latency_s=call.latency_s)
         pool = extension.get("pool")  # the engine's churn, where it says (vLLM: KV events)
         s.workflow.note_pool(pool)
         costs = s.engine_costs

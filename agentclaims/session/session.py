@@ -343,9 +343,10 @@ class ClaimedSession:
         """Wait for claim work still in flight; re-raises its error (e.g. ``ClaimRefused``)."""
         await self.calls.settle()
 
-    def note_call(self, *, retried: bool) -> None:
-        """Record an answered LLM call; one that needed a retry met memory pressure."""
-        self.workflow.note_call(retried=retried)
+    def note_call(self, *, retried: bool, latency_s: float | None = None) -> None:
+        """Record an answered LLM call (``latency_s``: send to answer); one that needed a
+        retry met memory pressure."""
+        self.workflow.note_call(retried=retried, latency_s=latency_s)
 
     def plan_after_call(
         self, node: str, prefix_id: str, tool_names: Sequence[str] = ()

@@ -64,6 +64,9 @@ class WorkflowModel:
         self.clock = clock
         self.pressure = 0.0
         """Recent share of LLM calls the backend deferred or refused (EWMA, 0..1)."""
+        self.call_latency_s = 0.0
+        """Recent LLM-call latency, send to answer (EWMA; 0 before any): how long a next call
+        may take to reach its prefix in a busy engine (``PrefixContext.admission_s``)."""
         self.pool_survival_s: float | None = None
         """How long an unheld block freed now survives the engine's evictions, as its last
         answer said (``inf``: it evicts nothing lately; ``None``: unknown)."""
@@ -209,10 +212,14 @@ class WorkflowModel:
                 survival = float(said)
         self.pool_survival_s = survival
 
-    def note_call(self, *, retried: bool) -> None:
-        """Record an answered LLM call; one that needed a retry (deferred or refused first)
-        met memory pressure. ``pressure`` is the recent share of such calls."""
+    def note_call(self, *, retried: bool, latency_s: float | None = None) -> None:
+        """Record an answered LLM call (``latency_s``: send to answer); one that needed a
+        retry (deferred or refused first) met memory pressure. ``pressure`` is the recent
+        share of such calls."""
         self.pressure = update_pressure(self.pressure, retried)
+        if latency_s is not None and math.isfinite(latency_s) and latency_s >= 0:
+            last = self.call_latency_s
+            self.call_latency_s = latency_s if not last else last + 0.3 * (latency_s - last)
 
     # ------------------------------------------------------------------ tools
     def agent_of_tool(self, node: str | None) -> str:
@@ -294,6 +301,7 @@ class WorkflowModel:
             ttl_s=ttl,
             pressure=self.pressure,
             pool_survival_s=self.pool_survival_s,
+            admission_s=self.call_latency_s,
         )
 
     def _after_reply(self, node: str) -> tuple[tuple[str, ...], str]:

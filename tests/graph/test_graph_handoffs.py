@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -95,7 +97,7 @@ def test_a_runs_handoffs_and_comebacks_are_counted_from_its_calls(calls: list[st
     for step, node in enumerate(calls):  # one call a step: nothing runs beside another
         model.before_call(node, step)
         model.after_call(node, ())
-    changes = [a for a, b in zip(calls, calls[1:], strict=False) if a != b]
+    changes = [a for a, b in itertools.pairwise(calls) if a != b]
     assert all(graph.comeback_probability(n) is None for n in set(calls))  # not yet
     model.finish()
     for node in set(calls):

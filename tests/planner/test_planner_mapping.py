@@ -220,13 +220,15 @@ def test_a_soft_mode_that_is_no_soft_claim_is_refused():
     **CONTEXTS,
     preset=st.sampled_from(["default", "held", "ranked", "aggressive"]),
     survival=st.one_of(st.none(), st.floats(0, 1e4), st.just(math.inf)),
+    admission=st.floats(0, 100),
 )
 def test_no_claim_only_where_the_engine_says_its_pool_keeps_the_prefix(
-    p, ste, wait, pressure, waiting, preset, survival
+    p, ste, wait, pressure, waiting, preset, survival, admission
 ):
     """Property: a prefix is left unclaimed for the pool's sake exactly where the engine's
     figure says an unheld block survives at least ``pool_keeps_factor`` times the predicted
-    wait; unknown survival (or an unknown wait) plans as if the engine had said nothing."""
+    wait and the next call's way to the prefix (``admission_s``); unknown survival (or an
+    unknown wait) plans as if the engine had said nothing."""
     planner_ = ClaimPlanner(PlannerPolicy.named(preset))
     base = {
         "reuse_probability": p,
@@ -234,11 +236,12 @@ def test_no_claim_only_where_the_engine_says_its_pool_keeps_the_prefix(
         "expected_wait_s": wait,
         "pressure": pressure,
         "waiting_on": waiting,
+        "admission_s": admission,
     }
     said = planner_.plan(ctx(pool_survival_s=survival, **base))
     silent = planner_.plan(ctx(**base))
     factor = planner_.policy.pool_keeps_factor
-    keeps = survival is not None and wait is not None and survival >= factor * wait
+    keeps = survival is not None and wait is not None and survival >= factor * (wait + admission)
     if keeps:
         assert said.mode is None
         assert "pool keeps" in said.reason
@@ -251,6 +254,11 @@ def test_a_pool_that_evicts_nothing_needs_no_claim_and_a_churning_one_does() -> 
     base = {"reuse_probability": 1.0, "waiting_on": "tool", "expected_wait_s": 0.5}
     assert held_.plan(ctx(pool_survival_s=math.inf, **base)).mode is None
     assert held_.plan(ctx(pool_survival_s=1.2, **base)).mode is not None  # < 4 x 0.5 s
+    # a queued next call reaches its prefix late: the pool must keep it through that too
+    assert held_.plan(ctx(pool_survival_s=3.0, **base)).mode is None
+    assert held_.plan(ctx(pool_survival_s=3.0, admission_s=1.0, **base)).mode is not None
+    with pytest.raises(UsageError, match="admission_s"):
+        ctx(admission_s=-1.0)
     with pytest.raises(UsageError, match="pool_survival_s"):
         ctx(pool_survival_s=-1.0)
     with pytest.raises(UsageError, match="pool_keeps_factor"):

@@ -39,3 +39,16 @@ def test_a_wait_under_way_is_forecast_from_what_remains_of_it() -> None:
     assert (mid.expected_wait_s, mid.ttl_s, mid.waiting_on) == (8.0, 8.0, "tool")
     # without mid_wait it is the next call's context, as before (no tools: not a tool wait)
     assert model.context("agent", "pfx-0123456789abcdef-4", ()).waiting_on != "tool"
+
+
+def test_the_next_calls_way_to_its_prefix_is_the_recent_call_latency() -> None:
+    """What a busy engine's queue adds before a call reaches its prefix: the calls' latency,
+    smoothed (``admission_s``, which the pool-keeps rule adds to the wait)."""
+    model = _model([0.0])
+    model.before_call("agent")
+    model.after_call("agent", ["build"])
+    assert model.context("agent", "pfx-0123456789abcdef-4", ["build"]).admission_s == 0.0
+    model.note_call(retried=False, latency_s=2.0)
+    model.note_call(retried=False, latency_s=4.0)
+    model.note_call(retried=False, latency_s=float("nan"))  # no figure: nothing learned
+    assert model.context("agent", "pfx-0123456789abcdef-4", ["build"]).admission_s == 2.6
