@@ -364,14 +364,13 @@ class AgentExecutionGraph:
     def observe_handoffs(self, node: str, handoffs: int, comebacks: int) -> None:
         """Learn from one finished run that ``node`` handed over to another agent step
         ``handoffs`` times and called again after ``comebacks`` of them."""
-        self._node(node)
+        data = self._node(node)
         _check_count(handoffs, "handoffs")
         _check_count(comebacks, "comebacks")
         if comebacks > handoffs:
             raise UsageError(
                 "comebacks", f"{comebacks} comebacks after only {handoffs} handoffs of {node!r}"
             )
-        data = self._node(node)
         data["handoffs"] = data.get("handoffs", 0) + handoffs
         data["comebacks"] = data.get("comebacks", 0) + comebacks
         self._changed(structure=False)

@@ -277,10 +277,8 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             if isinstance(op, Release):
                 if request is not None and self._reuses(request, op.claim_id):
                     self._staged.setdefault(request.request_id, []).append((op, default))
-                    continue
-                results.append(
-                    book.release(op.claim_id, op.tenant or default, evict_first=op.evict_first)
-                )
+                else:
+                    results.append(self._release(op, default))
             elif isinstance(op, Renew):
                 results.append(book.renew(op.claim_id, op.tenant or default, op.ttl_s))
             elif isinstance(op, RevokeAll):  # a gateway restarting without a ledger: end all
@@ -299,13 +297,14 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         first = hold.blocks[0].block_hash
         return first is not None and get_block_hash(first) == request.block_hashes[0]
 
+    def _release(self, op: Release, default_tenant: str) -> dict[str, Any]:
+        return self.book.release(
+            op.claim_id, op.tenant or default_tenant, evict_first=op.evict_first
+        )
+
     def _release_staged(self, request_id: str) -> list[dict[str, Any]]:
         """Apply the releases staged for ``request_id`` (it has its blocks, or ended)."""
-        book = self.book
-        return [
-            book.release(op.claim_id, op.tenant or tenant, evict_first=op.evict_first)
-            for op, tenant in self._staged.pop(request_id, ())
-        ]
+        return [self._release(op, tenant) for op, tenant in self._staged.pop(request_id, ())]
 
     @staticmethod
     def _holds(envelope: Mapping[str, Any]) -> list[Hold | MalformedOp]:
