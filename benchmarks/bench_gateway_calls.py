@@ -94,6 +94,8 @@ async def measure(url: str, args: Any) -> dict[str, Any]:
         profile.disable()
         stats = pstats.Stats(profile)
         out["calls_per_request"][name] = round(stats.total_calls / args.calls, 1)  # type: ignore[attr-defined]
+        if args.top:
+            out.setdefault("top", {})[name] = by_module(stats, args.calls, args.top)
     for r in range(args.rounds):
         for name, app in apps.items():
             cpu = time.process_time()
@@ -104,6 +106,20 @@ async def measure(url: str, args: Any) -> dict[str, Any]:
     await kv.aclose()
     await lifespan_end(apps["bare proxy"])
     return out
+
+
+def by_module(stats: pstats.Stats, calls: int, top: int) -> list[tuple[str, float, float]]:
+    """Where a request's calls go: per source file, its calls and its own CPU (ms) per
+    request, the ``top`` files with the most calls."""
+    files: dict[str, list[float]] = {}
+    raw = stats.stats  # type: ignore[attr-defined]
+    for (path, _, func), (_, ncalls, own_s, _, _) in raw.items():
+        key = "/".join(Path(path).parts[-2:]) if path != "~" else func  # a builtin: its own
+        entry = files.setdefault(key, [0.0, 0.0])
+        entry[0] += ncalls
+        entry[1] += own_s
+    ranked = sorted(files.items(), key=lambda kv: -kv[1][0])[:top]
+    return [(k, round(n / calls, 1), round(s / calls * 1e3, 4)) for k, (n, s) in ranked]
 
 
 async def lifespan_end(app: App) -> None:
@@ -124,6 +140,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200, help="calls per app and round")
     parser.add_argument("--rounds", type=int, default=3, help="CPU rounds, the apps alternating")
     parser.add_argument("--layout", choices=("pinned", "shared"), default="pinned")
+    parser.add_argument(
+        "--top", type=int, default=0, help="also print the N source files with the most calls"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if min(args.calls, args.rounds) < 1:
@@ -148,6 +167,10 @@ def main() -> None:
     for name in calls:
         print(f"{name:12}{calls[name]:>15}{'  '.join(map(str, cpu[name])):>30}")
     print(f"\ngateway / bare proxy: {calls['gateway'] / calls['bare proxy']:.2f}x the calls")
+    for name, rows in out.get("top", {}).items():
+        print(f"\n{name}: source file, calls and own CPU (ms, under cProfile) per request")
+        for path, n, ms in rows:
+            print(f"  {path:48}{n:>8}{ms:>10}")
 
 
 if __name__ == "__main__":

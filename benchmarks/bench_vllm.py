@@ -54,6 +54,7 @@ from servers import free_port, stop, wait_healthy  # noqa: E402
 
 KEY = "bench-claims-key"
 BLOCKS = 97
+BLOCK_TOKENS = 32  # vLLM's block size here (server_args)
 MAX_MODEL_LEN = 1024  # (--max-model-len; the tiny model has 2048 positions)
 
 
@@ -273,11 +274,15 @@ class Timings:
                 self.latency: list[float] = []
                 self.ttft: list[float] = []
                 self.prompt = self.cached = self.calls = 0
+                self.prompts: list[list[dict[str, Any]]] = []  # each call's, as it started
 
             async def on_chat_model_start(
                 self, serialized: Any, messages: Any, *, run_id: Any, **kwargs: Any
             ) -> None:
+                from langchain_core.messages import convert_to_openai_messages
+
                 self.started[run_id] = time.perf_counter()
+                self.prompts.append(convert_to_openai_messages(messages[0]))
 
             async def on_llm_new_token(self, token: str, *, run_id: Any, **kwargs: Any) -> None:
                 if token and run_id not in self.first and run_id in self.started:
@@ -340,18 +345,27 @@ here builds its own graph (its topic is in its prompts), so they are passed on."
 
 
 async def workflows(
-    gateway: Any, n: int, planner: str, label: str, reaction: str = "defer", tool_s: float = TOOL_S
+    gateway: Any,
+    n: int,
+    planner: str,
+    label: str,
+    reaction: str = "defer",
+    tool_s: float = TOOL_S,
+    prompts: list[list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """``n`` concurrent workflows through ``gateway`` (a URL, or a backend such as a
-    ``FleetBackend``), claims planned by ``planner``."""
+    ``FleetBackend``), claims planned by ``planner``; each call's messages appended to
+    ``prompts``, in the order the calls started."""
     import agentclaims
 
     if planner == "direct":  # ``gateway`` is vLLM itself: LangChain's own client, no SDK
-        return await direct_workflows(gateway, n, label, tool_s)
+        return await direct_workflows(gateway, n, label, tool_s, prompts)
     backend = (
         agentclaims.HTTPBackend(gateway, timeout_s=300) if isinstance(gateway, str) else gateway
     )
     timings = Timings()
+    if prompts is not None:
+        timings.prompts = prompts
     model = agentclaims.chat_model(
         backend,
         model="served",
@@ -420,7 +434,13 @@ def _figures(prompt: int, cached: int, total: float, times: list[float]) -> dict
     }
 
 
-async def direct_workflows(vurl: str, n: int, label: str, tool_s: float) -> dict[str, Any]:
+async def direct_workflows(
+    vurl: str,
+    n: int,
+    label: str,
+    tool_s: float,
+    prompts: list[list[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
     """The same ``n`` workflows sent straight to vLLM (LangChain's ``ChatOpenAI``): the
     baseline the gateway and the claims are measured against. Token counts from vLLM's own
     usage (a callback on each call)."""
@@ -428,6 +448,8 @@ async def direct_workflows(vurl: str, n: int, label: str, tool_s: float) -> dict
 
     served = httpx2.get(f"{vurl}/v1/models", timeout=30).json()["data"][0]["id"]
     timings = Timings()
+    if prompts is not None:
+        timings.prompts = prompts
     model = ChatOpenAI(
         base_url=f"{vurl}/v1",
         api_key="none",
@@ -513,10 +535,14 @@ async def under_pressure(
     before = {} if direct else _gateway_stats(gateway)
     pressure = asyncio.create_task(churn(vurl, model, stop, args.churn_rate, args.churn_tokens))
     try:
-        out = await workflows(gateway, args.workflows, planner, label, tool_s=args.tool_s)
+        prompts: list[list[dict[str, Any]]] = []
+        out = await workflows(
+            gateway, args.workflows, planner, label, tool_s=args.tool_s, prompts=prompts
+        )
     finally:
         stop.set()
     out["churn"] = await pressure
+    out["cacheable_ratio"] = await cacheable(vurl, model, prompts)
     if direct:
         out.update(engine_requests_per_llm_call=1.0, ops_rode=0, ops_standalone=0)
         out["ride_wait_p50_ms"] = None
@@ -534,6 +560,34 @@ async def under_pressure(
     p50 = waited.get("p50")
     out["ride_wait_p50_ms"] = None if p50 is None else round(p50 * 1e3, 2)
     return out
+
+
+async def cacheable(vurl: str, model: str, prompts: list[list[dict[str, Any]]]) -> float:
+    """The run's cacheable ceiling: the share of its prompt tokens an engine with an endless
+    pool would have served from cache, whole blocks that some earlier prompt of the run
+    began with (a prompt's last token is always computed: vLLM's rule). No cache policy
+    keeps more, so no set-up's cached-token ratio over another's can pass this over the
+    other's. Prompts in the order the calls started, tokenized by vLLM after the run; the
+    replies' own blocks are left out (each can complete one block more at most)."""
+    seen: set[int] = set()
+    total = hits = 0
+    async with httpx2.AsyncClient(timeout=60) as http:
+        for messages in prompts:
+            request = {"model": model, "messages": messages, "add_generation_prompt": True}
+            tokens = (await http.post(f"{vurl}/tokenize", json=request)).json()["tokens"]
+            chain, keys = 0, []
+            for i in range(len(tokens) // BLOCK_TOKENS):
+                chain = hash((chain, *tokens[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS]))
+                keys.append(chain)
+            reusable = 0
+            for key in keys[: (len(tokens) - 1) // BLOCK_TOKENS]:
+                if key not in seen:
+                    break
+                reusable += 1
+            hits += reusable * BLOCK_TOKENS
+            total += len(tokens)
+            seen.update(keys)
+    return round(hits / total, 4) if total else 0.0
 
 
 def _gateway_stats(gateway: str) -> dict[str, Any]:
@@ -871,6 +925,7 @@ def report(out: dict[str, Any], args: Any) -> None:
         return
     rows = (
         "cached_ratio",
+        "cacheable_ratio",
         "recomputed_tokens",
         "completion_s",
         "mean_workflow_s",
@@ -924,9 +979,11 @@ def report(out: dict[str, Any], args: Any) -> None:
             ratio = out[k]["cached_ratio"] / stock if stock else float("inf")
             slower = out[k]["completion_s"] / out[base]["completion_s"]
             llm = out[base]["llm_time_s"] / out[k]["llm_time_s"] if out[k]["llm_time_s"] else 0
+            ceiling = out[k]["cacheable_ratio"] / stock if stock else float("inf")
             print(
-                f"{k} / {base}: cached-token ratio {ratio:.2f}x, workflow completion "
-                f"{slower:.3f}x (lower is sooner), LLM-call time {llm:.2f}x lower"
+                f"{k} / {base}: cached-token ratio {ratio:.2f}x (the run's cacheable ceiling "
+                f"allows {ceiling:.2f}x), workflow completion {slower:.3f}x (lower is sooner), "
+                f"LLM-call time {llm:.2f}x lower"
             )
     for label, key in (("connector", "latency"), ("stock", "stock_latency")):
         if key not in out:
