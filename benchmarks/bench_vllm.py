@@ -566,9 +566,9 @@ async def cacheable(vurl: str, model: str, prompts: list[list[dict[str, Any]]]) 
     """The run's cacheable ceiling: the share of its prompt tokens an engine with an endless
     pool would have served from cache, whole blocks that some earlier prompt of the run
     began with (a prompt's last token is always computed: vLLM's rule). No cache policy
-    keeps more, so no set-up's cached-token ratio over another's can pass this over the
-    other's. Prompts in the order the calls started, tokenized by vLLM after the run; the
-    replies' own blocks are left out (each can complete one block more at most)."""
+    keeps more, but for the blocks the replies complete (one a call at most), which are left
+    out: so no set-up's cached-token ratio over another's can pass this over the other's by
+    more than that. Prompts in the order the calls started, tokenized by vLLM after the run."""
     seen: set[int] = set()
     total = hits = 0
     async with httpx2.AsyncClient(timeout=60) as http:
