@@ -30,6 +30,13 @@ def wait_key(node: str, tool_names: Sequence[str]) -> str:
     return "+".join(sorted(set(tool_names))) if tool_names else f"node:{node}"
 
 
+def _seconds(value: object) -> float | None:
+    """A duration an engine's answer gives: a finite number >= 0, else unknown."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if value >= 0 and math.isfinite(value) else None
+
+
 def renews_claim(held_blocks: int, shared_blocks: int) -> bool:
     """Whether a claim held on ``held_blocks`` leading blocks of an agent's context still
     serves its new context (``shared_blocks`` in common with them): renew it with the new
@@ -202,14 +209,14 @@ class WorkflowModel:
 
     def note_pool(self, pool: object) -> None:
         """The engine's pool pressure from an answer (its ``agentclaims.pool``: evicted
-        blocks per second and ``survival_s``); an answer without it leaves it unknown."""
+        blocks per second and ``survival_s``); an answer without it leaves it unknown. A pool
+        that evicted nothing over its window (``window_s``) kept every block that long, and
+        vouches for no longer: an engine that idled through the window says nothing of the
+        tenant that starts next. Its survival is the window (unknown without one)."""
         survival: float | None = None
         if isinstance(pool, dict):
             rate, said = pool.get("evicted_per_s"), pool.get("survival_s")
-            if rate == 0:
-                survival = math.inf
-            elif isinstance(said, int | float) and not isinstance(said, bool) and said >= 0:
-                survival = float(said)
+            survival = _seconds(pool.get("window_s") if rate == 0 else said)
         self.pool_survival_s = survival
 
     def note_call(self, *, retried: bool, latency_s: float | None = None) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -220,7 +219,13 @@ class _Pool(_Shedding):
         self.kv.serve = reporting  # type: ignore[method-assign]
 
 
-QUIET = {"free_blocks": 400, "evicted_blocks": 0, "evicted_per_s": 0.0, "survival_s": None}
+QUIET = {
+    "free_blocks": 400,
+    "evicted_blocks": 0,
+    "evicted_per_s": 0.0,
+    "survival_s": None,
+    "window_s": 30.0,
+}
 CHURNING = {"free_blocks": 0, "evicted_blocks": 900, "evicted_per_s": 40.0, "survival_s": 0.0}
 
 
@@ -243,7 +248,7 @@ async def test_no_claim_where_the_pool_keeps_the_prefix_and_none_made_on_its_own
     assert kept.stats.claims_accepted == 1  # the first call's, before any answer
     assert len(kept_plans) == 1
     assert not any(route == "POST /v1/claims" for route in quiet_routes), quiet_routes
-    assert kept.workflow.pool_survival_s == math.inf
+    assert kept.workflow.pool_survival_s == 30.0  # the quiet window vouches for no longer
     lines = [json.loads(x) for x in kept.log_path.read_text().splitlines()]  # type: ignore[union-attr]
     assert [d["reason"] for d in lines if d["event"] == "claim_ended"] == ["pool_keeps"]
     assert [d["pool"] for d in lines if d["event"] == "llm_call"] == [QUIET] * 3

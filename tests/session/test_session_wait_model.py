@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from agentclaims.graph import AgentExecutionGraph, ToolTimeModel
 from agentclaims.planner import ClaimPlanner
 from agentclaims.session.workflow import WorkflowModel
@@ -52,3 +57,33 @@ def test_the_next_calls_way_to_its_prefix_is_the_recent_call_latency() -> None:
     model.note_call(retried=False, latency_s=4.0)
     model.note_call(retried=False, latency_s=float("nan"))  # no figure: nothing learned
     assert model.context("agent", "pfx-0123456789abcdef-4", ["build"]).admission_s == 2.6
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    window=st.floats(min_value=0.0, max_value=1e6),
+    free=st.integers(min_value=0, max_value=10_000),
+    wait=st.floats(min_value=0.1, max_value=100.0),
+)
+def test_a_quiet_pool_vouches_for_its_window_and_no_longer(
+    window: float, free: int, wait: float
+) -> None:
+    """A pool that evicted nothing over its window kept every block that long, no longer (an
+    engine that idled through it says nothing of the next tenant): its survival is the
+    window, and the pool-keeps rule skips a claim only for a wait a quarter of it covers. A
+    churning pool's own ``survival_s`` stands; a figure that is no duration is unknown."""
+    model = _model([0.0])
+    model.before_call("agent")
+    model.after_call("agent", ["build"])
+    model.note_pool({"free_blocks": free, "evicted_per_s": 0.0, "window_s": window})
+    assert model.pool_survival_s == window
+    ctx = model.context("agent", "pfx-0123456789abcdef-4", ())
+    keeps = replace(ctx, expected_wait_s=wait).pool_keeps(4.0)
+    assert keeps == (window >= 4.0 * wait)
+    model.note_pool({"evicted_per_s": 2.0, "survival_s": free / 2.0, "window_s": window})
+    assert model.pool_survival_s == free / 2.0
+    for bad in (None, True, -1.0, float("nan"), float("inf"), "30"):
+        model.note_pool({"evicted_per_s": 0.0, "window_s": bad})
+        assert model.pool_survival_s is None
+        model.note_pool({"evicted_per_s": 1.0, "survival_s": bad})
+        assert model.pool_survival_s is None
