@@ -30,6 +30,10 @@ def wait_key(node: str, tool_names: Sequence[str]) -> str:
     return "+".join(sorted(set(tool_names))) if tool_names else f"node:{node}"
 
 
+TOOL_STEP = "tool:"
+"""The prefix of the step a tool called outside a tool node is given (``tool:<tool>``)."""
+
+
 def _seconds(value: object) -> float | None:
     """A duration an engine's answer gives: a finite number >= 0, else unknown."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -239,7 +243,7 @@ class WorkflowModel:
         if not self._asked_tools.get(agent, True):
             self._tools_without_calls.add(agent)
         predicted = self.tool_times.predict(tool)
-        self.enter_node(step_node or f"tool:{tool}", kind="tool")
+        self.enter_node(step_node or f"{TOOL_STEP}{tool}", kind="tool")
         return predicted
 
     def tool_finished(self, tool: str, agent: str, duration_s: float) -> None:
@@ -250,7 +254,9 @@ class WorkflowModel:
     def expected_tools(self, node: str) -> tuple[str, ...]:
         """The tools ``node``'s coming reply is expected to call, before it is known: those
         its last reply called; before it has replied, its graph's tool step, if it has one
-        (an agent wired to tools calls them first); else none."""
+        (an agent wired to tools calls them first): a step of its own for one tool
+        (``tool:<tool>``, ``tool_started``) stands for that tool, whose waits are learned
+        under its name; else none."""
         known = self._last_tools.get(node)
         if known is not None:
             return known
@@ -258,7 +264,7 @@ class WorkflowModel:
         if node in graph:
             for succ in graph.successors(node):
                 if succ != END and graph.node_kind(succ) == "tool":
-                    return (succ,)
+                    return (succ.removeprefix(TOOL_STEP),)
         return ()
 
     def context(

@@ -87,3 +87,33 @@ def test_a_quiet_pool_vouches_for_its_window_and_no_longer(
         assert model.pool_survival_s is None
         model.note_pool({"evicted_per_s": 1.0, "survival_s": bad})
         assert model.pool_survival_s is None
+
+
+def test_a_first_call_expects_the_tool_its_step_stands_for() -> None:
+    """A tool called outside a tool node gets a step of its own (``tool:search``); the next
+    run's first call of that agent, before any reply, expects that tool, and its wait is the
+    one learned under the tool's name (10 s), not an unknown tool's prior."""
+    clock = [0.0]
+    first = _model(clock)
+    for _ in range(3):
+        first.before_call("agent")
+        first.after_call("agent", [])
+        first.tool_started("search", "agent")
+        clock[0] += 10.0
+        first.tool_finished("search", "agent", 10.0)
+    assert "tool:search" in first.graph
+    again = WorkflowModel(
+        first.graph,
+        ClaimPlanner(),
+        first.tool_times,
+        horizon=8,
+        reload_s_per_block=0.01,
+        queue_delay_s=30.0,
+        clock=lambda: clock[0],
+    )
+    again.before_call("agent")
+    assert again.expected_tools("agent") == ("search",)
+    ctx = again.context("agent", "pfx-0123456789abcdef-4", again.expected_tools("agent"))
+    assert ctx.waiting_on == "tool"
+    assert ctx.expected_wait_s == 10.0
+    assert not replace(ctx, pool_survival_s=30.0).pool_keeps(4.0)  # a quiet pool: held
