@@ -262,9 +262,10 @@ def make_graph(model: Any, topic: str, tool_s: float) -> tuple[Any, dict[str, An
 
 class Timings:
     """A LangChain callback (streamed calls) on every set-up's model: each call's latency,
-    its time to first token, and vLLM's usage."""
+    its time to first token, and vLLM's usage; each call's messages appended to ``prompts``
+    as it starts."""
 
-    def __new__(cls) -> Any:
+    def __new__(cls, prompts: list[list[dict[str, Any]]] | None = None) -> Any:
         from langchain_core.callbacks import AsyncCallbackHandler
 
         class _Timings(AsyncCallbackHandler):
@@ -274,7 +275,7 @@ class Timings:
                 self.latency: list[float] = []
                 self.ttft: list[float] = []
                 self.prompt = self.cached = self.calls = 0
-                self.prompts: list[list[dict[str, Any]]] = []  # each call's, as it started
+                self.prompts = [] if prompts is None else prompts
 
             async def on_chat_model_start(
                 self, serialized: Any, messages: Any, *, run_id: Any, **kwargs: Any
@@ -363,9 +364,7 @@ async def workflows(
     backend = (
         agentclaims.HTTPBackend(gateway, timeout_s=300) if isinstance(gateway, str) else gateway
     )
-    timings = Timings()
-    if prompts is not None:
-        timings.prompts = prompts
+    timings = Timings(prompts)
     model = agentclaims.chat_model(
         backend,
         model="served",
@@ -447,9 +446,7 @@ async def direct_workflows(
     from langchain_openai import ChatOpenAI
 
     served = httpx2.get(f"{vurl}/v1/models", timeout=30).json()["data"][0]["id"]
-    timings = Timings()
-    if prompts is not None:
-        timings.prompts = prompts
+    timings = Timings(prompts)
     model = ChatOpenAI(
         base_url=f"{vurl}/v1",
         api_key="none",
