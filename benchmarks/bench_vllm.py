@@ -70,6 +70,7 @@ LOG_DIR: str | None = None  # outcome logs of the workflows, when set
 SETUPS = ("direct", "claims", "learned", "held", "no_claims", "stock")
 WORKLOAD = "supervisor"  # or "plain": an agent and a plain I/O node (--workload)
 PLAIN_TURNS = 6
+PLAIN_IO_S = (0.75, 2.25)  # the plain node's I/O wait range, seconds (--io-s)
 CONTEXT_TOKENS = 0  # each agent's own working context, about this many tokens (--context-tokens)
 _CONTEXT_WORDS = (
     *("def", "return", "self", "import", "class", "value", "index", "config"),
@@ -213,7 +214,7 @@ class PlainState(TypedDict):
     messages: list[Any]
 
 
-def build_plain_graph(model: Any, topic: str, wait_s: tuple[float, float] = (0.75, 2.25)) -> Any:
+def build_plain_graph(model: Any, topic: str, wait_s: tuple[float, float] = PLAIN_IO_S) -> Any:
     """An agent node and a plain async node that awaits I/O (not a LangChain tool: the SDK
     sees only the gap between the agent's calls), ``PLAIN_TURNS`` agent calls. Waits drawn
     from ``wait_s`` with a seed of the topic's, the same for every set-up."""
@@ -251,7 +252,7 @@ def build_plain_graph(model: Any, topic: str, wait_s: tuple[float, float] = (0.7
 def make_graph(model: Any, topic: str, tool_s: float) -> tuple[Any, dict[str, Any]]:
     """The ``WORKLOAD``'s graph and its input."""
     if WORKLOAD == "plain":
-        return build_plain_graph(model, topic), {"turn": 0, "messages": []}
+        return build_plain_graph(model, topic, PLAIN_IO_S), {"turn": 0, "messages": []}
     return build_graph(model, topic, tool_s), {
         "step": 0,
         "supervisor": [],
@@ -803,15 +804,35 @@ def medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _io_range(text: str) -> tuple[float, float]:
+    """``LO,HI`` seconds, 0 <= LO <= HI (``--io-s``)."""
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--io-s wants LO,HI seconds, got {text!r}") from None
+    if not 0 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"--io-s wants 0 <= LO <= HI, got {text!r}")
+    return lo, hi
+
+
 def main() -> None:
-    global MAX_MODEL_LEN, WORKLOAD, CONTEXT_TOKENS, LOG_DIR
+    global MAX_MODEL_LEN, WORKLOAD, CONTEXT_TOKENS, LOG_DIR, PLAIN_IO_S
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--workflows", type=int, default=4)
     parser.add_argument("--probes", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=12, help="throughput rounds per vLLM")
     parser.add_argument("--churn-rate", type=float, default=8.0, help="other tenant, req/s")
     parser.add_argument("--churn-tokens", type=int, default=600)
-    parser.add_argument("--tool-s", type=float, default=TOOL_S)
+    parser.add_argument(
+        "--tool-s", type=float, default=TOOL_S, help="the supervisor's tool wait, seconds"
+    )
+    parser.add_argument(
+        "--io-s",
+        type=_io_range,
+        default=PLAIN_IO_S,
+        metavar="LO,HI",
+        help="the plain node's I/O wait, drawn uniformly from LO..HI seconds (default 0.75,2.25)",
+    )
     parser.add_argument(
         "--context-tokens",
         type=int,
@@ -885,6 +906,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.setups = tuple(x for x in args.setups.split(",") if x)
     WORKLOAD, CONTEXT_TOKENS, LOG_DIR = args.workload, args.context_tokens, args.log_dir
+    PLAIN_IO_S = args.io_s
     if not 0 <= args.context_tokens < MAX_MODEL_LEN // 2:
         parser.error(f"--context-tokens must be 0 to {MAX_MODEL_LEN // 2 - 1}")
     unknown = set(args.setups) - set(SETUPS)
@@ -943,7 +965,7 @@ def report(out: dict[str, Any], args: Any) -> None:
     work = (
         f"supervisor workflows (tools {args.tool_s} s)"
         if args.workload == "supervisor"
-        else f"plain-node agent loops ({PLAIN_TURNS} calls, I/O 0.75-2.25 s)"
+        else f"plain-node agent loops ({PLAIN_TURNS} calls, I/O {PLAIN_IO_S[0]:g}-{PLAIN_IO_S[1]:g} s)"
     )
     if args.context_tokens:
         work += f", each agent with its own context of about {args.context_tokens} tokens"
