@@ -11,13 +11,13 @@ The default mapping, in order (every threshold lives in ``PlannerPolicy``)::
 
     footprint < min_blocks, p < best_effort_min_p, STE inf   -> no claim
     the pool keeps it unheld (its KV events: a block freed now
-        survives >= pool_keeps_factor x the wait)            -> no claim
+        survives >= pool_keeps_factor x the learned wait)    -> no claim
     waiting on the human                                     -> no claim (plain LRU)
     tau* == 0 (Continuum: pinning costs more than reloading) -> best_effort
     pressure > pin_max_pressure (requests being deferred)    -> demotable if p >= expiring_min_p,
                                                                 else best_effort
     p >= hard_min_p and STE <= hard_max_ste
-        and a known wait <= hard_max_wait_s                  -> hard_protected, ttl = wait x margin
+        and a learned wait <= hard_max_wait_s                -> hard_protected, ttl = wait x margin
     p >= expiring_min_p                                      -> expiring, ttl = max(tau*, wait x margin)
                                                                 (default_ttl_s when neither is known)
     use_soft and p >= soft_min_p and STE <= soft_max_ste     -> soft_priority
@@ -183,6 +183,11 @@ class PrefixContext:
     waiting_on: WaitingOn = "unknown"
     expected_wait_s: float | None = None
     """Predicted seconds until the next use (e.g. the pending tool's predicted duration)."""
+    wait_learned: bool = True
+    """Whether ``expected_wait_s`` comes from waits observed (``False``: a prior alone, as for
+    a tool never seen to run). A prior still orders holds (the reuse hint) and starts a TTL,
+    but it is no wait the agent is sure of: it never grounds a pin (``hard_protected``) nor
+    the pool-keeps rule's skipping a claim (fail closed)."""
     ttl_s: float | None = None
     """Cost-benefit TTL (Continuum's tau*) for the pending wait, when one is known."""
     pressure: float = 0.0
@@ -221,10 +226,10 @@ class PrefixContext:
         """Whether the pool keeps the prefix through the predicted wait unheld: the engine
         said how long a block freed now survives its evictions, and that is at least
         ``factor`` times the wait and the next call's way to the prefix (``admission_s``).
-        Unknown survival or wait: it may not (fail closed); an infinite ``factor``: never
-        (even a pool that evicts nothing)."""
+        Unknown survival or wait, or a wait from a prior alone: it may not (fail closed); an
+        infinite ``factor``: never (even a pool that evicts nothing)."""
         survival, wait = self.pool_survival_s, self.expected_wait_s
-        if survival is None or wait is None or math.isinf(factor):
+        if survival is None or wait is None or not self.wait_learned or math.isinf(factor):
             return False
         return survival >= factor * (wait + self.admission_s)
 
@@ -395,6 +400,7 @@ class ClaimPlanner:
             and p >= pol.hard_min_p
             and ctx.ste <= pol.hard_max_ste
             and wait is not None
+            and ctx.wait_learned
             and wait <= pol.hard_max_wait_s
         ):
             return ClaimPlan(
@@ -427,6 +433,7 @@ class ClaimPlanner:
             and ctx.reuse_probability >= pol.hard_min_p
             and ctx.ste <= pol.hard_max_ste
             and wait is not None
+            and ctx.wait_learned
             and wait <= pol.hard_max_wait_s
             and ctx.pressure <= pol.pin_max_pressure
         ):

@@ -293,7 +293,8 @@ class WorkflowModel:
         key = wait_key(node, tool_names)
         wait: float | None = None
         ttl: float | None = None
-        if tool_names or self.tool_times.count(key):  # a tool's prior until it has a history
+        seen = self.tool_times.count(key)
+        if tool_names or seen:  # a tool's prior until it has a history
             wait, ttl = self.tool_times.forecast(
                 key, queue_delay_s=self.queue_delay_s, reload_s=reload_s, waited_s=waited
             )
@@ -311,6 +312,7 @@ class WorkflowModel:
             reuse_probability=reuse_p,
             waiting_on=waiting,  # type: ignore[arg-type]
             expected_wait_s=wait,
+            wait_learned=bool(seen),  # a prior alone grounds no pin (fail closed)
             ttl_s=ttl,
             pressure=self.pressure,
             pool_survival_s=self.pool_survival_s,

@@ -135,6 +135,21 @@ CONTEXTS = {
 }
 """What a prefix's context may be, for the mapping's properties."""
 
+
+def fields_of(
+    p: float, ste: int, wait: float | None, pressure: float, waiting: str, **more: object
+) -> dict[str, object]:
+    """``PrefixContext`` fields from ``CONTEXTS``' draws (and ``more``)."""
+    return {
+        "reuse_probability": p,
+        "ste": float(ste),
+        "expected_wait_s": wait,
+        "pressure": pressure,
+        "waiting_on": waiting,
+        **more,
+    }
+
+
 strength = {
     M.BEST_EFFORT: 0,
     M.DEMOTABLE: 1,
@@ -221,27 +236,27 @@ def test_a_soft_mode_that_is_no_soft_claim_is_refused():
     preset=st.sampled_from(["default", "held", "ranked", "aggressive"]),
     survival=st.one_of(st.none(), st.floats(0, 1e4), st.just(math.inf)),
     admission=st.floats(0, 100),
+    learned=st.booleans(),
 )
 def test_no_claim_only_where_the_engine_says_its_pool_keeps_the_prefix(
-    p, ste, wait, pressure, waiting, preset, survival, admission
+    p, ste, wait, pressure, waiting, preset, survival, admission, learned
 ):
     """Property: a prefix is left unclaimed for the pool's sake exactly where the engine's
     figure says an unheld block survives at least ``pool_keeps_factor`` times the predicted
-    wait and the next call's way to the prefix (``admission_s``); unknown survival (or an
-    unknown wait) plans as if the engine had said nothing."""
+    wait and the next call's way to the prefix (``admission_s``), and that wait was learned;
+    unknown survival, an unknown wait or one from a prior alone plans as if the engine had
+    said nothing."""
     planner_ = ClaimPlanner(PlannerPolicy.named(preset))
-    base = {
-        "reuse_probability": p,
-        "ste": float(ste),
-        "expected_wait_s": wait,
-        "pressure": pressure,
-        "waiting_on": waiting,
-        "admission_s": admission,
-    }
+    base = fields_of(p, ste, wait, pressure, waiting, wait_learned=learned, admission_s=admission)
     said = planner_.plan(ctx(pool_survival_s=survival, **base))
     silent = planner_.plan(ctx(**base))
     factor = planner_.policy.pool_keeps_factor
-    keeps = survival is not None and wait is not None and survival >= factor * (wait + admission)
+    keeps = (
+        survival is not None
+        and wait is not None
+        and learned
+        and survival >= factor * (wait + admission)
+    )
     if keeps:
         assert said.mode is None
         assert "pool keeps" in said.reason
@@ -271,3 +286,24 @@ def test_an_infinite_pool_keeps_factor_always_claims_even_on_a_pool_that_evicts_
     for wait in (0.0, 0.5):
         plan = always.plan(ctx(pool_survival_s=math.inf, expected_wait_s=wait, **base))
         assert plan.mode is not None, (wait, plan)
+
+
+@given(
+    **CONTEXTS,
+    preset=st.sampled_from(["default", "held", "ranked-hard", "aggressive", "conservative"]),
+    survival=st.one_of(st.none(), st.floats(0, 1e4), st.just(math.inf)),
+)
+def test_a_wait_from_a_prior_alone_grounds_no_pin(
+    p, ste, wait, pressure, waiting, preset, survival
+):
+    """Property: a wait the agent has not seen (``wait_learned=False``: a prior alone) never
+    yields ``hard_protected``, and never lets the pool-keeps rule skip a claim; learned, the
+    same wait plans the same but where it grounds a pin or the pool keeps the prefix."""
+    planner_ = ClaimPlanner(PlannerPolicy.named(preset))
+    base = fields_of(p, ste, wait, pressure, waiting, pool_survival_s=survival)
+    prior = planner_.plan(ctx(wait_learned=False, **base))
+    assert prior.mode is not M.HARD_PROTECTED
+    assert "pool keeps" not in prior.reason
+    learned = planner_.plan(ctx(**base))
+    if learned.mode is not M.HARD_PROTECTED and "pool keeps" not in learned.reason:
+        assert learned == prior

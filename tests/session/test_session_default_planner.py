@@ -231,9 +231,11 @@ CHURNING = {"free_blocks": 0, "evicted_blocks": 900, "evicted_per_s": 40.0, "sur
 
 async def test_no_claim_where_the_pool_keeps_the_prefix_and_none_made_on_its_own(tmp_path):
     """On a pool that evicts nothing (its answers say so), ``auto`` holds the first call's
-    prefix (nothing known yet), then claims nothing: the next calls carry no claim, none is
-    made on its own after them (no ``POST /v1/claims``: on vLLM an engine request), and the
-    first claim goes. On a churning pool every call carries its claim. Each ``llm_call``
+    prefix (nothing known yet), and keeps it through the first wait for a tool whose waits it
+    has not seen (its prior is no wait the agent knows: fail closed). Then it claims nothing:
+    the next calls carry no claim, none is made on its own after them (no ``POST
+    /v1/claims``: on vLLM an engine request), and the first claim goes with the next call
+    (superseded). On a churning pool every call carries its claim. Each ``llm_call``
     line carries the figures its answer gave."""
     quiet = _Pool(QUIET)
     churning = _Pool(CHURNING)
@@ -250,7 +252,7 @@ async def test_no_claim_where_the_pool_keeps_the_prefix_and_none_made_on_its_own
     assert not any(route == "POST /v1/claims" for route in quiet_routes), quiet_routes
     assert kept.workflow.pool_survival_s == 30.0  # the quiet window vouches for no longer
     lines = [json.loads(x) for x in kept.log_path.read_text().splitlines()]  # type: ignore[union-attr]
-    assert [d["reason"] for d in lines if d["event"] == "claim_ended"] == ["pool_keeps"]
+    assert [d["reason"] for d in lines if d["event"] == "claim_ended"] == ["superseded"]
     assert [d["pool"] for d in lines if d["event"] == "llm_call"] == [QUIET] * 3
     assert held.stats.claims_accepted == 3
     assert len(held_plans) == 3  # each call carried its claim

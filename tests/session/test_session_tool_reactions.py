@@ -19,12 +19,21 @@ from agentclaims.backends.embedded import EmbeddedBackend
 from agentclaims.backends.pool import BackendPool
 from agentclaims.bindings.decorators import claimed_session
 from agentclaims.errors import ClaimRefused
+from agentclaims.graph import ToolTimeModel
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 PINNING = {"reload_s_per_block": 1.0}
 """Recomputing a block is dear: the planner pins the prefix across the tool (hard), and
 waiting up to a few seconds for that claim costs less than recomputing it."""
+
+
+def search_seen() -> ToolTimeModel:
+    """A tool-time model that has seen ``search`` take 0.1 s: a wait the agent is sure of, so
+    the planner may pin across it (a prior alone never grounds a pin)."""
+    model = ToolTimeModel(prior_mean_s=0.1)
+    model.observe("search", 0.1)
+    return model
 
 
 def agent_with(backend: Any, ran: list[str], **options: Any) -> Any:
@@ -60,7 +69,9 @@ async def test_fail_raises_before_the_tool_starts(tmp_path):
 async def test_relax_runs_the_tool_under_the_weaker_claim(tmp_path):
     backend = EmbeddedBackend(2048, 16, script=SCRIPT, owner_cap_blocks=0)
     ran: list[str] = []
-    claimed = agent_with(backend, ran, reaction="relax", log_dir=tmp_path, **PINNING)
+    claimed = agent_with(
+        backend, ran, reaction="relax", log_dir=tmp_path, tool_times=search_seen(), **PINNING
+    )
     result = await claimed.ainvoke(ask())
     assert result["messages"][-1].content == "found three papers on it"
     assert ran == ["kv papers"]
@@ -112,7 +123,15 @@ async def test_defer_waits_then_holds_the_planned_claim_before_the_tool(tmp_path
         await backend.release_claim("blocker", "other")
 
     ran: list[str] = []
-    claimed = agent_with(backend, ran, reaction="defer", sleep=sleep, log_dir=tmp_path, **PINNING)
+    claimed = agent_with(
+        backend,
+        ran,
+        reaction="defer",
+        sleep=sleep,
+        log_dir=tmp_path,
+        tool_times=search_seen(),
+        **PINNING,
+    )
     result = await claimed.ainvoke(ask())
     assert result["messages"][-1].content == "found three papers on it"
     assert ran == ["kv papers"]
@@ -168,3 +187,28 @@ async def test_reroute_sends_the_follow_up_to_a_member_that_accepts(tmp_path):
         assert [c for c in member.engine._claims.values() if c.state.live] == []
         await member.aclose()
     assert json.dumps(claimed.last_session.stats.reroutes) == "1"
+
+
+async def test_a_tool_is_pinned_only_once_its_wait_was_seen(tmp_path):
+    """Fail closed on certainty: the first run's claim across ``search`` (a tool no run has
+    seen yet, its wait the model's prior) is no pin; the claimed graph learned the tool's wait
+    in that run, and the next run's claim across it is ``hard_protected``."""
+    backend = EmbeddedBackend(2048, 16, script=SCRIPT)
+    ran: list[str] = []
+    claimed = agent_with(backend, ran, log_dir=tmp_path, **PINNING)
+    modes = []
+    for _ in range(2):
+        await claimed.ainvoke(ask())
+        session = claimed.last_session
+        planned = {line["claim_id"]: line["mode"] for line in lines(tmp_path, "claim_planned")}
+        (call,) = [
+            line
+            for line in lines(tmp_path, "tool_call")
+            if line.get("session_id") == session.session_id
+        ]
+        modes.append([planned[c] for c in call["claim_ids"]])
+    assert ran == ["kv papers"] * 2
+    assert modes[0]
+    assert "hard_protected" not in modes[0]
+    assert modes[1] == ["hard_protected"]
+    await backend.aclose()

@@ -78,7 +78,7 @@ def test_a_quiet_pool_vouches_for_its_window_and_no_longer(
     model.note_pool({"free_blocks": free, "evicted_per_s": 0.0, "window_s": window})
     assert model.pool_survival_s == window
     ctx = model.context("agent", "pfx-0123456789abcdef-4", ())
-    keeps = replace(ctx, expected_wait_s=wait).pool_keeps(4.0)
+    keeps = replace(ctx, expected_wait_s=wait, wait_learned=True).pool_keeps(4.0)
     assert keeps == (window >= 4.0 * wait)
     model.note_pool({"evicted_per_s": 2.0, "survival_s": free / 2.0, "window_s": window})
     assert model.pool_survival_s == free / 2.0
