@@ -19,6 +19,10 @@ directly, and vLLM's throughput with the connector loaded vs without. Run::
 
     .venv/bin/python benchmarks/bench_vllm.py [--workflows 4] [--layout pinned] [--json]
 
+``--workload plain`` runs an agent loop whose second node is a plain async node awaiting I/O
+(``--io-s LO,HI``) instead; ``--tool-s`` sets the supervisor's tool wait, ``--churn-rate`` and
+``--churn-tokens`` the other tenant (``--help`` lists the rest).
+
 (needs the vLLM environment: `make vllm-env`). ``--layout pinned`` (the default with two or
 more cores) runs the vLLM servers on the last core and the gateways and this client on the
 others, as docs/operations.md says to deploy them: a gateway that shares vLLM's cores waits
@@ -33,6 +37,7 @@ import atexit
 import contextlib
 import functools
 import json
+import math
 import os
 import random
 import shutil
@@ -810,8 +815,8 @@ def _io_range(text: str) -> tuple[float, float]:
         lo, hi = (float(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"--io-s wants LO,HI seconds, got {text!r}") from None
-    if not 0 <= lo <= hi:
-        raise argparse.ArgumentTypeError(f"--io-s wants 0 <= LO <= HI, got {text!r}")
+    if not (0 <= lo <= hi and math.isfinite(hi)):
+        raise argparse.ArgumentTypeError(f"--io-s wants finite 0 <= LO <= HI, got {text!r}")
     return lo, hi
 
 
