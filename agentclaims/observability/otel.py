@@ -438,6 +438,8 @@ class SessionTracer:
                 "agentclaims.claim.ttl_s": record.get("ttl_s"),
                 "agentclaims.claim.ste": record.get("ste"),
                 "agentclaims.claim.reuse_probability": record.get("reuse_probability"),
+                "agentclaims.claim.expected_wait_s": record.get("expected_wait_s"),
+                "agentclaims.claim.wait_learned": record.get("wait_learned"),
                 "agentclaims.claim.reason": record.get("reason") or None,
                 "agentclaims.claim.harmed": False,
                 "agentclaims.node": record.get("node"),

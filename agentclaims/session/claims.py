@@ -212,6 +212,8 @@ class ClaimIO:
                 reuse_probability=round(ctx.reuse_probability, 6),
                 reason=plan.reason,
                 node=node,
+                expected_wait_s=ctx.expected_wait_s,
+                wait_learned=ctx.wait_learned,
             )
 
     def adopt(

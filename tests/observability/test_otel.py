@@ -140,6 +140,8 @@ def check_trace_against_log(spans: list[ReadableSpan], lines: list[dict[str, Any
         assert span.name == f"claim {plan['mode']}"
         assert a["agentclaims.claim.mode"] == plan["mode"]
         assert a.get("agentclaims.claim.ttl_s") == plan["ttl_s"]
+        assert a.get("agentclaims.claim.expected_wait_s") == plan["expected_wait_s"]
+        assert a["agentclaims.claim.wait_learned"] is plan["wait_learned"]
         assert a["agentclaims.node"] == plan["node"]
         assert a["agentclaims.prefix_id"] == plan["prefix_id"]
         assert span.start_time == wall_ns(plan["timestamp"])

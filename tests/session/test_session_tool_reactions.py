@@ -196,7 +196,7 @@ async def test_a_tool_is_pinned_only_once_its_wait_was_seen(tmp_path):
     backend = EmbeddedBackend(2048, 16, script=SCRIPT)
     ran: list[str] = []
     claimed = agent_with(backend, ran, log_dir=tmp_path, **PINNING)
-    modes = []
+    modes, learned = [], []
     for _ in range(2):
         await claimed.ainvoke(ask())
         session = claimed.last_session
@@ -207,7 +207,15 @@ async def test_a_tool_is_pinned_only_once_its_wait_was_seen(tmp_path):
             if line.get("session_id") == session.session_id
         ]
         modes.append([planned[c] for c in call["claim_ids"]])
+        learned.append(
+            [
+                line["wait_learned"]
+                for line in lines(tmp_path, "claim_planned")
+                if line["claim_id"] in call["claim_ids"]
+            ]
+        )
     assert ran == ["kv papers"] * 2
+    assert learned == [[False], [True]]  # the outcome log says why the first was no pin
     assert modes[0]
     assert "hard_protected" not in modes[0]
     assert modes[1] == ["hard_protected"]
