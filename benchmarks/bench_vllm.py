@@ -836,7 +836,8 @@ def main() -> None:
         type=_io_range,
         default=PLAIN_IO_S,
         metavar="LO,HI",
-        help="the plain node's I/O wait, drawn uniformly from LO..HI seconds (default 0.75,2.25)",
+        help="the plain node's I/O wait, drawn uniformly from LO..HI seconds "
+        f"(default {PLAIN_IO_S[0]:g},{PLAIN_IO_S[1]:g})",
     )
     parser.add_argument(
         "--context-tokens",

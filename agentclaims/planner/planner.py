@@ -222,14 +222,20 @@ class PrefixContext:
         if survival is not None and not survival >= 0:
             raise UsageError("pool_survival_s", f"must be >= 0 (inf allowed), got {survival}")
 
+    @property
+    def learned_wait_s(self) -> float | None:
+        """The predicted wait where waits observed give it; ``None`` for an unknown one or a
+        prior alone. What a pin and the pool-keeps rule may rest on (fail closed)."""
+        return self.expected_wait_s if self.wait_learned else None
+
     def pool_keeps(self, factor: float) -> bool:
         """Whether the pool keeps the prefix through the predicted wait unheld: the engine
         said how long a block freed now survives its evictions, and that is at least
         ``factor`` times the wait and the next call's way to the prefix (``admission_s``).
         Unknown survival or wait, or a wait from a prior alone: it may not (fail closed); an
         infinite ``factor``: never (even a pool that evicts nothing)."""
-        survival, wait = self.pool_survival_s, self.expected_wait_s
-        if survival is None or wait is None or not self.wait_learned or math.isinf(factor):
+        survival, wait = self.pool_survival_s, self.learned_wait_s
+        if survival is None or wait is None or math.isinf(factor):
             return False
         return survival >= factor * (wait + self.admission_s)
 
@@ -399,13 +405,12 @@ class ClaimPlanner:
             pol.allow_hard
             and p >= pol.hard_min_p
             and ctx.ste <= pol.hard_max_ste
-            and wait is not None
-            and ctx.wait_learned
-            and wait <= pol.hard_max_wait_s
+            and (sure := ctx.learned_wait_s) is not None
+            and sure <= pol.hard_max_wait_s
         ):
             return ClaimPlan(
                 ProtectionMode.HARD_PROTECTED,
-                self._ttl(wait * pol.ttl_margin),
+                self._ttl(sure * pol.ttl_margin),
                 "near and certain reuse",
             )
         if pol.allow_expiring and p >= pol.expiring_min_p:
@@ -421,7 +426,7 @@ class ClaimPlanner:
         wait and room. A hold is not free (it counts against the backend's cap until shed): a
         prefix whose reuse is unlikely is not held."""
         pol = self.policy
-        wait = ctx.expected_wait_s
+        wait = ctx.learned_wait_s  # only a pin rests on it here
         if pol.soft_mode is not ProtectionMode.BEST_EFFORT and (
             ctx.waiting_on != "human"
             and (ctx.reuse_probability < pol.best_effort_min_p or math.isinf(ctx.ste))
@@ -433,7 +438,6 @@ class ClaimPlanner:
             and ctx.reuse_probability >= pol.hard_min_p
             and ctx.ste <= pol.hard_max_ste
             and wait is not None
-            and ctx.wait_learned
             and wait <= pol.hard_max_wait_s
             and ctx.pressure <= pol.pin_max_pressure
         ):
