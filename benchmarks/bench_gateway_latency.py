@@ -7,7 +7,8 @@ gateway (`agentclaims serve --kv vllm`) and the bare proxy, both up at once. Eac
 ``--probes`` rounds of three plain chat requests, one straight to vLLM, one through the
 gateway and one through the proxy, in an order that rotates every round, so the two fronts
 are measured side by side under the same load. Per run and front: its CPU per request (its
-process's own counters, summed over the run), the end-to-end difference from the straight
+process's CPU-time clock, in nanoseconds: summed over its requests, and over the whole run,
+whatever ran between them included), the end-to-end difference from the straight
 request of the same round (p50, p99) and, for the gateway, its own time (its
 ``Server-Timing``: the handler's time less its wait on vLLM); then the ratio of the two
 fronts' CPU, per run and its median. With ``--layout pinned`` (the default with two or more
@@ -23,6 +24,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
+import functools
 import json
 import os
 import statistics
@@ -42,9 +46,29 @@ FRONTS = ("gateway", "bare proxy")
 
 
 def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) one process has used so far, from /proc."""
+    """CPU seconds (user + system, all its threads) one process has used so far: its CPU-time
+    clock (``clock_getcpuclockid``, nanoseconds). /proc's counters count in clock ticks
+    (10 ms here), about seven of a front's requests: summed over a run they wander by about
+    a seventh, so they are only the fallback."""
+    clock = _cpu_clock(pid)
+    if clock is not None:
+        return time.clock_gettime(clock)
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@functools.cache
+def _cpu_clock(pid: int) -> int | None:
+    """The CPU-time clock of process ``pid`` (None where libc will not give it)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        clock = ctypes.c_int()
+        if libc.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
+            return None
+        time.clock_gettime(clock.value)  # readable (the same user's process)
+    except (AttributeError, OSError):
+        return None
+    return clock.value
 
 
 async def one_run(urls: dict[str, str], pids: dict[str, int], args: Any) -> dict[str, Any]:
@@ -58,6 +82,8 @@ async def one_run(urls: dict[str, str], pids: dict[str, int], args: Any) -> dict
     async with httpx2.AsyncClient(timeout=60) as http:
         for i in range(args.probes + 5):
             order = names[i % 3 :] + names[: i % 3]
+            if i == 5:  # the measured rounds begin: each front's CPU from here on, all of it
+                whole = {front: process_cpu_s(pids[front]) for front in FRONTS}
             for name in order:
                 payload = {**body, "messages": [{"role": "user", "content": f"probe {i} " * 20}]}
                 c0 = process_cpu_s(pids[name]) if name in pids else 0.0
@@ -73,16 +99,18 @@ async def one_run(urls: dict[str, str], pids: dict[str, int], args: Any) -> dict
                 timing = _timing(r.headers.get("server-timing", ""))
                 if "gateway" in timing:  # the bare proxy says nothing
                     own.append(timing["gateway"])
+    whole = {front: process_cpu_s(pids[front]) - c for front, c in whole.items()}
     ms = 1e3
     out: dict[str, Any] = {}
     for front in FRONTS:
         added = [b - a for a, b in zip(elapsed["vllm"], elapsed[front], strict=True)]
         out[front] = {
             "cpu_ms_per_request": round(cpu[front] / args.probes * ms, 3),
+            "run_cpu_ms_per_request": round(whole[front] / args.probes * ms, 3),
             "added_p50_ms": round(statistics.median(added) * ms, 2),
             "added_p99_ms": round(pct(added, 0.99) * ms, 2),
-            "own_p50_ms": round(statistics.median(own), 3) if front == "gateway" else None,
-            "own_p99_ms": round(pct(own, 0.99), 3) if front == "gateway" else None,
+            "own_p50_ms": round(statistics.median(own), 3) if front == "gateway" and own else None,
+            "own_p99_ms": round(pct(own, 0.99), 3) if front == "gateway" and own else None,
         }
     floor = out["bare proxy"]["cpu_ms_per_request"]
     out["cpu_ratio"] = round(out["gateway"]["cpu_ms_per_request"] / floor, 3) if floor else None

@@ -3,17 +3,14 @@ request's latency is the rest, answered in a ``Server-Timing`` header (``gateway
 ``upstream``, in milliseconds) on every gateway response.
 
 ``track()`` starts the count for the current request (a context variable, so concurrent
-requests on one event loop count apart); ``upstream()`` wraps each wait on the engine.
+requests on one event loop count apart); ``waited(s)`` adds one wait on the engine.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar
 
-__all__ = ["server_timing", "track", "upstream"]
+__all__ = ["server_timing", "track", "waited"]
 
 _WAITED: ContextVar[list[float] | None] = ContextVar("agentclaims_upstream_s", default=None)
 
@@ -25,16 +22,13 @@ def track() -> list[float]:
     return cell
 
 
-@contextmanager
-def upstream() -> Iterator[None]:
-    """One wait on the upstream engine, added to the current request's count (if any)."""
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        cell = _WAITED.get()
-        if cell is not None:
-            cell[0] += time.perf_counter() - started
+def waited(seconds: float) -> None:
+    """One wait on the upstream engine, added to the current request's count (if any). A
+    plain call rather than a context manager: every agent's call counts one, and a
+    generator-based ``with`` runs several frames more."""
+    cell = _WAITED.get()
+    if cell is not None:
+        cell[0] += seconds
 
 
 def server_timing(total_s: float, upstream_s: float) -> str:

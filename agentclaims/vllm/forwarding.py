@@ -95,7 +95,9 @@ class CompletionForwarder:
         events)."""
         kind, body, claims = call.kind, call.body, call.claims
         owner, cache_salt, request_id = call.owner_scope, call.cache_salt, call.request_id
-        await self._kv.start()
+        kv = self._kv
+        if not kv.serving:  # the first call, or the first since vLLM's engine died
+            await kv.start()
         if body.get("stream"):
             raise UsageError(
                 "stream",
@@ -105,7 +107,7 @@ class CompletionForwarder:
             kind, body, claims, owner, cache_salt
         )
         tenant = owner or "default"
-        client = await self._kv.connector_ready()
+        client = await kv.connector_ready()
         outgoing = forwarded(body, client.model)
         if request_id is not None:
             outgoing["request_id"] = request_id
@@ -159,13 +161,15 @@ class CompletionForwarder:
         checked the call."""
         kind, body, claims = call.kind, call.body, call.claims
         owner, cache_salt = call.owner_scope, call.cache_salt
-        await self._kv.start()
-        if claims and not self._kv.streams_claims:
+        kv = self._kv
+        if not kv.serving:
+            await kv.start()
+        if claims and not kv.streams_claims:
             raise UsageError("stream", "no channel to the connector: claims need stream false")
         tokens, hashes, prompt_pid, specs = await self._claims_of(
             kind, body, claims, owner, cache_salt
         )
-        client = await self._kv.connector_ready()
+        client = await kv.connector_ready()
         outgoing = forwarded(body, client.model)
         outgoing["stream"] = True
         outgoing["return_token_ids"] = True  # the prompt's and the reply's, to name them
@@ -250,6 +254,12 @@ class CompletionForwarder:
         it needs (the token ids, the cached tokens; the connector answers a refusal or a
         deferral of any request). A call with the object always carries one, so its answer
         brings the connector's events and the pool's figures (the SDK plans with them)."""
+        riding = self._riding.take()
+        if not specs:  # a call without claims (a plain one, most of all): nothing to gate
+            if not riding and EXTENSION_KEY not in body:
+                self.bare += 1
+                return set(), {}, riding, None
+            return set(), {}, riding, client.envelope(riding, tenant)
         on_reply = {s.claim_id for s in specs if s.object_id == SEQUENCE_OBJECT}
         gated = {spec.claim_id: reason for spec in specs if (reason := self._gate(spec))}
         holds = [
@@ -257,12 +267,7 @@ class CompletionForwarder:
             for spec in specs
             if spec.claim_id not in gated
         ]
-        riding = self._riding.take()
-        ops = [*riding, *holds]
-        if not ops and EXTENSION_KEY not in body:
-            self.bare += 1
-            return on_reply, gated, riding, None
-        return on_reply, gated, riding, client.envelope(ops, tenant)
+        return on_reply, gated, riding, client.envelope([*riding, *holds], tenant)
 
     async def _answered(
         self,
@@ -296,10 +301,13 @@ class CompletionForwarder:
         )
         if answer.served and tokens is not None:
             self._sight.last_stored = tuple(hashes)
-            footprint = max(
-                (s.footprint_blocks for s in specs if s.claim_id not in on_reply), default=0
-            )
-            await self._sight.seen_stored([*hashes[:footprint], *(seq_hashes if on_reply else ())])
+            if self._sight.observer is not None:  # vLLM's KV events: wait until they show them
+                footprint = max(
+                    (s.footprint_blocks for s in specs if s.claim_id not in on_reply), default=0
+                )
+                await self._sight.seen_stored(
+                    [*hashes[:footprint], *(seq_hashes if on_reply else ())]
+                )
         # nothing below awaits: where no one holds the lock, it needs no taking
         async with self._lock if self._lock.locked() else _UNLOCKED:
             if tokens is not None and prompt_pid is None:
@@ -309,12 +317,13 @@ class CompletionForwarder:
             seq_pid = (
                 self._prompts.register(sequence, cache_salt, seq_hashes)[1] if sequence else None
             )
-            specs = [
-                dataclasses.replace(spec, object_id=seq_pid, footprint_blocks=len(seq_hashes))
-                if spec.claim_id in on_reply and seq_pid is not None
-                else spec
-                for spec in specs
-            ]
+            if on_reply and seq_pid is not None:
+                specs = [
+                    dataclasses.replace(spec, object_id=seq_pid, footprint_blocks=len(seq_hashes))
+                    if spec.claim_id in on_reply
+                    else spec
+                    for spec in specs
+                ]
             self._mirror.absorb(answer)
             return self._result(
                 answer,
@@ -395,13 +404,17 @@ class CompletionForwarder:
             hit_blocks=hit,
             computed_blocks=max(0, len(hashes) - hit),
         )
-        decisions = tuple(
-            self._mirror.refuse(spec, gated[spec.claim_id], rid)
-            if spec.claim_id in gated
-            else self._mirror.decide(
-                spec, answer, seq_hashes if spec.claim_id in on_reply else hashes
+        decisions = (
+            tuple(
+                self._mirror.refuse(spec, gated[spec.claim_id], rid)
+                if spec.claim_id in gated
+                else self._mirror.decide(
+                    spec, answer, seq_hashes if spec.claim_id in on_reply else hashes
+                )
+                for spec in specs
             )
-            for spec in specs
+            if specs
+            else ()
         )
         return ServeResult(
             outcome,

@@ -10,6 +10,7 @@ the server is closing.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -97,13 +98,15 @@ class Upstream:
 
         timeout = aiohttp.ClientTimeout(total=None, sock_read=self.timeout_s)
         data = _json.dumps(body)
+        started = time.perf_counter()
         try:
-            with timing.upstream():
-                response = await self._client().post(
-                    self.base_url + path, data=data, headers=_JSON, timeout=timeout
-                )
+            response = await self._client().post(
+                self.base_url + path, data=data, headers=_JSON, timeout=timeout
+            )
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise self._failed(exc) from exc
+        finally:
+            timing.waited(time.perf_counter() - started)
         stream = Stream(self, response)
         if response.status != 200:
             try:
@@ -129,19 +132,22 @@ class Upstream:
         url = self.base_url + path
         data = None if body is None else _json.dumps(body)
         timeout = None if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
+        started = time.perf_counter()
         try:
-            with timing.upstream():
-                async with self._client().request(
-                    method,
-                    url,
-                    data=data,
-                    headers=_JSON if data is not None else None,
-                    timeout=timeout,
-                ) as response:
-                    status, raw = response.status, await response.read()
+            async with self._client().request(
+                method,
+                url,
+                data=data,
+                headers=_JSON if data is not None else None,
+                timeout=timeout,
+            ) as response:
+                status, raw = response.status, await response.read()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise self._failed(exc) from exc
-        self._dead_if(status, raw)
+        finally:
+            timing.waited(time.perf_counter() - started)
+        if status == 500:
+            self._dead_if(status, raw)
         return status, raw
 
     async def get(self, path: str, *, timeout_s: float | None = None) -> tuple[int, Any]:
