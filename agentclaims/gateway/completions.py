@@ -43,6 +43,7 @@ from agentclaims.protocol.writer import (
     CompletionKind,
     ReplyStream,
     ReplyWriter,
+    Written,
 )
 
 __all__ = ["CompletionRoutes"]
@@ -103,16 +104,31 @@ class CompletionRoutes:
         # a reply written whole (a scripted one, or claims whose answer vLLM sends only in an
         # answer read whole): the gateway then streams it itself (#13)
         written = await writer.write(replace(call, body=unstreamed(body)) if streamed else call)
-        result = await self.service.served(
-            written.result, claim_owners(call.claims, owner), tenant, owner
-        )
+        owners = claim_owners(call.claims, owner)
+        return await self.answer(request, body, written, owners, tenant, owner, released, streamed)
+
+    async def answer(
+        self,
+        request: Request,
+        body: Mapping[str, Any],
+        written: Written,
+        owners: Mapping[str, str],
+        tenant: Tenant | None,
+        owner: str | None,
+        released: Sequence[Mapping[str, Any]],
+        streamed: bool,
+    ) -> Response:
+        """A reply written whole, answered: the service's books kept, then the claim-scoped
+        refusal, or the payload with its ``agentclaims`` object (JSON, or server-sent events
+        the gateway streams itself, #13)."""
+        result = await self.service.served(written.result, owners, tenant, owner)
         if not result.outcome.served:
             return self._refusal(request, result)
         payload = dict(written.payload)
         if isinstance(payload.get("id"), str):  # it names the request: as the caller named it
             payload["id"] = self.service.namespace.shown_text(payload["id"], tenant)
         payload[EXTENSION_KEY] = self._extension(result, released)
-        return respond(body, payload, streamed)  # JSON, or server-sent events (#13)
+        return respond(body, payload, streamed)
 
     async def _release(
         self, ext: Extension, owner: str | None, tenant: Tenant | None

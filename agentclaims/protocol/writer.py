@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from agentclaims.errors import UsageError
 from agentclaims.protocol.types import ServeResult
 
-__all__ = ["CompletionCall", "ReplyStream", "ReplyWriter", "Written", "check_body"]
+__all__ = ["CompletionCall", "PlainReply", "ReplyStream", "ReplyWriter", "Written", "check_body"]
 
 CompletionKind = Literal["chat", "completion"]
 
@@ -48,6 +48,21 @@ class Written:
 
     payload: dict[str, Any]
     result: ServeResult
+
+
+@dataclass(slots=True)
+class PlainReply:
+    """A plain call's answer from a writer's plain path (``CompletionForwarder.plain``, which
+    the gateway's ``PlainRoute`` calls): the client's payload and what its ``agentclaims``
+    object says, a served outcome with no claims."""
+
+    payload: dict[str, Any]
+    request_id: str
+    hit_blocks: int
+    computed_blocks: int
+    prompt: str | None
+    sequence: str | None
+    events_seq: int
 
 
 class ReplyStream(Protocol):

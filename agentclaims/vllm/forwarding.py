@@ -36,7 +36,7 @@ from agentclaims.protocol import (
     ServeResult,
     Written,
 )
-from agentclaims.protocol.writer import check_body
+from agentclaims.protocol.writer import CompletionKind, PlainReply, check_body
 from agentclaims.vllm.client import ConnectorAnswer, ConnectorClient
 from agentclaims.vllm.payloads import (
     KINDS,
@@ -121,6 +121,71 @@ class CompletionForwarder:
         if envelope is not None:
             outgoing["kv_transfer_params"] = {"agentclaims": envelope}
         self.completions += 1
+        data = await self._post(kind, outgoing, riding)
+        payload = client_payload(data, keep_token_ids=wants_ids)
+        result = await self._answered(
+            client, data, tokens, hashes, prompt_pid, specs, gated, on_reply, cache_salt
+        )
+        return Written(payload, result)
+
+    async def plain(
+        self, kind: CompletionKind, body: Mapping[str, Any]
+    ) -> PlainReply | Written | None:
+        """A plain OpenAI call (no ``agentclaims`` object, not streamed, no ``cache_salt``;
+        ``prepare`` checked it), written with the least work that books it: ``None`` while an
+        operation waits to ride (``write`` carries it). The request goes as ``write`` sends
+        one without claims or envelope; an answer the connector spoke to (a refusal, a
+        deferral, events) or that vLLM aborted is booked as ``write`` books it (``Written``),
+        and any other is a ``PlainReply``: the same prompt and sequence named in the prompt
+        book, the same served outcome, without its objects."""
+        if self._riding:
+            return None
+        kv = self._kv
+        if not kv.serving:
+            await kv.start()
+        client = await kv.connector_ready()
+        outgoing = forwarded(body, client.model)
+        outgoing["return_token_ids"] = True  # the prompt's and the reply's token ids
+        self.completions += 1
+        self.bare += 1
+        data = await self._post(kind, outgoing, [])
+        payload = client_payload(data, keep_token_ids=bool(body.get("return_token_ids")))
+        choice = (data.get("choices") or [{}])[0]
+        tokens = prompt_ids(data)
+        if (
+            tokens is None
+            or choice.get("finish_reason") == "abort"
+            or (data.get("kv_transfer_params") or {}).get(EXTENSION_KEY)
+        ):
+            result = await self._answered(client, data, None, [], None, [], {}, set(), None)
+            return Written(payload, result)
+        bs = self.block_size
+        hashes = hash_token_blocks(tokens, bs)
+        sequence = sequence_ids(data, tokens, bs)
+        seq_hashes = (
+            hash_token_blocks(sequence, bs, known=hashes[: len(sequence) // bs]) if sequence else []
+        )
+        self._sight.last_stored = tuple(hashes)
+        usage = data.get("usage") or {}
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        async with self._lock if self._lock.locked() else _UNLOCKED:
+            prompt_pid = self._prompts.register(tokens, None, hashes)[1]
+            seq_pid = self._prompts.register(sequence, None, seq_hashes)[1] if sequence else None
+            return PlainReply(
+                payload,
+                self._mirror.our_request(str(data.get("id"))) or str(data.get("id")),
+                hit_blocks=cached // bs,
+                computed_blocks=max(0, len(hashes) - cached // bs),
+                prompt=prompt_pid,
+                sequence=seq_pid,
+                events_seq=self._mirror.events.seq,
+            )
+
+    async def _post(
+        self, kind: CompletionKind | str, outgoing: dict[str, Any], riding: list[Op]
+    ) -> dict[str, Any]:
+        """``outgoing`` sent to vLLM: its answer, or the error vLLM's failure is (``riding``:
+        the operations it carried, put back when it may not have reached the connector)."""
         try:
             status, data = await self._http.post(KINDS[kind], outgoing)
         except BackendUnavailable:
@@ -132,15 +197,9 @@ class CompletionForwarder:
                 raise self._liveness.error() from None
             raise
         if status != 200 or not isinstance(data, dict):
-            self._riding.put_back(
-                riding
-            )  # it may not have reached the connector: again, harmlessly
+            self._riding.put_back(riding)  # it may not have reached the connector: again
             raise self._refused(status, data)
-        payload = client_payload(data, keep_token_ids=wants_ids)
-        result = await self._answered(
-            client, data, tokens, hashes, prompt_pid, specs, gated, on_reply, cache_salt
-        )
-        return Written(payload, result)
+        return data
 
     def _refused(self, status: int, data: Any) -> Exception:
         """The error vLLM's answer other than 200 is: the dead engine's, a 5xx, or vLLM

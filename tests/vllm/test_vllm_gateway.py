@@ -907,3 +907,75 @@ async def test_the_gateway_counts_the_engine_requests_it_makes_on_vllm(gateway: 
         ]
         assert 1 <= bare == stats["bare_completions"] <= after_claim["completion"]
         await http.post("/v1/claims/count-c1/release", json={"owner_scope": "count"})
+
+
+async def test_a_plain_call_is_answered_as_the_general_route_answers_it(
+    vllm_server: VllmServer,
+) -> None:
+    """The plain-call route (``agentclaims.gateway.plain``) answers what the general route
+    would, byte for byte but for the request's own names and the server's timing: two apps
+    over one vLLM side, one with the route and one without, take the same call in turn (its
+    prefix cached by the calls before, so both see the same hits)."""
+    from agentclaims.gateway.app import create_app
+    from agentclaims.vllm.kv import VllmKV
+
+    kv = VllmKV(vllm_server.url, vllm_server.key)
+    plain_app = create_app(kv)
+    general_app = create_app(kv)
+    assert getattr(plain_app, "plain", None) is not None
+    general_app.plain = None  # type: ignore[attr-defined]
+    body = {**chat(words("same", 60)), "max_tokens": 40}
+    answers: dict[str, list[httpx2.Response]] = {"plain": [], "general": []}
+    try:
+        for _ in range(2):
+            for name, app in (("general", general_app), ("plain", plain_app)):
+                transport = httpx2.ASGITransport(app=app)
+                async with httpx2.AsyncClient(transport=transport, base_url="http://gw") as http:
+                    answers[name].append(await http.post("/v1/chat/completions", json=body))
+    finally:
+        await kv.aclose()
+
+    def comparable(response: httpx2.Response) -> dict[str, Any]:
+        assert response.status_code == 200, response.text
+        out = response.json()
+        ext = out["agentclaims"]
+        assert ext["request_id"] == ext["outcome"]["request_id"] == out["id"]
+        for names in (out, ext, ext["outcome"]):
+            names.pop("id", None), names.pop("request_id", None)
+        out.pop("created")
+        return out
+
+    general, plain = answers["general"][1], answers["plain"][1]
+    assert comparable(plain) == comparable(general)
+    assert list(plain.json()["agentclaims"]) == list(general.json()["agentclaims"])  # its order
+    assert plain.json()["agentclaims"]["outcome"]["hit_blocks"] > 0  # the prefix was cached
+    assert plain.json()["agentclaims"]["prefix_ids"]["sequence"]
+    heads = ("content-type", "x-agentclaims-instance", "server-timing")
+    assert [plain.headers.get(h) is not None for h in heads] == [True, True, True]
+    assert plain.headers["content-type"] == general.headers["content-type"]
+    stats = plain_app.state.gateway.stats()["gateway"]["calls"]
+    assert stats["POST /v1/chat/completions"] == 2  # the plain route counts its calls
+
+
+async def test_what_the_plain_route_does_not_take_the_general_route_answers(gateway: str) -> None:
+    """A call the plain route will not take (a body over the limit, a malformed field, a
+    stream) is answered by the general route as before, and a body read in several pieces
+    goes on to vLLM whole: vLLM's own refusal of a prompt past its context comes back as the
+    client's 400."""
+    async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
+        too_large = {**chat("x"), "messages": [{"role": "user", "content": "y" * (9 << 20)}]}
+        r = await http.post("/v1/chat/completions", json=too_large)
+        assert r.status_code == 413, r.text
+        r = await http.post("/v1/chat/completions", json={**chat("bad stream"), "stream": "yes"})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["field"] == "stream", r.text
+        r = await http.post("/v1/chat/completions", content=b"{not json")
+        assert r.status_code == 400, r.text
+        events = await _sse(http, "/v1/chat/completions", {**chat("a stream"), "stream": True})
+        assert events[-1] == "[DONE]"
+        assert "agentclaims" in events[-2], events[-2:]
+        long = {**chat(words("long", 30_000))}  # about 300 kB: read in pieces, past 2048 tokens
+        r = await http.post("/v1/chat/completions", json=long)
+        assert r.status_code == 400, r.text
+        assert "vLLM refused the request" in r.json()["error"]["message"]
+        assert (await http.post("/v1/chat/completions", json=chat("after"))).status_code == 200
