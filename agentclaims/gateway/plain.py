@@ -54,8 +54,6 @@ _SERVED = ActiveOutcome(
 ).to_dict()
 """A served outcome's JSON form, from the type itself: a plain call's fills in its request
 and block counts."""
-_NOT_PLAIN = (EXTENSION_KEY, "cache_salt")
-"""Fields that make a call more than plain: the extension, a client's own cache salt."""
 
 
 class PlainRoute:
@@ -94,7 +92,7 @@ class PlainRoute:
             streamed = stream_requested(body)
         except AgentClaimsError:
             return receive  # refused the general way, with its message
-        if streamed or any(key in body for key in _NOT_PLAIN):
+        if streamed or EXTENSION_KEY in body or "cache_salt" in body:
             return receive
         waited = timing.track()
         name = f"POST {scope['path']}"
@@ -176,7 +174,11 @@ class PlainRoute:
                 return None, _again(messages, receive)
             if not message.get("more_body", False):
                 break
-        raw = b"".join(m.get("body", b"") for m in messages)
+        raw = (
+            messages[0].get("body", b"")
+            if len(messages) == 1
+            else b"".join(m.get("body", b"") for m in messages)
+        )
         return raw, _again([{"type": "http.request", "body": raw, "more_body": False}], receive)
 
 

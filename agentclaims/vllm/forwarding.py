@@ -160,11 +160,14 @@ class CompletionForwarder:
             result = await self._answered(client, data, None, [], None, [], {}, set(), None)
             return Written(payload, result)
         bs = self.block_size
-        hashes = hash_token_blocks(tokens, bs)
         sequence = sequence_ids(data, tokens, bs)
-        seq_hashes = (
-            hash_token_blocks(sequence, bs, known=hashes[: len(sequence) // bs]) if sequence else []
+        # one chain names both: the sequence's blocks begin with the prompt's, or (a reply that
+        # completed no block) are the first of them
+        chain = hash_token_blocks(
+            sequence if sequence and len(sequence) > len(tokens) else tokens, bs
         )
+        hashes = chain[: len(tokens) // bs]
+        seq_hashes = chain[: len(sequence) // bs] if sequence else []
         self._sight.last_stored = tuple(hashes)
         usage = data.get("usage") or {}
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
