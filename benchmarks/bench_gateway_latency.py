@@ -13,9 +13,11 @@ request of the same round (p50, p99) and, for the gateway, its own time (its
 ``Server-Timing``: the handler's time less its wait on vLLM); then the ratio of the two
 fronts' CPU, per run and its median. With ``--layout pinned`` (the default with two or more
 cores) vLLM runs on the last core and the fronts and this client on the others, as
-docs/operations.md deploys them. Run::
+docs/operations.md deploys them. The gateway answers these plain calls on its plain-call route
+(agentclaims.gateway.plain); with ``--ledger`` it keeps a ledger, and every call then takes
+the general route, as a gateway with tenants or a ledger answers one. Run::
 
-    .venv/bin/python benchmarks/bench_gateway_latency.py [--probes 300] [--runs 3] [--json]
+    .venv/bin/python benchmarks/bench_gateway_latency.py [--probes 300] [--runs 3] [--ledger] [--json]
 
 (needs the vLLM environment: `make vllm-env`).
 """
@@ -32,6 +34,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -126,6 +129,12 @@ def main() -> None:
     parser.add_argument("--probes", type=int, default=300, help="rounds per run")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--layout", choices=("pinned", "shared"), default="pinned")
+    parser.add_argument(
+        "--ledger",
+        action="store_true",
+        help="the gateway keeps a ledger (a SQLite file in a temporary folder): every call then "
+        "takes the general route, not the plain-call route",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if min(args.probes, args.runs) < 1:
@@ -136,6 +145,7 @@ def main() -> None:
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     procs: list[subprocess.Popen[bytes]] = []
     pids: dict[str, int] = {}
+    ledger_dir = tempfile.TemporaryDirectory(prefix="bench-ledger-")
     try:
         procs.append(serve_vllm(args.model, ports["vllm"], "--claims-key", KEY, on=on_vllm))
         proxy = str(Path(__file__).with_name("passthrough_proxy.py"))
@@ -143,6 +153,11 @@ def main() -> None:
             "gateway": [
                 *cli("serve", "--port", str(ports["gateway"]), "--kv", "vllm"),
                 *("--upstream", urls["vllm"], "--claims-key", KEY),
+                *(
+                    ("--ledger", str(Path(ledger_dir.name) / "ledger.sqlite"))
+                    if args.ledger
+                    else ()
+                ),
             ],
             "bare proxy": [
                 *(sys.executable, proxy, "--port", str(ports["bare proxy"])),
@@ -156,6 +171,7 @@ def main() -> None:
     finally:
         for proc in reversed(procs):
             stop(proc, group=True, timeout_s=30)
+        ledger_dir.cleanup()
     report(out, args, "pinned" if on_vllm else "shared")
 
 
@@ -163,9 +179,11 @@ def report(runs: list[dict[str, Any]], args: Any, where: str) -> None:
     ratios = [r["cpu_ratio"] for r in runs if r["cpu_ratio"] is not None]
     median = round(statistics.median(ratios), 3) if ratios else None
     if args.json:
-        print(json.dumps({"layout": where, "probes": args.probes, "runs": runs, "ratio": median}))
+        out = {"layout": where, "ledger": args.ledger, "probes": args.probes, "runs": runs}
+        print(json.dumps({**out, "ratio": median}))
         return
-    print(f"{args.probes} rounds per run, {args.runs} runs, layout {where}; ms\n")
+    route = "the general route (a ledger)" if args.ledger else "the plain-call route"
+    print(f"{args.probes} rounds per run, {args.runs} runs, layout {where}, {route}; ms\n")
     head = ("CPU/request", "added p50", "added p99", "own p50", "own p99")
     print(f"{'':8}{'':14}" + "".join(f"{h:>13}" for h in head))
     keys = ("cpu_ms_per_request", "added_p50_ms", "added_p99_ms", "own_p50_ms", "own_p99_ms")
