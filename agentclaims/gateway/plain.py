@@ -3,7 +3,7 @@
 Most of an agent framework's LLM calls through the vLLM gateway are plain: no ``agentclaims``
 object, not streamed. Between the wait on vLLM and the answer, vLLM's model run sweeps the
 shared CPU cache, so the gateway's code after it runs cold and each object or step it makes
-costs several times what it costs warm (docs/vllm.md, "Gateway added latency"). This route
+costs several times what it costs warm (docs/vllm.md, "a fourth look"). This route
 answers such a call straight from the ASGI scope: the same checks, the same request to vLLM,
 the same prompt book and the same answer, byte for byte, as the general route's
 (``CompletionRoutes``), without Starlette's request and response, the call's and the

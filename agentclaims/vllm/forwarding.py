@@ -138,12 +138,12 @@ class CompletionForwarder:
         deferral, events) or that vLLM aborted is booked as ``write`` books it (``Written``),
         and any other is a ``PlainReply``: the same prompt and sequence named in the prompt
         book, the same served outcome, without its objects."""
-        if self._riding:
-            return None
         kv = self._kv
         if not kv.serving:
             await kv.start()
         client = await kv.connector_ready()
+        if self._riding:  # after the waits above: what was queued meanwhile rides too
+            return None
         outgoing = forwarded(body, client.model)
         outgoing["return_token_ids"] = True  # the prompt's and the reply's token ids
         self.completions += 1
