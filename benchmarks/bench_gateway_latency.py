@@ -112,8 +112,8 @@ async def one_run(urls: dict[str, str], pids: dict[str, int], args: Any) -> dict
             "run_cpu_ms_per_request": round(whole[front] / args.probes * ms, 3),
             "added_p50_ms": round(statistics.median(added) * ms, 2),
             "added_p99_ms": round(pct(added, 0.99) * ms, 2),
-            "own_p50_ms": round(statistics.median(own), 3) if front == "gateway" and own else None,
-            "own_p99_ms": round(pct(own, 0.99), 3) if front == "gateway" and own else None,
+            "own_p50_ms": round(statistics.median(own), 3) if front == "gateway" else None,
+            "own_p99_ms": round(pct(own, 0.99), 3) if front == "gateway" else None,
         }
     floor = out["bare proxy"]["cpu_ms_per_request"]
     out["cpu_ratio"] = round(out["gateway"]["cpu_ms_per_request"] / floor, 3) if floor else None

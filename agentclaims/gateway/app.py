@@ -193,8 +193,7 @@ class _Gateway:
         ledger accounted for before the first operation."""
         open_route = name in _OPEN_ROUTES
         operator = name in _OPERATOR_ROUTES
-        # the instance's headers, as a response's raw headers: added to each in one step
-        instance = [(k.lower().encode(), v.encode()) for k, v in self.instance.headers.items()]
+        instance = self.instance.raw_headers
 
         async def run(request: Request) -> Response:
             self.calls[name] += 1
@@ -368,7 +367,7 @@ def create_app(
             limits,
             gw.calls,
             gw.prometheus,
-            [(k.lower().encode(), v.encode()) for k, v in gw.instance.headers.items()],
+            gw.instance.raw_headers,
             gw.on_error,
         )
     app.state.gateway = gw

@@ -212,14 +212,37 @@ class CompletionRoutes:
         self, result: ServeResult, released: Sequence[Mapping[str, Any]] = ()
     ) -> dict[str, Any]:
         """The ``agentclaims`` object of an upstream engine's answer."""
+        return self.extension_of(
+            result.outcome.to_dict(),
+            result.prefix_ids,
+            [d.to_dict() for d in result.decisions] if result.decisions else [],
+            result.events_seq,
+            deferred_s=result.deferred_s,
+            pool=result.pool,
+            released=released,
+        )
+
+    def extension_of(
+        self,
+        outcome: dict[str, Any],
+        prefix_ids: Mapping[str, Any],
+        decisions: list[dict[str, Any]],
+        events_seq: int,
+        *,
+        deferred_s: float = 0.0,
+        pool: Mapping[str, Any] | None = None,
+        released: Sequence[Mapping[str, Any]] = (),
+    ) -> dict[str, Any]:
+        """The ``agentclaims`` object from its parts in their JSON form (the plain-call route
+        writes a served outcome's without its objects)."""
         return {
-            "request_id": result.outcome.request_id,
-            "outcome": result.outcome.to_dict(),
-            "prefix_ids": result.prefix_ids,
-            "decisions": [d.to_dict() for d in result.decisions] if result.decisions else [],
-            "events_seq": result.events_seq,
-            **({"deferred_s": result.deferred_s} if result.deferred_s else {}),
-            **({"pool": result.pool} if result.pool is not None else {}),
+            "request_id": outcome["request_id"],
+            "outcome": outcome,
+            "prefix_ids": prefix_ids,
+            "decisions": decisions,
+            "events_seq": events_seq,
+            **({"deferred_s": deferred_s} if deferred_s else {}),
+            **({"pool": pool} if pool is not None else {}),
             **({"released": list(released)} if released else {}),
             **self._fields,
         }

@@ -31,6 +31,11 @@ class Instance:
         return out
 
     @property
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        """``headers`` as a response's raw headers (ASGI): added to each in one step."""
+        return [(k.lower().encode(), v.encode()) for k, v in self.headers.items()]
+
+    @property
     def headers(self) -> dict[str, str]:
         out = {INSTANCE_HEADER: self.instance_id}
         if self.advertise_url:

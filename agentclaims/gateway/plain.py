@@ -45,10 +45,11 @@ PlainWrite = Callable[[CompletionKind, Mapping[str, Any]], Awaitable[Any]]
 """A reply writer's plain path (``CompletionForwarder.plain``): ``None`` when it will not take
 the call, a ``Written`` to answer the general way, else a ``PlainReply``."""
 
-_KINDS: dict[str, CompletionKind] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completion",
+_ROUTES: dict[str, tuple[CompletionKind, str]] = {
+    "/v1/chat/completions": ("chat", "POST /v1/chat/completions"),
+    "/v1/completions": ("completion", "POST /v1/completions"),
 }
+"""Each completion path: its kind and its name in the gateway's counts and metrics."""
 _SERVED = ActiveOutcome(
     RequestId(""), ArbiterAction.SERVE_ACTIVE_PRESERVE_RESIDENT, Feasibility.FEASIBLE
 ).to_dict()
@@ -76,12 +77,11 @@ class PlainRoute:
         self._prometheus = prometheus
         self._instance = instance_headers
         self._on_error = on_error
-        self._fields = routes.instance.fields
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
         """Answer the call if it is a plain one: ``None`` once answered; else the ``receive``
         the general route reads the body from (what was read here comes first)."""
-        kind = _KINDS[scope["path"]]
+        kind, name = _ROUTES[scope["path"]]
         started = time.perf_counter()
         raw, receive = await self._read(scope, receive)
         if raw is None or self._routes.service.stopping:
@@ -95,7 +95,6 @@ class PlainRoute:
         if streamed or EXTENSION_KEY in body or "cache_salt" in body:
             return receive
         waited = timing.track()
-        name = f"POST {scope['path']}"
         reply = None
         try:
             reply = await self._write(kind, body)
@@ -128,21 +127,20 @@ class PlainRoute:
     def _answer(self, reply: PlainReply) -> tuple[list[tuple[bytes, bytes]], bytes]:
         """A plain reply's headers and JSON: the payload with its ``agentclaims`` object, as
         ``CompletionRoutes`` writes a served call's with no claims."""
-        rid = reply.request_id
         outcome = _SERVED | {
-            "request_id": rid,
+            "request_id": reply.request_id,
             "hit_blocks": reply.hit_blocks,
             "computed_blocks": reply.computed_blocks,
         }
         payload = reply.payload
-        payload[EXTENSION_KEY] = {
-            "request_id": rid,
-            "outcome": outcome,
-            "prefix_ids": {"prompt": reply.prompt, "sequence": reply.sequence, "messages": []},
-            "decisions": [],
-            "events_seq": reply.events_seq,
-            **self._fields,
+        prefix_ids: dict[str, Any] = {
+            "prompt": reply.prompt,
+            "sequence": reply.sequence,
+            "messages": [],
         }
+        payload[EXTENSION_KEY] = self._routes.extension_of(
+            outcome, prefix_ids, [], reply.events_seq
+        )
         out = _json.dumps(payload)
         headers = [
             (b"content-length", str(len(out)).encode()),

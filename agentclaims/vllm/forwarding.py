@@ -95,9 +95,7 @@ class CompletionForwarder:
         events)."""
         kind, body, claims = call.kind, call.body, call.claims
         owner, cache_salt, request_id = call.owner_scope, call.cache_salt, call.request_id
-        kv = self._kv
-        if not kv.serving:  # the first call, or the first since vLLM's engine died
-            await kv.start()
+        client = await self._ready()
         if body.get("stream"):
             raise UsageError(
                 "stream",
@@ -107,7 +105,6 @@ class CompletionForwarder:
             kind, body, claims, owner, cache_salt
         )
         tenant = owner or "default"
-        client = await kv.connector_ready()
         outgoing = forwarded(body, client.model)
         if request_id is not None:
             outgoing["request_id"] = request_id
@@ -138,11 +135,8 @@ class CompletionForwarder:
         deferral, events) or that vLLM aborted is booked as ``write`` books it (``Written``),
         and any other is a ``PlainReply``: the same prompt and sequence named in the prompt
         book, the same served outcome, without its objects."""
-        kv = self._kv
-        if not kv.serving:
-            await kv.start()
-        client = await kv.connector_ready()
-        if self._riding:  # after the waits above: what was queued meanwhile rides too
+        client = await self._ready()
+        if self._riding:  # after the start's waits: what was queued meanwhile rides too
             return None
         outgoing = forwarded(body, client.model)
         outgoing["return_token_ids"] = True  # the prompt's and the reply's token ids
@@ -159,30 +153,29 @@ class CompletionForwarder:
         ):
             result = await self._answered(client, data, None, [], None, [], {}, set(), None)
             return Written(payload, result)
-        bs = self.block_size
-        sequence = sequence_ids(data, tokens, bs)
-        # one chain names both: the sequence's blocks begin with the prompt's, or (a reply that
-        # completed no block) are the first of them
-        chain = hash_token_blocks(
-            sequence if sequence and len(sequence) > len(tokens) else tokens, bs
-        )
-        hashes = chain[: len(tokens) // bs]
-        seq_hashes = chain[: len(sequence) // bs] if sequence else []
+        sequence = sequence_ids(data, tokens, self.block_size)
+        hashes, seq_hashes = self._chain(tokens, sequence, None)
         self._sight.last_stored = tuple(hashes)
         usage = data.get("usage") or {}
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        hit, computed = self._blocks_served(cached, hashes)
         async with self._lock if self._lock.locked() else _UNLOCKED:
-            prompt_pid = self._prompts.register(tokens, None, hashes)[1]
-            seq_pid = self._prompts.register(sequence, None, seq_hashes)[1] if sequence else None
+            prompt_pid, seq_pid = self._book(tokens, hashes, None, sequence, seq_hashes, None)
             return PlainReply(
                 payload,
                 self._mirror.our_request(str(data.get("id"))) or str(data.get("id")),
-                hit_blocks=cached // bs,
-                computed_blocks=max(0, len(hashes) - cached // bs),
+                hit_blocks=hit,
+                computed_blocks=computed,
                 prompt=prompt_pid,
                 sequence=seq_pid,
                 events_seq=self._mirror.events.seq,
             )
+
+    async def _ready(self) -> ConnectorClient:
+        """The side started (at once when it is; again after vLLM's engine died) and the
+        connector's client, its model named."""
+        await self._kv.start()
+        return await self._kv.connector_ready()
 
     async def _post(
         self, kind: CompletionKind | str, outgoing: dict[str, Any], riding: list[Op]
@@ -223,15 +216,12 @@ class CompletionForwarder:
         checked the call."""
         kind, body, claims = call.kind, call.body, call.claims
         owner, cache_salt = call.owner_scope, call.cache_salt
-        kv = self._kv
-        if not kv.serving:
-            await kv.start()
-        if claims and not kv.streams_claims:
+        client = await self._ready()
+        if claims and not self._kv.streams_claims:
             raise UsageError("stream", "no channel to the connector: claims need stream false")
         tokens, hashes, prompt_pid, specs = await self._claims_of(
             kind, body, claims, owner, cache_salt
         )
-        client = await kv.connector_ready()
         outgoing = forwarded(body, client.model)
         outgoing["stream"] = True
         outgoing["return_token_ids"] = True  # the prompt's and the reply's, to name them
@@ -316,12 +306,6 @@ class CompletionForwarder:
         it needs (the token ids, the cached tokens; the connector answers a refusal or a
         deferral of any request). A call with the object always carries one, so its answer
         brings the connector's events and the pool's figures (the SDK plans with them)."""
-        riding = self._riding.take()
-        if not specs:  # a call without claims (a plain one, most of all): nothing to gate
-            if not riding and EXTENSION_KEY not in body:
-                self.bare += 1
-                return set(), {}, riding, None
-            return set(), {}, riding, client.envelope(riding, tenant)
         on_reply = {s.claim_id for s in specs if s.object_id == SEQUENCE_OBJECT}
         gated = {spec.claim_id: reason for spec in specs if (reason := self._gate(spec))}
         holds = [
@@ -329,7 +313,12 @@ class CompletionForwarder:
             for spec in specs
             if spec.claim_id not in gated
         ]
-        return on_reply, gated, riding, client.envelope([*riding, *holds], tenant)
+        riding = self._riding.take()
+        ops = [*riding, *holds]
+        if not ops and EXTENSION_KEY not in body:
+            self.bare += 1
+            return on_reply, gated, riding, None
+        return on_reply, gated, riding, client.envelope(ops, tenant)
 
     async def _answered(
         self,
@@ -348,44 +337,29 @@ class CompletionForwarder:
         answer = client._answer(data)
         if tokens is None:
             tokens = prompt_ids(data)
-        if tokens is not None and prompt_pid is None:
-            hashes = hash_token_blocks(tokens, self.block_size, cache_salt=cache_salt)
         sequence = sequence_ids(data, tokens, self.block_size)
-        seq_hashes = (
-            hash_token_blocks(  # the prompt's full blocks start the sequence: hashed once
-                sequence,
-                self.block_size,
-                cache_salt=cache_salt,
-                known=hashes[: len(sequence) // self.block_size],
-            )
-            if sequence
-            else []
-        )
+        seq_hashes: list[BlockHash] = []
+        if tokens is not None:
+            hashes, seq_hashes = self._chain(tokens, sequence, cache_salt, hashes)
         if answer.served and tokens is not None:
             self._sight.last_stored = tuple(hashes)
-            if self._sight.observer is not None:  # vLLM's KV events: wait until they show them
-                footprint = max(
-                    (s.footprint_blocks for s in specs if s.claim_id not in on_reply), default=0
-                )
-                await self._sight.seen_stored(
-                    [*hashes[:footprint], *(seq_hashes if on_reply else ())]
-                )
+            footprint = max(
+                (s.footprint_blocks for s in specs if s.claim_id not in on_reply), default=0
+            )
+            await self._sight.seen_stored([*hashes[:footprint], *(seq_hashes if on_reply else ())])
         # nothing below awaits: where no one holds the lock, it needs no taking
         async with self._lock if self._lock.locked() else _UNLOCKED:
-            if tokens is not None and prompt_pid is None:
-                hashes, prompt_pid = self._prompts.register(tokens, cache_salt, hashes)
-            # a reply that completes no block past the prompt names the prompt's own prefix:
-            # the book knows it already (``register``)
-            seq_pid = (
-                self._prompts.register(sequence, cache_salt, seq_hashes)[1] if sequence else None
-            )
-            if on_reply and seq_pid is not None:
-                specs = [
-                    dataclasses.replace(spec, object_id=seq_pid, footprint_blocks=len(seq_hashes))
-                    if spec.claim_id in on_reply
-                    else spec
-                    for spec in specs
-                ]
+            seq_pid: str | None = None
+            if tokens is not None:
+                prompt_pid, seq_pid = self._book(
+                    tokens, hashes, prompt_pid, sequence, seq_hashes, cache_salt
+                )
+            specs = [
+                dataclasses.replace(spec, object_id=seq_pid, footprint_blocks=len(seq_hashes))
+                if spec.claim_id in on_reply and seq_pid is not None
+                else spec
+                for spec in specs
+            ]
             self._mirror.absorb(answer)
             return self._result(
                 answer,
@@ -396,6 +370,44 @@ class CompletionForwarder:
                 sequence=(seq_pid, seq_hashes),
                 on_reply=on_reply,
             )
+
+    def _chain(
+        self,
+        tokens: Sequence[int],
+        sequence: Sequence[int] | None,
+        cache_salt: str | None,
+        known: Sequence[BlockHash] = (),
+    ) -> tuple[list[BlockHash], list[BlockHash]]:
+        """The block hashes of the prompt ``tokens`` and of the ``sequence`` it left cached,
+        as one chain: the sequence's blocks begin with the prompt's, or (a reply that completed
+        no block) are the first of them. ``known``: the prompt's, hashed already."""
+        bs = self.block_size
+        longer = sequence if sequence and len(sequence) > len(tokens) else tokens
+        chain = hash_token_blocks(longer, bs, cache_salt=cache_salt, known=known)
+        return chain[: len(tokens) // bs], chain[: len(sequence) // bs] if sequence else []
+
+    def _book(
+        self,
+        tokens: Sequence[int],
+        hashes: list[BlockHash],
+        prompt_pid: str | None,
+        sequence: Sequence[int] | None,
+        seq_hashes: list[BlockHash],
+        cache_salt: str | None,
+    ) -> tuple[str | None, str | None]:
+        """The prompt (unless ``prompt_pid`` names it already) and the sequence in the prompt
+        book: their prefix ids. A reply that completes no block past the prompt names the
+        prompt's own prefix: the book knows it already (``register``)."""
+        if prompt_pid is None:
+            prompt_pid = self._prompts.register(tokens, cache_salt, hashes)[1]
+        seq_pid = self._prompts.register(sequence, cache_salt, seq_hashes)[1] if sequence else None
+        return prompt_pid, seq_pid
+
+    def _blocks_served(self, cached_tokens: int, hashes: Sequence[BlockHash]) -> tuple[int, int]:
+        """Of a served prompt's full blocks (``hashes``): the leading ones vLLM's cache held,
+        and the ones it computed."""
+        hit = cached_tokens // self.block_size
+        return hit, max(0, len(hashes) - hit)
 
     def _resolve(
         self,
@@ -439,7 +451,6 @@ class CompletionForwarder:
         sequence: tuple[str | None, Sequence[BlockHash]] = (None, ()),
         on_reply: frozenset[str] | set[str] = frozenset(),
     ) -> ServeResult:
-        bs = self.block_size
         seq_pid, seq_hashes = sequence
         rid = RequestId(self._mirror.our_request(answer.request_id) or answer.request_id)
         if answer.refused is not None or answer.finish_reason == "abort":
@@ -458,25 +469,21 @@ class CompletionForwarder:
                 events_seq=self._mirror.events.seq,
                 block_hashes=tuple(hashes),
             )
-        hit = answer.cached_tokens // bs
+        hit, computed = self._blocks_served(answer.cached_tokens, hashes)
         outcome = ActiveOutcome(
             rid,
             ArbiterAction.SERVE_ACTIVE_PRESERVE_RESIDENT,
             Feasibility.FEASIBLE,
             hit_blocks=hit,
-            computed_blocks=max(0, len(hashes) - hit),
+            computed_blocks=computed,
         )
-        decisions = (
-            tuple(
-                self._mirror.refuse(spec, gated[spec.claim_id], rid)
-                if spec.claim_id in gated
-                else self._mirror.decide(
-                    spec, answer, seq_hashes if spec.claim_id in on_reply else hashes
-                )
-                for spec in specs
+        decisions = tuple(
+            self._mirror.refuse(spec, gated[spec.claim_id], rid)
+            if spec.claim_id in gated
+            else self._mirror.decide(
+                spec, answer, seq_hashes if spec.claim_id in on_reply else hashes
             )
-            if specs
-            else ()
+            for spec in specs
         )
         return ServeResult(
             outcome,

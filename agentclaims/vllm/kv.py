@@ -155,9 +155,6 @@ class VllmKV:
         self.run_id = uuid.uuid4().hex[:12]
         self._lock = asyncio.Lock()
         self._started: asyncio.Task[None] | None = None
-        self.serving = False
-        """Started, and its engine not known dead: ``start`` has nothing to do (every call asks
-        this first, without a coroutine)."""
         self.runtime_version: str | None = None
         """vLLM's version (from its /version), known once started."""
         self.lowering: Path | None = CONNECTOR_DESCRIPTOR
@@ -237,7 +234,6 @@ class VllmKV:
             self.lowering = _STOCK_DESCRIPTOR if _STOCK_DESCRIPTOR.is_file() else None
         async with self._lock:
             self.mirror.absorb(answer)
-        self.serving = True
 
     @property
     def engine_dead(self) -> str | None:
@@ -259,7 +255,6 @@ class VllmKV:
         ):
             return  # never served here: nothing of it was known, nothing is lost
         detail = self.liveness.died(seen)
-        self.serving = False
         self.riding.clear()  # its holds went with it
         self._started = None  # a vLLM that comes back is started afresh (orphans, pool, version)
         log.error("agentclaims: %s; every claim on it ends (%s)", detail, BACKEND_RESTART)
@@ -310,8 +305,7 @@ class VllmKV:
 
     async def connector_ready(self) -> ConnectorClient:
         """The connector's client, its model named (vLLM's served model, asked once)."""
-        if not self._connector.model:
-            self._connector.model = await self.model()
+        self._connector.model = await self.model()
         return self._connector
 
     async def tokenize(self, kind: str, body: Mapping[str, Any]) -> list[int]:

@@ -146,8 +146,7 @@ class Upstream:
             raise self._failed(exc) from exc
         finally:
             timing.waited(time.perf_counter() - started)
-        if status == 500:
-            self._dead_if(status, raw)
+        self._dead_if(status, raw)
         return status, raw
 
     async def get(self, path: str, *, timeout_s: float | None = None) -> tuple[int, Any]:
