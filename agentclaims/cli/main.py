@@ -11,13 +11,16 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "version"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentclaims",
         description="Workflow-level KV residency claims for LLM agents.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {version()}", help="print the version"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -206,6 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--plot", default=None, metavar="FILE.png")
     replay.set_defaults(module="bench_replay")
     return parser
+
+
+def version() -> str:
+    """This package's version (``agentclaims.__version__``, kept equal to pyproject.toml's)."""
+    from agentclaims import __version__
+
+    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -169,7 +169,7 @@ class VllmKV:
 
             self.observer = KVEventsObserver(
                 kv_events,
-                python=vllm_python(events_python),
+                python=vllm_python(events_python, flag="--vllm-python"),
                 block_size=block_size,
                 replay=kv_events_replay,
             )

