@@ -89,9 +89,9 @@ class CompletionRoutes:
                 claims=tuple(self.service.claims(ext.claims, owner, tenant)),
                 owner_scope=owner,
                 cache_salt=self.service.namespace.salt(optional_str(body, "cache_salt"), tenant),
-                request_id=self.service.namespace.inner(ext.request_id, tenant)
-                if ext.request_id
-                else None,
+                request_id=self.service.namespace.request_id(
+                    ext.request_id, tenant, "chatcmpl" if kind == "chat" else "cmpl"
+                ),
                 admit=ext.admit,
                 node=ext.node,
             )

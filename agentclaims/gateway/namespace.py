@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import uuid
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -48,6 +49,15 @@ class TenantNamespace:
     def inner(self, id_: str, tenant: Tenant | None) -> str:
         """``id_`` as ``tenant`` named it -> as the KV side knows it."""
         return self.ns(tenant) + id_
+
+    def request_id(self, given: str | None, tenant: Tenant | None, prefix: str) -> str | None:
+        """A request's id inside the KV side: the client's (``given``) in ``tenant``'s
+        namespace, or for a tenant that named none one made here (``PREFIX-<hex>``) in it too,
+        so the tenant sees its request as its own; ``None`` where the KV side names it."""
+        ns = self.ns(tenant)
+        if given is None:
+            return f"{ns}{prefix}-{uuid.uuid4().hex}" if ns else None
+        return ns + given
 
     def shown(self, id_: str, tenant: Tenant | None) -> str:
         """An id of the KV side -> as ``tenant`` may see it."""

@@ -188,6 +188,24 @@ def test_a_tenant_never_sees_or_touches_another_tenants_claims(gateway: tuple[st
         assert r.json()["state"] == "expired"
 
 
+def test_a_request_id_the_gateway_makes_is_the_tenants_own(gateway: tuple[str, Path]) -> None:
+    """A tenant's call that names no request id gets one in the tenant's namespace: the
+    tenant sees it as its own (never ``other:<hex>``), the operator sees it qualified."""
+    url, _ = gateway
+    with client(url, ALPHA) as alpha, client(url, OPS) as ops:
+        r = chat(alpha, "gen-a", claims=[prompt_claim("gen-c1", ttl_s=30)])
+        assert r.status_code == 200, r.text
+        rid = r.json()["agentclaims"]["request_id"]
+        assert rid.startswith("chatcmpl-"), rid
+        assert r.json()["id"] == rid
+        mine = alpha.get("/v1/events").json()["events"]
+        assert rid in {e["request_id"] for e in mine}  # its admission event names it
+        assert not any(str(e["request_id"]).startswith("other:") for e in mine)
+        every = ops.get("/v1/events").json()["events"]
+        assert f"alpha/{rid}" in {e["request_id"] for e in every}
+        alpha.post("/v1/claims/gen-c1/release", json={"owner_scope": "gen-a"})
+
+
 def _identity(http: httpx2.Client) -> dict[str, Any]:
     identity: dict[str, Any] = http.get("/v1/descriptor").json()["cache_identity"]
     return identity
