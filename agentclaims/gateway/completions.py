@@ -193,13 +193,25 @@ class CompletionRoutes:
 
         async def events() -> AsyncIterator[bytes]:
             try:
+                # a chunk that may be the last (a finish reason, or the usage chunk) waits for
+                # the next: the last one carries the ``agentclaims`` object, so the stream is
+                # chunk for chunk the engine's, as OpenAI shapes it
+                last: dict[str, Any] | None = None
                 async for chunk in streamed.chunks():
-                    yield event(chunk)
+                    if last is not None:
+                        yield event(last)
+                        last = None
+                    if _may_end(chunk):
+                        last = chunk
+                    else:
+                        yield event(chunk)
                 result = early or await self.service.served(
                     _settled(streamed), owners, tenant, owner
                 )
                 ext = {**self._extension(result, released), "usage": streamed.usage}
-                yield event({**streamed.shape, "choices": [], EXTENSION_KEY: ext})
+                if last is None:  # no finishing chunk came (never from vLLM): one of its own
+                    last = {**streamed.shape, "choices": []}
+                yield event({**last, EXTENSION_KEY: ext})
                 yield DONE
             finally:
                 await streamed.aclose()
@@ -261,6 +273,13 @@ class CompletionRoutes:
         """Whether a deferral answers 409 (behind a router: ``--behind-router``, or the client's
         ``X-Agentclaims-Router-Safe: 1``), not 503."""
         return self.instance.behind_router or request.headers.get(ROUTER_SAFE_HEADER) == "1"
+
+
+def _may_end(chunk: Mapping[str, Any]) -> bool:
+    """Whether a streamed chunk may be the stream's last: the usage chunk (no choices) or
+    one that finishes a choice."""
+    choices = chunk.get("choices")
+    return not choices or any(c.get("finish_reason") for c in choices)
 
 
 def _settled(stream: ReplyStream) -> ServeResult:

@@ -127,6 +127,8 @@ class ConnectorClient:
             "v": 1,
             "tenant": tenant or self.tenant,
             "nonce": os.urandom(16).hex(),
+            "issued_ns": time.time_ns(),  # refused once stale: no replay after a restart
+            **({"instance": self.instance} if self.instance is not None else {}),
             "since": self.cursor,
             "ops": [dict(op) if isinstance(op, Mapping) else to_wire(op) for op in ops],
         }

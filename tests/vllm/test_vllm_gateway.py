@@ -751,8 +751,9 @@ async def _sse(http: httpx2.AsyncClient, url: str, body: dict[str, Any]) -> list
 
 
 async def test_a_streamed_completion_passes_vllms_tokens_through(gateway: str) -> None:
-    """``stream: true`` through the gateway on vLLM: vLLM's own chunks, a token at a time, then
-    one chunk more with the ``agentclaims`` object (served, the prompt named, the usage) and
+    """``stream: true`` through the gateway on vLLM: vLLM's own chunks, a token at a time, and
+    no chunk more: the last (the finish chunk, or the usage chunk when the client asked for
+    usage) carries the ``agentclaims`` object (served, the prompt named, the usage), then
     ``[DONE]``. Token ids and the usage chunk reach the client only when it asks for them; the
     prompt it names is vLLM's, resident and claimable after the stream."""
     body = {**chat(words("stream", 40)), "max_tokens": 8, "stream": True}
@@ -766,7 +767,9 @@ async def test_a_streamed_completion_passes_vllms_tokens_through(gateway: str) -
         assert not any("usage" in c or "prompt_token_ids" in c for c in chunks[:-1])
         assert not any("token_ids" in ch for c in chunks for ch in c["choices"])
         ext = chunks[-1]["agentclaims"]
-        assert chunks[-1]["choices"] == []
+        assert all(c["choices"] for c in chunks)  # no chunk without choices was asked for
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert not any("agentclaims" in c for c in chunks[:-1])
         assert ext["outcome"]["action"].startswith("serve_active")
         assert ext["usage"]["completion_tokens"] == 8
         prompt = ext["prefix_ids"]["prompt"]
@@ -776,10 +779,11 @@ async def test_a_streamed_completion_passes_vllms_tokens_through(gateway: str) -
         # asked for: the usage chunk (OpenAI's shape) and the token ids, as vLLM sends them
         asked = {**body, "stream_options": {"include_usage": True}, "return_token_ids": True}
         events = await _sse(http, f"{gateway}/v1/chat/completions", asked)
-        usage = [c for c in events[:-1] if not c["choices"] and "agentclaims" not in c]
-        assert usage
+        usage = [c for c in events[:-1] if not c["choices"]]
+        assert usage == [events[-2]]  # one usage chunk, the last, with the agentclaims object
         assert usage[-1]["usage"]["completion_tokens"] == 8
         assert usage[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the same prompt
+        assert usage[-1]["agentclaims"]["outcome"]["action"].startswith("serve_active")
         assert any(ch.get("token_ids") for c in events[:-1] for ch in c["choices"])
 
 
@@ -979,3 +983,67 @@ async def test_what_the_plain_route_does_not_take_the_general_route_answers(gate
         assert r.status_code == 400, r.text
         assert "vLLM refused the request" in r.json()["error"]["message"]
         assert (await http.post("/v1/chat/completions", json=chat("after"))).status_code == 200
+
+
+def test_a_gateway_stopped_after_traffic_closes_its_clients(vllm_server: VllmServer) -> None:
+    """SIGTERM after proxied calls, with KV events on: the gateway closes its connections to
+    vLLM and its event reader before it exits, so nothing is left for aiohttp to complain
+    about ("Unclosed client session", "Unclosed connector")."""
+    proc, url = start_gateway(
+        "--kv", "vllm", "--upstream", vllm_server.url, "--claims-key", vllm_server.key,
+        "--kv-events", vllm_server.events,
+    )  # fmt: skip
+    try:
+        with httpx2.Client(base_url=url, timeout=60) as http:
+            claim = {"claim_id": "close-1", "object_id": "@prompt", "protection_mode": "demotable"}
+            for body in (
+                chat(words("close", 20)),
+                chat(words("close", 24), owner_scope="wf-close", claims=[claim]),
+            ):
+                assert http.post("/v1/chat/completions", json=body).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        stop(proc)
+    text = err.decode()
+    assert proc.returncode == 0, text
+    assert "stopped" in text
+    assert "Unclosed" not in text, text
+
+
+def test_the_openai_clients_streaming_idioms_work_through_the_gateway(gateway: str) -> None:
+    """The real ``openai`` client, sync and async, iterating a streamed chat through the
+    gateway on vLLM as it does against vLLM: ``chunk.choices[0]`` on every chunk without
+    usage, and with ``include_usage`` the usage on the last chunk; the ``agentclaims`` object
+    on the last chunk either way."""
+    import asyncio
+
+    import openai
+
+    kwargs: dict[str, Any] = {
+        "model": "m",
+        "messages": [{"role": "user", "content": words("idiom", 30)}],
+        "max_tokens": 6,
+        "stream": True,
+    }
+    with openai.OpenAI(base_url=f"{gateway}/v1", api_key="k") as client:
+        chunks = list(client.chat.completions.create(**kwargs))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)  # never IndexError
+        assert text
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert chunks[-1].model_extra["agentclaims"]["outcome"]["action"].startswith("serve")
+        with_usage = list(
+            client.chat.completions.create(**kwargs, stream_options={"include_usage": True})
+        )
+        assert with_usage[-1].usage is not None
+        assert with_usage[-1].usage.completion_tokens == 6
+        assert all(c.choices for c in with_usage[:-1])
+
+    async def stream_async() -> str:
+        async with openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key="k") as client:
+            out = ""
+            async for chunk in await client.chat.completions.create(**kwargs):
+                out += chunk.choices[0].delta.content or ""
+            return out
+
+    assert asyncio.run(stream_async())

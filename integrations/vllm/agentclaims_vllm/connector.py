@@ -11,9 +11,11 @@ It moves no KV (the worker-side hooks are no-ops). On the scheduler side it hold
 on claimed prefixes' blocks in vLLM's live ``BlockPool`` (``claims.ClaimBook``), so they are
 never evicted, and uses the admission hook (``get_num_new_matched_tokens``) to shed soft holds
 or defer a request that would need held blocks. Claim operations ride on requests, in
-``kv_transfer_params["agentclaims"]``, signed with ``claims_key`` (``signing``)::
+``kv_transfer_params["agentclaims"]``, signed with ``claims_key`` and accepted once, while fresh, by the instance it names
+(``signing``)::
 
-    {"v": 1, "tenant": "t1", "nonce": "...", "since": 17,
+    {"v": 1, "tenant": "t1", "nonce": "...", "issued_ns": 1796420346851586490,
+     "instance": "<this connector's, once known>", "since": 17,
      "ops": [{"op": "hold", "claim_id": "c1", "mode": "hard_protected", "blocks": 6,
               "ttl_s": 30, "next_use_s": 2.5},
              {"op": "release", "claim_id": "c0"}, {"op": "renew", "claim_id": "c2", "ttl_s": 9},
@@ -248,12 +250,15 @@ class AgentClaimsConnector(KVConnectorBase_V1):
 
     def _rejected(self, envelope: Any, request_id: str | None) -> str | None:
         """Why ``envelope`` is not accepted (each refusal an event), or ``None``."""
+        reason: str | None
         if not isinstance(envelope, dict) or not verify(envelope, self._key):
             reason = "unsigned or forged claim operations"
-        elif not self._nonces.fresh(envelope.get("nonce")):
-            reason = "replayed nonce"
+        elif envelope.get("instance", self.instance) != self.instance:
+            reason = "signed for another connector instance"
         else:
-            return None
+            reason = self._nonces.check(envelope.get("nonce"), envelope.get("issued_ns"))
+            if reason is None:
+                return None
         self.book.emit("claim_operations_rejected", request_id=request_id, reason=reason)
         return reason
 
