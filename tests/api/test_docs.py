@@ -190,3 +190,19 @@ def test_marked_blocks_say_what_they_need() -> None:
     markers = [b for b in BLOCKS if b.needs is not None]
     assert markers, "no block is marked: the marker pattern is wrong"
     assert all(b.language in ("python", "sh") for b in markers), [b.name for b in markers]
+
+
+def test_the_changelog_is_by_release_one_short_line_per_change() -> None:
+    """Keep a Changelog: released versions with dates, the newest the package's version, and
+    no entry over two lines (figures live in benchmarks/results/)."""
+    text = (ROOT / "CHANGELOG.md").read_text()
+    releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - (\d{4}-\d{2}-\d{2})$", text, flags=re.M)
+    assert releases, "no released version"
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        assert releases[0][0] == tomllib.load(f)["project"]["version"]
+    entries = re.split(r"^- ", text, flags=re.M)[1:]
+    for entry in entries:
+        body = entry.split("\n\n")[0].split("\n#")[0].rstrip("\n")
+        assert len(body.splitlines()) <= 2, f"a changelog entry over two lines: {body[:120]}"
+    headings = set(re.findall(r"^### (.+)$", text, flags=re.M))
+    assert headings <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}
