@@ -210,14 +210,26 @@ class ClaimArbiter:
 
     # ------------------------------------------------------------------ claims
     def submit_claim(
-        self, spec: ClaimSpec, block_hashes: Sequence[BlockHash] | None = None
+        self,
+        spec: ClaimSpec,
+        block_hashes: Sequence[BlockHash] | None = None,
+        *,
+        refusal: str | None = None,
     ) -> ClaimDecision:
         """Decide a residency claim. ``block_hashes`` are the claimed prefix's blocks; without
-        them the engine resolves ``spec.object_id`` from the prefixes it has seen."""
+        them the engine resolves ``spec.object_id`` from the prefixes it has seen.
+        ``refusal``: the claim is refused for that reason, as it stands (a request's claim on
+        its own prefix when it has no full block), its submission and refusal recorded."""
         if not isinstance(spec, ClaimSpec):
             raise UsageError("spec", f"expected a ClaimSpec, got {type(spec).__name__}")
         if spec.claim_id in self._claims:
             raise UsageError("claim_id", f"claim {spec.claim_id!r} already exists")
+        if refusal is not None:
+            claim = ClaimRecord(spec, ())
+            self._claims[spec.claim_id] = claim
+            submitted(self._events, claim)
+            self.stats.claims_rejected += 1
+            return refuse(self._events, claim, refusal)
         hashes = claim_blocks(
             spec, self._prefixes.get(spec.object_id) if block_hashes is None else block_hashes
         )

@@ -38,6 +38,7 @@ from agentclaims.engine.tokenizer import WordTokenizer, tokenizer_named
 from agentclaims.errors import ContractViolation, UsageError
 from agentclaims.kernel import Resolved, resolve_request_claims
 from agentclaims.protocol import (
+    CLAIMS_RIDE_ON_REQUESTS,
     PROMPT_OBJECT,
     RANKS_BY_HINTS,
     RENEW_AS_IS,
@@ -209,7 +210,9 @@ class ReferenceKV:
                 return ServeResult(
                     outcome, prefix_ids, events_seq=engine.last_seq, block_hashes=tuple(hashes)
                 )
-            decisions = tuple(engine.submit_claim(spec, blocks) for spec, blocks in specs)
+            decisions = tuple(
+                engine.submit_claim(r.spec, r.blocks, refusal=r.refusal) for r in specs
+            )
             reused = (outcome.hit_blocks + outcome.restored_blocks) * bs
             hold = (
                 max(0, len(prompt) - reused) * self.service.prefill_s_per_token
@@ -349,6 +352,9 @@ class ReferenceKV:
             "eviction_policy": engine.policy_name,
             RANKS_BY_HINTS: engine.ranks_by_hints,
             "special_object_ids": [PROMPT_OBJECT, SEQUENCE_OBJECT],
+            # a claim on the call's ``@sequence`` and the releases that wait for a call go
+            # with the call: holding a prefix costs no request of its own
+            CLAIMS_RIDE_ON_REQUESTS: True,
         }
 
     # ------------------------------------------------------------------ ActiveServing

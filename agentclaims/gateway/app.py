@@ -45,6 +45,7 @@ from agentclaims.lowering import (
     serve_lowering,
 )
 from agentclaims.protocol import (
+    EVENTS_RIDE_ON_ANSWERS,
     EXTENSION_KEY,
     INSTANCE_HEADER,
     INSTANCE_URL_HEADER,
@@ -108,6 +109,7 @@ class _Gateway:
                 "extension_key": EXTENSION_KEY,
                 "text_side": self.writer.model_name,
                 **await self.kv.descriptor(),
+                EVENTS_RIDE_ON_ANSWERS: True,  # every KV side's, through the gateway
                 "lowering": lowering.section,
                 "modes": lowering.modes,
             }

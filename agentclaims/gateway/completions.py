@@ -48,6 +48,9 @@ from agentclaims.protocol.writer import (
 
 __all__ = ["CompletionRoutes"]
 
+_EVENTS_PER_ANSWER = 256
+"""At most this many events ride on one answer (``more`` says when others wait)."""
+
 
 class CompletionRoutes:
     """``/v1/chat/completions`` and ``/v1/completions`` over a KV side and its reply writer
@@ -100,12 +103,24 @@ class CompletionRoutes:
         released = await self._release(ext, owner, tenant)
         writer = self.writer
         if streamed and writer.streams and (not call.claims or writer.streams_claims):
-            return await self._stream(request, call, tenant, released)
+            return await self._stream(request, call, tenant, released, ext)
         # a reply written whole (a scripted one, or claims whose answer vLLM sends only in an
         # answer read whole): the gateway then streams it itself (#13)
         written = await writer.write(replace(call, body=unstreamed(body)) if streamed else call)
         owners = claim_owners(call.claims, owner)
-        return await self.answer(request, body, written, owners, tenant, owner, released, streamed)
+        return await self.answer(
+            request, body, written, owners, tenant, owner, released, streamed, ext
+        )
+
+    async def _events(self, ext: Extension, tenant: Tenant | None) -> dict[str, Any] | None:
+        """The events after the caller's cursor (``events_since``) for its answer: the page
+        ``GET /v1/events`` would give, its session's only; ``None`` when it asked for none."""
+        if ext.events_since is None:
+            return None
+        page = await self.service.events(
+            ext.events_since, limit=_EVENTS_PER_ANSWER, id_prefix=ext.session_id, tenant=tenant
+        )
+        return page.to_dict()
 
     async def answer(
         self,
@@ -117,17 +132,22 @@ class CompletionRoutes:
         owner: str | None,
         released: Sequence[Mapping[str, Any]],
         streamed: bool,
+        ext: Extension | None = None,
     ) -> Response:
         """A reply written whole, answered: the service's books kept, then the claim-scoped
         refusal, or the payload with its ``agentclaims`` object (JSON, or server-sent events
-        the gateway streams itself, #13)."""
+        the gateway streams itself, #13), the caller's new events in it where it asked."""
         result = await self.service.served(written.result, owners, tenant, owner)
         if not result.outcome.served:
             return self._refusal(request, result)
         payload = dict(written.payload)
         if isinstance(payload.get("id"), str):  # it names the request: as the caller named it
             payload["id"] = self.service.namespace.shown_text(payload["id"], tenant)
-        payload[EXTENSION_KEY] = self._extension(result, released)
+        extension = self._extension(result, released)
+        events = None if ext is None else await self._events(ext, tenant)
+        if events is not None:
+            extension["events"] = events
+        payload[EXTENSION_KEY] = extension
         return respond(body, payload, streamed)
 
     async def _release(
@@ -171,6 +191,7 @@ class CompletionRoutes:
         call: CompletionCall,
         tenant: Tenant | None,
         released: Sequence[Mapping[str, Any]] = (),
+        ext: Extension | None = None,
     ) -> Response:
         """A streamed completion on the upstream engine: its chunks passed on as it produces
         them, then one chunk more with the ``agentclaims`` object (its usage and its claims'
@@ -208,10 +229,13 @@ class CompletionRoutes:
                 result = early or await self.service.served(
                     _settled(streamed), owners, tenant, owner
                 )
-                ext = {**self._extension(result, released), "usage": streamed.usage}
+                extension = {**self._extension(result, released), "usage": streamed.usage}
+                events = None if ext is None else await self._events(ext, tenant)
+                if events is not None:
+                    extension["events"] = events
                 if last is None:  # no finishing chunk came (never from vLLM): one of its own
                     last = {**streamed.shape, "choices": []}
-                yield event({**last, EXTENSION_KEY: ext})
+                yield event({**last, EXTENSION_KEY: extension})
                 yield DONE
             finally:
                 await streamed.aclose()

@@ -60,6 +60,10 @@ class Extension:
     claims: tuple[Mapping[str, Any], ...] = ()
     release: tuple[str, ...] = ()
     """Claims of this request's owner to let go before it runs: they ride on it."""
+    events_since: int | None = None
+    """The caller's event cursor: the answer then carries the events after it (those of the
+    ``session_id``'s claims and requests, as ``GET /v1/events?id_prefix=`` pages them), so a
+    session needs no event poll while its calls flow."""
 
     @classmethod
     def parse(cls, body: Mapping[str, Any]) -> Extension:
@@ -69,7 +73,7 @@ class Extension:
         if not isinstance(raw, Mapping):
             raise UsageError(EXTENSION_KEY, f"expected an object, got {raw!r}")
         known = {"session_id", "workflow_id", "owner_scope", "node", "step", "admit"}
-        known |= {"request_id", "claims", "release"}
+        known |= {"request_id", "claims", "release", "events_since"}
         extra = set(raw) - known
         if extra:
             raise UsageError(EXTENSION_KEY, f"unknown fields {sorted(extra)}")
@@ -105,7 +109,22 @@ class Extension:
                 f"{EXTENSION_KEY}.release",
                 f"must be a list of at most {_MAX_RELEASES} distinct claim ids, got {release!r}",
             )
-        return cls(step=step, admit=admit, claims=tuple(claims), release=tuple(release), **strings)
+        since = raw.get("events_since")
+        if since is not None and (
+            isinstance(since, bool) or not isinstance(since, int) or not 0 <= since < 2**62
+        ):
+            raise UsageError(
+                f"{EXTENSION_KEY}.events_since",
+                f"must be a non-negative integer (an event sequence number), got {since!r}",
+            )
+        return cls(
+            step=step,
+            admit=admit,
+            claims=tuple(claims),
+            release=tuple(release),
+            events_since=since,
+            **strings,
+        )
 
     @property
     def default_owner(self) -> str | None:

@@ -33,7 +33,7 @@ _TTL_CANDIDATES = 64
 class ToolTimeModel:
     """Per-tool duration history, empirical CDF, prediction and Continuum TTL."""
 
-    __slots__ = ("_cold_start", "_history", "_prior_mean", "_samples", "_sorted")
+    __slots__ = ("_cold_start", "_history", "_node_tools", "_prior_mean", "_samples", "_sorted")
 
     def __init__(
         self,
@@ -58,11 +58,21 @@ class ToolTimeModel:
         self._prior_mean = float(prior_mean_s)
         self._samples: dict[str, deque[float]] = {}
         self._sorted: dict[str, list[float]] = {}
+        self._node_tools: dict[str, tuple[str, ...]] = {}
 
     @property
     def tools(self) -> list[str]:
         """Names of the tools observed so far, sorted."""
         return sorted(self._samples)
+
+    def note_node_tools(self, node: str, tools: Iterable[str]) -> None:
+        """The tools ``node``'s last reply called, in any run sharing this model: what its
+        next run's first reply is expected to call (its wait learned under their names)."""
+        self._node_tools[node] = tuple(tools)
+
+    def node_tools(self, node: str) -> tuple[str, ...] | None:
+        """The tools ``node``'s last reply called in any run sharing this model, if known."""
+        return self._node_tools.get(node)
 
     def observe(self, tool: str, seconds: float) -> None:
         """Record that ``tool`` took ``seconds`` (the oldest sample drops past ``history``)."""

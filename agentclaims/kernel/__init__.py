@@ -18,6 +18,7 @@ from agentclaims.kernel.events import EVENTS_KEPT, LOOSE_KEPT, EventLog, EventSo
 from agentclaims.kernel.record import Claim
 from agentclaims.kernel.resolve import (
     IDENTITY_MISMATCH,
+    NO_FULL_BLOCK,
     Resolved,
     claim_blocks,
     identity_problem,
@@ -28,6 +29,7 @@ __all__ = [
     "EVENTS_KEPT",
     "IDENTITY_MISMATCH",
     "LOOSE_KEPT",
+    "NO_FULL_BLOCK",
     "Claim",
     "EventLog",
     "EventSource",

@@ -4,7 +4,8 @@ A claim sent with a request may name the request's own prompt (``@prompt``) or i
 reply (``@sequence``); the side turns either into a prefix id and a block count. Every claim of
 the request is checked before anything changes (fail closed): a claim id given twice in one
 request, or already taken, an unknown prefix, a footprint that is not the prefix's, all raise
-``UsageError`` naming ``agentclaims.claims[i].<field>``.
+``UsageError`` naming ``agentclaims.claims[i].<field>``. A claim on a request too short to
+have a full block is no error: the request is served and the claim refused (``NO_FULL_BLOCK``).
 
 Cache-identity compatibility is decided here too: two blocks' KV is the same when block size,
 model, tokenizer and adapter agree (the key domain and salt namespace need not).
@@ -22,6 +23,7 @@ from agentclaims.protocol.types import PROMPT_OBJECT, SEQUENCE_OBJECT
 
 __all__ = [
     "IDENTITY_MISMATCH",
+    "NO_FULL_BLOCK",
     "Resolved",
     "claim_blocks",
     "identity_problem",
@@ -44,13 +46,20 @@ def identity_problem(claimed: CacheIdentity, mine: CacheIdentity) -> str | None:
     return None
 
 
+NO_FULL_BLOCK = "the prefix has no full block to claim"
+"""The refusal of a claim on ``@prompt`` or ``@sequence`` of a request shorter than a block:
+the request is served, the claim refused (as the vLLM connector refuses such a hold)."""
+
+
 class Resolved(NamedTuple):
     """One claim of a request: its spec and the blocks it covers, head first. ``blocks`` is
-    empty only for ``@sequence`` on a side that learns the reply's blocks when the request
-    ends; its spec then keeps ``object_id="@sequence"`` and a provisional footprint."""
+    empty for ``@sequence`` on a side that learns the reply's blocks when the request ends
+    (its spec then keeps ``object_id="@sequence"`` and a provisional footprint), and for a
+    claim the side refuses as it stands (``refusal``: why; a request that is too short)."""
 
     spec: ClaimSpec
     blocks: tuple[BlockHash, ...]
+    refusal: str | None = None
 
 
 PrefixLookup = Callable[[str], "Sequence[BlockHash] | None"]
@@ -80,16 +89,17 @@ def resolve_request_claims(
         if not isinstance(raw, Mapping):
             raise UsageError(where, f"expected a claim object, got {raw!r}")
         try:
-            spec, blocks = _one(raw, identity, owner_scope, prompt, sequence, known)
+            resolved = _one(raw, identity, owner_scope, prompt, sequence, known)
         except UsageError as exc:
             raise UsageError(f"{where}.{exc.field}", exc.message) from None
+        spec = resolved.spec
         if any(spec.claim_id == seen.spec.claim_id for seen in out):
             raise UsageError(
                 f"{where}.claim_id", f"claim {spec.claim_id!r} is given twice in this request"
             )
         if exists(spec.claim_id):
             raise UsageError(f"{where}.claim_id", f"claim {spec.claim_id!r} already exists")
-        out.append(Resolved(spec, blocks))
+        out.append(resolved)
     return out
 
 
@@ -117,8 +127,9 @@ def _one(
         return Resolved(ClaimSpec.from_dict(data), ())
     if oid in (PROMPT_OBJECT, SEQUENCE_OBJECT):
         blocks = prompt if oid == PROMPT_OBJECT else sequence
-        if not blocks:
-            raise UsageError("object_id", f"{oid} has no full block to claim")
+        if not blocks:  # served all the same; the claim is refused, as it stands
+            data.setdefault("footprint_blocks", 1)
+            return Resolved(ClaimSpec.from_dict(data), (), NO_FULL_BLOCK)
         data["object_id"] = prefix_id_of(blocks)
         data.setdefault("footprint_blocks", len(blocks))
     else:

@@ -28,6 +28,7 @@ from agentclaims.protocol.codec import (
 from agentclaims.protocol.forward import ForwardsClaims
 from agentclaims.protocol.types import (
     CLAIMS_RIDE_ON_REQUESTS,
+    EVENTS_RIDE_ON_ANSWERS,
     PROMPT_OBJECT,
     RANKS_BY_HINTS,
     RENEW_AS_IS,
@@ -43,6 +44,7 @@ from agentclaims.protocol.types import (
     Renewal,
     ServeResult,
     claims_ride_on_requests,
+    events_ride_on_answers,
     ranks_by_hints,
     sheds_by_hints,
     stated_class,
@@ -53,6 +55,7 @@ __all__ = [
     "ACTIVE_REQUEST_DEFERRED",
     "ACTIVE_REQUEST_REFUSED",
     "CLAIMS_RIDE_ON_REQUESTS",
+    "EVENTS_RIDE_ON_ANSWERS",
     "EXTENSION_KEY",
     "INSTANCE_HEADER",
     "INSTANCE_URL_HEADER",
@@ -83,6 +86,7 @@ __all__ = [
     "claims_ride_on_requests",
     "collect_events",
     "error_body",
+    "events_ride_on_answers",
     "exception_error",
     "outcome_from_error",
     "raise_for_error",

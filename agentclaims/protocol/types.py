@@ -22,6 +22,7 @@ from agentclaims.contract.wire import Wire
 
 __all__ = [
     "CLAIMS_RIDE_ON_REQUESTS",
+    "EVENTS_RIDE_ON_ANSWERS",
     "PROMPT_OBJECT",
     "RANKS_BY_HINTS",
     "RENEW_AS_IS",
@@ -37,6 +38,7 @@ __all__ = [
     "Renewal",
     "ServeResult",
     "claims_ride_on_requests",
+    "events_ride_on_answers",
     "ranks_by_hints",
     "sheds_by_hints",
     "stated_class",
@@ -275,8 +277,22 @@ CLAIMS_RIDE_ON_REQUESTS = "claims_ride_on_requests"
 and a release named in its ``agentclaims.release`` ride on that request to the engine at no
 cost of their own, while a claim or a release sent on its own costs the engine a request of
 its own (vLLM with the agentclaims connector). A session then sends each call's claim with the
-call and its releases with its next call. Absent, or anything but ``true``: claims are sent
-on their own (the reference engine, where they cost nothing either way)."""
+call and its releases with its next call (the reference engine states it too: a claim sent
+on its own costs the gateway a request there). Absent, or anything but ``true``: claims are
+sent on their own."""
+
+
+EVENTS_RIDE_ON_ANSWERS = "events_ride_on_answers"
+"""Descriptor capability: ``true`` when a completion whose ``agentclaims`` object names an
+``events_since`` cursor is answered with the events after it (``agentclaims.events``, the
+page ``GET /v1/events`` would give for its ``session_id``): a session then reads its events
+from its calls' answers, and polls only when no call went out since its last claim request
+(the gateway states it for every KV side)."""
+
+
+def events_ride_on_answers(descriptor: Descriptor) -> bool:
+    """Whether ``descriptor`` states ``events_ride_on_answers`` (only a JSON ``true``)."""
+    return descriptor.get(EVENTS_RIDE_ON_ANSWERS) is True
 
 
 def claims_ride_on_requests(descriptor: Descriptor) -> bool:

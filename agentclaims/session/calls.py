@@ -102,6 +102,8 @@ class SessionCalls:
         except BackendUnavailable:
             return ext  # the call itself meets the outage (and fails over)
         await s.riding.plan(ext, node, backend)
+        if await s.io.facts.events_ride(backend):  # its answer brings the events: no poll
+            ext["events_since"] = s.io.events.cursor(backend.name)
         return ext
 
     def answered(self, call: AnsweredCall) -> None:
@@ -158,7 +160,8 @@ class SessionCalls:
         ste = s.workflow.near_ste(node)
         step = s.workflow.after_call(node, call.tool_names)
         if s.log is not None:
-            covering = s.io.held.get(node)  # the claim that held this call's prefix
+            # the claim that held this call's prefix (superseded as it went, where it rode)
+            covering = s.io.held.get(node) or s.riding.covering(call.call_id)
             model = call.model
             s.log.llm_call(
                 claim_id=None if covering is None else covering.claim_id,

@@ -1,20 +1,24 @@
 """``ClaimEvents``: the session's claim events, taken after every call.
 
-Each event lands in the outcome log as it is read, brings the state of the claim it names up
+Where the backend's answers carry them (``events_ride_on_answers``) a call names the
+session's cursor and its answer brings the events after it (``carried``): no poll then,
+unless the answer had more than it carried. The events of a claim request sent on its own
+come with the next call's answer (or the poll at the session's end). Each event lands in the outcome log as it is read, brings the state of the claim it names up
 to date, and says which held claims lapsed (demoted, expired) or were harmed. What to do about
 it is the session's reaction policy (``agentclaims.session.outcomes``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
 
-from agentclaims.contract import ClaimEvent, ClaimState, EventName
+from agentclaims.contract import ClaimEvent, ClaimId, ClaimState, EventName
 from agentclaims.errors import BackendUnavailable
+from agentclaims.protocol import EventPage
 
 if TYPE_CHECKING:
     from agentclaims.protocol import ClaimsProtocol
@@ -48,10 +52,33 @@ class ClaimEvents:
         self._io = io
         self._cursor: dict[str, int] = {}
         self._harmed: set[str] = set()  # claims whose harm was counted
+        self._carried: dict[str, list[EventPage]] = {}
+        """backend name -> pages its answers carried since the last ``take``."""
+        self.polls = 0
+        """Event reads this session sent on their own (``GET /v1/events``)."""
+
+    def cursor(self, backend_name: str) -> int:
+        """Where the next read of ``backend_name``'s events starts (a call's
+        ``events_since``)."""
+        return self._cursor.get(backend_name, 0)
+
+    def carried(self, backend_name: str, page: Mapping[str, object] | None) -> None:
+        """An answer of ``backend_name`` carried ``page`` (its ``agentclaims.events``): taken
+        with the next ``take``, in place of a poll. A page that does not parse is dropped (the
+        next ``take`` polls)."""
+        if not isinstance(page, Mapping):
+            return
+        try:
+            parsed = EventPage.from_dict(page)
+        except (TypeError, ValueError, KeyError) as exc:
+            _log.warning("events_unreadable", backend=backend_name, error=repr(exc))
+            return
+        self._carried.setdefault(backend_name, []).append(parsed)
 
     async def take(self, backends: Sequence[ClaimsProtocol]) -> EventOutcomes:
         """Take this session's new events from ``backends``: log each, bring the held claims'
-        states up to date, and say which held claims lapsed or were harmed."""
+        states up to date, and say which held claims lapsed or were harmed. What answers
+        carried is taken first; a backend is polled only when they did not cover it."""
         io = self._io
         out = EventOutcomes()
         # ended claims too: a claim harmed while held may be let go (superseded by its node's
@@ -59,35 +86,53 @@ class ClaimEvents:
         by_id = {h.claim_id: h for h in io.ended}
         by_id.update((h.claim_id, h) for h in io.releasing)
         by_id.update((h.claim_id, h) for h in io.held.values())
-        log = io.outcome_log()
+        carried, self._carried = self._carried, {}
         for backend in backends:
             since = self._cursor.get(backend.name, 0)
-            while True:
+            pages = carried.get(backend.name) or []
+            for page in sorted(pages, key=lambda p: p.next_since):
+                since = self._read(page, since, backend.name, by_id, out)
+            covered = bool(pages) and not any(p.more or p.gap for p in pages)
+            while not covered:
+                covered = True
                 try:
+                    self.polls += 1
                     page = await backend.events(since, id_prefix=io.session_id)
                 except BackendUnavailable as exc:
                     # read again next round from the same cursor; an instance that stays
                     # gone is failed over, its claims reported lost (FleetBackend)
                     _log.warning("events_unavailable", backend=backend.name, error=repr(exc))
                     break
-                for ev in page.events:
-                    out.events.append(ev)
-                    if log is not None:
-                        known = by_id.get(ev.claim_id) if ev.claim_id else None
-                        node = (
-                            known.node
-                            if known is not None
-                            else io.request_nodes.get(ev.request_id or "")
-                        )
-                        log.claim_event(ev, backend=backend.name, node=node)
-                    self._apply(ev, by_id.get(ev.claim_id) if ev.claim_id else None, out)
-                if page.next_since <= since:
-                    break
-                since = page.next_since
-                if not page.more:
-                    break
+                before = since
+                since = self._read(page, since, backend.name, by_id, out)
+                covered = since <= before or not page.more
             self._cursor[backend.name] = since
         return out
+
+    def _read(
+        self,
+        page: EventPage,
+        since: int,
+        backend: str,
+        by_id: Mapping[ClaimId, HeldClaim],
+        out: EventOutcomes,
+    ) -> int:
+        """Take ``page``'s events after ``since`` (those before were taken already: answers to
+        calls in flight together overlap); the cursor after it."""
+        io = self._io
+        log = io.outcome_log()
+        for ev in page.events:
+            if ev.seq <= since:
+                continue
+            out.events.append(ev)
+            if log is not None:
+                known = by_id.get(ev.claim_id) if ev.claim_id else None
+                node = (
+                    known.node if known is not None else io.request_nodes.get(ev.request_id or "")
+                )
+                log.claim_event(ev, backend=backend, node=node)
+            self._apply(ev, by_id.get(ev.claim_id) if ev.claim_id else None, out)
+        return max(since, page.next_since)
 
     def _apply(self, ev: ClaimEvent, held: HeldClaim | None, out: EventOutcomes) -> None:
         state = _STATE_OF.get(ev.event)

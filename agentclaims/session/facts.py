@@ -2,7 +2,7 @@
 
 Its cache identity, the checker's verdict on its lowering per mode
 (``agentclaims.lowering.trusted_modes``), and the capabilities it states: ``ranks_by_hints``,
-``claims_ride_on_requests``, ``sheds_by_hints``. Read again only after ``forget`` (the backend
+``claims_ride_on_requests``, ``sheds_by_hints``, ``events_ride_on_answers``. Read again only after ``forget`` (the backend
 now reaches another instance).
 """
 
@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, NamedTuple
 from agentclaims.contract import CacheIdentity, ProtectionMode
 from agentclaims.errors import BackendError, UsageError
 from agentclaims.lowering import MappingResult, trusted_modes
-from agentclaims.protocol import claims_ride_on_requests, ranks_by_hints, sheds_by_hints
+from agentclaims.protocol import (
+    claims_ride_on_requests,
+    events_ride_on_answers,
+    ranks_by_hints,
+    sheds_by_hints,
+)
 
 if TYPE_CHECKING:
     from agentclaims.protocol import ClaimsProtocol
@@ -29,6 +34,8 @@ class Facts(NamedTuple):
     ranks_by_hints: bool
     rides: bool
     sheds_by_hints: bool
+    events_ride: bool = False
+    """Its calls' answers carry the session's events (``events_ride_on_answers``)."""
 
 
 class BackendFacts:
@@ -53,6 +60,7 @@ class BackendFacts:
                 ranks_by_hints(desc),
                 claims_ride_on_requests(desc),
                 sheds_by_hints(desc),
+                events_ride_on_answers(desc),
             )
             self._facts[backend.name] = facts
         return facts
@@ -77,6 +85,10 @@ class BackendFacts:
     async def rides(self, backend: ClaimsProtocol) -> bool:
         """Whether ``backend``'s descriptor states ``claims_ride_on_requests`` (read once)."""
         return (await self.of(backend)).rides
+
+    async def events_ride(self, backend: ClaimsProtocol) -> bool:
+        """Whether ``backend``'s answers carry the session's events (read once)."""
+        return (await self.of(backend)).events_ride
 
     async def holds_by_hints(self, backend: ClaimsProtocol) -> bool:
         """Whether ``backend`` sheds holds by their hints (``sheds_by_hints``) and its claims

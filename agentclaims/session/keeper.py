@@ -89,6 +89,9 @@ class ClaimKeeper:
         own claim revised, other nodes' claims released where their reuse became unlikely,
         then the new events taken."""
         async with self.lock:
+            if "events" in extension:  # the session's events, up to the answer
+                name = riding.backend if riding is not None else self._s.backend.name
+                self._s.io.events.carried(name, extension["events"])
             if riding is None:
                 await self.replan(node, sequence, tool_names)
             else:
@@ -179,7 +182,10 @@ class ClaimKeeper:
             hint = s.workflow.reuse_hint(node, ctx, tool=wait_key(node, tool_names))
             weaker_plan = ClaimPlan(weaker, plan.ttl_s, plan.reason)
             await self.hold(node, PrefixId(prefix_id), weaker_plan, ctx, hint)
-        else:
+        held = s.io.held.get(node)
+        if plan.mode is not None and (held is None or held.plan.mode is not plan.mode):
+            # what the planner wanted and did not get: the node's next tool call reacts to
+            # it (defer, reroute, relax, fail), as after a claim refused on its own
             s.wanted[node] = Wanted(PrefixId(prefix_id), plan, ctx, reason)
 
     async def hold(

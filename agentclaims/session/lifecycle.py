@@ -187,8 +187,9 @@ class SessionLifecycle:
                     await io.release(
                         s.route.named(claim.backend), claim, claim.end_reason or reason
                     )
-                with contextlib.suppress(BackendUnavailable):
-                    await io.events.take(s.route.backends())
+                if held or waiting:  # their ends, for the log
+                    with contextlib.suppress(BackendUnavailable):
+                        await io.events.take(s.route.backends())
         if harmed is not None:
             raise harmed
 

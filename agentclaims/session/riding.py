@@ -35,6 +35,8 @@ class Riding:
     plan: ClaimPlan | None = None
     ctx: PrefixContext | None = None
     releases: list[HeldClaim] = field(default_factory=list)
+    superseded: HeldClaim | None = None
+    """The node's claim this call's own supersedes: the one that held its prefix."""
     pool_kept: bool = False
     """It carries no claim because the engine's pool keeps its prefix through the wait
     (``POOL_KEEPS``): none is made on its own after it either (that would be an engine
@@ -80,9 +82,16 @@ class RidingCalls:
                     del io.held[node]
                     io.let_go(old, "superseded")
                     riding.releases.append(old)
+                    riding.superseded = old
         if riding.releases:
             ext["release"] = [h.claim_id for h in riding.releases]
         self._calls[ext["request_id"]] = riding
+
+    def covering(self, request_id: str | None) -> HeldClaim | None:
+        """The claim that held the prefix of the call ``request_id`` until it went (its own
+        claim superseded it as it went)."""
+        riding = self._calls.get(request_id or "")
+        return None if riding is None else riding.superseded
 
     def failed(self, request_id: str) -> None:
         """The call got no answer: what it carried is forgotten (a claim it carried was never

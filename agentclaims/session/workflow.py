@@ -204,6 +204,8 @@ class WorkflowModel:
         self._waiting[node] = (wait_key(node, tool_names), self.clock())
         self._asked_tools[node] = bool(tool_names)
         self._last_tools[node] = tuple(tool_names)
+        if tool_names:  # a reply that called no tool ends the node's turn, not its habit
+            self.tool_times.note_node_tools(node, tool_names)
         return self._steps.pop(node, None)
 
     def wait_started(self, node: str) -> float | None:
@@ -253,11 +255,14 @@ class WorkflowModel:
     # ------------------------------------------------------------------ planning
     def expected_tools(self, node: str) -> tuple[str, ...]:
         """The tools ``node``'s coming reply is expected to call, before it is known: those
-        its last reply called; before it has replied, its graph's tool step, if it has one
-        (an agent wired to tools calls them first): a step of its own for one tool
-        (``tool:<tool>``, ``tool_started``) stands for that tool, whose waits are learned
-        under its name; else none."""
+        its last reply called; before it has replied in this run, those it called in an
+        earlier run sharing the wait model (the tools of a claimed graph's node seldom
+        change); else its graph's tool step, if it has one (an agent wired to tools calls
+        them first): a step of its own for one tool (``tool:<tool>``, ``tool_started``)
+        stands for that tool, whose waits are learned under its name; else none."""
         known = self._last_tools.get(node)
+        if known is None:
+            known = self.tool_times.node_tools(node)
         if known is not None:
             return known
         graph = self.graph

@@ -287,7 +287,7 @@ class FakeKV:
         hits = self._cache.leading(hashes[:prompt_blocks])
         if request.admit:
             self._arrive(hashes)
-        decisions = tuple(self._decide(spec, blocks) for spec, blocks in specs)
+        decisions = tuple(self._decide(r.spec, r.blocks, r.refusal) for r in specs)
         self._events.emit(
             EventName.FUTURE_REUSE_ADMITTED if request.admit else EventName.FUTURE_REUSE_DENIED,
             request_id=request.request_id,
@@ -429,10 +429,12 @@ class FakeKV:
             return mismatch
         return "exceeds_capacity" if spec.footprint_blocks > self.num_blocks else None
 
-    def _decide(self, spec: ClaimSpec, blocks: tuple[BlockHash, ...]) -> ClaimDecision:
+    def _decide(
+        self, spec: ClaimSpec, blocks: tuple[BlockHash, ...], refusal: str | None = None
+    ) -> ClaimDecision:
         claim = self._claims[spec.claim_id] = FakeClaim(spec, blocks)
         submitted(self._events, claim)
-        reason = self._refusal(spec)
+        reason = refusal or self._refusal(spec)
         if reason is not None:
             return refuse(self._events, claim, reason)
         self._set_expiry(claim, spec.duration_steps, spec.ttl_s)

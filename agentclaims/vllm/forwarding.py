@@ -438,7 +438,7 @@ class CompletionForwarder:
             known=known,
             exists=self._mirror.claims.__contains__,
         )
-        return [spec for spec, _ in resolved]
+        return [r.spec for r in resolved]  # a refusal there: the connector says it too
 
     def _result(
         self,

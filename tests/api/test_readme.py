@@ -42,11 +42,11 @@ def test_readme_snippet_runs_as_written(index: int, tmp_path: Path) -> None:
     out = done.stdout
     if index == 0:  # the quick start: a claim held across the tool, the prefix reused
         assert "Three papers found." in out
-        assert "claims accepted: 1, tool calls: 1" in out
+        assert "claims accepted: 2, tool calls: 1" in out  # one rides on each call
         cached = re.search(r"prompt tokens from the cache: (\d+) of (\d+)", out)
         assert cached is not None
         assert int(cached[1]) > 0
         assert list(tmp_path.glob("agentclaims-logs/*.jsonl"))
     if index == 1:  # the same agent wrapped: claims planned on create_agent's own graph
-        assert "Three papers found. 1 claim(s)" in out
+        assert "Three papers found. 2 claim(s)" in out
     assert "Deprecat" not in done.stderr

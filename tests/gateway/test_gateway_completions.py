@@ -309,22 +309,6 @@ async def test_completions_accepts_text_and_token_ids(backend: EmbeddedBackend) 
             },
             "agentclaims.claims[0].protection_mode",
         ),
-        (
-            {
-                "messages": [{"role": "user", "content": "a"}],
-                "agentclaims": {
-                    "owner_scope": "o",
-                    "claims": [
-                        {
-                            "claim_id": "c",
-                            "object_id": "@prompt",
-                            "protection_mode": "hard_protected",
-                        }
-                    ],
-                },
-            },
-            "agentclaims.claims[0].object_id",
-        ),
     ],
 )
 async def test_bad_chat_input_is_400_and_changes_nothing(
@@ -338,6 +322,24 @@ async def test_bad_chat_input_is_400_and_changes_nothing(
     assert err["field"] == field
     assert backend.engine.last_seq == 0
     assert backend.engine.stats.requests_served == 0
+
+
+async def test_a_claim_on_a_request_too_short_for_a_block_is_refused_not_the_request(
+    backend: EmbeddedBackend,
+) -> None:
+    """A claim riding on a call whose prompt fills no block: the call is served, the claim
+    refused with the reason (as the vLLM connector refuses such a hold), its submission and
+    refusal in the event stream."""
+    client = backend.http_client()
+    claim = {"claim_id": "tiny", "object_id": "@prompt", "protection_mode": "hard_protected"}
+    resp = await chat(client, [user("a")], owner_scope="o", claims=[claim])
+    assert resp.status_code == 200, resp.text
+    [decision] = resp.json()["agentclaims"]["decisions"]
+    assert (decision["decision"], decision["state"]) == ("rejected", "refused")
+    assert decision["reason"] == "the prefix has no full block to claim"
+    events = (await client.get("/v1/events", params={"id_prefix": "tiny"})).json()["events"]
+    assert [e["event"] for e in events] == ["resident_claim_submitted", "resident_claim_rejected"]
+    assert backend.engine.stats.requests_served == 1
 
 
 async def test_duplicate_claim_id_is_refused_before_the_request_runs(

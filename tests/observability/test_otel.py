@@ -214,7 +214,14 @@ async def test_a_react_run_is_a_session_span_with_call_claim_and_tool_spans(tmp_
     assert inner.parent is not None
     assert session.context is not None
     assert inner.parent.span_id == session.context.span_id
-    [claim] = spans_named(spans, "claim")
+    # each call carries the claim on what it leaves cached: the first is held across the
+    # tool, the answer's is let go once its reply calls no tool
+    claims = spans_named(spans, "claim")
+    ends = sorted((c.attributes or {})["agentclaims.claim.end_reason"] for c in claims)
+    assert ends == ["reuse_unlikely", "superseded"]
+    [claim] = [
+        c for c in claims if (c.attributes or {})["agentclaims.claim.end_reason"] == "superseded"
+    ]
     a = claim.attributes or {}
     assert a["agentclaims.claim.outcome"] == "accepted"
     assert a["agentclaims.claim.harmed"] is False
