@@ -225,8 +225,19 @@ def bench_sdk(
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``agentclaims bench sdk``: print the figures (``--json``: as JSON)."""
+    path_args: dict[str, Any] | None = None
+    if not getattr(args, "planner_only", True):
+        path_args = {
+            "backends": getattr(args, "backends", ("embedded", "http")),
+            "sessions": getattr(args, "sessions", (6, 50)),
+            "rounds": getattr(args, "rounds", 3),
+        }
     try:
         result = bench_sdk(runs=getattr(args, "runs", 5))
+        if path_args is not None:
+            from agentclaims.cli.bench_path import bench_path
+
+            result["path"] = bench_path(**path_args)
     except UsageError as exc:
         print(f"agentclaims bench sdk: {exc}", file=sys.stderr)
         return 2
@@ -249,4 +260,9 @@ def run(args: argparse.Namespace) -> int:
     runs = ", ".join(f"{r['cpu_median_us']:.1f}/{r['cpu_p99_us']:.1f}" for r in result["per_run"])
     print(f"  each run on its own, cpu median/p99: {runs}")
     print(f"  plans: {', '.join(f'{k} {v:,}' for k, v in result['plans'].items())}")
+    if "path" in result:
+        from agentclaims.cli.bench_path import table
+
+        print()
+        print(table(result["path"]))
     return 0

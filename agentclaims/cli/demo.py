@@ -1,11 +1,16 @@
 """``agentclaims demo``: concurrent supervisor workflows on a KV pool smaller than their working
-set, once with the claim planner and once as stock LRU without claims, side by side."""
+set, with the claim planner and as stock LRU without claims, side by side: ``rounds`` rounds
+on fresh engines, the two modes interleaved (their order alternating), each figure the median
+of its mode's rounds. One run of each would mostly measure which workflow the event loop
+happened to serve last."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -84,18 +89,42 @@ async def _one_mode(
 
 
 async def run_demo(
-    workflows: int = 6, seed: int = 7, logs: str | Path = "agentclaims-logs"
+    workflows: int = 6, seed: int = 7, logs: str | Path = "agentclaims-logs", rounds: int = 3
 ) -> dict[str, Any]:
-    """Run both modes on fresh engines of the same size; return the figures of each."""
-    if workflows < 1:
+    """Run both modes ``rounds`` times, interleaved, on fresh engines of the same size; the
+    median of each figure per mode (``rounds``: every round's figures). The first round's
+    outcome logs are in ``logs/claims`` and ``logs/lru``, later rounds' in
+    ``logs/.rounds/N``."""
+    if isinstance(workflows, bool) or not isinstance(workflows, int) or workflows < 1:
         raise UsageError("workflows", f"must be >= 1, got {workflows}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise UsageError("rounds", f"must be >= 1, got {rounds}")
     logs = Path(logs)
     blocks = 48 * workflows  # about a third of the workflows' working set
     # warm up (imports, LangGraph and pydantic caches) so neither timed mode pays for it
     await _one_mode("warmup", 1, blocks, seed, logs / ".warmup")
-    claims = await _one_mode("claims", workflows, blocks, seed, logs)
-    lru = await _one_mode("lru", workflows, blocks, seed, logs)
-    return {"claims": claims, "lru": lru, "logs": str(logs.resolve()), "kv_blocks": blocks}
+    runs: dict[str, list[dict[str, Any]]] = {"claims": [], "lru": []}
+    for i in range(rounds):
+        where = logs if i == 0 else logs / ".rounds" / str(i + 1)
+        order = ("claims", "lru") if i % 2 == 0 else ("lru", "claims")
+        for mode in order:
+            runs[mode].append(await _one_mode(mode, workflows, blocks, seed, where))
+    return {
+        "claims": _medians(runs["claims"]),
+        "lru": _medians(runs["lru"]),
+        "rounds": runs,
+        "logs": str(logs.resolve()),
+        "kv_blocks": blocks,
+    }
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over ``runs`` (rounded as the figure itself is)."""
+    out: dict[str, Any] = {}
+    for key in runs[0]:
+        value = statistics.median(run[key] for run in runs)
+        out[key] = round(value, 4) if isinstance(value, float) else value
+    return out
 
 
 def _table(result: dict[str, Any]) -> str:
@@ -118,17 +147,22 @@ def _table(result: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = asyncio.run(run_demo(args.workflows, args.seed, args.logs))
+    try:
+        result = asyncio.run(run_demo(args.workflows, args.seed, args.logs, args.rounds))
+    except UsageError as exc:
+        print(f"agentclaims demo: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return 0
     print(
-        f"{args.workflows} concurrent supervisor workflows, KV pool of {result['kv_blocks']} blocks x {BLOCK_SIZE} tokens\n"
+        f"{args.workflows} concurrent supervisor workflows, KV pool of {result['kv_blocks']} "
+        f"blocks x {BLOCK_SIZE} tokens; medians of {args.rounds} interleaved rounds\n"
     )
     print(_table(result))
     logs = Path(result["logs"])
     print(
-        f"\noutcome logs: {logs}/claims and {logs}/lru  (summarise with: agentclaims report "
+        f"\noutcome logs (first round): {logs}/claims and {logs}/lru  (summarise with: agentclaims report "
         f"{logs / 'claims'}; add {logs / 'lru'} for both)"
     )
     return 0

@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workflows", type=int, default=6, help="concurrent workflows (default 6)")
     demo.add_argument("--logs", default="agentclaims-logs", help="where the outcome logs go")
     demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds of both modes (medians; 3)"
+    )
     demo.set_defaults(module="demo")
 
     report = sub.add_parser("report", help="summarise outcome logs per workflow")
@@ -183,11 +186,28 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--quick", action="store_true", help="smaller sizes, for smoke tests")
     eng.set_defaults(module="bench_engine")
     sdk = bench_sub.add_parser(
-        "sdk", help="SDK time per LLM call (the whole path, no I/O) on a 1,000-node graph"
+        "sdk",
+        help="the claimed session's cost per LLM call: a real agent loop, and the planner alone",
     )
     sdk.add_argument("--json", action="store_true")
     sdk.add_argument(
         "--runs", type=int, default=5, help="times the same walk runs (each call: its median)"
+    )
+    sdk.add_argument(
+        "--planner-only", action="store_true", help="only the planner's walk (no agent loop)"
+    )
+    sdk.add_argument(
+        "--sessions", type=int, nargs="+", default=[6, 50], help="concurrent sessions (6 50)"
+    )
+    sdk.add_argument(
+        "--backends",
+        nargs="+",
+        choices=("embedded", "http"),
+        default=["embedded", "http"],
+        help="where the agent loop's calls go (embedded http)",
+    )
+    sdk.add_argument(
+        "--rounds", type=int, default=3, help="alternating rounds with and without (3)"
     )
     sdk.set_defaults(module="bench_sdk")
     replay = bench_sub.add_parser("replay", help="replay agentic traces under each policy")

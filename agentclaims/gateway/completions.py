@@ -48,8 +48,9 @@ from agentclaims.protocol.writer import (
 
 __all__ = ["CompletionRoutes"]
 
-_EVENTS_PER_ANSWER = 256
-"""At most this many events ride on one answer (``more`` says when others wait)."""
+_EVENTS_PER_ANSWER = 4096
+"""At most this many events are scanned for one answer (its session's are kept; ``more`` says
+when others wait: the session then polls)."""
 
 
 class CompletionRoutes:

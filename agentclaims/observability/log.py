@@ -96,18 +96,29 @@ class _Timestamper:
         return event_dict
 
 
+_PLAIN = frozenset({str, int, bool, type(None)})
+"""Types written as they are (checked by exact type: most of a line's values, and cheap)."""
+
+
 def _finite(value: Any) -> Any:
     """JSON has no infinity or NaN: write them as ``null`` (an STE of ``null`` = unreachable)."""
-    if isinstance(value, float):
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is float:
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
+    if isinstance(value, float):  # a float subclass
+        return value if math.isfinite(value) else None
     return value
 
 
 def _only_finite(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
+    if all(type(v) in _PLAIN for v in event_dict.values()):
+        return event_dict  # nothing to rewrite (the usual line)
     return {k: _finite(v) for k, v in event_dict.items()}
 
 

@@ -94,6 +94,12 @@ class HeldClaim:
     ``rerouted``, ``demoted``, ``expired``, ``harmed``, ``session_end``."""
 
 
+REFUSAL_MEMORY_S = 1.0
+"""How long a refusal of a riding claim's mode steers the session's next riding claims one
+mode down (the backend's room changes as other calls come and go: after that, it asks
+again)."""
+
+
 class ClaimIO:
     """The claims of one session, and every claim round trip it makes."""
 
@@ -132,6 +138,9 @@ class ClaimIO:
         """Why the backend last refused a claim or a renewal (its reason)."""
         self.events = ClaimEvents(self)
         """The events of these claims, taken after every call."""
+        self._refused_lately: dict[tuple[str, ProtectionMode], float] = {}
+        """(backend, mode) -> when a claim riding in that mode was last refused: the backend
+        had no room for it then (see ``REFUSAL_MEMORY_S``)."""
 
     def log_reaction(self, kind: str, **fields: Any) -> None:
         log = self.outcome_log()
@@ -173,6 +182,16 @@ class ClaimIO:
         (``@sequence``): its wire object and the plan it carries (the mode ``backend``
         honours), planned and logged as a claim submitted on its own is; ``None``: no claim."""
         mode = await self.honoured(backend, plan.mode, node, SEQUENCE_OBJECT)
+        now = self.clock()
+        while mode is not None and (
+            now - self._refused_lately.get((backend.name, mode), -REFUSAL_MEMORY_S)
+            < REFUSAL_MEMORY_S
+        ):
+            # refused in this mode a moment ago: ask one mode down at once, not after another
+            # refusal and a claim request of its own
+            weaker = relax_mode(mode, self.policy.soft_mode)
+            plan = ClaimPlan(weaker, plan.ttl_s, f"{plan.reason}; {mode.value} refused lately")
+            mode = weaker
         if mode is None:
             return None
         claim_id = ClaimId(f"{self.session_id}-c{next(self._ids)}")
@@ -236,6 +255,8 @@ class ClaimIO:
         except UsageError:
             decision = None
         st = self.stats
+        if decision is not None and not decision.accepted and plan.mode is not None:
+            self._refused_lately[(backend.name, plan.mode)] = self.clock()
         if decision is None or not decision.accepted or prefix_id is None:
             st.claims_refused += 1
             self.last_refusal = (

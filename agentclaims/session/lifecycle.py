@@ -169,6 +169,7 @@ class SessionLifecycle:
         s, io = self._s, self._s.io
         harmed: ClaimHarmed | None = None
         try:
+            await s.tools.cancel_deferrals()
             await s.settle()
         finally:
             try:

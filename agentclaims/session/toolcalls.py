@@ -8,6 +8,7 @@ applied: ``toolhold``) and ends (its real duration learned by the wait model, co
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agentclaims.errors import UsageError
-from agentclaims.session.toolhold import hold_for_tool
+from agentclaims.session.toolhold import ToolCase, defer, hold_for_tool
 
 if TYPE_CHECKING:
     from agentclaims.session.claims import HeldClaim
@@ -41,6 +42,9 @@ class ToolRun:
     held: HeldClaim | None
     started: float
     error: str | None = None
+    deferral: asyncio.Future[HeldClaim | None] | None = None
+    """The claim asked for again while the tool runs (reaction ``defer``); cancelled when
+    the tool ends."""
 
 
 class SessionTools:
@@ -48,6 +52,23 @@ class SessionTools:
 
     def __init__(self, session: ClaimedSession) -> None:
         self._s = session
+        self._deferral: asyncio.Future[HeldClaim | None] | None = None
+        """The deferral ``hold_for_tool`` just started, for the tool run it belongs to."""
+        self._running: set[asyncio.Future[HeldClaim | None]] = set()
+
+    def defer_during_tool(self, case: ToolCase) -> None:
+        """Ask again for ``case``'s claim while its tool runs (``toolhold.defer``)."""
+        task = asyncio.ensure_future(defer(case, self._s.sleep))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        self._deferral = task
+
+    async def cancel_deferrals(self) -> None:
+        """Stop the deferrals still running (the session ends)."""
+        running = list(self._running)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
 
     @contextlib.asynccontextmanager
     async def tool_call(self, tool: str, *, node: str | None = None) -> AsyncIterator[None]:
@@ -74,12 +95,20 @@ class SessionTools:
         agent = s.workflow.agent_of_tool(node or s.last_agent)
         predicted = s.workflow.tool_started(tool, agent, step_node)
         async with s.keeper.lock:
+            self._deferral = None
             held = await hold_for_tool(s, tool, agent, predicted)
-        return ToolRun(tool, agent, predicted, held, s.clock())
+            deferral, self._deferral = self._deferral, None
+        return ToolRun(tool, agent, predicted, held, s.clock(), deferral=deferral)
 
     def finish_tool(self, run: ToolRun) -> None:
         """A tool call ended (``ClaimedSession.finish_tool``)."""
         s = self._s
+        deferral = run.deferral
+        if deferral is not None:  # what it got while the tool ran held the prefix across it
+            if not deferral.done():
+                deferral.cancel()
+            elif not deferral.cancelled() and deferral.exception() is None:
+                run.held = deferral.result()
         duration = max(0.0, s.clock() - run.started)
         s.workflow.tool_finished(run.tool, run.agent, duration)
         s.stats.tool_calls += 1

@@ -2,14 +2,14 @@
 agent's prefix across the tool was refused, or cannot be renewed to the predicted tool time.
 
 The session's reaction policy (``ReactionPolicy.on_refused``) applies to the tool call itself,
-before it starts:
+as it starts:
 
-* ``defer``: wait, then ask again (the planned claim, or the renewal), before starting the tool,
-  so the prefix stays claimed: the waits back off (``initial_delay_s`` doubling up to
-  ``max_delay_s``), and waiting stops once it would cost more than the recompute it is expected
-  to save (the prefix's blocks x ``reload_s_per_block``, times the odds that such a wait ends in
-  the claim: ``ClaimedSession.tool_defer_odds``, 0.5 at first, learned from this session's
-  waits) or pass the policy's ``deadline_s``; then the tool runs under whatever is held;
+* ``defer``: the tool starts at once, and the session asks again (the planned claim, or the
+  renewal) while it runs, backing off (``initial_delay_s`` doubling up to ``max_delay_s``)
+  until it holds the claim as planned, the policy's ``deadline_s`` passes or the tool ends
+  (``ToolDeferral``). Waiting before the tool would keep the prefix no better (it is not
+  claimed meanwhile either) and would delay the agent by the wait: the agent's completion
+  time is the measure, so the wait overlaps the tool;
 * ``reroute``: move the session to a member of its pool that accepts the claim (one where the
   prefix is resident first), so the tool's follow-up LLM call goes there; without a pool or a
   member that accepts, as ``defer``;
@@ -21,6 +21,8 @@ Every decision is logged (``reaction_<kind>``) with the tool, the claim and the 
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
     from agentclaims.session.claims import HeldClaim
     from agentclaims.session.session import ClaimedSession
 
-__all__ = ["Wanted", "hold_for_tool"]
+__all__ = ["ToolCase", "Wanted", "defer", "hold_for_tool"]
 
 
 @dataclass(slots=True)
@@ -73,18 +75,19 @@ async def hold_for_tool(
             f"tool {tool!r} not started: the claim on {agent}'s prefix was {problem} "
             f"({reason}); reaction fail"
         )
-    case = _Case(session, agent, held, wanted, want_ttl, problem, fields)
+    case = ToolCase(session, agent, held, wanted, want_ttl, problem, fields)
     if policy == "relax":
         return await _relax(case)
     if policy == "reroute":
         moved = await _reroute(case)
         if moved is not None:
             return moved
-    return await _defer(case)
+    session.tools.defer_during_tool(case)
+    return held
 
 
 @dataclass(slots=True)
-class _Case:
+class ToolCase:
     """One tool call whose claim is not as planned: what the reactions work from."""
 
     session: ClaimedSession
@@ -126,7 +129,10 @@ async def _swap(
     return new
 
 
-async def _defer(case: _Case) -> HeldClaim | None:
+async def defer(case: ToolCase, sleep: Callable[[float], Awaitable[None]]) -> HeldClaim | None:
+    """Ask again for what ``case`` wanted, backing off between attempts, until it is held as
+    planned or ``deadline_s`` passes (the tool's end cancels it: ``ToolDeferral``). Each
+    attempt takes the keeper's lock, its waits do not. The claim held in the end."""
     session, agent, held, want_ttl = case.session, case.agent, case.held, case.want_ttl
     problem, fields = case.problem, case.fields
     io = session.io
@@ -135,47 +141,55 @@ async def _defer(case: _Case) -> HeldClaim | None:
     if again is None:
         return held
     prefix_id, plan, ctx = again
-    recompute_s = _blocks(prefix_id) * session.workflow.reload_s_per_block
-    # waiting pays off with the chance it ends in the claim (this session's record of such
-    # waits): wait no longer than the recompute it expects to save
-    budget = min(reaction.deadline_s, recompute_s * session.tool_defer_odds)
     waited, delay, attempt = 0.0, reaction.initial_delay_s, 0
-    while waited + delay <= budget:
-        attempt += 1
-        session.stats.deferrals += 1
-        session.stats.deferral_s += delay
-        session.log_reaction(
-            "defer",
-            claim_id=None if held is None else held.claim_id,
-            outcome=problem,
-            delay_s=round(delay, 6),
-            attempt=attempt,
-            **fields,
-        )
-        await session.sleep(delay)
-        waited += delay
-        if problem == "renewal_refused" and held is not None:
-            if await io.renew(session.route.named(held.backend), held, want_ttl):
-                _record(session, True)
-                return held
-        else:
-            new = await io.submit(session.backend, agent, prefix_id, plan, ctx, strict=True)
-            if new is not None:
-                _record(session, True)
-                return await _swap(session, agent, held, new, "superseded")
-        delay = min(delay * 2, reaction.max_delay_s)
+    try:
+        while waited + delay <= reaction.deadline_s:
+            attempt += 1
+            session.stats.deferrals += 1
+            session.stats.deferral_s += delay
+            session.log_reaction(
+                "defer",
+                claim_id=None if held is None else held.claim_id,
+                outcome=problem,
+                delay_s=round(delay, 6),
+                attempt=attempt,
+                **fields,
+            )
+            await sleep(delay)
+            waited += delay
+            async with session.keeper.lock:
+                if io.held.get(agent) is not held:
+                    return io.held.get(agent)  # the node's next call planned anew meanwhile
+                if problem == "renewal_refused" and held is not None:
+                    if await io.renew(session.route.named(held.backend), held, want_ttl):
+                        _record(session, True)
+                        return held
+                else:
+                    new = await io.submit(session.backend, agent, prefix_id, plan, ctx, strict=True)
+                    if new is not None:
+                        _record(session, True)
+                        return await _swap(session, agent, held, new, "superseded")
+            delay = min(delay * 2, reaction.max_delay_s)
+        why = "its deadline passed"
+    except asyncio.CancelledError:
+        why = "the tool ended first"
+        _drop(case, held, waited, why)
+        raise
     if attempt:
         _record(session, False)
-    session.log_reaction(
+    _drop(case, held, waited, why)
+    return held
+
+
+def _drop(case: ToolCase, held: HeldClaim | None, waited: float, why: str) -> None:
+    fields = case.fields
+    case.session.log_reaction(
         "drop",
         claim_id=None if held is None else held.claim_id,
-        outcome=problem,
+        outcome=case.problem,
         waited_s=round(waited, 6),
-        recompute_s=round(recompute_s, 6),
-        **{**fields, "reason": f"{fields['reason']}; waiting longer would cost more than "
-           "recomputing the prefix: the tool runs under what is held"},
-    )  # fmt: skip
-    return held
+        **{**fields, "reason": f"{fields['reason']}; {why}: the tool ran under what is held"},
+    )
 
 
 ODDS_WEIGHT = 0.3
@@ -188,7 +202,7 @@ def _record(session: ClaimedSession, held_as_planned: bool) -> None:
     session.tool_defer_odds = odds + ODDS_WEIGHT * (float(held_as_planned) - odds)
 
 
-async def _relax(case: _Case) -> HeldClaim | None:
+async def _relax(case: ToolCase) -> HeldClaim | None:
     """Run under a weaker claim: what submission already relaxed to, or the held claim one
     mode down with the wanted TTL when its renewal was refused."""
     held, wanted = case.held, case.wanted
@@ -208,7 +222,7 @@ async def _relax(case: _Case) -> HeldClaim | None:
     )
 
 
-async def _reroute(case: _Case) -> HeldClaim | None:
+async def _reroute(case: ToolCase) -> HeldClaim | None:
     """Move to a pool member that accepts the claim; ``None`` when none does (or no pool)."""
     session, agent, fields = case.session, case.agent, case.fields
     route = session.route

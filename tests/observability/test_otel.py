@@ -348,7 +348,8 @@ async def test_deferrals_and_refusals_land_on_their_call_and_claim(traced):
     await agent.ainvoke({"messages": [HumanMessage("find")]})
     await backend.aclose()
     spans = list(exporter.get_finished_spans())
-    [defer] = log.reactions("defer")
+    # the call's deferral (around a tool, the session asks again for the refused pin too)
+    [defer] = [r for r in log.reactions("defer") if not r.get("tool")]
     [first] = [
         s
         for s in spans_named(spans, "chat")
@@ -366,8 +367,10 @@ async def test_deferrals_and_refusals_land_on_their_call_and_claim(traced):
         assert a["agentclaims.claim.outcome"] == "refused"
         assert a["agentclaims.claim.refusal_reason"] == "no_room"
         assert a["agentclaims.claim.state"] == "refused"
-        assert {"reaction_relax", "resident_claim_rejected"} <= set(event_names(claim))
+        assert "resident_claim_rejected" in event_names(claim)
         assert "agentclaims.claim.open_at_session_end" not in a
+    # the planned pin, relaxed; the tool's deferral asked for it again, strictly (no relax)
+    assert any("reaction_relax" in event_names(claim) for claim in refused)
     relaxed = spans_named(spans, "claim expiring")
     assert relaxed
     assert all((s.attributes or {})["agentclaims.claim.outcome"] == "accepted" for s in relaxed)

@@ -1,0 +1,249 @@
+"""The claimed session's whole per-call path, as an agent process pays it.
+
+A real LangGraph agent/tool loop (LangChain's ``create_agent``: a model node, a tool node)
+runs ``sessions`` workflows at once in this process, each ``calls`` model calls long, its
+context growing with every tool result, on the embedded default and over HTTP (a real
+``agentclaims serve`` process on loopback with the same scripted replies), with the
+``ClaimsMiddleware`` and without it. Per LLM call it measures this process's CPU (transport,
+planning, outcome and event handling, logging: everything the session adds, and LangChain's,
+LangGraph's and the OpenAI client's own work beside it), the event loop's lag (a ticker that
+asks to wake every 5 ms; p99 of how late it woke), and the requests that went to the gateway
+beyond the completions. Runs alternate with and without the session, ``rounds`` of each;
+each figure is the median of its rounds. The session's share is what it adds over the same
+loop without it. Over the embedded default the gateway and the engine run in this process
+too, so its CPU includes theirs.
+
+Figures are printed; nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentclaims.errors import UsageError
+
+__all__ = ["bench_path"]
+
+TICK_S = 0.005
+MODES = ("without", "with")
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _script(calls: int) -> dict[str, list[Any]]:
+    """The model calls the tool ``calls - 1`` times, then answers."""
+    tools: list[Any] = [
+        {"tool": "search", "arguments": {"query": f"q{i}"}} for i in range(calls - 1)
+    ]
+    return {"*": [*tools, "done."]}
+
+
+@contextlib.contextmanager
+def _gateway(script: Path) -> Iterator[str]:
+    """``agentclaims serve`` on a free loopback port with ``script``; stopped by its PID."""
+    import httpx2
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [sys.executable, "-m", "agentclaims.cli.main", "serve", "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--blocks", "65536", "--script", str(script), "--decode-ms", "0"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the gateway exited with status {proc.returncode}")
+            with contextlib.suppress(httpx2.HTTPError):
+                if httpx2.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the gateway did not come up within 30 s")
+            time.sleep(0.1)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
+
+
+async def _lag(samples: list[float], stop: asyncio.Event) -> None:
+    """How late the loop woke for each ``TICK_S`` sleep (s)."""
+    while not stop.is_set():
+        asked = time.perf_counter()
+        await asyncio.sleep(TICK_S)
+        samples.append(max(0.0, time.perf_counter() - asked - TICK_S))
+
+
+async def _one(
+    backend: Any, sessions: int, calls: int, claimed: bool, tag: str
+) -> dict[str, float]:
+    """One run: ``sessions`` agent loops at once; CPU per LLM call, loop lag, requests."""
+    from langchain.agents import create_agent
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import tool
+
+    import agentclaims
+
+    @tool
+    async def search(query: str) -> str:
+        """Search the sources."""
+        await asyncio.sleep(0.01)
+        return f"results for {query}: " + "kv cache prefix block claim " * 6
+
+    middleware = [agentclaims.ClaimsMiddleware(backend)] if claimed else []
+    agent = create_agent(agentclaims.chat_model(backend), [search], middleware=middleware)
+
+    async def workflow(i: int) -> None:
+        task = f"{tag} task {i}: " + "find the papers on agent KV caches " * 12
+        await agent.ainvoke({"messages": [HumanMessage(task)]}, {"recursion_limit": 4 * calls})
+
+    await workflow(-1)  # warm: imports, caches, the descriptor read once
+    before = await _requests(backend)
+    lag: list[float] = []
+    stop = asyncio.Event()
+    ticker = asyncio.ensure_future(_lag(lag, stop))
+    cpu = _cpu_s()
+    await asyncio.gather(*(workflow(i) for i in range(sessions)))
+    cpu = _cpu_s() - cpu
+    stop.set()
+    await ticker
+    after = await _requests(backend)
+    llm = sessions * calls
+    others = _others(after) - _others(before)
+    ordered = sorted(lag) or [0.0]
+    return {
+        "cpu_ms_per_call": cpu * 1000 / llm,
+        "lag_p99_ms": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000,
+        "extra_requests_per_call": others / llm,
+    }
+
+
+def _others(calls: dict[str, int]) -> int:
+    """Requests beyond the completions (the bench's own reads of ``/v1/stats`` left out)."""
+    return sum(v for k, v in calls.items() if "completions" not in k and "/v1/stats" not in k)
+
+
+async def _requests(backend: Any) -> dict[str, int]:
+    """The gateway's requests by route (``/v1/stats``)."""
+    stats = await backend.metrics()
+    calls: dict[str, int] = dict((stats.get("gateway") or {}).get("calls") or {})
+    return calls
+
+
+async def _bench(
+    backends: Sequence[str], sessions: Sequence[int], calls: int, rounds: int, url: str
+) -> dict[str, Any]:
+    import agentclaims
+    from agentclaims.gateway.text import load_script
+
+    script = _script(calls)
+    rows: list[dict[str, Any]] = []
+    for kind in backends:
+        for n in sessions:
+            runs: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+            for r in range(rounds):
+                order = MODES if r % 2 == 0 else MODES[::-1]
+                for mode in order:
+                    backend: Any = (
+                        agentclaims.EmbeddedBackend(
+                            num_blocks=65536,
+                            block_size=16,
+                            script=load_script(json.dumps(script)),
+                        )
+                        if kind == "embedded"
+                        else agentclaims.HTTPBackend(url)
+                    )
+                    try:
+                        runs[mode].append(
+                            await _one(backend, n, calls, mode == "with", f"{kind}{n}{r}{mode}")
+                        )
+                    finally:
+                        await backend.aclose()
+            med = {
+                mode: {k: statistics.median(x[k] for x in xs) for k in xs[0]}
+                for mode, xs in runs.items()
+            }
+            added = med["with"]["cpu_ms_per_call"] - med["without"]["cpu_ms_per_call"]
+            rows.append(
+                {
+                    "backend": kind,
+                    "sessions": n,
+                    "llm_calls": n * calls,
+                    "without": med["without"],
+                    "with": med["with"],
+                    "session_cpu_ms_per_call": added,
+                    "session_share": added / med["with"]["cpu_ms_per_call"],
+                    "lag_p99_added_ms": med["with"]["lag_p99_ms"] - med["without"]["lag_p99_ms"],
+                    "rounds": runs,
+                }
+            )
+    return {"calls_per_workflow": calls, "rounds": rounds, "rows": rows}
+
+
+def bench_path(
+    *,
+    backends: Sequence[str] = ("embedded", "http"),
+    sessions: Sequence[int] = (6, 50),
+    calls: int = 19,
+    rounds: int = 3,
+) -> dict[str, Any]:
+    """The whole path's figures (see the module), one row per backend x session count."""
+    for name in backends:
+        if name not in ("embedded", "http"):
+            raise UsageError("backends", f"unknown backend {name!r}; expected embedded or http")
+    if not sessions or any(
+        isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sessions
+    ):
+        raise UsageError("sessions", f"must be positive integers, got {sessions!r}")
+    for field, value, least in (("calls", calls, 2), ("rounds", rounds, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise UsageError(field, f"must be an integer >= {least}, got {value!r}")
+    with contextlib.ExitStack() as stack:
+        url = ""
+        if "http" in backends:
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            (folder / "script.json").write_text(json.dumps(_script(calls)))
+            url = stack.enter_context(_gateway(folder / "script.json"))
+        return asyncio.run(_bench(tuple(backends), tuple(sessions), calls, rounds, url))
+
+
+def table(result: dict[str, Any]) -> str:
+    """The figures as a table."""
+    lines = [
+        f"whole path: a create_agent tool loop, {result['calls_per_workflow']} model calls per "
+        f"workflow, medians of {result['rounds']} alternating rounds",
+        f"  {'backend':<9}{'sessions':>9}{'cpu/call w/o':>14}{'with':>8}{'session':>9}"
+        f"{'share':>7}{'lag p99 w/o':>13}{'with':>8}{'extra req/call':>16}",
+    ]
+    for row in result["rows"]:
+        w, c = row["without"], row["with"]
+        lines.append(
+            f"  {row['backend']:<9}{row['sessions']:>9}{w['cpu_ms_per_call']:>11.2f} ms"
+            f"{c['cpu_ms_per_call']:>8.2f}{row['session_cpu_ms_per_call']:>6.2f} ms"
+            f"{row['session_share']:>7.0%}{w['lag_p99_ms']:>10.2f} ms{c['lag_p99_ms']:>8.2f}"
+            f"{c['extra_requests_per_call']:>16.3f}"
+        )
+    return "\n".join(lines)

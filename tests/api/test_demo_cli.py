@@ -1,0 +1,49 @@
+"""``agentclaims demo`` (what ``make demo`` runs): both modes in interleaved rounds on fresh
+engines, medians per mode, every round's figures kept, and bad arguments refused by name."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _demo(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentclaims.cli.main", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=cwd,
+    )
+
+
+@pytest.mark.slow
+def test_the_demo_runs_both_modes_in_interleaved_rounds(tmp_path: Path) -> None:
+    done = _demo("--workflows", "2", "--rounds", "2", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    rounds = result["rounds"]
+    assert len(rounds["claims"]) == len(rounds["lru"]) == 2
+    for mode in ("claims", "lru"):
+        calls = {r["llm_calls"] for r in rounds[mode]}
+        assert calls == {result[mode]["llm_calls"]}  # the same workflows every round
+        assert all(r["true_harm"] == 0 for r in rounds[mode])
+        completions = sorted(r["completion_s"] for r in rounds[mode])
+        assert result[mode]["completion_s"] == pytest.approx(sum(completions) / 2, abs=1e-3)
+    assert result["lru"]["claims"] == 0  # stock LRU makes no claim
+    assert result["claims"]["claims"] > 0
+    assert list((tmp_path / "agentclaims-logs" / "claims").glob("*.jsonl"))
+    assert list((tmp_path / "agentclaims-logs" / ".rounds" / "2" / "lru").glob("*.jsonl"))
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--rounds", "0"), ("--workflows", "0")])
+def test_bad_demo_arguments_are_refused_by_name(tmp_path: Path, flag: str, value: str) -> None:
+    done = _demo(flag, value, cwd=tmp_path)
+    assert done.returncode == 2
+    assert flag.removeprefix("--") in done.stderr
+    assert not (tmp_path / "agentclaims-logs").exists()
