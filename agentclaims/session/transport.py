@@ -79,6 +79,9 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                 raise _refusal(await response.aread(), response.status_code)
             return _relayed(response, request, response.stream)
         body = json.loads(content or b"{}")
+        # the client's bytes are sent as they are, the extension spliced in (re-encoding the
+        # whole conversation on every call would cost in proportion to the context)
+        base = content if EXTENSION_KEY not in body and content.rstrip().endswith(b"}") else None
         streaming = body.get("stream") is True
         model = body.get("model")
         node = session.current_node(metadata)
@@ -89,7 +92,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         started = session.clock()
         try:
             response, retried = await self._send_with_reactions(
-                session, request, suffix, body, streaming
+                session, request, suffix, body, streaming, base
             )
         except BaseException:
             session.call_failed(ext["request_id"])
@@ -128,8 +131,10 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         suffix: str,
         body: dict[str, Any],
         streaming: bool = False,
+        base: bytes | None = None,
     ) -> tuple[httpx2.Response, bool]:
-        """The answer, and whether it needed a retry (deferred or refused first)."""
+        """The answer, and whether it needed a retry (deferred or refused first); ``base``:
+        the client's own body bytes, when ``body`` is them plus the extension object."""
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
             delay = state.next_action.sleep if state.next_action is not None else 0.0
@@ -146,7 +151,9 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                 session.sleep, before_sleep, session.clock
             ):
                 with attempt:
-                    response = await self._forward_routed(session, request, suffix, body, streaming)
+                    response = await self._forward_routed(
+                        session, request, suffix, body, streaming, base
+                    )
                     if response.status_code in (409, 503):
                         outcome = outcome_from_error(_json(await response.aread()))
                         if outcome is not None:
@@ -169,6 +176,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         suffix: str,
         body: dict[str, Any],
         streaming: bool = False,
+        base: bytes | None = None,
     ) -> httpx2.Response:
         """Forward to the session's backend; behind a router, an instance that does not
         answer (a transport error, or a 5xx that is not a claim outcome) is failed over to
@@ -181,8 +189,13 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             key = getattr(backend, "key", None)  # a fleet's routing key: also the body's user
             if isinstance(key, str) and str(body.get("user", key)).startswith(session.session_id):
                 body["user"] = key
+                base = None  # the body changed beyond its extension
             try:
-                content = json.dumps(body).encode()
+                content = (
+                    json.dumps(body).encode()
+                    if base is None
+                    else _spliced(base, body[EXTENSION_KEY])
+                )
                 response = await self._forward(backend, request, suffix, content, stream=streaming)
             except BackendUnavailable as exc:
                 if await session.failover(str(exc)):
@@ -238,6 +251,13 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             return await client.send(outgoing, stream=stream)
         except httpx2.TransportError as exc:
             raise BackendUnavailable(f"backend {backend.name!r} unreachable: {exc!r}") from exc
+
+
+def _spliced(base: bytes, ext: Mapping[str, Any]) -> bytes:
+    """The JSON object ``base`` with the ``agentclaims`` member ``ext`` added at its end."""
+    head = base.rstrip()[:-1].rstrip()
+    sep = b"" if head.endswith(b"{") else b","
+    return head + sep + b'"' + EXTENSION_KEY.encode() + b'":' + json.dumps(ext).encode() + b"}"
 
 
 def _api_key(backend: Backend) -> str | None:
