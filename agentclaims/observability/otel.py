@@ -195,6 +195,13 @@ class SessionTracer:
             return None
         return otel_context.attach(trace.set_span_in_context(self._session))
 
+    def record_exception(self, exc: BaseException) -> None:
+        """The error the run ended with, as OpenTelemetry records one: an ``exception`` event
+        on the session span (type, message, stack trace)."""
+        with self._lock:
+            if self._session is not None and not self._closed:
+                self._session.record_exception(exc)
+
     @staticmethod
     def deactivate(token: contextvars.Token[Context] | None) -> None:
         """Undo ``activate``. A session ended in another context than the one it entered in

@@ -144,6 +144,15 @@ class _Workflow:
         for claim_id in ids:
             self.timelines.setdefault(claim_id, []).append((ts, event, detail))
 
+    def _planned_mode(self, claim_id: str) -> str | None:
+        """The mode the session planned the claim in (its ``claim_planned`` line): what a
+        claim's mode is where the engine's events do not repeat it (vLLM's connector)."""
+        for _, event, detail in self.timelines.get(claim_id, ()):
+            if event == "claim_planned" and isinstance(detail.get("mode"), str):
+                mode: str = detail["mode"]
+                return mode
+        return None
+
     def claim_timelines(self) -> dict[str, dict[str, Any]]:
         """Per claim: its node and mode, each line about it (seconds after the session
         started, in log order) and how it ended."""
@@ -175,9 +184,10 @@ class _Workflow:
                 mode = next(
                     (e.data["protection_mode"] for e in events if "protection_mode" in e.data), None
                 )
-                by_mode[str(mode or "unknown")] += 1
+                by_mode[str(mode or self._planned_mode(claim_id) or "unknown")] += 1
                 continue
-            by_mode[hist.mode.value if hist.mode else "unknown"] += 1
+            mode = hist.mode.value if hist.mode else self._planned_mode(claim_id)
+            by_mode[mode or "unknown"] += 1
             by_state[hist.state.value] += 1
         duration = None
         if self.started_ns is not None and self.ended_ns is not None:

@@ -144,6 +144,8 @@ class SessionLifecycle:
                 # own there): nothing is set in that context, so nothing needs resetting
                 _current.reset(self._token)
             s.route.leave()  # its affinity no longer counts as load
+            if s.tracer is not None and exc is not None and reason == "error":
+                s.tracer.record_exception(exc)
             self._log_session(
                 "session_ended",
                 reason=reason,
@@ -200,9 +202,15 @@ class SessionLifecycle:
         if not self.entered:
             raise UsageError("session", "only an entered session that has not ended is activated")
         token = _current.set(self._s)
+        tracer = self._s.tracer
+        # the session span is the current span inside too: spans started in the node or the
+        # tool (by the application or an instrumentation) nest in it, as under claimed_session
+        traced = None if tracer is None else tracer.activate()
         try:
             yield self._s
         finally:
+            if tracer is not None:
+                tracer.deactivate(traced)
             _current.reset(token)
 
     def _log_session(self, event: str, **fields: Any) -> None:

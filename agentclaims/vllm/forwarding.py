@@ -82,6 +82,10 @@ class CompletionForwarder:
         """Completions forwarded to vLLM for clients (streamed or not): the agents' calls."""
         self.bare = 0
         """Of them, plain OpenAI calls that went without an envelope (``_envelope``)."""
+        self.prompt_tokens = 0
+        """Prompt tokens of the completions vLLM served (its usage)."""
+        self.cached_tokens = 0
+        """Of them, those vLLM's prefix cache served (its ``cached_tokens``)."""
 
     def prepare(self, call: CompletionCall) -> CompletionCall:
         """The body's shape checked here, before anything changes (a release it carries
@@ -158,6 +162,7 @@ class CompletionForwarder:
         self._sight.last_stored = tuple(hashes)
         usage = data.get("usage") or {}
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        self._count_served(int(usage.get("prompt_tokens") or len(tokens)), cached)
         hit, computed = self._blocks_served(cached, hashes)
         async with self._lock if self._lock.locked() else _UNLOCKED:
             prompt_pid, seq_pid = self._book(tokens, hashes, None, sequence, seq_hashes, None)
@@ -403,6 +408,11 @@ class CompletionForwarder:
         seq_pid = self._prompts.register(sequence, cache_salt, seq_hashes)[1] if sequence else None
         return prompt_pid, seq_pid
 
+    def _count_served(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """A served completion's prompt, for the prefix hit ratio (``/metrics``)."""
+        self.prompt_tokens += max(0, prompt_tokens)
+        self.cached_tokens += max(0, min(cached_tokens, prompt_tokens))
+
     def _blocks_served(self, cached_tokens: int, hashes: Sequence[BlockHash]) -> tuple[int, int]:
         """Of a served prompt's full blocks (``hashes``): the leading ones vLLM's cache held,
         and the ones it computed."""
@@ -469,6 +479,7 @@ class CompletionForwarder:
                 events_seq=self._mirror.events.seq,
                 block_hashes=tuple(hashes),
             )
+        self._count_served(answer.prompt_tokens, answer.cached_tokens)
         hit, computed = self._blocks_served(answer.cached_tokens, hashes)
         outcome = ActiveOutcome(
             rid,

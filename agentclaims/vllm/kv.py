@@ -450,6 +450,11 @@ class VllmKV:
                 "channel": self._connector.channel_ops,
             },
             **riding.metrics(),
+            # what vLLM's answers said of its prefix cache: the gateway's hit ratio
+            "requests": {
+                "prompt_tokens": self.forwarder.prompt_tokens,
+                "cached_tokens": self.forwarder.cached_tokens,
+            },
         }
 
     async def descriptor(self) -> dict[str, Any]:

@@ -244,6 +244,29 @@ def test_claim_history_that_is_not_legal_is_reported_not_fatal(tmp_path: Path) -
     assert s["claim_problems"][0].startswith("c1:")
 
 
+def test_a_claims_mode_comes_from_its_plan_where_the_engines_events_omit_it(
+    tmp_path: Path,
+) -> None:
+    """Behind vLLM the connector's events do not repeat a claim's mode: the report reads it
+    from the session's ``claim_planned`` line, never ``unknown`` when the log says it."""
+    engine = KVEngine(8, 4)
+    blocks = _blocks("v", 2)
+    engine.begin("r", blocks)
+    engine.finish("r")
+    prefix = engine.register_prefix(blocks)
+    spec = ClaimSpec("c1", "wf", prefix, engine.cache_identity, 2, ProtectionMode.DEMOTABLE)
+    engine.submit_claim(spec, blocks)
+    with WorkflowLog("wf", "s", directory=tmp_path) as log:
+        log.claim_planned("c1", prefix, ProtectionMode.DEMOTABLE, ttl_s=30.0, node="agent")
+        for ev in engine.take_events():
+            wire = ev.to_dict()
+            wire.pop("protection_mode", None)
+            log.claim_event(wire)
+    s = summarise([tmp_path])["workflows"]["wf"]
+    assert s["claims_by_mode"] == {"demotable": 1}
+    assert s["claims_by_state"] == {"materialized": 1}
+
+
 def test_missing_path_is_a_usage_error(tmp_path: Path) -> None:
     """A log path that does not exist raises UsageError naming ``logs``."""
     with pytest.raises(UsageError, match="logs"):

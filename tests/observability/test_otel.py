@@ -535,3 +535,77 @@ def test_auto_tracing_follows_the_global_provider():
         """
     )
     assert out == "['agentclaims.session', 'chat scripted']"
+
+
+@pytest.mark.parametrize("sync_tool", [False, True])
+async def test_under_the_middleware_spans_in_tools_nest_in_the_session_span(
+    traced: tuple[TracerProvider, InMemorySpanExporter], sync_tool: bool
+) -> None:
+    """``ClaimsMiddleware`` as ``claimed_session``: inside the agent's tools (async, and sync
+    ones LangGraph runs in a thread) the session span is the current span, so a span the
+    application starts there is its child, in the same trace."""
+    provider, exporter = traced
+    app = provider.get_tracer("app")
+
+    if sync_tool:
+
+        @tool
+        def lookup(query: str) -> str:
+            """Look it up."""
+            with app.start_as_current_span("inside-tool"):
+                return f"results for {query}"
+
+    else:
+
+        @tool
+        async def lookup(query: str) -> str:
+            """Look it up."""
+            with app.start_as_current_span("inside-tool"):
+                await asyncio.sleep(0.01)
+                return f"results for {query}"
+
+    script = {"model": [Reply.tool("lookup", {"query": "kv"}), "found three papers"]}
+    backend = agentclaims.EmbeddedBackend(num_blocks=512, block_size=16, script=script)
+    claims = agentclaims.ClaimsMiddleware(backend, tracer_provider=provider)
+    agent = create_agent(agentclaims.chat_model(backend), [lookup], middleware=[claims])
+    with app.start_as_current_span("handle-request") as outer:
+        await agent.ainvoke({"messages": [HumanMessage("find")]})
+    await backend.aclose()
+    spans = list(exporter.get_finished_spans())
+    [session] = spans_named(spans, SESSION_SPAN)
+    [inner] = spans_named(spans, "inside-tool")
+    assert session.parent is not None
+    assert session.parent.span_id == outer.get_span_context().span_id
+    assert session.context is not None
+    assert inner.parent is not None
+    assert inner.parent.span_id == session.context.span_id
+    assert inner.context is not None
+    assert inner.context.trace_id == session.context.trace_id
+
+
+async def test_a_run_that_raises_records_the_exception_on_the_session_span(
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """A tool that raises ends the run in error: the session span's status is ERROR and it
+    carries OpenTelemetry's ``exception`` event (type, message, stack trace)."""
+    provider, exporter = traced
+
+    @tool
+    async def broken(query: str) -> str:
+        """Always fails."""
+        raise ValueError("no network")
+
+    script = {"model": [Reply.tool("broken", {"query": "kv"}), "never"]}
+    backend = agentclaims.EmbeddedBackend(num_blocks=512, block_size=16, script=script)
+    claims = agentclaims.ClaimsMiddleware(backend, tracer_provider=provider)
+    agent = create_agent(agentclaims.chat_model(backend), [broken], middleware=[claims])
+    with pytest.raises(ValueError, match="no network"):
+        await agent.ainvoke({"messages": [HumanMessage("find")]})
+    await backend.aclose()
+    [session] = spans_named(list(exporter.get_finished_spans()), SESSION_SPAN)
+    assert session.status.status_code is StatusCode.ERROR
+    [event] = [e for e in session.events if e.name == "exception"]
+    attributes = event.attributes or {}
+    assert attributes["exception.type"] == "ValueError"
+    assert attributes["exception.message"] == "no network"
+    assert "Traceback" in str(attributes["exception.stacktrace"])

@@ -913,6 +913,41 @@ async def test_the_gateway_counts_the_engine_requests_it_makes_on_vllm(gateway: 
         await http.post("/v1/claims/count-c1/release", json={"owner_scope": "count"})
 
 
+async def test_the_prefix_hit_ratio_behind_vllm_is_what_vllm_served_from_its_cache(
+    gateway: str,
+) -> None:
+    """``agentclaims_prefix_hit_ratio`` behind vLLM comes from vLLM's own answers (their
+    ``cached_tokens``): the same prompt twice, the second served from the cache, moves it up
+    from what it was, and ``/v1/stats`` has the token counts it is made of."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
+
+        async def ratio() -> float:
+            text = (await http.get("/metrics")).text
+            [value] = [
+                s.value
+                for f in text_string_to_metric_families(text)
+                if f.name == "agentclaims_prefix_hit_ratio"
+                for s in f.samples
+            ]
+            return value
+
+        body = chat(words("hits", 70))
+        first = (await http.post("/v1/chat/completions", json=body)).json()
+        before = (await http.get("/v1/stats")).json()["requests"]
+        low = await ratio()
+        second = (await http.post("/v1/chat/completions", json=body)).json()
+        after = (await http.get("/v1/stats")).json()["requests"]
+        cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached > 0
+        assert after["cached_tokens"] - before["cached_tokens"] == cached
+        assert after["prompt_tokens"] - before["prompt_tokens"] == second["usage"]["prompt_tokens"]
+        assert first["usage"]["prompt_tokens"] == second["usage"]["prompt_tokens"]
+        assert 0 < after["cached_tokens"] / after["prompt_tokens"] == pytest.approx(await ratio())
+        assert await ratio() > low
+
+
 async def test_a_plain_call_is_answered_as_the_general_route_answers_it(
     vllm_server: VllmServer,
 ) -> None:
