@@ -933,7 +933,7 @@ async def test_the_prefix_hit_ratio_behind_vllm_is_what_vllm_served_from_its_cac
             ]
             return value
 
-        body = chat(words("hits", 70))
+        body = chat(words("hits", 40))
         first = (await http.post("/v1/chat/completions", json=body)).json()
         before = (await http.get("/v1/stats")).json()["requests"]
         low = await ratio()
