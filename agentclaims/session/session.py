@@ -201,9 +201,6 @@ class ClaimedSession:
         self.wanted: dict[str, Wanted] = {}
         """Per node, the claim the planner wanted and the backend refused (relaxed or none):
         the next tool call of that node reacts to it (``agentclaims.session.toolhold``)."""
-        self.tool_defer_odds = 0.5
-        """The odds that waiting for a refused claim before a tool ends in the claim (an EWMA
-        over this session's such waits, ``agentclaims.session.toolhold``)."""
         self.last_agent: str | None = None
         """The node of the latest LLM call: the agent a tool run by LangGraph serves."""
         self.lifecycle = SessionLifecycle(self, o)

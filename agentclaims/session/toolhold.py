@@ -162,12 +162,10 @@ async def defer(case: ToolCase, sleep: Callable[[float], Awaitable[None]]) -> He
                     return io.held.get(agent)  # the node's next call planned anew meanwhile
                 if problem == "renewal_refused" and held is not None:
                     if await io.renew(session.route.named(held.backend), held, want_ttl):
-                        _record(session, True)
                         return held
                 else:
                     new = await io.submit(session.backend, agent, prefix_id, plan, ctx, strict=True)
                     if new is not None:
-                        _record(session, True)
                         return await _swap(session, agent, held, new, "superseded")
             delay = min(delay * 2, reaction.max_delay_s)
         why = "its deadline passed"
@@ -175,8 +173,6 @@ async def defer(case: ToolCase, sleep: Callable[[float], Awaitable[None]]) -> He
         why = "the tool ended first"
         _drop(case, held, waited, why)
         raise
-    if attempt:
-        _record(session, False)
     _drop(case, held, waited, why)
     return held
 
@@ -190,16 +186,6 @@ def _drop(case: ToolCase, held: HeldClaim | None, waited: float, why: str) -> No
         waited_s=round(waited, 6),
         **{**fields, "reason": f"{fields['reason']}; {why}: the tool ran under what is held"},
     )
-
-
-ODDS_WEIGHT = 0.3
-"""Weight of the newest outcome in ``ClaimedSession.tool_defer_odds`` (an EWMA)."""
-
-
-def _record(session: ClaimedSession, held_as_planned: bool) -> None:
-    """A deferral before a tool ended in the claim (or did not): update the odds."""
-    odds = session.tool_defer_odds
-    session.tool_defer_odds = odds + ODDS_WEIGHT * (float(held_as_planned) - odds)
 
 
 async def _relax(case: ToolCase) -> HeldClaim | None:
