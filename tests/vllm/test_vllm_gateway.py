@@ -1082,3 +1082,23 @@ def test_the_openai_clients_streaming_idioms_work_through_the_gateway(gateway: s
             return out
 
     assert asyncio.run(stream_async())
+
+
+def test_langchains_chat_model_streams_through_the_gateway(gateway: str) -> None:
+    """LangChain's ``ChatOpenAI`` streaming through the gateway on vLLM, as against vLLM:
+    every chunk a message chunk, the text joined, the usage on the stream with
+    ``stream_usage=True``."""
+    from langchain_openai import ChatOpenAI
+
+    model = ChatOpenAI(
+        base_url=f"{gateway}/v1", api_key="k", model="m", max_tokens=6, stream_usage=True
+    )
+    chunks = list(model.stream(words("lc", 30)))
+    assert chunks
+    joined = chunks[0]
+    for chunk in chunks[1:]:
+        joined = joined + chunk
+    assert isinstance(joined.content, str)
+    assert joined.content
+    assert joined.usage_metadata is not None
+    assert joined.usage_metadata["output_tokens"] == 6
