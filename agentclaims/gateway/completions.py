@@ -9,9 +9,10 @@ is its claim-scoped refusal.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request
@@ -20,6 +21,9 @@ from starlette.responses import Response, StreamingResponse
 from agentclaims.contract import ClaimId, OwnerScope
 from agentclaims.errors import ContractViolation, UnknownClaim, UsageError
 from agentclaims.gateway.extension import Extension, Instance
+from agentclaims.gateway.hosted import HEADER as CACHE_HEADER
+from agentclaims.gateway.hosted import PromptCache, PromptCacheClaims, header_value
+from agentclaims.gateway.hosted import outcome as hosted_outcome
 from agentclaims.gateway.params import claim_owners, json_object, optional_str, tenant_of
 from agentclaims.gateway.service import Service
 from agentclaims.gateway.sides import KVSide
@@ -71,6 +75,8 @@ class CompletionRoutes:
         self.instance = instance
         self.errors = errors
         self._fields = instance.fields  # in every answer: read once
+        self.cache_claims = PromptCacheClaims()
+        """Each ``prompt_cache_key``'s latest claim (``agentclaims.gateway.hosted``)."""
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._completion(request, "chat")
@@ -84,8 +90,12 @@ class CompletionRoutes:
         in its ``agentclaims`` object; streamed as the engine produces it where it can."""
         body = await json_object(request)
         ext = Extension.parse(body)
+        cache = PromptCache.parse(body)  # OpenAI's fields, checked as OpenAI checks them
         tenant = tenant_of(request)
         owner = self.service.owner(ext.default_owner, tenant)
+        cached = await self._cache_claim(cache, tenant)
+        if cached is not None:
+            ext = replace(ext, claims=(*ext.claims, cached.claim))
         call = self.writer.prepare(
             CompletionCall(
                 kind,
@@ -102,16 +112,61 @@ class CompletionRoutes:
         )
         streamed = stream_requested(body)  # (#13) a bad stream field is refused up front
         released = await self._release(ext, owner, tenant)
+        if cached is not None:
+            await self._release_cache_claim(cached, tenant)
         writer = self.writer
+        hosted = _Hosted(cache, cached, tenant)
         if streamed and writer.streams and (not call.claims or writer.streams_claims):
-            return await self._stream(request, call, tenant, released, ext)
+            return await self._stream(request, call, tenant, released, ext, hosted)
         # a reply written whole (a scripted one, or claims whose answer vLLM sends only in an
         # answer read whole): the gateway then streams it itself (#13)
         written = await writer.write(replace(call, body=unstreamed(body)) if streamed else call)
         owners = claim_owners(call.claims, owner)
         return await self.answer(
-            request, body, written, owners, tenant, owner, released, streamed, ext
+            request, body, written, owners, tenant, owner, released, streamed, ext, hosted
         )
+
+    async def _cache_claim(
+        self, cache: PromptCache | None, tenant: Tenant | None
+    ) -> _CacheClaim | None:
+        """The claim a call's ``prompt_cache_key`` asks for (``agentclaims.gateway.hosted``)."""
+        if cache is None:
+            return None
+        ask = getattr(self.kv, "max_claim_ttl", None)  # where the side caps TTLs by refusing
+        engine_max = await ask() if ask is not None else None
+        planned = self.cache_claims.plan(cache, tenant, engine_max)
+        if planned is None:
+            return None
+        claim, previous = planned  # namespaced for the tenant with the call's other claims
+        return _CacheClaim(claim, claim["claim_id"], previous, cache)
+
+    async def _release_cache_claim(self, cached: _CacheClaim, tenant: Tenant | None) -> None:
+        """The key's previous claim goes with this call (the new prompt starts with its
+        prefix): one live claim per key. One this gateway no longer holds is no error."""
+        if cached.previous is None:
+            return
+        ns = self.service.namespace
+        scope = OwnerScope(ns.inner(str(cached.cache.key), tenant))
+        with contextlib.suppress(UnknownClaim):
+            await self.kv.release_claim(ClaimId(ns.inner(cached.previous, tenant)), scope)
+
+    def _report_cache(self, hosted: _Hosted, extension: dict[str, Any]) -> dict[str, Any] | None:
+        """What became of the call's prompt-cache parameters, put in its ``agentclaims``
+        object (``prompt_cache``) and remembered for the key's next call."""
+        if hosted.cache is None:
+            return None
+        cached = hosted.claim
+        report = hosted_outcome(
+            hosted.cache,
+            None if cached is None else cached.shown,
+            extension.get("decisions", ()),
+            None if cached is None else cached.claim["ttl_s"],
+        )
+        if cached is not None:
+            accepted = report["decision"] != "refused"
+            self.cache_claims.decided(hosted.cache, hosted.tenant, cached.shown, accepted)
+        extension["prompt_cache"] = report
+        return report
 
     async def _events(self, ext: Extension, tenant: Tenant | None) -> dict[str, Any] | None:
         """The events after the caller's cursor (``events_since``) for its answer: the page
@@ -134,6 +189,7 @@ class CompletionRoutes:
         released: Sequence[Mapping[str, Any]],
         streamed: bool,
         ext: Extension | None = None,
+        hosted: _Hosted | None = None,
     ) -> Response:
         """A reply written whole, answered: the service's books kept, then the claim-scoped
         refusal, or the payload with its ``agentclaims`` object (JSON, or server-sent events
@@ -148,8 +204,12 @@ class CompletionRoutes:
         events = None if ext is None else await self._events(ext, tenant)
         if events is not None:
             extension["events"] = events
+        report = None if hosted is None else self._report_cache(hosted, extension)
         payload[EXTENSION_KEY] = extension
-        return respond(body, payload, streamed)
+        response = respond(body, payload, streamed)
+        if report is not None:
+            response.headers[CACHE_HEADER] = header_value(report)
+        return response
 
     async def _release(
         self, ext: Extension, owner: str | None, tenant: Tenant | None
@@ -193,6 +253,7 @@ class CompletionRoutes:
         tenant: Tenant | None,
         released: Sequence[Mapping[str, Any]] = (),
         ext: Extension | None = None,
+        hosted: _Hosted | None = None,
     ) -> Response:
         """A streamed completion on the upstream engine: its chunks passed on as it produces
         them, then one chunk more with the ``agentclaims`` object (its usage and its claims'
@@ -234,6 +295,8 @@ class CompletionRoutes:
                 events = None if ext is None else await self._events(ext, tenant)
                 if events is not None:
                     extension["events"] = events
+                if hosted is not None:
+                    self._report_cache(hosted, extension)
                 if last is None:  # no finishing chunk came (never from vLLM): one of its own
                     last = {**streamed.shape, "choices": []}
                 yield event({**last, EXTENSION_KEY: extension})
@@ -298,6 +361,26 @@ class CompletionRoutes:
         """Whether a deferral answers 409 (behind a router: ``--behind-router``, or the client's
         ``X-Agentclaims-Router-Safe: 1``), not 503."""
         return self.instance.behind_router or request.headers.get(ROUTER_SAFE_HEADER) == "1"
+
+
+@dataclass(frozen=True, slots=True)
+class _CacheClaim:
+    """The claim a call's ``prompt_cache_key`` made: as it goes to the KV side, the id the
+    client sees, the key's previous claim it lets go of."""
+
+    claim: Mapping[str, Any]
+    shown: str
+    previous: str | None
+    cache: PromptCache
+
+
+@dataclass(frozen=True, slots=True)
+class _Hosted:
+    """A call's prompt-cache parameters and the claim they made, for its answer."""
+
+    cache: PromptCache | None
+    claim: _CacheClaim | None
+    tenant: Tenant | None
 
 
 def _may_end(chunk: Mapping[str, Any]) -> bool:

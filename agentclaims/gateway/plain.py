@@ -57,6 +57,10 @@ _SERVED = ActiveOutcome(
 and block counts."""
 
 
+_PLAIN_FIELDS = frozenset({"cache_salt", "prompt_cache_key", "prompt_cache_retention"})
+"""Fields a plain call does not carry (each asks the general route for something)."""
+
+
 class PlainRoute:
     """The plain-call route in front of the general completion routes."""
 
@@ -92,7 +96,7 @@ class PlainRoute:
             streamed = stream_requested(body)
         except AgentClaimsError:
             return receive  # refused the general way, with its message
-        if streamed or EXTENSION_KEY in body or "cache_salt" in body:
+        if streamed or EXTENSION_KEY in body or not _PLAIN_FIELDS.isdisjoint(body):
             return receive
         waited = timing.track()
         reply = None

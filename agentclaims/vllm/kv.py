@@ -429,6 +429,13 @@ class VllmKV:
         """Whether each block (the gateway's hash) is in vLLM's prefix cache, from its events."""
         return await self.claims_api.block_residency(block_hashes)
 
+    async def max_claim_ttl(self) -> float | None:
+        """The longest TTL the connector gives a hold, as it last answered (the side started
+        first: its start asks the connector once)."""
+        await self.start()
+        value = self.mirror.limits.get("max_ttl_s")
+        return float(value) if isinstance(value, int | float) else None
+
     def metrics(self) -> dict[str, Any]:
         """What the gateway's ``/v1/stats`` and ``/metrics`` add for this KV side: the engine
         requests it made, the agents' completions and its own claim operations (``/metrics``:

@@ -1102,3 +1102,46 @@ def test_langchains_chat_model_streams_through_the_gateway(gateway: str) -> None
     assert joined.content
     assert joined.usage_metadata is not None
     assert joined.usage_metadata["output_tokens"] == 6
+
+
+def test_openais_prompt_cache_key_becomes_a_claim_on_vllm(gateway: str) -> None:
+    """The real ``openai`` client's ``prompt_cache_key`` through the gateway on vLLM: the
+    connector holds the prompt ``expiring`` (its TTL capped by the connector's maximum, said
+    as a condition), the key's next call lets the last claim go, and a bad retention is a 400
+    naming the field."""
+    import openai
+
+    with openai.OpenAI(base_url=f"{gateway}/v1", api_key="k", max_retries=0) as client:
+        first = client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": words("pck", 40)}],
+            max_tokens=4,
+            prompt_cache_key="vllm-user",
+            prompt_cache_retention="24h",
+        )
+        report = first.model_extra["agentclaims"]["prompt_cache"]
+        assert report["decision"] == "accepted", report
+        assert report["ttl_s"] == 120  # a day, capped by the connector's --max-ttl-s here
+        second = client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": words("pck", 40) + " and more"}],
+            max_tokens=4,
+            prompt_cache_key="vllm-user",
+        )
+        assert second.model_extra["agentclaims"]["prompt_cache"]["decision"] == "accepted"
+        assert second.usage is not None
+        assert second.usage.prompt_tokens_details is not None
+        assert second.usage.prompt_tokens_details.cached_tokens > 0
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": "hello"}],
+                max_tokens=4,
+                extra_body={"prompt_cache_key": "k", "prompt_cache_retention": "forever"},
+            )
+        assert isinstance(bad.value.body, dict)
+        assert bad.value.body["field"] == "prompt_cache_retention"
+    with httpx2.Client(base_url=gateway, timeout=30) as http:
+        first_id = report["claim_id"]
+        view = http.get(f"/v1/claims/{first_id}", params={"owner_scope": "vllm-user"}).json()
+        assert view["state"] == "expired"  # let go with the key's next call
