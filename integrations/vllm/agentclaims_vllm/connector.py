@@ -202,6 +202,8 @@ class AgentClaimsConnector(KVConnectorBase_V1):
 
     # ------------------------------------------------------------------ binding
     def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
+        """vLLM hands over its live block pool, once, before any request (changes state):
+        the claim book is made on it, with the caps a max-length request always fits under."""
         check_pool(gpu_block_pool)
         self._pool = gpu_block_pool
         total = gpu_block_pool.num_gpu_blocks - 1  # block 0 is vLLM's null block
@@ -236,6 +238,10 @@ class AgentClaimsConnector(KVConnectorBase_V1):
 
     # ------------------------------------------------------------------ requests in
     def on_new_request(self, request: Request) -> None:
+        """A request arrives (changes state): its signed envelope, if any, is checked (a
+        forged, stale or replayed one is refused with an event, nothing else changes), its
+        releases and renewals apply now (a release of the prefix the request itself starts
+        with is staged until it has its blocks); its holds wait for ``request_finished``."""
         params = request.kv_transfer_params or {}
         envelope = params.get(EXTENSION_KEY)
         if envelope is None:
@@ -472,6 +478,10 @@ class AgentClaimsConnector(KVConnectorBase_V1):
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
+        """vLLM gave the request its blocks (changes state): a deferral the holds caused
+        ends (``ClaimBook.admitted``), and the releases staged for it apply now, since the
+        prefix they held is the request's own (referenced by it) and cannot be evicted from
+        under it. No hold is applied here."""
         if self._book is not None:
             rid = request.request_id
             self._book.admitted(rid)  # it runs: a wait the holds caused ends
@@ -479,6 +489,9 @@ class AgentClaimsConnector(KVConnectorBase_V1):
                 self._receipts.setdefault(rid, []).extend(self._release_staged(rid))
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        """Once per scheduler step (changes state): holds whose TTL passed expire here, each
+        with ``resident_claim_expired``, their blocks handed back to vLLM's free queue. No
+        metadata goes to the workers (the connector moves no KV)."""
         if self._book is not None:
             self._book.expire_due()
         return _NoMetadata()
@@ -498,6 +511,15 @@ class AgentClaimsConnector(KVConnectorBase_V1):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
+        """The request ended, its blocks not yet freed (changes state): where holds are
+        applied. Each ``hold`` of its envelope takes references on the request's leading
+        cached full blocks (``ClaimBook.hold``: accepted, capped or refused, each with its
+        events) before vLLM frees them, so they are never evicted while held; releases
+        staged for it apply if it ended before its blocks came. Returns ``(False, answer)``:
+        vLLM frees the blocks at once (nothing is saved asynchronously) and hands the answer
+        (decisions, events after the envelope's ``since``, limits, a deferral or refusal) back
+        in the response's ``kv_transfer_params``; a plain request no claim touched answers
+        nothing."""
         rid = request.request_id
         book = self.book
         held_back = book.forget(rid)
@@ -559,6 +581,7 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         return out
 
     # ------------------------------------------------------------------ worker side: inert
+    # The connector moves no KV: the worker-side hooks below are no-ops (pure, no state).
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         return
 
