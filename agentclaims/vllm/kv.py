@@ -429,6 +429,27 @@ class VllmKV:
         """Whether each block (the gateway's hash) is in vLLM's prefix cache, from its events."""
         return await self.claims_api.block_residency(block_hashes)
 
+    def _pool_figures(self) -> dict[str, int]:
+        """vLLM's pool as the connector's answers describe it: usable blocks, the caps on what
+        holds may take, and the blocks the gateway's live claims hold there."""
+        out: dict[str, int] = {}
+        if self.usable_blocks:
+            out["usable_blocks"] = int(self.usable_blocks)
+        limits = self.mirror.limits
+        for key, name in (("cap_blocks", "hard_cap_blocks"),):
+            if isinstance(limits.get(key), int):
+                out[name] = int(limits[key])
+        out["claimed_blocks"] = sum(c.held_blocks for c in self.mirror.claims.values() if c.held)
+        return out
+
+    def _claim_counts(self) -> dict[str, int]:
+        """The claims the gateway mirrors, by ``mode/state``."""
+        out: dict[str, int] = {}
+        for claim in self.mirror.claims.values():
+            key = f"{claim.spec.protection_mode.value}/{claim.state.value}"
+            out[key] = out.get(key, 0) + 1
+        return dict(sorted(out.items()))
+
     async def max_claim_ttl(self) -> float | None:
         """The longest TTL the connector gives a hold, as it last answered (the side started
         first: its start asks the connector once)."""
@@ -457,6 +478,9 @@ class VllmKV:
                 "channel": self._connector.channel_ops,
             },
             **riding.metrics(),
+            # what the connector's answers said: its pool's limits and what claims hold in it
+            "pool": self._pool_figures(),
+            "claims": self._claim_counts(),
             # what vLLM's answers said of its prefix cache: the gateway's hit ratio
             "requests": {
                 "prompt_tokens": self.forwarder.prompt_tokens,

@@ -1145,3 +1145,35 @@ def test_openais_prompt_cache_key_becomes_a_claim_on_vllm(gateway: str) -> None:
         first_id = report["claim_id"]
         view = http.get(f"/v1/claims/{first_id}", params={"owner_scope": "vllm-user"}).json()
         assert view["state"] == "expired"  # let go with the key's next call
+
+
+async def test_pool_gauges_and_claims_by_mode_come_from_the_connector(gateway: str) -> None:
+    """Behind vLLM, ``agentclaims_pool_blocks`` and ``agentclaims_claims{mode,state}`` are what
+    the connector's answers say: a hard claim held on vLLM shows as claimed blocks and as a
+    ``hard_protected`` claim, and no longer counts as held once released."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
+
+        async def families() -> dict[str, dict[tuple[str, ...], float]]:
+            text = (await http.get("/metrics")).text
+            return {
+                f.name: {tuple(s.labels.values()): s.value for s in f.samples}
+                for f in text_string_to_metric_families(text)
+                if f.name in ("agentclaims_pool_blocks", "agentclaims_claims")
+            }
+
+        claim = {"claim_id": "gauge-1", "object_id": "@prompt", "protection_mode": "hard_protected"}
+        body = chat(words("gauge", 40), owner_scope="wf-gauge", claims=[claim])
+        answer = (await http.post("/v1/chat/completions", json=body)).json()
+        assert answer["agentclaims"]["decisions"][0]["decision"] == "accepted"
+        held = await families()
+        pool = held["agentclaims_pool_blocks"]
+        assert pool[("usable_blocks",)] > 0
+        assert pool[("hard_cap_blocks",)] > 0
+        assert pool[("claimed_blocks",)] >= 1
+        live = {k: v for k, v in held["agentclaims_claims"].items() if k[0] == "hard_protected"}
+        assert sum(v for k, v in live.items() if k[1] in ("accepted", "materialized")) >= 1
+        await http.post("/v1/claims/gauge-1/release", json={"owner_scope": "wf-gauge"})
+        after = await families()
+        assert after["agentclaims_pool_blocks"][("claimed_blocks",)] < pool[("claimed_blocks",)]
