@@ -41,6 +41,7 @@ from agentclaims.kernel import (
     EventLog,
     accepted,
     claim_blocks,
+    counts_by_mode_and_state,
     harm_fields,
     identity_problem,
     refuse,
@@ -224,22 +225,18 @@ class ClaimArbiter:
             raise UsageError("spec", f"expected a ClaimSpec, got {type(spec).__name__}")
         if spec.claim_id in self._claims:
             raise UsageError("claim_id", f"claim {spec.claim_id!r} already exists")
-        if refusal is not None:
-            claim = ClaimRecord(spec, ())
-            self._claims[spec.claim_id] = claim
-            submitted(self._events, claim)
-            self.stats.claims_rejected += 1
-            return refuse(self._events, claim, refusal)
-        hashes = claim_blocks(
-            spec, self._prefixes.get(spec.object_id) if block_hashes is None else block_hashes
-        )
-        if len(set(hashes)) != len(hashes):
-            raise UsageError("block_hashes", "a prefix's block hashes must be distinct")
+        hashes: tuple[BlockHash, ...] = ()
+        if refusal is None:
+            hashes = claim_blocks(
+                spec, self._prefixes.get(spec.object_id) if block_hashes is None else block_hashes
+            )
+            if len(set(hashes)) != len(hashes):
+                raise UsageError("block_hashes", "a prefix's block hashes must be distinct")
         self._expire_due(None)
         claim = ClaimRecord(spec, hashes)
         self._claims[spec.claim_id] = claim
         submitted(self._events, claim)
-        reason = self._admission_problem(spec, hashes)
+        reason = refusal or self._admission_problem(spec, hashes)
         if reason is not None:
             self.stats.claims_rejected += 1
             return refuse(self._events, claim, reason)
@@ -411,11 +408,7 @@ class ClaimArbiter:
 
     def claim_counts(self) -> dict[str, int]:
         """Claims by ``mode/state`` (all the engine still tracks)."""
-        out: dict[str, int] = {}
-        for c in self._claims.values():
-            key = f"{c.spec.protection_mode.value}/{c.state.value}"
-            out[key] = out.get(key, 0) + 1
-        return dict(sorted(out.items()))
+        return counts_by_mode_and_state(self._claims.values())
 
     def claims_of(self, owner_scope: str) -> list[ClaimView]:
         self._expire_due(None)

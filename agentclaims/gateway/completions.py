@@ -115,7 +115,7 @@ class CompletionRoutes:
         if cached is not None:
             await self._release_cache_claim(cached, tenant)
         writer = self.writer
-        hosted = _Hosted(cache, cached, tenant)
+        hosted = _Hosted(cache, cached)
         if streamed and writer.streams and (not call.claims or writer.streams_claims):
             return await self._stream(request, call, tenant, released, ext, hosted)
         # a reply written whole (a scripted one, or claims whose answer vLLM sends only in an
@@ -138,7 +138,7 @@ class CompletionRoutes:
         if planned is None:
             return None
         claim, previous = planned  # namespaced for the tenant with the call's other claims
-        return _CacheClaim(claim, claim["claim_id"], previous, cache)
+        return _CacheClaim(claim, previous)
 
     async def _release_cache_claim(self, cached: _CacheClaim, tenant: Tenant | None) -> None:
         """The key's previous claim goes with this call (the new prompt starts with its
@@ -146,37 +146,37 @@ class CompletionRoutes:
         if cached.previous is None:
             return
         ns = self.service.namespace
-        scope = OwnerScope(ns.inner(str(cached.cache.key), tenant))
+        scope = OwnerScope(ns.inner(cached.claim["owner_scope"], tenant))
         with contextlib.suppress(UnknownClaim):
             await self.kv.release_claim(ClaimId(ns.inner(cached.previous, tenant)), scope)
 
-    def _report_cache(self, hosted: _Hosted, extension: dict[str, Any]) -> dict[str, Any] | None:
-        """What became of the call's prompt-cache parameters, put in its ``agentclaims``
-        object (``prompt_cache``) and remembered for the key's next call."""
-        if hosted.cache is None:
+    async def _add_to_answer(
+        self,
+        extension: dict[str, Any],
+        ext: Extension | None,
+        hosted: _Hosted | None,
+        tenant: Tenant | None,
+    ) -> dict[str, Any] | None:
+        """Into a served call's ``agentclaims`` object: the events after the caller's cursor
+        (``events_since``: the page ``GET /v1/events`` would give, its session's only), and
+        what became of its prompt-cache parameters (``prompt_cache``, remembered for the
+        key's next call; returned, for the answer's header)."""
+        if ext is not None and ext.events_since is not None:
+            page = await self.service.events(
+                ext.events_since, limit=_EVENTS_PER_ANSWER, id_prefix=ext.session_id, tenant=tenant
+            )
+            extension["events"] = page.to_dict()
+        if hosted is None or hosted.cache is None:
             return None
         cached = hosted.claim
-        report = hosted_outcome(
-            hosted.cache,
-            None if cached is None else cached.shown,
-            extension.get("decisions", ()),
-            None if cached is None else cached.claim["ttl_s"],
-        )
-        if cached is not None:
+        shown = None if cached is None else cached.claim_id
+        ttl_s = None if cached is None else cached.claim["ttl_s"]
+        report = hosted_outcome(hosted.cache, shown, extension.get("decisions", ()), ttl_s)
+        if shown is not None:
             accepted = report["decision"] != "refused"
-            self.cache_claims.decided(hosted.cache, hosted.tenant, cached.shown, accepted)
+            self.cache_claims.decided(hosted.cache, tenant, shown, accepted)
         extension["prompt_cache"] = report
         return report
-
-    async def _events(self, ext: Extension, tenant: Tenant | None) -> dict[str, Any] | None:
-        """The events after the caller's cursor (``events_since``) for its answer: the page
-        ``GET /v1/events`` would give, its session's only; ``None`` when it asked for none."""
-        if ext.events_since is None:
-            return None
-        page = await self.service.events(
-            ext.events_since, limit=_EVENTS_PER_ANSWER, id_prefix=ext.session_id, tenant=tenant
-        )
-        return page.to_dict()
 
     async def answer(
         self,
@@ -201,10 +201,7 @@ class CompletionRoutes:
         if isinstance(payload.get("id"), str):  # it names the request: as the caller named it
             payload["id"] = self.service.namespace.shown_text(payload["id"], tenant)
         extension = self._extension(result, released)
-        events = None if ext is None else await self._events(ext, tenant)
-        if events is not None:
-            extension["events"] = events
-        report = None if hosted is None else self._report_cache(hosted, extension)
+        report = await self._add_to_answer(extension, ext, hosted, tenant)
         payload[EXTENSION_KEY] = extension
         response = respond(body, payload, streamed)
         if report is not None:
@@ -292,11 +289,7 @@ class CompletionRoutes:
                     _settled(streamed), owners, tenant, owner
                 )
                 extension = {**self._extension(result, released), "usage": streamed.usage}
-                events = None if ext is None else await self._events(ext, tenant)
-                if events is not None:
-                    extension["events"] = events
-                if hosted is not None:
-                    self._report_cache(hosted, extension)
+                await self._add_to_answer(extension, ext, hosted, tenant)
                 if last is None:  # no finishing chunk came (never from vLLM): one of its own
                     last = {**streamed.shape, "choices": []}
                 yield event({**last, EXTENSION_KEY: extension})
@@ -365,13 +358,15 @@ class CompletionRoutes:
 
 @dataclass(frozen=True, slots=True)
 class _CacheClaim:
-    """The claim a call's ``prompt_cache_key`` made: as it goes to the KV side, the id the
-    client sees, the key's previous claim it lets go of."""
+    """The claim a call's ``prompt_cache_key`` made (its dict as the client would send it:
+    ids and owner as the client sees them), and the key's previous claim it lets go of."""
 
     claim: Mapping[str, Any]
-    shown: str
     previous: str | None
-    cache: PromptCache
+
+    @property
+    def claim_id(self) -> str:
+        return str(self.claim["claim_id"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,7 +375,6 @@ class _Hosted:
 
     cache: PromptCache | None
     claim: _CacheClaim | None
-    tenant: Tenant | None
 
 
 def _may_end(chunk: Mapping[str, Any]) -> bool:

@@ -55,9 +55,7 @@ class PromptCache:
         key, retention = body.get("prompt_cache_key"), body.get("prompt_cache_retention")
         if key is None and retention is None:
             return None
-        if key is not None and (
-            not isinstance(key, str) or not key or len(key) > MAX_KEY_CHARS
-        ):  # fmt: skip
+        if key is not None and not (isinstance(key, str) and 0 < len(key) <= MAX_KEY_CHARS):
             raise UsageError(
                 "prompt_cache_key",
                 f"must be a non-empty string of at most {MAX_KEY_CHARS} characters, got {key!r}",

@@ -15,7 +15,7 @@ serves. ``tests/kernel`` runs one property suite against all three.
 
 from agentclaims.kernel.decide import accepted, harm, harm_fields, refuse, submitted
 from agentclaims.kernel.events import EVENTS_KEPT, LOOSE_KEPT, EventLog, EventSource
-from agentclaims.kernel.record import Claim
+from agentclaims.kernel.record import Claim, counts_by_mode_and_state
 from agentclaims.kernel.resolve import (
     IDENTITY_MISMATCH,
     NO_FULL_BLOCK,
@@ -36,6 +36,7 @@ __all__ = [
     "Resolved",
     "accepted",
     "claim_blocks",
+    "counts_by_mode_and_state",
     "harm",
     "harm_fields",
     "identity_problem",

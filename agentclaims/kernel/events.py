@@ -124,8 +124,9 @@ class EventLog:
         else:
             ring[(self.seq - self._origin) % self._capacity] = event
 
-    def events_since(self, seq: int = 0) -> list[ClaimEvent]:
-        """Kept events with ``seq`` greater than the given one, oldest first."""
+    def events_since(self, seq: int = 0, limit: int | None = None) -> list[ClaimEvent]:
+        """Kept events with ``seq`` greater than the given one, oldest first (at most
+        ``limit``: a page copies no more of the ring than it reads)."""
         last = self.seq
         if not seq < last:  # nothing newer (a NaN is below nothing either)
             return []
@@ -133,6 +134,8 @@ class EventLog:
         kept = len(ring)
         oldest = last - kept + 1
         start = oldest if seq < oldest else math.floor(seq) + 1
+        if limit is not None:
+            last = min(last, start + max(0, limit) - 1)
         i = (start - self._origin) % self._capacity
         j = i + last - start + 1
         if j <= kept:
@@ -144,7 +147,7 @@ class EventLog:
     ) -> EventPage:
         """The claims protocol's ``events`` read (``EventPage.select`` over the kept events)."""
         return EventPage.select(
-            self.events_since(since), since, self.seq, limit=limit, id_prefix=id_prefix
+            self.events_since(since, limit), since, self.seq, limit=limit, id_prefix=id_prefix
         )
 
     def take_events(self) -> list[ClaimEvent]:

@@ -7,6 +7,8 @@ the claim's own event count are the same on all three, and so is the view a read
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from agentclaims.contract import (
     ClaimId,
     ClaimSpec,
@@ -19,7 +21,7 @@ from agentclaims.contract import (
 from agentclaims.errors import UsageError
 from agentclaims.protocol.types import ClaimView
 
-__all__ = ["Claim"]
+__all__ = ["Claim", "counts_by_mode_and_state"]
 
 
 class Claim:
@@ -82,3 +84,13 @@ class Claim:
             expires_at_ns=expires_at_ns,
             end_reason=self.end_reason,
         )
+
+
+def counts_by_mode_and_state(claims: Iterable[Claim]) -> dict[str, int]:
+    """How many of ``claims`` there are per ``mode/state`` (the ``agentclaims_claims``
+    gauge), keys sorted."""
+    out: dict[str, int] = {}
+    for claim in claims:
+        key = f"{claim.spec.protection_mode.value}/{claim.state.value}"
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))

@@ -3,9 +3,10 @@
 Where the backend's answers carry them (``events_ride_on_answers``) a call names the
 session's cursor and its answer brings the events after it (``carried``): no poll then,
 unless the answer had more than it carried. The events of a claim request sent on its own
-come with the next call's answer (or the poll at the session's end). Each event lands in the outcome log as it is read, brings the state of the claim it names up
-to date, and says which held claims lapsed (demoted, expired) or were harmed. What to do about
-it is the session's reaction policy (``agentclaims.session.outcomes``).
+come with the next call's answer (or the poll at the session's end). Each event lands in the
+outcome log as it is read, brings the state of the claim it names up to date, and says which
+held claims lapsed (demoted, expired) or were harmed. What to do about it is the session's
+reaction policy (``agentclaims.session.outcomes``).
 """
 
 from __future__ import annotations
@@ -54,8 +55,6 @@ class ClaimEvents:
         self._harmed: set[str] = set()  # claims whose harm was counted
         self._carried: dict[str, list[EventPage]] = {}
         """backend name -> pages its answers carried since the last ``take``."""
-        self.polls = 0
-        """Event reads this session sent on their own (``GET /v1/events``)."""
 
     def cursor(self, backend_name: str) -> int:
         """Where the next read of ``backend_name``'s events starts (a call's
@@ -96,7 +95,6 @@ class ClaimEvents:
             while not covered:
                 covered = True
                 try:
-                    self.polls += 1
                     page = await backend.events(since, id_prefix=io.session_id)
                 except BackendUnavailable as exc:
                     # read again next round from the same cursor; an instance that stays

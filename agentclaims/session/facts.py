@@ -2,8 +2,8 @@
 
 Its cache identity, the checker's verdict on its lowering per mode
 (``agentclaims.lowering.trusted_modes``), and the capabilities it states: ``ranks_by_hints``,
-``claims_ride_on_requests``, ``sheds_by_hints``, ``events_ride_on_answers``. Read again only after ``forget`` (the backend
-now reaches another instance).
+``claims_ride_on_requests``, ``sheds_by_hints``, ``events_ride_on_answers``. Read again only
+after ``forget`` (the backend now reaches another instance).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agentclaims.errors import UsageError
-from agentclaims.session.toolhold import ToolCase, defer, hold_for_tool
+from agentclaims.session.toolhold import defer, hold_for_tool
 
 if TYPE_CHECKING:
     from agentclaims.session.claims import HeldClaim
@@ -52,16 +52,8 @@ class SessionTools:
 
     def __init__(self, session: ClaimedSession) -> None:
         self._s = session
-        self._deferral: asyncio.Future[HeldClaim | None] | None = None
-        """The deferral ``hold_for_tool`` just started, for the tool run it belongs to."""
         self._running: set[asyncio.Future[HeldClaim | None]] = set()
-
-    def defer_during_tool(self, case: ToolCase) -> None:
-        """Ask again for ``case``'s claim while its tool runs (``toolhold.defer``)."""
-        task = asyncio.ensure_future(defer(case, self._s.sleep))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
-        self._deferral = task
+        """Deferrals asking again for a claim while their tools run (``toolhold.defer``)."""
 
     async def cancel_deferrals(self) -> None:
         """Stop the deferrals still running (the session ends)."""
@@ -95,9 +87,12 @@ class SessionTools:
         agent = s.workflow.agent_of_tool(node or s.last_agent)
         predicted = s.workflow.tool_started(tool, agent, step_node)
         async with s.keeper.lock:
-            self._deferral = None
-            held = await hold_for_tool(s, tool, agent, predicted)
-            deferral, self._deferral = self._deferral, None
+            held, case = await hold_for_tool(s, tool, agent, predicted)
+        deferral = None
+        if case is not None:  # asked for again while the tool runs, never before it
+            deferral = asyncio.ensure_future(defer(case, s.sleep))
+            self._running.add(deferral)
+            deferral.add_done_callback(self._running.discard)
         return ToolRun(tool, agent, predicted, held, s.clock(), deferral=deferral)
 
     def finish_tool(self, run: ToolRun) -> None:

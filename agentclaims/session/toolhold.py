@@ -7,7 +7,7 @@ as it starts:
 * ``defer``: the tool starts at once, and the session asks again (the planned claim, or the
   renewal) while it runs, backing off (``initial_delay_s`` doubling up to ``max_delay_s``)
   until it holds the claim as planned, the policy's ``deadline_s`` passes or the tool ends
-  (``ToolDeferral``). Waiting before the tool would keep the prefix no better (it is not
+  (``defer``, run beside the tool by ``SessionTools``). Waiting before the tool would keep the prefix no better (it is not
   claimed meanwhile either) and would delay the agent by the wait: the agent's completion
   time is the measure, so the wait overlaps the tool;
 * ``reroute``: move the session to a member of its pool that accepts the claim (one where the
@@ -49,9 +49,10 @@ class Wanted:
 
 async def hold_for_tool(
     session: ClaimedSession, tool: str, agent: str, predicted_s: float
-) -> HeldClaim | None:
+) -> tuple[HeldClaim | None, ToolCase | None]:
     """Make sure ``agent``'s prefix is held as planned across ``tool`` (predicted to take
-    ``predicted_s``), applying the session's reaction when it is not; the claim held then."""
+    ``predicted_s``), applying the session's reaction when it is not: the claim held then,
+    and under ``defer`` the case to ask again for while the tool runs (``defer``)."""
     io = session.io
     held = io.held.get(agent)
     want_ttl = predicted_s * session.planner.policy.ttl_margin
@@ -61,10 +62,10 @@ async def hold_for_tool(
         del session.wanted[agent]  # reacted to once (parallel tool calls do not wait again)
     elif held is not None and held.plan.ttl_s is not None and want_ttl > held.plan.ttl_s:
         if await io.renew(session.route.named(held.backend), held, want_ttl):
-            return held
+            return held, None
         problem, reason = "renewal_refused", io.last_refusal or "renewal refused"
     else:
-        return held
+        return held, None
     policy = session.reaction.on_refused
     claim_id = None if held is None else held.claim_id
     fields = {"tool": tool, "node": agent, "reason": f"{problem}: {reason}"}
@@ -77,13 +78,12 @@ async def hold_for_tool(
         )
     case = ToolCase(session, agent, held, wanted, want_ttl, problem, fields)
     if policy == "relax":
-        return await _relax(case)
+        return await _relax(case), None
     if policy == "reroute":
         moved = await _reroute(case)
         if moved is not None:
-            return moved
-    session.tools.defer_during_tool(case)
-    return held
+            return moved, None
+    return held, case
 
 
 @dataclass(slots=True)
@@ -131,7 +131,7 @@ async def _swap(
 
 async def defer(case: ToolCase, sleep: Callable[[float], Awaitable[None]]) -> HeldClaim | None:
     """Ask again for what ``case`` wanted, backing off between attempts, until it is held as
-    planned or ``deadline_s`` passes (the tool's end cancels it: ``ToolDeferral``). Each
+    planned or ``deadline_s`` passes (the tool's end cancels it: ``SessionTools``). Each
     attempt takes the keeper's lock, its waits do not. The claim held in the end."""
     session, agent, held, want_ttl = case.session, case.agent, case.held, case.want_ttl
     problem, fields = case.problem, case.fields

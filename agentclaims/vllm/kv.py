@@ -57,6 +57,7 @@ from agentclaims.errors import (
     OperationNotExposed,
     UsageError,
 )
+from agentclaims.kernel import counts_by_mode_and_state
 from agentclaims.lowering.served import CONNECTOR_DESCRIPTOR
 from agentclaims.protocol import (
     CLAIMS_RIDE_ON_REQUESTS,
@@ -435,20 +436,11 @@ class VllmKV:
         out: dict[str, int] = {}
         if self.usable_blocks:
             out["usable_blocks"] = int(self.usable_blocks)
-        limits = self.mirror.limits
-        for key, name in (("cap_blocks", "hard_cap_blocks"),):
-            if isinstance(limits.get(key), int):
-                out[name] = int(limits[key])
+        cap = self.mirror.limits.get("cap_blocks")
+        if isinstance(cap, int):
+            out["hard_cap_blocks"] = cap
         out["claimed_blocks"] = sum(c.held_blocks for c in self.mirror.claims.values() if c.held)
         return out
-
-    def _claim_counts(self) -> dict[str, int]:
-        """The claims the gateway mirrors, by ``mode/state``."""
-        out: dict[str, int] = {}
-        for claim in self.mirror.claims.values():
-            key = f"{claim.spec.protection_mode.value}/{claim.state.value}"
-            out[key] = out.get(key, 0) + 1
-        return dict(sorted(out.items()))
 
     async def max_claim_ttl(self) -> float | None:
         """The longest TTL the connector gives a hold, as it last answered (the side started
@@ -480,7 +472,7 @@ class VllmKV:
             **riding.metrics(),
             # what the connector's answers said: its pool's limits and what claims hold in it
             "pool": self._pool_figures(),
-            "claims": self._claim_counts(),
+            "claims": counts_by_mode_and_state(self.mirror.claims.values()),
             # what vLLM's answers said of its prefix cache: the gateway's hit ratio
             "requests": {
                 "prompt_tokens": self.forwarder.prompt_tokens,

@@ -89,6 +89,9 @@ def test_event_log_matches_an_unbounded_model(
         want = [s for s in emitted[-capacity:] if s > since]
         got = log.events_since(since) if op == "since" else log.take_events()
         assert _seqs(got) == want
+        if op == "since":  # a page copies only what it reads: the first ``limit`` of them
+            for limit in (0, 1, 2, capacity):
+                assert _seqs(log.events_since(since, limit)) == want[:limit]
         assert all(e.data["k"] == e.seq for e in got)  # the event stored at that seq
         if op == "take" and want:
             taken = want[-1]

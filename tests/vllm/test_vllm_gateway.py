@@ -913,24 +913,29 @@ async def test_the_gateway_counts_the_engine_requests_it_makes_on_vllm(gateway: 
         await http.post("/v1/claims/count-c1/release", json={"owner_scope": "count"})
 
 
+async def _samples(http: httpx2.AsyncClient, family: str) -> dict[tuple[str, ...], float]:
+    """One family of the gateway's ``/metrics``: each sample's label values -> its value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = (await http.get("/metrics")).text
+    return {
+        tuple(s.labels.values()): s.value
+        for f in text_string_to_metric_families(text)
+        if f.name == family
+        for s in f.samples
+    }
+
+
 async def test_the_prefix_hit_ratio_behind_vllm_is_what_vllm_served_from_its_cache(
     gateway: str,
 ) -> None:
     """``agentclaims_prefix_hit_ratio`` behind vLLM comes from vLLM's own answers (their
     ``cached_tokens``): the same prompt twice, the second served from the cache, moves it up
     from what it was, and ``/v1/stats`` has the token counts it is made of."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
 
         async def ratio() -> float:
-            text = (await http.get("/metrics")).text
-            [value] = [
-                s.value
-                for f in text_string_to_metric_families(text)
-                if f.name == "agentclaims_prefix_hit_ratio"
-                for s in f.samples
-            ]
+            [value] = (await _samples(http, "agentclaims_prefix_hit_ratio")).values()
             return value
 
         body = chat(words("hits", 40))
@@ -1151,17 +1156,11 @@ async def test_pool_gauges_and_claims_by_mode_come_from_the_connector(gateway: s
     """Behind vLLM, ``agentclaims_pool_blocks`` and ``agentclaims_claims{mode,state}`` are what
     the connector's answers say: a hard claim held on vLLM shows as claimed blocks and as a
     ``hard_protected`` claim, and no longer counts as held once released."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
 
         async def families() -> dict[str, dict[tuple[str, ...], float]]:
-            text = (await http.get("/metrics")).text
-            return {
-                f.name: {tuple(s.labels.values()): s.value for s in f.samples}
-                for f in text_string_to_metric_families(text)
-                if f.name in ("agentclaims_pool_blocks", "agentclaims_claims")
-            }
+            names = ("agentclaims_pool_blocks", "agentclaims_claims")
+            return {name: await _samples(http, name) for name in names}
 
         claim = {"claim_id": "gauge-1", "object_id": "@prompt", "protection_mode": "hard_protected"}
         body = chat(words("gauge", 40), owner_scope="wf-gauge", claims=[claim])
