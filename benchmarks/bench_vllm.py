@@ -436,6 +436,8 @@ def _figures(prompt: int, cached: int, total: float, times: list[float]) -> dict
         "prompt_tokens": prompt,
         "completion_s": round(total, 3),
         "mean_workflow_s": round(statistics.fmean(times), 3),
+        "workflow_p50_s": round(statistics.median(times), 3),
+        "workflow_s": [round(t, 3) for t in times],
     }
 
 
@@ -494,7 +496,7 @@ async def churn(
     fewer; the count is reported). ``rate`` 0: no other tenant."""
     if rate <= 0:
         await stop.wait()
-        return {"requests": 0, "p50_ms": None}
+        return {"requests": 0, "p50_ms": None, "p99_ms": None}
     rng = random.Random(7)
     sent, latency = 0, []
     limit = asyncio.Semaphore(8)
@@ -524,6 +526,7 @@ async def churn(
     return {
         "requests": sent,
         "p50_ms": round(statistics.median(latency) * 1e3, 1) if latency else None,
+        "p99_ms": round(pct(latency, 0.99) * 1e3, 1) if latency else None,
     }
 
 
@@ -920,28 +923,45 @@ def main() -> None:
         parser.error(f"--setups: unknown {sorted(unknown)}; of {', '.join(SETUPS)}")
     model_dir = tiny_model(args.layers, args.hidden)
     on_vllm, on_gateway = layout(args.layout)
-    ports = {name: free_port() for name in ("vllm", "stock_vllm", "gateway", "stock_gateway")}
-    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     procs: list[subprocess.Popen[bytes]] = []
-    sessions: dict[str, int] = {}
     try:
-        budget = args.max_batched_tokens  # vLLM's own flag, after agentclaims serve's "--"
-        own = () if budget is None else ("--", "--max-num-batched-tokens", str(budget))
-        for name, extra in (("vllm", ("--claims-key", KEY)), ("stock_vllm", ("--no-connector",))):
-            argv = (*extra, *own)
-            procs.append(serve_vllm(model_dir, ports[name], *argv, on=on_vllm, blocks=args.blocks))
-            sessions["with" if name == "vllm" else "without"] = procs[-1].pid
-        for name, upstream in (("gateway", "vllm"), ("stock_gateway", "stock_vllm")):
-            argv = cli("serve", "--port", str(ports[name]), "--kv", "vllm")
-            argv += ["--upstream", urls[upstream], "--claims-key", KEY]
-            procs.append(start([*on_gateway, *argv], urls[name]))
-            sessions[name] = procs[-1].pid
+        urls, sessions = start_servers(
+            procs, model_dir, args.blocks, on_vllm, on_gateway, args.max_batched_tokens
+        )
         out = asyncio.run(measure(urls, sessions, model_dir, args))
         out["layout"] = "pinned" if on_vllm else "shared"
     finally:
         for proc in reversed(procs):
             stop(proc, group=True, timeout_s=30)
     report(out, args)
+
+
+def start_servers(
+    procs: list[subprocess.Popen[bytes]],
+    model_dir: str,
+    blocks: int,
+    on_vllm: Sequence[str],
+    on_gateway: Sequence[str],
+    max_batched_tokens: int | None = None,
+) -> tuple[dict[str, str], dict[str, int]]:
+    """vLLM with the connector and stock vLLM (each ``blocks``), a gateway in front of each;
+    every process started is appended to ``procs`` (the caller stops them). Returns their
+    URLs and the PIDs ``paused`` takes (``with``/``without``: the vLLMs)."""
+    ports = {name: free_port() for name in ("vllm", "stock_vllm", "gateway", "stock_gateway")}
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    sessions: dict[str, int] = {}
+    budget = max_batched_tokens  # vLLM's own flag, after agentclaims serve's "--"
+    own = () if budget is None else ("--", "--max-num-batched-tokens", str(budget))
+    for name, extra in (("vllm", ("--claims-key", KEY)), ("stock_vllm", ("--no-connector",))):
+        argv = (*extra, *own)
+        procs.append(serve_vllm(model_dir, ports[name], *argv, on=on_vllm, blocks=blocks))
+        sessions["with" if name == "vllm" else "without"] = procs[-1].pid
+    for name, upstream in (("gateway", "vllm"), ("stock_gateway", "stock_vllm")):
+        argv = cli("serve", "--port", str(ports[name]), "--kv", "vllm")
+        argv += ["--upstream", urls[upstream], "--claims-key", KEY]
+        procs.append(start([*on_gateway, *argv], urls[name]))
+        sessions[name] = procs[-1].pid
+    return urls, sessions
 
 
 def report(out: dict[str, Any], args: Any) -> None:

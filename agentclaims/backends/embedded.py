@@ -67,6 +67,7 @@ class EmbeddedBackend(HTTPBackend):
         )
         super().__init__(base_url, name=name, client=client)
         self._owns_client = True
+        self.share_key = None  # an engine of its own: its sessions share by this object
 
     @property
     def engine(self) -> KVEngine:

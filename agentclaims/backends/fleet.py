@@ -76,6 +76,9 @@ class RoutedBackend(ForwardsClaims, HTTPBackend):
             fleet.router_url, name=f"fleet:{self.key}", client=client, api_key=fleet.api_key
         )
         self._owns_client = True
+        # behind a router the sessions' calls spread over instances, each its own pool: no
+        # one pool's figures stand for the fleet's (each session plans its holds alone)
+        self.share_key = None
 
     async def _learn(self, response: httpx2.Response) -> None:
         """Which instance answered: its header, else (a router that drops it) the

@@ -80,6 +80,9 @@ class HTTPBackend:
                 raise UsageError(field, f"must be a positive number of seconds, got {value!r}")
         self.base_url = _normalize(base_url)
         self.root_url = self.base_url.removesuffix("/v1")
+        self.share_key: str | None = self.base_url
+        """What the sessions of this process share the engine's pool under (``PoolShare``):
+        every backend to one URL alike."""
         self.name = name or urlsplit(self.base_url).netloc
         if api_key is None:
             api_key = os.environ.get("AGENTCLAIMS_API_KEY") or None

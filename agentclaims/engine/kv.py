@@ -17,6 +17,7 @@ It speaks every part of the protocol: the claims API, ``ActiveServing`` and
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -52,6 +53,9 @@ from agentclaims.protocol import (
     ServeResult,
     Tokenizer,
 )
+
+CHURN_WINDOW_S = 30.0
+"""The window an answer's eviction rate is measured over (as vLLM's connector does)."""
 
 __all__ = ["ReferenceKV", "ServiceTimes"]
 
@@ -115,6 +119,8 @@ class ReferenceKV:
         self._sleep = sleep
         self._factory = factory or _same_as(engine)
         self._lock = asyncio.Lock()
+        self._evictions: deque[tuple[float, int]] = deque()
+        """(engine seconds, blocks evicted so far) samples over the last ``CHURN_WINDOW_S``."""
         self._ends_ns: dict[str, int] = {}
         self.counters = _Counters()
 
@@ -208,7 +214,11 @@ class ReferenceKV:
                 if outcome.retry_after_s is None and outcome.action is ArbiterAction.DEFER_ACTIVE:
                     outcome = replace(outcome, retry_after_s=self._drain_estimate_s())
                 return ServeResult(
-                    outcome, prefix_ids, events_seq=engine.last_seq, block_hashes=tuple(hashes)
+                    outcome,
+                    prefix_ids,
+                    events_seq=engine.last_seq,
+                    block_hashes=tuple(hashes),
+                    pool=self._churn(),
                 )
             decisions = tuple(
                 engine.submit_claim(r.spec, r.blocks, refusal=r.refusal) for r in specs
@@ -228,6 +238,7 @@ class ReferenceKV:
                 engine.finish(request.request_id)
                 engine.step()
                 seq = engine.last_seq
+                pool = self._churn()
         return ServeResult(
             outcome,
             prefix_ids,
@@ -235,7 +246,35 @@ class ReferenceKV:
             events_seq=seq,
             cached_tokens=outcome.hit_blocks * bs,
             block_hashes=tuple(hashes),
+            pool=pool,
         )
+
+    def _churn(self) -> dict[str, Any]:
+        """The pool's pressure as an answer says it (the same figures vLLM's connector gives
+        from its KV events): usable and free blocks, cached blocks evicted per second over
+        the last ``CHURN_WINDOW_S`` (or the time measured, ``window_s``, when shorter), and how
+        long a block freed now survives them (the blocks it could take, unheld and not in
+        use, over that rate; ``None`` while nothing is evicted)."""
+        engine = self.engine
+        now, evicted = engine.clock() / 1e9, engine.stats.evicted_blocks
+        samples = self._evictions
+        if samples and evicted < samples[-1][1]:
+            samples.clear()  # a fresh instance counts from 0
+        samples.append((now, evicted))
+        while len(samples) > 2 and samples[1][0] <= now - CHURN_WINDOW_S:
+            samples.popleft()
+        since, before = samples[0]
+        span = min(CHURN_WINDOW_S, now - since)
+        rate = (evicted - before) / (now - since) if now > since else 0.0
+        room = engine.num_blocks - engine.active_blocks - engine.protected_resident_blocks
+        return {
+            "usable_blocks": engine.num_blocks,
+            "free_blocks": engine.free_blocks,
+            "evicted_blocks": evicted,
+            "evicted_per_s": round(rate, 3),
+            "survival_s": round(max(0, room) / rate, 3) if rate > 0 else None,
+            "window_s": round(span, 3),
+        }
 
     def _register(
         self, request: ActiveRequest, hashes: list[BlockHash], prompt_blocks: int

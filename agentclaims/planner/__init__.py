@@ -3,6 +3,7 @@
 from agentclaims.planner.planner import (
     POOL_KEEPS,
     RELAX_ORDER,
+    SAVES_LESS,
     ClaimPlan,
     ClaimPlanner,
     PlannerPolicy,
@@ -18,6 +19,7 @@ from agentclaims.planner.planner import (
 __all__ = [
     "POOL_KEEPS",
     "RELAX_ORDER",
+    "SAVES_LESS",
     "ClaimPlan",
     "ClaimPlanner",
     "PlannerPolicy",

@@ -47,6 +47,23 @@ backend's requests (``claims_ride_on_requests``: a hold then costs no engine req
 Every preset claims nothing where the engine says its pool would keep the prefix unheld
 through the wait (``PrefixContext.pool_survival_s``: vLLM's connector measures it from the
 pool's own KV events), so a pool that does not churn costs the agents no claim work.
+
+**Decided by time.** Where the context says what recomputing the prefix costs
+(``PrefixContext.reload_s``: its blocks times the block cost learned from the engine's
+answers), every preset weighs, before it claims, the seconds the claim saves against the
+seconds it costs (:meth:`ClaimPlanner.value`)::
+
+    saving = p(reuse) x p(gone unheld before the reuse) x reload_s
+    cost   = claim_overhead_s + displaced blocks x reload_s per block x displaced_reuse_p
+
+``p(gone)`` is ``1 - exp(-(wait + admission) / survival)`` with the pool's survival time from
+its answers (1 where unknown: fail toward keeping); a hold displaces as many of others' blocks
+as the pool evicts during the wait, up to its own size (all of them where the eviction rate is
+unknown), each of which another call would have reused with ``displaced_reuse_p`` (a prior).
+A claim that saves no more than it costs is not made (``SAVES_LESS``); every plan carries its
+``saving_s`` and ``cost_s`` into the outcome log. A hint alone (``best_effort``) displaces
+nothing. Which of the claims worth making the pool has room for is the sessions' shared
+``PoolShare``'s decision (capacity).
 """
 
 from __future__ import annotations
@@ -65,9 +82,15 @@ POOL_KEEPS = "the pool keeps it: its evictions are too slow"
 """The reason of a plan without a claim because the engine's pool keeps the prefix unheld
 through the predicted wait (``PlannerPolicy.pool_keeps_factor``)."""
 
+SAVES_LESS = "saves less time than it costs"
+"""The reason of a plan without a claim because the seconds it would save (recompute avoided,
+times the chance the prefix is otherwise gone) do not exceed what it costs (its overhead and
+the others' blocks it displaces): :meth:`ClaimPlanner.value`."""
+
 __all__ = [
     "POOL_KEEPS",
     "RELAX_ORDER",
+    "SAVES_LESS",
     "ClaimPlan",
     "ClaimPlanner",
     "PlannerPolicy",
@@ -200,6 +223,15 @@ class PrefixContext:
     """How long the next call may take to reach the prefix after it is sent (the session's
     recent LLM-call latency): a call queued in a busy engine finds its prefix only when it is
     scheduled, so an unheld prefix must survive the wait and this."""
+    reload_s: float | None = None
+    """Seconds the engine takes to recompute the prefix (its blocks times the block cost
+    learned from its answers; ``None``: unknown, and the plan is not weighed by time)."""
+    evicted_per_s: float | None = None
+    """The engine's evictions of cached blocks per second, as its last answer said
+    (``None``: unknown): how many of others' blocks a hold displaces during the wait."""
+    pool_room: bool | None = None
+    """Whether the pool has room for a pin of this prefix beside the holds already made
+    (``PoolShare.room``; ``None``: unknown). ``False`` rules out ``hard_protected``."""
 
     def __post_init__(self) -> None:
         if not self.prefix_id:
@@ -214,7 +246,7 @@ class PrefixContext:
             )
         if not 0.0 <= self.pressure <= 1.0:
             raise UsageError("pressure", f"must be within [0, 1], got {self.pressure}")
-        for name in ("expected_wait_s", "ttl_s", "admission_s"):
+        for name in ("expected_wait_s", "ttl_s", "admission_s", "reload_s", "evicted_per_s"):
             value = getattr(self, name)
             if value is not None and not (value >= 0 and math.isfinite(value)):
                 raise UsageError(name, f"must be a finite number >= 0, got {value}")
@@ -247,6 +279,11 @@ class ClaimPlan:
     mode: ProtectionMode | None
     ttl_s: float | None = None
     reason: str = ""
+    saving_s: float | None = None
+    """The seconds the claim was expected to save (``ClaimPlanner.value``; ``None``: not
+    weighed, the recompute cost being unknown)."""
+    cost_s: float | None = None
+    """The seconds it was expected to cost (its overhead, others' blocks it displaces)."""
 
     @property
     def claims(self) -> bool:
@@ -261,11 +298,14 @@ class ClaimPlan:
         return self.ttl_s if mode is ProtectionMode.HARD_PROTECTED else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "mode": None if self.mode is None else self.mode.value,
             "ttl_s": self.ttl_s,
             "reason": self.reason,
         }
+        if self.saving_s is not None:
+            out["saving_s"], out["cost_s"] = self.saving_s, self.cost_s
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +342,15 @@ class PlannerPolicy:
     """No claim where the engine's pool keeps an unheld prefix through the wait: the time a
     block freed now survives its evictions (``PrefixContext.pool_survival_s``, from vLLM's KV
     events) is at least this many times the predicted wait. ``inf``: always claim."""
+    decide_by_time: bool = True
+    """Weigh each claim's expected saving against its cost (``ClaimPlanner.value``) and make
+    none that saves no more than it costs. ``False``: the mapping alone."""
+    claim_overhead_s: float = 0.0001
+    """What carrying one claim costs (the engine's and the gateway's work on it, riding on a
+    call): the least a claim must save."""
+    displaced_reuse_p: float = 0.2
+    """The chance that a block a hold displaces (one of another's the pool evicts instead)
+    would have been reused: the prior the cost of a hold is weighed with."""
     renew_fraction: float = 0.2
     """Renew when less than this fraction of the TTL is left and reuse is still likely."""
     ranked: bool = False
@@ -378,6 +427,46 @@ class ClaimPlanner:
     policy: PlannerPolicy = field(default_factory=PlannerPolicy)
 
     def plan(self, ctx: PrefixContext) -> ClaimPlan:
+        plan = self._mapped(ctx)
+        if plan.mode is None or not self.policy.decide_by_time:
+            return plan
+        value = self.value(ctx, plan.mode)
+        if value is None:
+            return plan
+        saving, cost = value
+        if saving <= cost:
+            return ClaimPlan(None, reason=SAVES_LESS, saving_s=saving, cost_s=cost)
+        return replace(plan, saving_s=saving, cost_s=cost)
+
+    def value(self, ctx: PrefixContext, mode: ProtectionMode) -> tuple[float, float] | None:
+        """``(saving_s, cost_s)`` of claiming ``ctx``'s prefix in ``mode``, rounded to the
+        microsecond; ``None`` where the recompute cost is unknown (``ctx.reload_s``)."""
+        reload_s = ctx.reload_s
+        if reload_s is None:
+            return None
+        pol = self.policy
+        wait = ctx.expected_wait_s
+        reach = None if wait is None else wait + ctx.admission_s
+        survival = ctx.pool_survival_s
+        if survival is None or reach is None:
+            gone = 1.0  # unknown: it may well be gone (fail toward keeping)
+        elif math.isinf(survival):
+            gone = 0.0
+        else:
+            gone = 1.0 - math.exp(-reach / survival) if survival > 0 else 1.0
+        saving = ctx.reuse_probability * gone * reload_s
+        cost = pol.claim_overhead_s
+        blocks = ctx.footprint_blocks
+        if mode is not ProtectionMode.BEST_EFFORT and blocks:
+            rate = ctx.evicted_per_s
+            displaced = (
+                float(blocks) if rate is None or reach is None else min(float(blocks), rate * reach)
+            )
+            cost += displaced * (reload_s / blocks) * pol.displaced_reuse_p
+        return round(saving, 6), round(cost, 6)
+
+    def _mapped(self, ctx: PrefixContext) -> ClaimPlan:
+        """The mode the policy's mapping gives ``ctx`` (before it is weighed by time)."""
         pol = self.policy
         p = ctx.reuse_probability
         if not pol.enabled:
@@ -407,6 +496,7 @@ class ClaimPlanner:
             and ctx.ste <= pol.hard_max_ste
             and (sure := ctx.learned_wait_s) is not None
             and sure <= pol.hard_max_wait_s
+            and ctx.pool_room is not False
         ):
             return ClaimPlan(
                 ProtectionMode.HARD_PROTECTED,
@@ -440,6 +530,7 @@ class ClaimPlanner:
             and wait is not None
             and wait <= pol.hard_max_wait_s
             and ctx.pressure <= pol.pin_max_pressure
+            and ctx.pool_room is not False
         ):
             return ClaimPlan(
                 ProtectionMode.HARD_PROTECTED,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentclaims.errors import BackendUnavailable, UsageError
+from agentclaims.session.poolshare import PoolShare
 
 if TYPE_CHECKING:
     from agentclaims.session.session import ClaimedSession
@@ -93,8 +94,26 @@ class SessionCalls:
     async def prepare_call(self, node: str, step: int | None = None) -> dict[str, Any]:
         """``before_call`` and what the call carries (``ClaimedSession.prepare_call``)."""
         s = self._s
-        ext = s.before_call(node, step)
         backend = s.backend
+        share = s.workflow.share = PoolShare.of(backend)
+        s.workflow.owner = s.session_id
+        since = s.workflow.wait_started(node)
+        if since is not None:  # how long agents wait between calls: what blocks must outlive
+            share.note_wait(s.clock() - since)
+        ext = s.before_call(node, step)
+        # planner off: the SDK leaves the calls as they are (no admission either)
+        waited = await share.admit_call(s.session_id) if s.planner.policy.enabled else 0.0
+        if waited > 0:  # the pool thrashes: the agent waited for its turn (a deferral)
+            s.stats.deferrals += 1
+            s.stats.deferral_s += waited
+            if s.log is not None:
+                s.log.reaction(
+                    "defer",
+                    request_id=ext["request_id"],
+                    delay_s=round(waited, 6),
+                    reason="admission: the pool thrashes",
+                    window=share.window.window,
+                )
         try:
             if not await s.io.facts.rides(backend):
                 return ext
@@ -146,12 +165,19 @@ class SessionCalls:
         s.note_call(retried=pressed, latency_s=call.latency_s)
         pool = extension.get("pool")  # the engine's churn, where it says (vLLM: KV events)
         s.workflow.note_pool(pool)
-        costs = s.engine_costs
+        share = s.workflow.share
+        if share is not None:
+            share.note_pool(pool)
+            share.observe_call(prompt_tokens=prompt, cached_tokens=cached)
+        # the block cost: the session's own model, else the one every session on this
+        # engine teaches (learned by default; the prior until the first answers)
+        costs = s.engine_costs or (None if share is None else share.costs)
         computed = (extension.get("outcome") or {}).get("computed_blocks")
         if costs is not None and isinstance(computed, int) and isinstance(completion, int):
             # what this call cost on the engine (not the time it was held back)
             costs.observe(max(0.0, call.latency_s - held_back), computed, completion)
-            s.workflow.reload_s_per_block = costs.reload_s_per_block
+            if costs.learned or costs is s.engine_costs:  # the shared one: once it knows
+                s.workflow.reload_s_per_block = costs.reload_s_per_block
         prefix_ids = extension.get("prefix_ids") or {}
         sequence: str | None = prefix_ids.get("sequence") or prefix_ids.get("prompt")
         s.route.observe_call(

@@ -90,7 +90,8 @@ class HeldClaim:
     state: str = "accepted"
     """The claim's state as the backend last reported it (``unknown`` if it could not say)."""
     end_reason: str | None = None
-    """Why the session let it go: ``superseded``, ``reuse_unlikely``, ``relaxed``,
+    """Why the session let it go: ``superseded``, ``reuse_unlikely``, ``pool_keeps``,
+    ``saves_less``, ``capacity``, ``relaxed``,
     ``rerouted``, ``demoted``, ``expired``, ``harmed``, ``session_end``."""
 
 
@@ -208,7 +209,7 @@ class ClaimIO:
             wire["reuse_hint"] = reuse_hint.to_dict()
         self._planned(claim_id, SEQUENCE_OBJECT, mode, ttl, ctx, plan, node)
         self.stats.claims_submitted += 1
-        return wire, ClaimPlan(mode, ttl, plan.reason)
+        return wire, ClaimPlan(mode, ttl, plan.reason, plan.saving_s, plan.cost_s)
 
     def _planned(
         self,
@@ -233,6 +234,8 @@ class ClaimIO:
                 node=node,
                 expected_wait_s=ctx.expected_wait_s,
                 wait_learned=ctx.wait_learned,
+                saving_s=plan.saving_s,
+                cost_s=plan.cost_s,
             )
 
     def adopt(

@@ -16,10 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 from agentclaims.contract import PrefixId, ReuseHint, prefix_blocks
 from agentclaims.errors import BackendUnavailable
-from agentclaims.planner import POOL_KEEPS, ClaimPlan, PlannerPolicy, PrefixContext, relax_mode
+from agentclaims.planner import (
+    POOL_KEEPS,
+    SAVES_LESS,
+    ClaimPlan,
+    PlannerPolicy,
+    PrefixContext,
+    relax_mode,
+)
 from agentclaims.protocol import SEQUENCE_OBJECT
 from agentclaims.session.claims import PIN_MODES
 from agentclaims.session.options import UNRANKED
+from agentclaims.session.poolshare import DENSER_HOLDS
 from agentclaims.session.toolhold import Wanted
 from agentclaims.session.workflow import wait_key
 
@@ -29,6 +37,9 @@ if TYPE_CHECKING:
     from agentclaims.session.session import ClaimedSession
 
 __all__ = ["ClaimKeeper"]
+
+_END_REASONS = {POOL_KEEPS: "pool_keeps", SAVES_LESS: "saves_less", DENSER_HOLDS: "capacity"}
+"""The end reason of a held claim a fresh plan no longer wants, by the plan's reason."""
 
 _RANKED, _HELD, _UNRANKED = "ranked", "held", UNRANKED
 """What ``auto`` plans on a backend that ranks by reuse hints, on one that sheds holds by
@@ -148,7 +159,7 @@ class ClaimKeeper:
         _, plan = s.workflow.plan_after_call(node, held.prefix_id, tool_names)
         if plan.mode is None:  # its reuse became unlikely (the human is next, say)
             del io.held[node]  # or the pool keeps it anyway (its answer said so)
-            why = "pool_keeps" if plan.reason == POOL_KEEPS else "reuse_unlikely"
+            why = _END_REASONS.get(plan.reason, "reuse_unlikely")
             if held.plan.mode in PIN_MODES:
                 await io.release(backend, held, why)  # a pin: now
             else:

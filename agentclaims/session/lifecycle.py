@@ -144,6 +144,8 @@ class SessionLifecycle:
                 # own there): nothing is set in that context, so nothing needs resetting
                 _current.reset(self._token)
             s.route.leave()  # its affinity no longer counts as load
+            if s.workflow.share is not None:  # its holds and its admission slot go
+                s.workflow.share.leave(s.session_id)
             if s.tracer is not None and exc is not None and reason == "error":
                 s.tracer.record_exception(exc)
             self._log_session(

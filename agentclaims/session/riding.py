@@ -65,7 +65,11 @@ class RidingCalls:
         tools = workflow.expected_tools(node)
         last = self._sequences.get(node)
         ctx, plan = workflow.plan_after_call(
-            node, SEQUENCE_OBJECT, tools, footprint=prefix_blocks(last) if last else 1
+            node,
+            SEQUENCE_OBJECT,
+            tools,
+            footprint=prefix_blocks(last) if last else 1,
+            sized=last is not None,  # a first call: its size is not known yet
         )
         riding.pool_kept = plan.reason == POOL_KEEPS
         if plan.mode is not None:

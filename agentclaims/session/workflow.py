@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-from agentclaims.contract import ReuseHint, prefix_blocks
+from agentclaims.contract import ProtectionMode, ReuseHint, prefix_blocks
 from agentclaims.graph import END, START, AgentExecutionGraph, SteTracker, ToolTimeModel
 from agentclaims.planner import (
     ClaimPlan,
@@ -21,6 +21,7 @@ from agentclaims.planner import (
     PrefixContext,
     update_pressure,
 )
+from agentclaims.session.poolshare import DENSER_HOLDS, PoolShare
 
 __all__ = ["WorkflowModel", "renews_claim", "wait_key"]
 
@@ -29,6 +30,10 @@ def wait_key(node: str, tool_names: Sequence[str]) -> str:
     """What the gap until ``node``'s next call is learned under: its tools, or the node."""
     return "+".join(sorted(set(tool_names))) if tool_names else f"node:{node}"
 
+
+QUIET_WINDOW_S = 10.0
+"""A pool that evicted nothing vouches for its blocks only once it was watched this long: an
+engine that just started (or idled a moment) says nothing of the load to come."""
 
 TOOL_STEP = "tool:"
 """The prefix of the step a tool called outside a tool node is given (``tool:<tool>``)."""
@@ -81,6 +86,11 @@ class WorkflowModel:
         self.pool_survival_s: float | None = None
         """How long an unheld block freed now survives the engine's evictions, as its last
         answer said (``inf``: it evicts nothing lately; ``None``: unknown)."""
+        self.share: PoolShare | None = None
+        """The engine's pool as this process's sessions share it (its figures, the holds
+        made, the room left), set by the session before each call; ``None``: planned alone."""
+        self.owner = ""
+        """The session the holds recorded in ``share`` are under."""
         self.last_node: str = START
         self._tracker: SteTracker | None = None
         self._step_base: dict[str, int] = {}  # graph level -> first LangGraph step seen
@@ -223,6 +233,8 @@ class WorkflowModel:
         if isinstance(pool, dict):
             rate, said = pool.get("evicted_per_s"), pool.get("survival_s")
             survival = _seconds(pool.get("window_s") if rate == 0 else said)
+            if rate == 0 and (survival is None or survival < QUIET_WINDOW_S):
+                survival = None  # quiet for a moment only: no evidence it keeps blocks
         self.pool_survival_s = survival
 
     def note_call(self, *, retried: bool, latency_s: float | None = None) -> None:
@@ -280,12 +292,15 @@ class WorkflowModel:
         *,
         footprint: int | None = None,
         mid_wait: bool = False,
+        sized: bool = True,
     ) -> PrefixContext:
         """What we know about ``node``'s next call, seen from the step after this call
         (``footprint``: the prefix's blocks, when ``prefix_id`` does not say: a claim planned
         before the call, on what it will leave cached). ``mid_wait``: seen now, while
         ``node`` waits after its last reply (its tools are that reply's; the wait and the TTL
-        are what remains of a wait that already lasted this long)."""
+        are what remains of a wait that already lasted this long). ``sized=False``: the
+        footprint is a placeholder (a node's first call: what it leaves is unknown), so the
+        plan is not weighed by time."""
         tracker = self.tracker
         if footprint is None:
             footprint = prefix_blocks(prefix_id)
@@ -310,6 +325,7 @@ class WorkflowModel:
             tools_next, waiting = self._after_reply(node)
             reuse_p = tracker.return_reuse(node, exclude=tools_next).probability
             ste = tracker.near_ste(node)
+        share = self.share
         return PrefixContext(
             prefix_id=prefix_id,
             footprint_blocks=footprint,
@@ -322,6 +338,9 @@ class WorkflowModel:
             pressure=self.pressure,
             pool_survival_s=self.pool_survival_s,
             admission_s=self.call_latency_s,
+            reload_s=reload_s if sized else None,
+            evicted_per_s=None if share is None else share.evicted_per_s,
+            pool_room=None if share is None else share.room((self.owner, node), footprint),
         )
 
     def _after_reply(self, node: str) -> tuple[tuple[str, ...], str]:
@@ -349,10 +368,28 @@ class WorkflowModel:
         tool_names: Sequence[str] = (),
         *,
         footprint: int | None = None,
+        sized: bool = True,
     ) -> tuple[PrefixContext, ClaimPlan]:
-        """The claim to hold on ``node``'s prefix after its call."""
-        ctx = self.context(node, prefix_id, tool_names, footprint=footprint)
-        return ctx, self.planner.plan(ctx)
+        """The claim to hold on ``node``'s prefix after its call: the planner's, where the
+        pool has room for it beside the holds worth more per block-second (``PoolShare``)."""
+        ctx = self.context(node, prefix_id, tool_names, footprint=footprint, sized=sized)
+        plan = self.planner.plan(ctx)
+        share = self.share
+        if share is None:
+            return ctx, plan
+        key = (self.owner, node)
+        if plan.mode is None or plan.mode is ProtectionMode.BEST_EFFORT:
+            share.drop(key)  # a hint holds nothing
+            return ctx, plan
+        blocks = max(1, ctx.footprint_blocks)
+        held_s = max(ctx.expected_wait_s or 0.0, 0.1) + ctx.admission_s
+        saved = (plan.saving_s or 0.0) - (plan.cost_s or 0.0)
+        density = saved / (blocks * held_s) if plan.saving_s is not None else math.inf
+        if share.fits(key, blocks, density):
+            share.hold(key, blocks, density, held_s)
+            return ctx, plan
+        share.drop(key)
+        return ctx, ClaimPlan(None, reason=DENSER_HOLDS, saving_s=plan.saving_s, cost_s=plan.cost_s)
 
     # ------------------------------------------------------------------ reuse hints
     def reuse_hint(

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from agentclaims.graph import AgentExecutionGraph, ToolTimeModel
 from agentclaims.planner import ClaimPlanner
-from agentclaims.session.workflow import WorkflowModel
+from agentclaims.session.workflow import QUIET_WINDOW_S, WorkflowModel
 
 
 def _model(clock: list[float]) -> WorkflowModel:
@@ -71,15 +71,16 @@ def test_a_quiet_pool_vouches_for_its_window_and_no_longer(
     """A pool that evicted nothing over its window kept every block that long, no longer (an
     engine that idled through it says nothing of the next tenant): its survival is the
     window, and the pool-keeps rule skips a claim only for a wait a quarter of it covers. A
-    churning pool's own ``survival_s`` stands; a figure that is no duration is unknown."""
+    window shorter than ``QUIET_WINDOW_S`` (an engine that just started) vouches for nothing.
+    A churning pool's own ``survival_s`` stands; a figure that is no duration is unknown."""
     model = _model([0.0])
     model.before_call("agent")
     model.after_call("agent", ["build"])
     model.note_pool({"free_blocks": free, "evicted_per_s": 0.0, "window_s": window})
-    assert model.pool_survival_s == window
+    assert model.pool_survival_s == (window if window >= QUIET_WINDOW_S else None)
     ctx = model.context("agent", "pfx-0123456789abcdef-4", ())
     keeps = replace(ctx, expected_wait_s=wait, wait_learned=True).pool_keeps(4.0)
-    assert keeps == (window >= 4.0 * wait)
+    assert keeps == (window >= QUIET_WINDOW_S and window >= 4.0 * wait)
     model.note_pool({"evicted_per_s": 2.0, "survival_s": free / 2.0, "window_s": window})
     assert model.pool_survival_s == free / 2.0
     for bad in (None, True, -1.0, float("nan"), float("inf"), "30"):

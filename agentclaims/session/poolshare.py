@@ -1,0 +1,272 @@
+"""``PoolShare``: what the sessions of one process know together of one engine's pool, and
+how they share it when their agents' working set does not fit.
+
+Every answer of an engine that says so (vLLM's connector from its KV events, the reference
+engine from its own pool) carries the pool's figures: usable and free blocks, evictions per
+second, how long a block freed now survives. The sessions on that engine note them here, and
+three decisions follow from them, the same for every session of the process:
+
+* **Which workflows keep their prefixes.** Each hold a session plans is worth
+  ``(saving_s - cost_s) / (blocks x seconds held)``: seconds saved per block-second (the
+  planner's :meth:`~agentclaims.planner.ClaimPlanner.value`). Holds may take
+  ``hold_share`` of the usable blocks; a hold fits when it and the holds worth more per
+  block-second fit, and a denser hold takes the room of a sparser one (which ends at its
+  node's next call). So when the agents' working set exceeds the pool, the prefixes that save
+  the most per block held keep theirs, instead of every prefix held softly and shed under
+  pressure.
+* **Whether a pin has room** (``room``): a ``hard_protected`` claim only where the holds made
+  and this one stay within the share and the pool has that many free blocks.
+* **Admission.** An AIMD window on the sessions running model calls (Concur's agent-level
+  admission), engaged only while the pool thrashes: a period of calls whose hit ratio fell
+  below its running average while blocks survive in the pool for less than the agents' wait.
+  Until then it admits everyone (``max_window``); engaged, a session that reaches a model call
+  while more run than the window allows gives its slot back and waits in line.
+
+``PoolShare.of(backend)`` is the process's share for a backend (by its name); the learned
+block cost (``EngineCosts``) lives here too, so every session's calls teach it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from agentclaims.backends.admission import AdmissionWindow
+from agentclaims.errors import UsageError
+from agentclaims.graph.costs import EngineCosts
+
+__all__ = ["DENSER_HOLDS", "PoolShare"]
+
+DENSER_HOLDS = "the pool's room for holds goes to prefixes that save more per block"
+"""The reason of a plan without a claim because holds worth more seconds per block-second
+fill the share of the pool holds may take."""
+
+OPEN_WINDOW = 4096
+"""The admission window while the pool does not thrash: everyone is admitted."""
+
+_HIT_WEIGHT = 0.3
+
+
+@dataclass(slots=True)
+class _Hold:
+    blocks: int
+    density: float
+    until: float
+
+
+class PoolShare:
+    """The holds, the pool's figures and the admission window of one engine, per process."""
+
+    _by_url: ClassVar[dict[str, PoolShare]] = {}
+    _by_object: ClassVar[weakref.WeakKeyDictionary[object, PoolShare]] = weakref.WeakKeyDictionary()
+    _registry_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(
+        self,
+        *,
+        hold_share: float = 0.6,
+        prior_reload_s_per_block: float = 0.002,
+        period_calls: int = 24,
+        max_hit_drop: float = 0.2,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if isinstance(hold_share, bool) or not (0.0 < hold_share <= 1.0):
+            raise UsageError("hold_share", f"must be within (0, 1], got {hold_share!r}")
+        import time
+
+        self.hold_share = float(hold_share)
+        self.clock = clock or time.monotonic
+        self.costs = EngineCosts(prior_reload_s_per_block)
+        """The block cost learned from every session's answered calls on this engine."""
+        self.window = AdmissionWindow(
+            initial=OPEN_WINDOW,
+            max_window=OPEN_WINDOW,
+            period_calls=period_calls,
+            max_hit_drop=max_hit_drop,
+            max_pressed_share=1.0,
+            max_kv_usage=1.0,
+            max_harm_rate=math.inf,
+        )
+        """Sessions running model calls; ``OPEN_WINDOW`` (everyone) until the pool thrashes."""
+        self.usable_blocks: int | None = None
+        self.free_blocks: int | None = None
+        self.evicted_per_s: float | None = None
+        self.survival_s: float | None = None
+        self.thrash_periods = 0
+        """Periods of calls in which the pool was seen thrashing."""
+        self._holds: dict[tuple[str, str], _Hold] = {}
+        self._waits: deque[float] = deque(maxlen=64)
+        self._hit_average: float | None = None
+        self._period = [0, 0, 0]  # calls, prompt tokens, cached tokens
+
+    @classmethod
+    def of(cls, backend: object) -> PoolShare:
+        """The process's share for ``backend`` (made on first use): one per engine URL
+        (``backend.share_key``: every ``HTTPBackend`` to one gateway shares it), else one per
+        backend object (an embedded engine is its own)."""
+        key = getattr(backend, "share_key", None)
+        with cls._registry_lock:
+            if isinstance(key, str):
+                share = cls._by_url.get(key)
+                if share is None:
+                    share = cls._by_url[key] = cls()
+                return share
+            share = cls._by_object.get(backend)
+            if share is None:
+                share = cls._by_object[backend] = cls()
+            return share
+
+    @classmethod
+    def forget_all(cls) -> None:
+        """Drop every backend's share (a fresh start: tests, benchmarks between set-ups)."""
+        with cls._registry_lock:
+            cls._by_url.clear()
+            cls._by_object.clear()
+
+    # ------------------------------------------------------------------ the pool's figures
+    def note_pool(self, pool: object) -> None:
+        """What an answer said of the pool (its ``agentclaims.pool``); absent figures stay as
+        they were last said."""
+        if not isinstance(pool, Mapping):
+            return
+        for name in ("usable_blocks", "free_blocks"):
+            value = pool.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                setattr(self, name, value)
+        rate = pool.get("evicted_per_s")
+        if isinstance(rate, int | float) and not isinstance(rate, bool) and rate >= 0:
+            self.evicted_per_s = float(rate)
+            said = pool.get("survival_s")
+            self.survival_s = (
+                float(said) if isinstance(said, int | float) and rate > 0 else math.inf
+            )
+
+    @property
+    def budget_blocks(self) -> int | None:
+        """The blocks the process's holds may take together (``None``: pool size unknown)."""
+        usable = self.usable_blocks
+        return None if usable is None else int(usable * self.hold_share)
+
+    # ------------------------------------------------------------------ capacity
+    def fits(self, key: tuple[str, str], blocks: int, density: float) -> bool:
+        """Whether a hold of ``blocks`` worth ``density`` seconds per block-second fits beside
+        the holds worth as much or more (``key``'s own previous hold aside). Unknown pool
+        size: it fits (the engine's own caps still apply)."""
+        budget = self.budget_blocks
+        if budget is None:
+            return True
+        now = self.clock()
+        denser = sum(
+            h.blocks
+            for k, h in self._holds.items()
+            if k != key and h.until > now and h.density >= density
+        )
+        return denser + blocks <= budget
+
+    def room(self, key: tuple[str, str], blocks: int) -> bool | None:
+        """Whether a pin of ``blocks`` has room: the live holds and it within the share, and
+        that many blocks free. ``None``: the pool's size is unknown."""
+        budget = self.budget_blocks
+        if budget is None:
+            return None
+        now = self.clock()
+        held = sum(h.blocks for k, h in self._holds.items() if k != key and h.until > now)
+        free = self.free_blocks
+        return held + blocks <= budget and (free is None or blocks <= free)
+
+    def hold(self, key: tuple[str, str], blocks: int, density: float, seconds: float) -> None:
+        """``key`` (a session and node) holds ``blocks`` for about ``seconds``."""
+        self._holds[key] = _Hold(blocks, density, self.clock() + max(1.0, 2.0 * seconds))
+
+    def drop(self, key: tuple[str, str]) -> None:
+        self._holds.pop(key, None)
+
+    def leave(self, session_id: str) -> None:
+        """The session ended: its holds and its admission slot go."""
+        for key in [k for k in self._holds if k[0] == session_id]:
+            del self._holds[key]
+        self.window.cancel(session_id)
+
+    @property
+    def held_blocks(self) -> int:
+        now = self.clock()
+        return sum(h.blocks for h in self._holds.values() if h.until > now)
+
+    # ------------------------------------------------------------------ admission
+    async def admit_call(self, session_id: str) -> float:
+        """Before a model call of ``session_id``: its slot in the window (at once while the
+        pool does not thrash). A session holding a slot beyond a window that shrank gives it
+        back and waits in line (paused at the call, as a whole agent). Returns the seconds it
+        waited."""
+        window = self.window
+        if window.is_active(session_id):
+            if window.active <= window.window:
+                return 0.0
+            window.release(session_id)
+        if not window.waiting and window.active < window.window:
+            window.request(session_id)  # a slot is free: at once
+            return 0.0
+        started = self.clock()
+        await window.acquire(session_id)
+        return max(0.0, self.clock() - started)
+
+    def note_wait(self, seconds: float) -> None:
+        """An agent waited ``seconds`` between two of its calls (its tools, other agents)."""
+        if seconds > 0 and math.isfinite(seconds):
+            self._waits.append(seconds)
+
+    def observe_call(self, *, prompt_tokens: int, cached_tokens: int) -> None:
+        """An answered model call on this engine. Every ``period_calls`` calls the window
+        moves: halved from the sessions running where the period thrashed, else grown while
+        sessions wait."""
+        if prompt_tokens <= 0:
+            return
+        period = self._period
+        period[0] += 1
+        period[1] += prompt_tokens
+        period[2] += min(cached_tokens, prompt_tokens)
+        if period[0] < self.window.period_calls:
+            return
+        thrashed = self._thrashed(period[2] / period[1])
+        self._period = [0, 0, 0]
+        window = self.window
+        if thrashed:
+            self.thrash_periods += 1
+            running = max(1, min(window.window, window.active))
+            window.window = max(window.min_window, math.floor(running * window.decrease))
+            window.stats.decreases += 1
+        elif window.window < OPEN_WINDOW and (window.waiting or window.active >= window.window):
+            window.window += window.increase
+            window.stats.increases += 1
+            if not window.waiting and window.window >= window.active + 4:
+                window.window = OPEN_WINDOW  # nobody waits and room to spare: open again
+        window.release("")  # admits whom a grown window lets in (an unknown key: no-op)
+
+    def _thrashed(self, hit: float) -> bool:
+        average = self._hit_average
+        self._hit_average = hit if average is None else average + _HIT_WEIGHT * (hit - average)
+        if average is None or hit >= average * (1.0 - self.window.max_hit_drop):
+            return False
+        survival, waits = self.survival_s, self._waits
+        if survival is None or not waits:
+            return False  # turnover unknown: no evidence the agents outlive their blocks
+        return survival < statistics.median(waits)
+
+    def figures(self) -> dict[str, Any]:
+        """What the share knows and did (for benchmarks and reports)."""
+        return {
+            "usable_blocks": self.usable_blocks,
+            "held_blocks": self.held_blocks,
+            "budget_blocks": self.budget_blocks,
+            "reload_s_per_block": round(self.costs.reload_s_per_block, 6),
+            "costs_learned": self.costs.learned,
+            "window": self.window.window,
+            "thrash_periods": self.thrash_periods,
+            "admission_waits": self.window.stats.deferred,
+        }

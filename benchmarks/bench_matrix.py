@@ -1,0 +1,277 @@
+"""Claims against stock on a matrix of workloads nobody tuned for, on a real vLLM (a script
+that prints figures; no test times anything).
+
+Each cell is a workload: the LangGraph supervisor (a supervisor and two tool-using workers) or
+the plain agent loop (an agent and a plain I/O node), on the tiny model or the 8 x 512 one,
+with a KV pool sized against the agents' working set (roomy: the working set about half the
+pool; tight: about 1.5x; over: about 3x), another tenant sending one-shot prompts straight to
+vLLM (none, moderate: 1 prompt/s of 600 tokens, heavy: 3 prompts/s of 900), the agents'
+waits (short 0.2 s, medium 1-2 s, long 10 s), each agent's own context (a few hundred tokens,
+about 1,000, near the longest request) and 4 or 12 agents' workflows at once.
+
+Per cell, vLLM with the agentclaims connector and stock vLLM (each behind a gateway) run the
+same workflows in turn: ``claims`` (the SDK as users get it: ``planner="auto"``) and ``stock``
+(planner off), ``--repeats`` runs each, the order alternating run by run, medians reported.
+Per cell and set-up: workflow completion (the run's wall time, and each workflow's p50),
+LLM-call time, time to first token p50 and p99, the cached-token ratio, deferrals, and the
+other tenant's time to first token p99. Each run's figures go to ``--out`` (JSON lines) as
+they come, so a long matrix leaves what it measured.
+
+``--layout pinned`` (the default) runs vLLM on the last core, as an accelerator would be, the
+gateways and the agents on the others; ``shared`` puts every process on every core. Run::
+
+    .venv/bin/python benchmarks/bench_matrix.py [--cells 1,7] [--layout pinned|shared]
+
+(needs the vLLM environment: ``make vllm-env``.) ``--list`` prints the cells and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_vllm as bv
+
+MODELS = {"tiny": (None, None), "8x512": (8, 512)}
+POOL_FACTOR = {"roomy": 0.5, "tight": 1.5, "over": 3.0}
+"""The agents' working set over the pool."""
+TENANT = {"none": (0.0, 0), "moderate": (1.0, 600), "heavy": (3.0, 900)}
+"""The other tenant: prompts per second, tokens each."""
+WAITS = {"short": (0.2, 0.2), "medium": (1.0, 2.0), "long": (10.0, 10.0)}
+CONTEXT = {"few-hundred": 300, "about-1000": 1000, "near-longest": 1600}
+MAX_MODEL_LEN = 2048
+TURN_TOKENS = 48
+"""About what each of an agent's turns adds to its context (prompt, reply, tool result)."""
+
+CELLS = (
+    # workload, model, pool, tenant, waits, context, agents
+    ("plain", "tiny", "roomy", "none", "short", "few-hundred", 4),
+    ("plain", "tiny", "tight", "moderate", "medium", "about-1000", 12),
+    ("plain", "tiny", "over", "heavy", "long", "near-longest", 4),
+    ("plain", "8x512", "roomy", "moderate", "long", "few-hundred", 12),
+    ("plain", "8x512", "tight", "heavy", "short", "about-1000", 4),
+    ("plain", "8x512", "over", "none", "medium", "near-longest", 12),
+    ("plain", "8x512", "tight", "moderate", "medium", "about-1000", 4),
+    ("plain", "8x512", "over", "heavy", "medium", "few-hundred", 4),
+    ("plain", "tiny", "roomy", "heavy", "medium", "about-1000", 4),
+    ("supervisor", "tiny", "roomy", "none", "medium", "few-hundred", 4),
+    ("supervisor", "tiny", "tight", "heavy", "short", "few-hundred", 12),
+    ("supervisor", "tiny", "over", "moderate", "long", "about-1000", 4),
+    ("supervisor", "8x512", "roomy", "heavy", "medium", "about-1000", 4),
+    ("supervisor", "8x512", "tight", "moderate", "short", "few-hundred", 4),
+    ("supervisor", "8x512", "over", "heavy", "medium", "about-1000", 12),
+    ("supervisor", "8x512", "tight", "none", "long", "near-longest", 4),
+    ("supervisor", "8x512", "over", "moderate", "short", "near-longest", 4),
+    ("supervisor", "tiny", "tight", "moderate", "medium", "near-longest", 12),
+)
+"""18 cells, every level of every axis, for both workloads (the numbering of ``--cells``
+starts at 1)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    number: int
+    workload: str
+    model: str
+    pool: str
+    tenant: str
+    waits: str
+    context: str
+    agents: int
+
+    @property
+    def agents_per_workflow(self) -> int:
+        return 1 if self.workload == "plain" else 3
+
+    @property
+    def turns(self) -> int:
+        return bv.PLAIN_TURNS if self.workload == "plain" else 2 * bv.TURNS + 3
+
+    def working_set_blocks(self) -> int:
+        """The agents' contexts at their longest, in 32-token blocks, all workflows."""
+        tokens = CONTEXT[self.context] + 100 + self.turns * TURN_TOKENS
+        per_agent = math.ceil(min(tokens, MAX_MODEL_LEN) / bv.BLOCK_TOKENS)
+        return self.agents * self.agents_per_workflow * per_agent
+
+    def blocks(self) -> int:
+        """The pool: the working set over its factor, at least one longest request and a
+        margin (what vLLM needs to serve one)."""
+        least = MAX_MODEL_LEN // bv.BLOCK_TOKENS + 4
+        return max(least, round(self.working_set_blocks() / POOL_FACTOR[self.pool]))
+
+    def label(self) -> str:
+        return (
+            f"{self.number:>2} {self.workload:<10} {self.model:<5} {self.pool:<5} "
+            f"tenant {self.tenant:<8} waits {self.waits:<6} ctx {self.context:<12} "
+            f"x{self.agents}"
+        )
+
+
+def cells(selected: str | None) -> list[Cell]:
+    every = [Cell(i + 1, *row) for i, row in enumerate(CELLS)]
+    if not selected:
+        return every
+    wanted = {int(x) for x in selected.split(",") if x}
+    unknown = wanted - {c.number for c in every}
+    if unknown:
+        raise SystemExit(f"--cells: no cell {sorted(unknown)} (1..{len(every)})")
+    return [c for c in every if c.number in wanted]
+
+
+def configure(cell: Cell) -> None:
+    """bench_vllm's workload globals for ``cell``."""
+    bv.WORKLOAD = cell.workload
+    bv.CONTEXT_TOKENS = CONTEXT[cell.context]
+    bv.PLAIN_IO_S = WAITS[cell.waits]
+    bv.MAX_MODEL_LEN = MAX_MODEL_LEN
+    bv._LEARNING.clear()  # each cell's claimed graphs learn from their own runs
+
+
+async def run_cell(
+    cell: Cell, urls: dict[str, str], pids: dict[str, int], model: str, repeats: int, out: Any
+) -> dict[str, Any]:
+    from agentclaims.session.poolshare import PoolShare
+
+    configure(cell)
+    rate, tokens = TENANT[cell.tenant]
+    lo, hi = WAITS[cell.waits]
+    args = argparse.Namespace(
+        workflows=cell.agents, churn_rate=rate, churn_tokens=tokens, tool_s=(lo + hi) / 2
+    )
+    setups = {
+        "claims": (urls["gateway"], urls["vllm"], "auto", "without"),
+        "stock": (urls["stock_gateway"], urls["stock_vllm"], "off", "with"),
+    }
+    PoolShare.forget_all()
+    warm = argparse.Namespace(**{**vars(args), "tool_s": 0.2})
+    saved, bv.PLAIN_IO_S = bv.PLAIN_IO_S, (0.2, 0.2)
+    for gateway, vurl, planner, idle in setups.values():  # new shapes: unmeasured
+        with bv.paused(pids[idle]):
+            await bv.under_pressure(gateway, vurl, model, planner, f"c{cell.number}w", warm)
+    bv.PLAIN_IO_S = saved
+    PoolShare.forget_all()  # what the warm-up taught is not the cell's
+    bv._LEARNING.clear()
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in setups}
+    for rep in range(repeats):
+        order = list(setups) if rep % 2 == 0 else list(reversed(setups))
+        for name in order:
+            gateway, vurl, planner, idle = setups[name]
+            with bv.paused(pids[idle]):
+                row = await bv.under_pressure(
+                    gateway, vurl, model, planner, f"c{cell.number}{name}{rep}", args
+                )
+            rows[name].append(row)
+            record = {"cell": asdict(cell), "setup": name, "run": rep, **row}
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+            print(
+                f"cell {cell.number} run {rep} {name}: completion {row['completion_s']} s, "
+                f"cached {row['cached_ratio']}",
+                file=sys.stderr,
+                flush=True,
+            )
+    return {name: summary(rs) for name, rs in rows.items()}
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def med(key: str, sub: str | None = None) -> float | None:
+        values = [(r.get(key) or {}).get(sub) if sub else r.get(key) for r in rows]
+        values = [v for v in values if v is not None]
+        return round(statistics.median(values), 4) if values else None
+
+    return {
+        "completion_s": med("completion_s"),
+        "completion_runs": [r["completion_s"] for r in rows],
+        "workflow_p50_s": med("workflow_p50_s"),
+        "llm_time_s": med("llm_time_s"),
+        "ttft_p50_ms": med("ttft_p50_ms"),
+        "ttft_p99_ms": med("ttft_p99_ms"),
+        "cached_ratio": med("cached_ratio"),
+        "deferrals": med("deferrals"),
+        "claims_accepted": med("claims_accepted"),
+        "other_ttft_p99_ms": med("churn", "p99_ms"),
+    }
+
+
+def report(cell: Cell, blocks: int, result: dict[str, Any]) -> str:
+    c, s = result["claims"], result["stock"]
+    ratio = c["completion_s"] / s["completion_s"] if s["completion_s"] else float("nan")
+    llm = s["llm_time_s"] / c["llm_time_s"] if c["llm_time_s"] else float("nan")
+    other = (
+        c["other_ttft_p99_ms"] / s["other_ttft_p99_ms"]
+        if c["other_ttft_p99_ms"] and s["other_ttft_p99_ms"]
+        else None
+    )
+    return (
+        f"{cell.label()} | {blocks:>4} blocks (ws {cell.working_set_blocks()}) | completion "
+        f"{c['completion_s']:.2f} vs {s['completion_s']:.2f} s = {ratio:.3f}x | LLM time "
+        f"{llm:.2f}x lower | TTFT p50 {c['ttft_p50_ms']} vs {s['ttft_p50_ms']} ms, p99 "
+        f"{c['ttft_p99_ms']} vs {s['ttft_p99_ms']} | cached {c['cached_ratio']} vs "
+        f"{s['cached_ratio']} | deferrals {c['deferrals']} | other TTFT p99 "
+        f"{c['other_ttft_p99_ms']} vs {s['other_ttft_p99_ms']} ms"
+        + (f" ({other:.2f}x)" if other else "")
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--cells", default=None, help="comma-separated cell numbers (all)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each set-up per cell")
+    parser.add_argument("--layout", choices=("pinned", "shared"), default="pinned")
+    parser.add_argument("--out", default="bench-matrix.jsonl", help="every run's figures")
+    parser.add_argument("--list", action="store_true", help="print the cells and exit")
+    args = parser.parse_args()
+    chosen = cells(args.cells)
+    if args.list:
+        for cell in chosen:
+            print(f"{cell.label()} | {cell.blocks()} blocks (ws {cell.working_set_blocks()})")
+        return
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    on_vllm, on_gateway = bv.layout(args.layout)
+    bv.MAX_MODEL_LEN = MAX_MODEL_LEN
+    models: dict[str, str] = {}
+    lines: list[str] = []
+    started = time.monotonic()
+    with open(args.out, "a", encoding="utf-8") as out:
+        for cell in chosen:
+            if cell.model not in models:
+                models[cell.model] = bv.tiny_model(*MODELS[cell.model])
+            blocks = cell.blocks()
+            procs: list[subprocess.Popen[bytes]] = []
+            try:
+                urls, pids = bv.start_servers(
+                    procs, models[cell.model], blocks, on_vllm, on_gateway
+                )
+                result = asyncio.run(
+                    run_cell(cell, urls, pids, models[cell.model], args.repeats, out)
+                )
+            finally:
+                for proc in reversed(procs):
+                    bv.stop(proc, group=True, timeout_s=30)
+            line = report(cell, blocks, result)
+            lines.append(line)
+            print(line, flush=True)
+    layout = "pinned" if on_vllm else "shared"
+    print(
+        f"\n{len(lines)} cells, layout {layout}, medians of {args.repeats} runs each "
+        f"(claims / stock, alternating), {time.monotonic() - started:.0f} s in all"
+    )
+    for line in lines:
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""``PoolShare``: the sessions of one process share one engine's pool by what each hold saves
+per block-second, pin only where there is room, and admit model calls through an AIMD window
+only while the pool thrashes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentclaims.backends.embedded import EmbeddedBackend
+from agentclaims.backends.http import HTTPBackend
+from agentclaims.errors import UsageError
+from agentclaims.session.poolshare import OPEN_WINDOW, PoolShare
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def share(usable: int | None = 100, **kw: object) -> PoolShare:
+    s = PoolShare(clock=Clock(), **kw)  # type: ignore[arg-type]
+    if usable is not None:
+        s.note_pool({"usable_blocks": usable, "free_blocks": usable})
+    return s
+
+
+def test_denser_holds_keep_the_room():
+    """60 of 100 blocks may be held: two holds worth 1.0 per block-second take 50; a sparser
+    one of 20 does not fit, a denser one does (and the sparser ones then no longer fit)."""
+    s = share()
+    assert s.budget_blocks == 60
+    s.hold(("a", "n"), 25, 1.0, 5.0)
+    s.hold(("b", "n"), 25, 1.0, 5.0)
+    assert not s.fits(("c", "n"), 20, 0.5)
+    assert s.fits(("c", "n"), 20, 2.0)
+    s.hold(("c", "n"), 20, 2.0, 5.0)
+    assert not s.fits(("d", "n"), 5, 1.0)  # 25 + 25 + 20 as dense or denser: no room
+    assert s.fits(("a", "n"), 15, 1.0)  # its own earlier hold is not counted against it
+
+
+def test_holds_lapse_and_leave_with_their_session():
+    s = share()
+    clock = s.clock
+    s.hold(("a", "n"), 50, 1.0, 2.0)  # kept about twice the expected time held
+    assert not s.fits(("b", "n"), 20, 0.5)
+    clock.now = 10.0  # type: ignore[attr-defined]
+    assert s.fits(("b", "n"), 20, 0.5)
+    s.hold(("b", "n"), 20, 0.5, 60.0)
+    s.leave("b")
+    assert s.held_blocks == 0
+
+
+def test_unknown_pool_size_fits_everything_and_says_nothing_of_room():
+    s = share(usable=None)
+    assert s.fits(("a", "n"), 10_000, 0.0)
+    assert s.room(("a", "n"), 1) is None
+
+
+def test_room_for_a_pin_needs_free_blocks_too():
+    s = share()
+    assert s.room(("a", "n"), 40) is True
+    s.note_pool({"free_blocks": 30})
+    assert s.room(("a", "n"), 40) is False
+    s.hold(("b", "n"), 50, 1.0, 5.0)
+    assert s.room(("a", "n"), 20) is False  # 50 + 20 > 60
+
+
+def test_pool_figures_are_read_as_the_answers_give_them():
+    s = share(usable=None)
+    s.note_pool({"usable_blocks": 64, "free_blocks": 10, "evicted_per_s": 4.0, "survival_s": 2.5})
+    assert (s.usable_blocks, s.free_blocks, s.evicted_per_s, s.survival_s) == (64, 10, 4.0, 2.5)
+    s.note_pool({"evicted_per_s": 0, "survival_s": None})
+    assert s.survival_s == float("inf")
+    s.note_pool({"usable_blocks": "many", "evicted_per_s": -1})  # nonsense changes nothing
+    assert s.usable_blocks == 64
+    assert s.evicted_per_s == 0.0
+    s.note_pool(None)
+    assert s.usable_blocks == 64
+
+
+def test_bad_hold_share_is_refused():
+    with pytest.raises(UsageError) as info:
+        PoolShare(hold_share=0.0)
+    assert info.value.field == "hold_share"
+
+
+def test_one_share_per_url_and_per_embedded_engine():
+    PoolShare.forget_all()
+    a, b = HTTPBackend("http://127.0.0.1:9/v1"), HTTPBackend("http://127.0.0.1:9")
+    assert PoolShare.of(a) is PoolShare.of(b)
+    e1, e2 = EmbeddedBackend(num_blocks=64), EmbeddedBackend(num_blocks=64)
+    assert PoolShare.of(e1) is not PoolShare.of(e2)
+    assert PoolShare.of(e1) is PoolShare.of(e1)
+
+
+async def test_admission_opens_for_everyone_until_the_pool_thrashes():
+    """While the pool keeps up, every session's call goes at once. A period whose hit ratio
+    fell well below its average while blocks outlive no agent's wait halves the window from
+    the sessions running; a session over it waits at its next call until one ends."""
+    s = share(period_calls=4)
+    for sid in ("s1", "s2", "s3", "s4"):
+        assert await s.admit_call(sid) == 0.0
+    assert s.window.window == OPEN_WINDOW
+    s.note_pool({"evicted_per_s": 50.0, "survival_s": 0.5})
+    for _ in range(3):
+        s.note_wait(2.0)
+    for _ in range(4):  # a good period: the average
+        s.observe_call(prompt_tokens=100, cached_tokens=80)
+    assert s.window.window == OPEN_WINDOW
+    for _ in range(4):  # hits collapse, blocks survive 0.5 s against 2 s waits: thrashing
+        s.observe_call(prompt_tokens=100, cached_tokens=10)
+    assert s.thrash_periods == 1
+    assert s.window.window == 2
+    waiter = asyncio.ensure_future(s.admit_call("s3"))  # over the window: gives its slot back
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    s.leave("s1")
+    s.leave("s2")
+    await asyncio.wait_for(waiter, 1.0)
+
+
+def test_a_hit_drop_without_fast_turnover_is_no_thrashing():
+    """Hits fall, but blocks survive far longer than the agents wait: the window stays open
+    (the agents' prompts changed, not the pool's room)."""
+    s = share(period_calls=2)
+    s.note_pool({"evicted_per_s": 1.0, "survival_s": 120.0})
+    s.note_wait(2.0)
+    for cached in (90, 90, 5, 5):
+        s.observe_call(prompt_tokens=100, cached_tokens=cached)
+    assert s.window.window == OPEN_WINDOW
+    assert s.thrash_periods == 0
+
+
+@given(
+    holds=st.lists(
+        st.tuples(st.integers(0, 5), st.integers(1, 80), st.floats(0.0, 10.0)), max_size=30
+    )
+)
+def test_holds_admitted_by_fits_never_overfill_the_budget_for_denser_ones(holds):
+    """Whatever order holds arrive in, each admitted one (``fits`` then ``hold``) saw the
+    holds at least as dense as it, with it, within the budget."""
+    s = share()
+    budget = s.budget_blocks
+    assert budget is not None
+    for session, blocks, density in holds:
+        key = (f"s{session}", "n")
+        if s.fits(key, blocks, density):
+            s.hold(key, blocks, density, 5.0)
+            denser = sum(
+                h.blocks for k, h in s._holds.items() if h.density >= density and k != key
+            )
+            assert denser + blocks <= budget
