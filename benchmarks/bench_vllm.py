@@ -803,6 +803,8 @@ def medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = medians([r[key] for r in rows])
         elif isinstance(value, str):
             out[key] = value
+        elif isinstance(value, list):  # per-workflow figures: every run's
+            out[key] = [r[key] for r in rows]
         else:
             values = [r[key] for r in rows if r.get(key) is not None]
             out[key] = round(statistics.median(values), 4) if values else None
