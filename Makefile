@@ -20,7 +20,7 @@ QUIET_PIP := 2>&1 | sed '/is ignored: it is neither/d'
 $(STAMP): pyproject.toml integrations/vllm/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip $(QUIET_PIP)
-	$(BIN)/python -m pip install --quiet -e '.[langgraph,serve,plot,fleet,otel,dev]' -e integrations/vllm $(QUIET_PIP)
+	$(BIN)/python -m pip install --quiet -e '.[langgraph,serve,plot,fleet,otel,anthropic,dev]' -e integrations/vllm $(QUIET_PIP)
 	touch $(STAMP)
 
 $(VLLM_STAMP): integrations/vllm/pyproject.toml

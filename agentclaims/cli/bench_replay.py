@@ -151,7 +151,7 @@ def _plot(points: list[Comparison], path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        source = TraceSource.from_dir(args.traces, args.limit)
+        source = TraceSource.from_dir(args.traces, args.limit, getattr(args, "split", None))
         admission = getattr(args, "admission", "none")
         names = resolve_policies(args.policies, admission)
         if args.sessions < 1:
@@ -199,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         main["skipped"] = list(source.skipped)
         main["traces_dir"] = str(Path(args.traces))
+        main["split"] = getattr(args, "split", None)
         main["service_model"] = {
             "prefill_tokens_per_s": service.prefill_tokens_per_s,
             "decode_tokens_per_s": service.decode_tokens_per_s,

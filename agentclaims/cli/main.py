@@ -218,6 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--capacity-frac", type=float)
     replay.add_argument("--policies", nargs="+", default=None)
     replay.add_argument("--limit", type=int, default=None, help="first K traces only")
+    replay.add_argument(
+        "--split",
+        choices=("tune", "check"),
+        default=None,
+        help="only one half of the traces, fixed by a hash of each file's name: tune on one, "
+        "check on the other (all by default)",
+    )
     replay.add_argument("--seed", type=int, default=0)
     replay.add_argument(
         "--admission",

@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 from agentclaims.contract import SCHEMA_VERSION
 from agentclaims.engine import ReferenceKV
 from agentclaims.errors import AgentClaimsError, UsageError
+from agentclaims.gateway.anthropic import MessagesRoute
 from agentclaims.gateway.claim_routes import ClaimRoutes
 from agentclaims.gateway.completions import CompletionRoutes
 from agentclaims.gateway.extension import Extension, Instance
@@ -307,9 +308,11 @@ def create_app(
     service = Service(kv, keys, ledger)
     gw = _Gateway(kv, writer, name, lowering, service, instance or Instance())
     comp, claims = gw.completion_routes, gw.claim_routes
+    messages = MessagesRoute(comp)
     table: list[tuple[str, Handler, list[str]]] = [
         ("/v1/chat/completions", comp.chat_completions, ["POST"]),
         ("/v1/completions", comp.completions, ["POST"]),
+        ("/v1/messages", messages.messages, ["POST"]),
         ("/v1/claims", claims.submit_claim, ["POST"]),
         ("/v1/claims/{claim_id}", claims.get_claim, ["GET"]),
         ("/v1/claims/{claim_id}", claims.release_claim, ["DELETE"]),

@@ -85,10 +85,15 @@ class CompletionRoutes:
         return await self._completion(request, "completion")
 
     async def _completion(self, request: Request, kind: CompletionKind) -> Response:
-        """Both completion endpoints: the call checked (nothing changes on bad input), the
-        claims it releases let go, the reply written with its KV life, the claims' decisions
-        in its ``agentclaims`` object; streamed as the engine produces it where it can."""
-        body = await json_object(request)
+        return await self.completion_of(request, kind, await json_object(request))
+
+    async def completion_of(
+        self, request: Request, kind: CompletionKind, body: dict[str, Any]
+    ) -> Response:
+        """Both completion endpoints (and the APIs translated into them, ``/v1/messages``):
+        the call checked (nothing changes on bad input), the claims it releases let go, the
+        reply written with its KV life, the claims' decisions in its ``agentclaims`` object;
+        streamed as the engine produces it where it can."""
         ext = Extension.parse(body)
         cache = PromptCache.parse(body)  # OpenAI's fields, checked as OpenAI checks them
         tenant = tenant_of(request)

@@ -18,6 +18,7 @@ never share a block. Synthetic workloads may use ``"global"`` ids (shared across
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
@@ -25,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentclaims.errors import UsageError
+from agentclaims.errors import UnknownNameError, UsageError
 
 __all__ = [
+    "SPLITS",
     "MalformedTrace",
     "SessionScript",
     "SubAgentGroup",
@@ -35,6 +37,7 @@ __all__ = [
     "TraceRequest",
     "TraceSource",
     "parse_trace",
+    "split_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -189,6 +192,17 @@ def parse_trace(data: Mapping[str, Any], ordinal: int, source: str = "") -> Trac
     return Trace(trace_id, int(data["block_size"]), root, source)
 
 
+SPLITS = ("tune", "check")
+"""The two halves of a folder of traces: one to tune on, one to check on."""
+
+
+def split_of(name: str) -> str:
+    """Which half the trace file ``name`` falls in: by a hash of its name, so the halves are
+    fixed, about equal, and independent of the folder's order or of files added later."""
+    digest = hashlib.sha256(name.encode("utf-8")).digest()
+    return SPLITS[digest[0] & 1]
+
+
 @dataclass
 class TraceSource:
     """The trace files of a folder in file-name order, each read only when asked for.
@@ -201,17 +215,26 @@ class TraceSource:
     skipped: list[str] = field(default_factory=list)
 
     @classmethod
-    def from_dir(cls, folder: str | Path, limit: int | None = None) -> TraceSource:
+    def from_dir(
+        cls, folder: str | Path, limit: int | None = None, split: str | None = None
+    ) -> TraceSource:
+        """The folder's traces; ``split``: only the ``tune`` or the ``check`` half
+        (``split_of``), so what the planner is tuned on is never what it is checked on;
+        ``limit``: the first K (after the split)."""
         root = Path(folder)
         if not root.is_dir():
             raise UsageError("traces", f"no such folder: {str(root)!r}")
         if limit is not None and limit < 1:
             raise UsageError("limit", f"must be >= 1, got {limit}")
+        if split is not None and split not in SPLITS:
+            raise UnknownNameError("split", split, list(SPLITS))
         paths = sorted(
             p for p in root.iterdir() if p.name.endswith((".json", ".json.gz")) and p.is_file()
         )
         if not paths:
             raise UsageError("traces", f"no .json or .json.gz trace files in {str(root)!r}")
+        if split is not None:
+            paths = [p for p in paths if split_of(p.name) == split]
         return cls(paths[:limit] if limit else paths)
 
     def __len__(self) -> int:

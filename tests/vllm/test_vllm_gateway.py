@@ -1176,3 +1176,63 @@ async def test_pool_gauges_and_claims_by_mode_come_from_the_connector(gateway: s
         await http.post("/v1/claims/gauge-1/release", json={"owner_scope": "wf-gauge"})
         after = await families()
         assert after["agentclaims_pool_blocks"][("claimed_blocks",)] < pool[("claimed_blocks",)]
+
+
+def test_anthropic_messages_and_their_cache_breakpoints_on_vllm(gateway: str) -> None:
+    """The real ``anthropic`` client on ``/v1/messages`` through the gateway on vLLM, streamed
+    and not: its breakpoints become one ``expiring`` claim the connector holds (TTL capped by
+    its maximum), the next turn reads the prompt from vLLM's cache and refreshes the claim,
+    and a bad ``ttl`` is a 400 in the Messages API's shape."""
+    import anthropic
+
+    system = [{"type": "text", "text": words("anth", 40), "cache_control": {"type": "ephemeral"}}]
+    turn = {
+        "role": "user",
+        "content": [
+            {
+                "type": "text",
+                "text": words("diff", 8),
+                "cache_control": {"type": "ephemeral", "ttl": "1h"},
+            }
+        ],
+    }
+    with anthropic.Anthropic(base_url=gateway, api_key="k", max_retries=0) as client:
+        first = client.messages.create(model="m", max_tokens=4, system=system, messages=[turn])
+        report = first.model_extra["agentclaims"]["cache_control"]
+        assert {r["decision"] for r in report} <= {"accepted", "conditionally_accepted"}, report
+        assert report[-1]["ttl_s"] == 120  # an hour, capped by the connector's --max-ttl-s
+        assert first.usage.cache_creation_input_tokens > 0
+        history = [
+            turn,
+            {"role": "assistant", "content": first.content[0].text or "ok"},
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "text",
+                        "text": "and the next one",
+                        "cache_control": {"type": "ephemeral"},
+                    }
+                ],
+            },
+        ]
+        with client.messages.stream(
+            model="m", max_tokens=4, system=system, messages=history
+        ) as stream:
+            text = "".join(stream.text_stream)
+            second = stream.get_final_message()
+        assert text == "".join(b.text for b in second.content if b.type == "text")
+        assert second.usage.cache_read_input_tokens > 0
+        with pytest.raises(anthropic.BadRequestError) as bad:
+            client.messages.create(
+                model="m",
+                max_tokens=4,
+                messages=[turn],
+                cache_control={"type": "ephemeral", "ttl": "forever"},
+            )
+        assert bad.value.body["error"]["type"] == "invalid_request_error"
+    with httpx2.Client(base_url=gateway, timeout=30) as http:
+        view = http.get(
+            f"/v1/claims/{report[-1]['claim_id']}", params={"owner_scope": "anthropic-cache"}
+        ).json()
+        assert view["state"] == "expired"  # refreshed: the next turn's claim holds it now
