@@ -50,7 +50,7 @@ def claims_held(backend: EmbeddedBackend) -> Any:
 
 
 async def test_a_message_is_answered_in_the_messages_shape(gateway):
-    backend, client, _ = gateway
+    _backend, client, _ = gateway
     reply = await client.messages.create(
         model="served", max_tokens=32, messages=[{"role": "user", "content": "review this"}]
     )
@@ -68,7 +68,7 @@ async def test_breakpoints_become_one_expiring_claim_on_the_prompt(gateway):
     """A breakpoint on the system prompt and one on the last block: one expiring claim on the
     whole prompt, its TTL the longest (1 h), reported for both; what the call computed is
     reported as cache creation."""
-    backend, client, http = gateway
+    _backend, client, http = gateway
     raw = await client.messages.with_raw_response.create(
         model="served", max_tokens=16, system=SYSTEM, messages=[turn("first diff", "1h")]
     )
@@ -90,7 +90,7 @@ async def test_breakpoints_become_one_expiring_claim_on_the_prompt(gateway):
 async def test_a_call_that_reads_a_claimed_prompt_refreshes_it(gateway):
     """The next turn starts with the claimed prompt: it is read from the cache, the new
     turn's claim holds it from now, and the earlier claim is let go (one live per chain)."""
-    backend, client, http = gateway
+    _backend, client, http = gateway
     messages = [turn("first diff")]
     first = await client.messages.create(
         model="served", max_tokens=16, system=SYSTEM, messages=messages
@@ -114,7 +114,7 @@ async def test_a_call_that_reads_a_claimed_prompt_refreshes_it(gateway):
 async def test_a_breakpoint_short_of_the_prompts_end_is_refused_with_its_reason(gateway):
     """Only the system prompt marked: no claim can hold a prefix ending mid-prompt here; the
     breakpoint is refused, said in the answer and its header, not dropped."""
-    backend, client, _ = gateway
+    _backend, client, _ = gateway
     raw = await client.messages.with_raw_response.create(
         model="served", max_tokens=16, system=SYSTEM, messages=[turn("a diff", None)]
     )
