@@ -49,7 +49,9 @@ POOL_FACTOR = {"roomy": 0.5, "tight": 1.5, "over": 3.0}
 TENANT = {"none": (0.0, 0), "moderate": (1.0, 600), "heavy": (3.0, 900)}
 """The other tenant: prompts per second, tokens each."""
 WAITS = {"short": (0.2, 0.2), "medium": (1.0, 2.0), "long": (10.0, 10.0)}
-CONTEXT = {"few-hundred": 300, "about-1000": 1000, "near-longest": 1600}
+CONTEXT = {"few-hundred": 300, "about-1000": 1000, "near-longest": 1300}
+"""Each agent's own context, about this many tokens; near-longest leaves its turns room
+under the 2,048-token limit."""
 MAX_MODEL_LEN = 2048
 TURN_TOKENS = 48
 """About what each of an agent's turns adds to its context (prompt, reply, tool result)."""
@@ -259,10 +261,12 @@ def main() -> None:
                 result = asyncio.run(
                     run_cell(cell, urls, pids, models[cell.model], args.repeats, out)
                 )
+                line = report(cell, blocks, result)
+            except Exception as exc:  # one cell's failure is reported, the matrix goes on
+                line = f"{cell.label()} | failed: {type(exc).__name__}: {str(exc)[:200]}"
             finally:
                 for proc in reversed(procs):
                     bv.stop(proc, group=True, timeout_s=30)
-            line = report(cell, blocks, result)
             lines.append(line)
             print(line, flush=True)
     layout = "pinned" if on_vllm else "shared"

@@ -14,8 +14,10 @@ three decisions follow from them, the same for every session of the process:
   node's next call). So when the agents' working set exceeds the pool, the prefixes that save
   the most per block held keep theirs, instead of every prefix held softly and shed under
   pressure.
-* **Whether a pin has room** (``room``): a ``hard_protected`` claim only where the holds made
-  and this one stay within the share and the pool has that many free blocks.
+* **Whether a pin has room** (``room``): a ``hard_protected`` claim only where the agents'
+  working set (every live agent's latest context) fits in the share, the holds made and this
+  one too, and the pool has that many free blocks: a pin in a pool the agents over-subscribe
+  makes their own calls wait for it.
 * **Admission.** An AIMD window on the sessions running model calls (Concur's agent-level
   admission), engaged only while the pool thrashes: a period of calls whose hit ratio fell
   below its running average while blocks survive in the pool for less than the agents' wait.
@@ -101,6 +103,7 @@ class PoolShare:
         self.thrash_periods = 0
         """Periods of calls in which the pool was seen thrashing."""
         self._holds: dict[tuple[str, str], _Hold] = {}
+        self._footprints: dict[tuple[str, str], int] = {}
         self._waits: deque[float] = deque(maxlen=64)
         self._hit_average: float | None = None
         self._period = [0, 0, 0]  # calls, prompt tokens, cached tokens
@@ -170,15 +173,27 @@ class PoolShare:
         return denser + blocks <= budget
 
     def room(self, key: tuple[str, str], blocks: int) -> bool | None:
-        """Whether a pin of ``blocks`` has room: the live holds and it within the share, and
-        that many blocks free. ``None``: the pool's size is unknown."""
+        """Whether a pin of ``blocks`` has room: the agents' working set (every live agent's
+        latest context, ``note_footprint``) fits in the share, the live holds and it too, and
+        that many blocks are free. A pin where the agents' contexts do not all fit would make
+        their own calls wait for it. ``None``: the pool's size is unknown."""
         budget = self.budget_blocks
         if budget is None:
             return None
         now = self.clock()
         held = sum(h.blocks for k, h in self._holds.items() if k != key and h.until > now)
+        working = sum(b for k, b in self._footprints.items() if k != key) + blocks
         free = self.free_blocks
-        return held + blocks <= budget and (free is None or blocks <= free)
+        return working <= budget and held + blocks <= budget and (free is None or blocks <= free)
+
+    def note_footprint(self, key: tuple[str, str], blocks: int) -> None:
+        """``key``'s agent now carries a context of ``blocks`` (its part of the working set)."""
+        self._footprints[key] = blocks
+
+    @property
+    def working_set_blocks(self) -> int:
+        """The live agents' contexts together, as their sessions last planned them."""
+        return sum(self._footprints.values())
 
     def hold(self, key: tuple[str, str], blocks: int, density: float, seconds: float) -> None:
         """``key`` (a session and node) holds ``blocks`` for about ``seconds``."""
@@ -191,6 +206,8 @@ class PoolShare:
         """The session ended: its holds and its admission slot go."""
         for key in [k for k in self._holds if k[0] == session_id]:
             del self._holds[key]
+        for key in [k for k in self._footprints if k[0] == session_id]:
+            del self._footprints[key]
         self.window.cancel(session_id)
 
     @property
@@ -263,6 +280,7 @@ class PoolShare:
         return {
             "usable_blocks": self.usable_blocks,
             "held_blocks": self.held_blocks,
+            "working_set_blocks": self.working_set_blocks,
             "budget_blocks": self.budget_blocks,
             "reload_s_per_block": round(self.costs.reload_s_per_block, 6),
             "costs_learned": self.costs.learned,

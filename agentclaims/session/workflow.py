@@ -326,6 +326,8 @@ class WorkflowModel:
             reuse_p = tracker.return_reuse(node, exclude=tools_next).probability
             ste = tracker.near_ste(node)
         share = self.share
+        if share is not None and sized:
+            share.note_footprint((self.owner, node), footprint)
         return PrefixContext(
             prefix_id=prefix_id,
             footprint_blocks=footprint,

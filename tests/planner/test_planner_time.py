@@ -46,9 +46,7 @@ def test_a_claim_that_saves_less_than_it_costs_is_not_made():
     reuse is uncertain saves less than the others' blocks the hold displaces are worth: no
     claim, and the plan says what it weighed."""
     plan = held.plan(
-        tool_wait(
-            pool_survival_s=7.0, evicted_per_s=50.0, waiting_on="llm", reuse_probability=0.7
-        )
+        tool_wait(pool_survival_s=7.0, evicted_per_s=50.0, waiting_on="llm", reuse_probability=0.7)
     )
     assert plan.mode is None
     assert plan.reason == SAVES_LESS

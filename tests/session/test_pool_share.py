@@ -63,6 +63,19 @@ def test_unknown_pool_size_fits_everything_and_says_nothing_of_room():
     assert s.room(("a", "n"), 1) is None
 
 
+def test_no_pin_has_room_while_the_agents_contexts_overfill_the_share():
+    """Five agents of 15 blocks on a 100-block pool (60 for holds): 75 do not fit, so no pin
+    has room, though no hold is made yet; once two of them end, pins fit again."""
+    s = share()
+    for i in range(5):
+        s.note_footprint((f"s{i}", "agent"), 15)
+    assert s.working_set_blocks == 75
+    assert s.room(("s0", "agent"), 15) is False
+    s.leave("s3")
+    s.leave("s4")
+    assert s.room(("s0", "agent"), 15) is True
+
+
 def test_room_for_a_pin_needs_free_blocks_too():
     s = share()
     assert s.room(("a", "n"), 40) is True
@@ -153,7 +166,5 @@ def test_holds_admitted_by_fits_never_overfill_the_budget_for_denser_ones(holds)
         key = (f"s{session}", "n")
         if s.fits(key, blocks, density):
             s.hold(key, blocks, density, 5.0)
-            denser = sum(
-                h.blocks for k, h in s._holds.items() if h.density >= density and k != key
-            )
+            denser = sum(h.blocks for k, h in s._holds.items() if h.density >= density and k != key)
             assert denser + blocks <= budget
