@@ -88,6 +88,8 @@ class Converted:
     model: str = ""
     written: bool = False
     """A breakpoint's claim was accepted: what the call computed is held (cache creation)."""
+    held_ttl_s: float | None = None
+    """The TTL its claim asks (the longest breakpoint's, capped by the tenant and engine)."""
 
 
 def _fail(name: str, why: str) -> UsageError:
@@ -238,6 +240,11 @@ def to_chat(body: Mapping[str, Any]) -> Converted:
         choice = body.get("tool_choice")
         if choice is not None:
             chat["tool_choice"] = _tool_choice(choice)
+    thinking = body.get("thinking")
+    if thinking is not None and not (
+        isinstance(thinking, Mapping) and thinking.get("type") == "disabled"
+    ):
+        raise _fail("thinking", "extended thinking is not served here")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _fail("stream", f"must be true or false, got {stream!r}")
@@ -335,6 +342,7 @@ class MessagesRoute:
         if response.status_code != 200:
             return _error_from(response)
         claim_id = None if claim is None else claim["claim_id"]
+        converted.held_ttl_s = None if claim is None else claim["ttl_s"]
         if isinstance(response, StreamingResponse):
             return self._stream(response, converted, claim_id, tenant)
         answer = _json.loads(bytes(response.body))
@@ -382,7 +390,9 @@ class MessagesRoute:
         prompt = prefix_ids.get("prompt")
         report: list[dict[str, Any]] = []
         for bp in converted.breakpoints:
-            entry: dict[str, Any] = {"breakpoint": bp.where, "ttl_s": bp.ttl_s}
+            entry: dict[str, Any] = {"breakpoint": bp.where, "asked_ttl_s": bp.ttl_s}
+            if converted.held_ttl_s is not None:
+                entry["ttl_s"] = converted.held_ttl_s  # what its claim holds it for
             if claim_id is None:
                 entry.update(
                     decision="refused",

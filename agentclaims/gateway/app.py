@@ -206,7 +206,10 @@ class _Gateway:
                 service = self.service
                 if not open_route:
                     service.check_open()
-                    tenant = service.tenant(header(request, b"authorization"))
+                    auth = header(request, b"authorization")
+                    if auth is None and (key := header(request, b"x-api-key")):
+                        auth = f"Bearer {key}"  # Anthropic's clients send their key so
+                    tenant = service.tenant(auth)
                     request.scope[TENANT_SCOPE_KEY] = tenant
                     if operator:
                         TenantKeys.require_admin(tenant, name)

@@ -233,3 +233,37 @@ def test_langchain_chat_anthropic_with_the_prompt_caching_middleware():
         assert details["cache_read"] > 100
         claims = httpx2.get(f"{url}/v1/stats", timeout=10).json()["claims"]
         assert claims.get("expiring/materialized") == 1  # refreshed: one live per chain
+
+
+def test_tenants_on_messages_key_by_x_api_key_and_cap_the_breakpoint_ttl(tmp_path):
+    """With API keys, an Anthropic client's ``x-api-key`` names its tenant: the breakpoint's
+    1 h is capped by the tenant's ``max_ttl_s``; an unknown key is refused (401)."""
+    from servers import gateway_process
+
+    keys = tmp_path / "keys.toml"
+    keys.write_text(
+        '[[key]]\nkey = "ak-alpha-0123456789abcdef"\ntenant = "alpha"\n'
+        "quota_blocks = 128\nmax_ttl_s = 30\nmax_claims = 4\n"
+    )
+    args = ("--blocks", "256", "--block-size", "16", "--api-keys", str(keys))
+    with gateway_process(*args) as url:
+        client = anthropic.Anthropic(base_url=url, api_key="ak-alpha-0123456789abcdef")
+        reply = client.messages.create(
+            model="served", max_tokens=8, system=SYSTEM, messages=[turn("tenant diff", "1h")]
+        )
+        report = reply.model_extra["agentclaims"]["cache_control"]
+        assert {r["decision"] for r in report} == {"accepted"}
+        assert [r["asked_ttl_s"] for r in report] == [300.0, 3600.0]
+        assert {r["ttl_s"] for r in report} == {30.0}  # the tenant's cap
+        view = httpx2.get(
+            f"{url}/v1/claims/{report[-1]['claim_id']}",
+            params={"owner_scope": CACHE_OWNER},
+            headers={"x-api-key": "ak-alpha-0123456789abcdef"},
+            timeout=10,
+        ).json()
+        assert view["protection_mode"] == "expiring"
+        assert view["state"] == "materialized"
+        with pytest.raises(anthropic.AuthenticationError):
+            anthropic.Anthropic(base_url=url, api_key="ak-nobody-0123456789abcd").messages.create(
+                model="served", max_tokens=8, messages=[turn("x", None)]
+            )
