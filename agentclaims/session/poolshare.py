@@ -43,7 +43,34 @@ from agentclaims.backends.admission import AdmissionWindow
 from agentclaims.errors import UsageError
 from agentclaims.graph.costs import EngineCosts
 
-__all__ = ["DENSER_HOLDS", "PoolShare"]
+__all__ = ["DENSER_HOLDS", "QUIET_WINDOW_S", "PoolShare", "pool_survival"]
+
+QUIET_WINDOW_S = 10.0
+"""A pool that evicted nothing vouches for its blocks only once it was watched this long: an
+engine that just started (or idled a moment) says nothing of the load to come."""
+
+
+def _seconds(value: object) -> float | None:
+    """A duration an engine's answer gives: a finite number >= 0, else unknown."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if value >= 0 and math.isfinite(value) else None
+
+
+def pool_survival(pool: object) -> float | None:
+    """How long an unheld block freed now survives the engine's evictions, as an answer's
+    ``agentclaims.pool`` says (``None``: unknown). A pool that evicted nothing over its
+    window (``window_s``) kept every block that long, and vouches for no longer: an engine
+    that idled through the window says nothing of the tenant that starts next; a window
+    under ``QUIET_WINDOW_S`` vouches for nothing."""
+    if not isinstance(pool, Mapping):
+        return None
+    rate, said = pool.get("evicted_per_s"), pool.get("survival_s")
+    survival = _seconds(pool.get("window_s") if rate == 0 else said)
+    if rate == 0 and (survival is None or survival < QUIET_WINDOW_S):
+        return None  # quiet for a moment only: no evidence it keeps blocks
+    return survival
+
 
 DENSER_HOLDS = "the pool's room for holds goes to prefixes that save more per block"
 """The reason of a plan without a claim because holds worth more seconds per block-second
@@ -100,6 +127,9 @@ class PoolShare:
         self.free_blocks: int | None = None
         self.evicted_per_s: float | None = None
         self.survival_s: float | None = None
+        self.pool_survival_s: float | None = None
+        """What a session's plan takes the pool's survival to be (``pool_survival``), as the
+        last answer on this engine said: a new session's first call plans with it."""
         self.thrash_periods = 0
         """Periods of calls in which the pool was seen thrashing."""
         self._holds: dict[tuple[str, str], _Hold] = {}
@@ -138,6 +168,7 @@ class PoolShare:
         they were last said."""
         if not isinstance(pool, Mapping):
             return
+        self.pool_survival_s = pool_survival(pool)
         for name in ("usable_blocks", "free_blocks"):
             value = pool.get(name)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:

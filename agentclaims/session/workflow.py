@@ -21,9 +21,9 @@ from agentclaims.planner import (
     PrefixContext,
     update_pressure,
 )
-from agentclaims.session.poolshare import DENSER_HOLDS, PoolShare
+from agentclaims.session.poolshare import DENSER_HOLDS, QUIET_WINDOW_S, PoolShare, pool_survival
 
-__all__ = ["WorkflowModel", "renews_claim", "wait_key"]
+__all__ = ["QUIET_WINDOW_S", "WorkflowModel", "renews_claim", "wait_key"]
 
 
 def wait_key(node: str, tool_names: Sequence[str]) -> str:
@@ -31,19 +31,8 @@ def wait_key(node: str, tool_names: Sequence[str]) -> str:
     return "+".join(sorted(set(tool_names))) if tool_names else f"node:{node}"
 
 
-QUIET_WINDOW_S = 10.0
-"""A pool that evicted nothing vouches for its blocks only once it was watched this long: an
-engine that just started (or idled a moment) says nothing of the load to come."""
-
 TOOL_STEP = "tool:"
 """The prefix of the step a tool called outside a tool node is given (``tool:<tool>``)."""
-
-
-def _seconds(value: object) -> float | None:
-    """A duration an engine's answer gives: a finite number >= 0, else unknown."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if value >= 0 and math.isfinite(value) else None
 
 
 def renews_claim(held_blocks: int, shared_blocks: int) -> bool:
@@ -229,13 +218,7 @@ class WorkflowModel:
         that evicted nothing over its window (``window_s``) kept every block that long, and
         vouches for no longer: an engine that idled through the window says nothing of the
         tenant that starts next. Its survival is the window (unknown without one)."""
-        survival: float | None = None
-        if isinstance(pool, dict):
-            rate, said = pool.get("evicted_per_s"), pool.get("survival_s")
-            survival = _seconds(pool.get("window_s") if rate == 0 else said)
-            if rate == 0 and (survival is None or survival < QUIET_WINDOW_S):
-                survival = None  # quiet for a moment only: no evidence it keeps blocks
-        self.pool_survival_s = survival
+        self.pool_survival_s = pool_survival(pool)
 
     def note_call(self, *, retried: bool, latency_s: float | None = None) -> None:
         """Record an answered LLM call (``latency_s``: send to answer); one that needed a
@@ -338,7 +321,11 @@ class WorkflowModel:
             wait_learned=bool(seen),  # a prior alone grounds no pin (fail closed)
             ttl_s=ttl,
             pressure=self.pressure,
-            pool_survival_s=self.pool_survival_s,
+            # its own last answer's, else what the engine last told any session here (a
+            # session's first call plans with the pool as the process knows it)
+            pool_survival_s=self.pool_survival_s
+            if self.pool_survival_s is not None or share is None
+            else share.pool_survival_s,
             admission_s=self.call_latency_s,
             reload_s=reload_s if sized else None,
             evicted_per_s=None if share is None else share.evicted_per_s,

@@ -168,3 +168,24 @@ def test_holds_admitted_by_fits_never_overfill_the_budget_for_denser_ones(holds)
             s.hold(key, blocks, density, 5.0)
             denser = sum(h.blocks for k, h in s._holds.items() if h.density >= density and k != key)
             assert denser + blocks <= budget
+
+
+def test_a_new_sessions_first_call_plans_with_the_pool_the_process_knows():
+    """A session that has had no answer yet takes the pool's survival from the last answer
+    any session on that engine had: a quiet pool (nothing evicted for 30 s) keeps its first
+    call's prefix through a short learned wait, so it claims nothing."""
+    from test_session_wait_model import _model
+
+    s = share()
+    s.note_pool({"evicted_per_s": 0.0, "window_s": 30.0, "usable_blocks": 100})
+    assert s.pool_survival_s == 30.0
+    s.note_pool({"evicted_per_s": 0.0, "window_s": 3.0})  # just started: vouches for nothing
+    assert s.pool_survival_s is None
+    s.note_pool({"evicted_per_s": 0.0, "window_s": 30.0})
+    model = _model([0.0])
+    model.share = s
+    model.tool_times.observe("search", 1.0)
+    ctx = model.context("agent", "pfx-0123456789abcdef-4", ["search"])
+    assert model.pool_survival_s is None
+    assert ctx.pool_survival_s == 30.0
+    assert ctx.pool_keeps(4.0)
