@@ -168,7 +168,7 @@ class SessionCalls:
         share = s.workflow.share
         if share is not None:
             share.note_pool(pool)
-            share.observe_call(prompt_tokens=prompt, cached_tokens=cached)
+            share.observe_call(prompt_tokens=prompt, cached_tokens=cached, latency_s=call.latency_s)
         # the block cost: the session's own model, else the one every session on this
         # engine teaches (learned by default; the prior until the first answers)
         costs = s.engine_costs or (None if share is None else share.costs)

@@ -19,8 +19,10 @@ three decisions follow from them, the same for every session of the process:
   one too, and the pool has that many free blocks: a pin in a pool the agents over-subscribe
   makes their own calls wait for it.
 * **Admission.** An AIMD window on the sessions running model calls (Concur's agent-level
-  admission), engaged only while the pool thrashes: a period of calls whose hit ratio fell
-  below its running average while blocks survive in the pool for less than the agents' wait.
+  admission), engaged only while the pool thrashes and the engine is the bottleneck: a
+  period of calls whose hit ratio fell below its running average while blocks survive in the
+  pool for less than the agents' wait, with at least ``SATURATED_IN_FLIGHT`` calls in flight
+  on average.
   Until then it admits everyone (``max_window``); engaged, a session that reaches a model call
   while more run than the window allows gives its slot back and waits in line.
 
@@ -81,6 +83,12 @@ OPEN_WINDOW = 4096
 
 _HIT_WEIGHT = 0.3
 
+SATURATED_IN_FLIGHT = 2.0
+"""Calls in flight on average over a period (their times added up, over its span) from which
+the engine is the bottleneck: only then can holding agents back make the others finish
+sooner. Where the agents mostly wait on their tools, fewer of them at once only makes the
+workflows later, however the cache thrashes."""
+
 
 @dataclass(slots=True)
 class _Hold:
@@ -137,6 +145,8 @@ class PoolShare:
         self._waits: deque[float] = deque(maxlen=64)
         self._hit_average: float | None = None
         self._period = [0, 0, 0]  # calls, prompt tokens, cached tokens
+        self._period_started = 0.0
+        self._busy_s = 0.0  # the period's calls' time, send to answer, added up
 
     @classmethod
     def of(cls, backend: object) -> PoolShare:
@@ -269,20 +279,29 @@ class PoolShare:
         if seconds > 0 and math.isfinite(seconds):
             self._waits.append(seconds)
 
-    def observe_call(self, *, prompt_tokens: int, cached_tokens: int) -> None:
-        """An answered model call on this engine. Every ``period_calls`` calls the window
-        moves: halved from the sessions running where the period thrashed, else grown while
-        sessions wait."""
+    def observe_call(
+        self, *, prompt_tokens: int, cached_tokens: int, latency_s: float | None = None
+    ) -> None:
+        """An answered model call on this engine (``latency_s``: send to answer). Every
+        ``period_calls`` calls the window moves: halved from the sessions running where the
+        period thrashed, else grown while sessions wait."""
         if prompt_tokens <= 0:
             return
         period = self._period
+        if period[0] == 0:
+            self._period_started = self.clock() - (latency_s or 0.0)
         period[0] += 1
         period[1] += prompt_tokens
         period[2] += min(cached_tokens, prompt_tokens)
+        if latency_s is not None and latency_s > 0 and math.isfinite(latency_s):
+            self._busy_s += latency_s
         if period[0] < self.window.period_calls:
             return
-        thrashed = self._thrashed(period[2] / period[1])
+        span = self.clock() - self._period_started
+        saturated = span > 0 and self._busy_s / span >= SATURATED_IN_FLIGHT
+        thrashed = self._thrashed(period[2] / period[1]) and saturated
         self._period = [0, 0, 0]
+        self._busy_s = 0.0
         window = self.window
         if thrashed:
             self.thrash_periods += 1

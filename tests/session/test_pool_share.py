@@ -125,10 +125,10 @@ async def test_admission_opens_for_everyone_until_the_pool_thrashes():
     for _ in range(3):
         s.note_wait(2.0)
     for _ in range(4):  # a good period: the average
-        s.observe_call(prompt_tokens=100, cached_tokens=80)
+        s.observe_call(prompt_tokens=100, cached_tokens=80, latency_s=1.0)
     assert s.window.window == OPEN_WINDOW
-    for _ in range(4):  # hits collapse, blocks survive 0.5 s against 2 s waits: thrashing
-        s.observe_call(prompt_tokens=100, cached_tokens=10)
+    for _ in range(4):  # hits collapse, blocks survive 0.5 s against 2 s waits, and the
+        s.observe_call(prompt_tokens=100, cached_tokens=10, latency_s=1.0)  # engine is busy
     assert s.thrash_periods == 1
     assert s.window.window == 2
     waiter = asyncio.ensure_future(s.admit_call("s3"))  # over the window: gives its slot back
@@ -137,6 +137,21 @@ async def test_admission_opens_for_everyone_until_the_pool_thrashes():
     s.leave("s1")
     s.leave("s2")
     await asyncio.wait_for(waiter, 1.0)
+
+
+def test_thrashing_while_the_agents_mostly_wait_engages_nothing():
+    """Hits collapse and blocks outlive no wait, but the calls are few at a time (the agents
+    wait on their tools, not on the engine): holding agents back would only make the
+    workflows later, so the window stays open."""
+    s = share(period_calls=4)
+    clock = s.clock
+    s.note_pool({"evicted_per_s": 50.0, "survival_s": 0.5})
+    s.note_wait(2.0)
+    for cached in (80, 80, 80, 80, 10, 10, 10, 10):
+        clock.now += 2.0  # type: ignore[attr-defined]
+        s.observe_call(prompt_tokens=100, cached_tokens=cached, latency_s=0.1)
+    assert s.window.window == OPEN_WINDOW
+    assert s.thrash_periods == 0
 
 
 def test_a_hit_drop_without_fast_turnover_is_no_thrashing():
