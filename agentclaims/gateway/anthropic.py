@@ -42,7 +42,7 @@ from agentclaims import _json
 from agentclaims.contract import ClaimId, OwnerScope
 from agentclaims.errors import AgentClaimsError, UnknownClaim, UsageError
 from agentclaims.gateway.params import json_object, tenant_of
-from agentclaims.gateway.streaming import JSONResponse
+from agentclaims.gateway.streaming import JSONResponse, sse_objects
 from agentclaims.gateway.tenants import Tenant
 from agentclaims.protocol import EXTENSION_KEY
 from agentclaims.protocol.codec import exception_error
@@ -448,7 +448,7 @@ class MessagesRoute:
             finish: str | None = None
             usage: dict[str, Any] = {}
             extension: dict[str, Any] = {}
-            async for data in _sse_data(response.body_iterator):
+            async for data in sse_objects(response.body_iterator):
                 if not started:
                     started = True
                     yield _event("message_start", {"message": _start(msg_id, converted.model)})
@@ -535,21 +535,6 @@ def _prefix_list(prefix_ids: Mapping[str, Any]) -> list[str]:
         if isinstance(prefix_ids.get(key), str):
             out.append(prefix_ids[key])
     return out
-
-
-async def _sse_data(body: AsyncIterator[Any]) -> AsyncIterator[dict[str, Any]]:
-    """The JSON objects of a server-sent event stream's ``data:`` lines (``[DONE]`` ends)."""
-    pending = b""
-    async for piece in body:
-        pending += piece if isinstance(piece, bytes) else str(piece).encode()
-        while b"\n\n" in pending:
-            raw, pending = pending.split(b"\n\n", 1)
-            for line in raw.split(b"\n"):
-                if line.startswith(b"data:"):
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        return
-                    yield _json.loads(payload)
 
 
 def _event(kind: str, body: dict[str, Any]) -> bytes:

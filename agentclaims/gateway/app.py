@@ -32,6 +32,7 @@ from agentclaims.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from agentclaims.gateway.openapi import openapi
 from agentclaims.gateway.params import TENANT_SCOPE_KEY, header, tenant_of
 from agentclaims.gateway.plain import PlainRoute
+from agentclaims.gateway.responses import ResponsesRoute
 from agentclaims.gateway.service import Service
 from agentclaims.gateway.sides import KVSide
 from agentclaims.gateway.streaming import JSONResponse
@@ -311,11 +312,12 @@ def create_app(
     service = Service(kv, keys, ledger)
     gw = _Gateway(kv, writer, name, lowering, service, instance or Instance())
     comp, claims = gw.completion_routes, gw.claim_routes
-    messages = MessagesRoute(comp)
+    messages, responses = MessagesRoute(comp), ResponsesRoute(comp)
     table: list[tuple[str, Handler, list[str]]] = [
         ("/v1/chat/completions", comp.chat_completions, ["POST"]),
         ("/v1/completions", comp.completions, ["POST"]),
         ("/v1/messages", messages.messages, ["POST"]),
+        ("/v1/responses", responses.responses, ["POST"]),
         ("/v1/claims", claims.submit_claim, ["POST"]),
         ("/v1/claims/{claim_id}", claims.get_claim, ["GET"]),
         ("/v1/claims/{claim_id}", claims.release_claim, ["DELETE"]),

@@ -25,6 +25,7 @@ _SUMMARIES = {
     "POST /v1/chat/completions": "OpenAI chat completion; the agentclaims object names the session and its claims; stream: true answers server-sent events",
     "POST /v1/completions": "OpenAI text completion (a string or token ids), with claims; stream: true answers server-sent events",
     "POST /v1/messages": "Anthropic Messages API; cache_control breakpoints become expiring claims on the prompt; stream: true answers its server-sent events",
+    "POST /v1/responses": "OpenAI Responses API (function tools, prompt_cache_key as a claim), nothing stored; stream: true answers its server-sent events",
     "POST /v1/claims": "Submit a residency claim on a known prefix (or on the given block hashes)",
     "GET /v1/claims/{claim_id}": "The owner's view of a claim",
     "DELETE /v1/claims/{claim_id}": "Release a claim",

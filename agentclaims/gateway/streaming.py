@@ -19,7 +19,7 @@ for usage: the claims transport reads it there to plan the next claim.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from starlette.responses import JSONResponse as _StarletteJSON
@@ -36,6 +36,7 @@ __all__ = [
     "event",
     "respond",
     "sse",
+    "sse_objects",
     "stream_requested",
     "unstreamed",
 ]
@@ -170,3 +171,20 @@ def chunks(answer: Mapping[str, Any], *, include_usage: bool) -> Iterator[dict[s
     if extension is not None:
         out[-1][EXTENSION_KEY] = {**extension, "usage": usage}
     yield from out
+
+
+async def sse_objects(body: AsyncIterator[Any]) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of a server-sent event stream's ``data:`` lines, in order, until
+    ``[DONE]``: what the APIs answered through the chat pipeline (``/v1/messages``,
+    ``/v1/responses``) read of its stream to write their own."""
+    pending = b""
+    async for piece in body:
+        pending += piece if isinstance(piece, bytes) else str(piece).encode()
+        while b"\n\n" in pending:
+            raw, pending = pending.split(b"\n\n", 1)
+            for line in raw.split(b"\n"):
+                if line.startswith(b"data:"):
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        return
+                    yield _json.loads(payload)

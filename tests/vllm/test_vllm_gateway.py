@@ -1236,3 +1236,27 @@ def test_anthropic_messages_and_their_cache_breakpoints_on_vllm(gateway: str) ->
             f"/v1/claims/{report[-1]['claim_id']}", params={"owner_scope": "anthropic-cache"}
         ).json()
         assert view["state"] == "expired"  # refreshed: the next turn's claim holds it now
+
+
+def test_openai_responses_api_through_the_gateway_on_vllm(gateway: str) -> None:
+    """The real ``openai`` client's Responses API, streamed and not, on
+    vLLM through the gateway: vLLM's text and usage (its prefix cache's hits too), and a
+    ``prompt_cache_key`` held as a claim by the connector."""
+    import openai
+
+    prompt = words("resp", 40)
+    with openai.OpenAI(base_url=f"{gateway}/v1", api_key="k", max_retries=0) as client:
+        first = client.responses.create(
+            model="m", input=prompt, max_output_tokens=4, prompt_cache_key="resp-user"
+        )
+        assert first.status in ("completed", "incomplete")
+        assert first.output_text
+        assert first.model_extra["agentclaims"]["prompt_cache"]["decision"] == "accepted"
+        with client.responses.stream(
+            model="m", input=prompt + " again", max_output_tokens=4, prompt_cache_key="resp-user"
+        ) as stream:
+            deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+            final = stream.get_final_response()
+        assert "".join(deltas) == final.output_text
+        assert final.usage is not None
+        assert final.usage.input_tokens_details.cached_tokens > 0
