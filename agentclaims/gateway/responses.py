@@ -249,7 +249,8 @@ class ResponsesRoute:
             out["status"] = "incomplete"
             out["incomplete_details"] = {"reason": "max_output_tokens"}
         out["usage"] = _usage(answer.get("usage") or {})
-        out[EXTENSION_KEY] = answer.get(EXTENSION_KEY) or {}
+        # the chat usage beside it: what the SDK's sessions read (as on a streamed chat)
+        out[EXTENSION_KEY] = {**(answer.get(EXTENSION_KEY) or {}), "usage": answer.get("usage")}
         reply = JSONResponse(out)
         for name, value in response.headers.items():
             if name.startswith("x-agentclaims"):

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ClaimsTransport", "SyncClaimsTransport"]
 
-_COMPLETIONS = ("/chat/completions", "/completions")
+_COMPLETIONS = ("/chat/completions", "/completions", "/responses")
+"""The calls a session claims on: chat and text completions, and the Responses API's."""
 _DROP_HEADERS = ("content-encoding", "content-length", "transfer-encoding")
 
 
@@ -107,7 +108,9 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             await session.after_call(
                 node,
                 extension,
-                data.get("usage") or extension.get("usage") or {},
+                # the chat usage (the Responses API's own counts differently: the gateway
+                # puts the chat's in the ``agentclaims`` object)
+                extension.get("usage") or data.get("usage") or {},
                 latency_s=session.clock() - started,
                 tool_names=tools,
                 request_id=data.get("id"),
@@ -119,9 +122,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         if streaming:
             return _relayed(response, request, _ObservedEvents(response, answered))
         data = json.loads(await response.aread())
-        message = (data.get("choices") or [{}])[0].get("message") or {}
-        tools = [c["function"]["name"] for c in message.get("tool_calls") or () if "function" in c]
-        await answered(data, tools)
+        await answered(data, _tool_names(data))
         return _relayed(response, request, httpx2.ByteStream(response.content))
 
     async def _send_with_reactions(
@@ -295,6 +296,19 @@ def _refusal(raw: bytes, status: int) -> ClaimRefused:
 Answered = Callable[[Mapping[str, Any], list[str]], Awaitable[None]]
 
 
+def _tool_names(data: Mapping[str, Any]) -> list[str]:
+    """The tools an answer calls: a chat completion's ``tool_calls``, or a response's
+    ``function_call`` items."""
+    if "output" in data and "choices" not in data:
+        return [
+            str(item["name"])
+            for item in data.get("output") or ()
+            if isinstance(item, Mapping) and item.get("type") == "function_call" and "name" in item
+        ]
+    message = (data.get("choices") or [{}])[0].get("message") or {}
+    return [c["function"]["name"] for c in message.get("tool_calls") or () if "function" in c]
+
+
 class _ObservedEvents(httpx2.AsyncByteStream):
     """A streamed completion (server-sent events) passed through chunk by chunk, read on
     the way: the tool calls of its deltas, its usage and the ``agentclaims`` object of its
@@ -330,6 +344,13 @@ class _ObservedEvents(httpx2.AsyncByteStream):
             except json.JSONDecodeError:
                 continue
             if not isinstance(data, dict):
+                continue
+            if data.get("type") in ("response.completed", "response.incomplete"):
+                done = data.get("response") or {}  # the Responses API's last event
+                for key in ("id", EXTENSION_KEY):
+                    if done.get(key):
+                        self._final[key] = done[key]
+                self._tools.update(enumerate(_tool_names(done)))
                 continue
             for key in ("id", "usage", EXTENSION_KEY):
                 if data.get(key):
