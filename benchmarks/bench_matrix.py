@@ -227,6 +227,50 @@ def report(cell: Cell, blocks: int, result: dict[str, Any]) -> str:
     )
 
 
+def summarize(path: str) -> None:
+    """The markdown table of the runs in ``path`` (``--out``): per cell, the medians of each
+    set-up's runs, and the ratios the goals are stated in."""
+    runs: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    shapes: dict[int, Cell] = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            record = json.loads(line)
+            cell = Cell(**record["cell"])
+            shapes[cell.number] = cell
+            runs.setdefault(cell.number, {}).setdefault(record["setup"], []).append(record)
+    print(
+        "| cell | pool blocks (working set) | completion claims / stock (ratio) | workflow p50 "
+        "| LLM-call time, x lower | TTFT p50 / p99 ms | cached | deferrals "
+        "| other tenant TTFT p99 ms (ratio) | runs |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for number in sorted(runs):
+        cell, both = shapes[number], runs[number]
+        if "claims" not in both or "stock" not in both:
+            continue
+        c, k = summary(both["claims"]), summary(both["stock"])
+        ratio = c["completion_s"] / k["completion_s"]
+        llm = k["llm_time_s"] / c["llm_time_s"] if c["llm_time_s"] else float("nan")
+        other = (
+            f"{c['other_ttft_p99_ms']} / {k['other_ttft_p99_ms']} "
+            f"({c['other_ttft_p99_ms'] / k['other_ttft_p99_ms']:.2f}x)"
+            if c["other_ttft_p99_ms"] and k["other_ttft_p99_ms"]
+            else "none"
+        )
+        label = (
+            f"{cell.number}: {cell.workload}, {cell.model}, {cell.pool}, tenant {cell.tenant}, "
+            f"waits {cell.waits}, ctx {cell.context}, x{cell.agents}"
+        )
+        print(
+            f"| {label} | {cell.blocks()} ({cell.working_set_blocks()}) | "
+            f"{c['completion_s']:.2f} / {k['completion_s']:.2f} (**{ratio:.3f}x**) | "
+            f"{c['workflow_p50_s']} / {k['workflow_p50_s']} | {llm:.2f}x | "
+            f"{c['ttft_p50_ms']} / {c['ttft_p99_ms']} vs {k['ttft_p50_ms']} / {k['ttft_p99_ms']} | "
+            f"{c['cached_ratio']} vs {k['cached_ratio']} | {c['deferrals']} | {other} | "
+            f"{len(both['claims'])} + {len(both['stock'])} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--cells", default=None, help="comma-separated cell numbers (all)")
@@ -234,7 +278,16 @@ def main() -> None:
     parser.add_argument("--layout", choices=("pinned", "shared"), default="pinned")
     parser.add_argument("--out", default="bench-matrix.jsonl", help="every run's figures")
     parser.add_argument("--list", action="store_true", help="print the cells and exit")
+    parser.add_argument(
+        "--summarize",
+        metavar="JSONL",
+        default=None,
+        help="print the table (markdown) of the runs an --out file holds, and exit",
+    )
     args = parser.parse_args()
+    if args.summarize:
+        summarize(args.summarize)
+        return
     chosen = cells(args.cells)
     if args.list:
         for cell in chosen:

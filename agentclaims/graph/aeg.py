@@ -407,70 +407,12 @@ class AgentExecutionGraph:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready description, read back by :meth:`from_dict`."""
-        return {
-            "version": _FORMAT_VERSION,
-            "smoothing": self._smoothing,
-            "nodes": [
-                {
-                    "name": name,
-                    "kind": data["kind"],
-                    "prefixes": sorted(data["prefixes"]),
-                    "targets_unknown": data["targets_unknown"],
-                    "joins": [sorted(g) for g in data["joins"]],
-                    **(
-                        {"handoffs": data["handoffs"], "comebacks": data["comebacks"]}
-                        if data.get("handoffs")
-                        else {}
-                    ),
-                }
-                for name, data in self._g.nodes(data=True)
-            ],
-            "edges": [
-                {
-                    "source": u,
-                    "target": v,
-                    "kind": d["kind"],
-                    "count": d["count"],
-                    "join": d["join"],
-                }
-                for u, v, d in self._g.edges(data=True)
-            ],
-            "warnings": [
-                {"code": w.code, "node": w.node, "message": w.message} for w in self._warnings
-            ],
-        }
+        return _described(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AgentExecutionGraph:
         """Rebuild a graph written by :meth:`to_dict`."""
-        if not isinstance(data, Mapping) or data.get("version") != _FORMAT_VERSION:
-            raise UsageError("data", f"expected a mapping with version {_FORMAT_VERSION}")
-        try:
-            graph = cls(smoothing=data.get("smoothing", 1.0))
-            nodes = data["nodes"]
-            for node in nodes:
-                if node["kind"] not in ("start", "end"):
-                    graph.add_node(
-                        node["name"],
-                        node["kind"],
-                        prefixes=node.get("prefixes", ()),
-                        targets_unknown=node.get("targets_unknown", False),
-                    )
-            for node in nodes:
-                if node.get("handoffs"):
-                    graph.observe_handoffs(node["name"], node["handoffs"], node["comebacks"])
-            for edge in data["edges"]:
-                source, target = edge["source"], edge["target"]
-                graph.add_edge(source, target, edge["kind"], count=edge["count"])
-                graph._g.edges[source, target]["join"] = bool(edge.get("join", False))
-            for node in nodes:  # the join edges exist already and keep their flag
-                for group in node.get("joins", ()):
-                    graph.add_join(group, node["name"])
-            for w in data.get("warnings", ()):
-                graph.add_warning(w["code"], w["node"], w["message"])
-        except (KeyError, TypeError) as exc:
-            raise UsageError("data", f"malformed graph description: {exc!r}") from exc
-        return graph
+        return _rebuilt(cls, data)
 
     def __repr__(self) -> str:
         return (
@@ -524,6 +466,74 @@ class AgentExecutionGraph:
 
 _COMEBACK_PRIOR = 0.125
 """Each of the Beta prior's two pseudo-counts in ``comeback_probability``."""
+
+
+def _described(graph: AgentExecutionGraph) -> dict[str, Any]:
+    """``graph`` as ``AgentExecutionGraph.to_dict`` describes it."""
+    return {
+        "version": _FORMAT_VERSION,
+        "smoothing": graph._smoothing,
+        "nodes": [
+            {
+                "name": name,
+                "kind": data["kind"],
+                "prefixes": sorted(data["prefixes"]),
+                "targets_unknown": data["targets_unknown"],
+                "joins": [sorted(g) for g in data["joins"]],
+                **(
+                    {"handoffs": data["handoffs"], "comebacks": data["comebacks"]}
+                    if data.get("handoffs")
+                    else {}
+                ),
+            }
+            for name, data in graph._g.nodes(data=True)
+        ],
+        "edges": [
+            {
+                "source": u,
+                "target": v,
+                "kind": d["kind"],
+                "count": d["count"],
+                "join": d["join"],
+            }
+            for u, v, d in graph._g.edges(data=True)
+        ],
+        "warnings": [
+            {"code": w.code, "node": w.node, "message": w.message} for w in graph._warnings
+        ],
+    }
+
+
+def _rebuilt(cls: type[AgentExecutionGraph], data: Mapping[str, Any]) -> AgentExecutionGraph:
+    """The graph ``AgentExecutionGraph.from_dict`` rebuilds from ``data``."""
+    if not isinstance(data, Mapping) or data.get("version") != _FORMAT_VERSION:
+        raise UsageError("data", f"expected a mapping with version {_FORMAT_VERSION}")
+    try:
+        graph = cls(smoothing=data.get("smoothing", 1.0))
+        nodes = data["nodes"]
+        for node in nodes:
+            if node["kind"] not in ("start", "end"):
+                graph.add_node(
+                    node["name"],
+                    node["kind"],
+                    prefixes=node.get("prefixes", ()),
+                    targets_unknown=node.get("targets_unknown", False),
+                )
+        for node in nodes:
+            if node.get("handoffs"):
+                graph.observe_handoffs(node["name"], node["handoffs"], node["comebacks"])
+        for edge in data["edges"]:
+            source, target = edge["source"], edge["target"]
+            graph.add_edge(source, target, edge["kind"], count=edge["count"])
+            graph._g.edges[source, target]["join"] = bool(edge.get("join", False))
+        for node in nodes:  # the join edges exist already and keep their flag
+            for group in node.get("joins", ()):
+                graph.add_join(group, node["name"])
+        for w in data.get("warnings", ()):
+            graph.add_warning(w["code"], w["node"], w["message"])
+    except (KeyError, TypeError) as exc:
+        raise UsageError("data", f"malformed graph description: {exc!r}") from exc
+    return graph
 
 
 def _node_attrs(

@@ -101,6 +101,35 @@ mode down (the backend's room changes as other calls come and go: after that, it
 again)."""
 
 
+def log_planned(
+    log: WorkflowLog | None,
+    claim_id: str,
+    prefix_id: str,
+    mode: ProtectionMode,
+    ttl: float | None,
+    ctx: PrefixContext,
+    plan: ClaimPlan,
+    node: str,
+) -> None:
+    """The ``claim_planned`` line of a claim the session submits: its mode and TTL, the
+    evidence it was planned on, and the seconds it was expected to save and to cost."""
+    if log is not None:
+        log.claim_planned(
+            claim_id=claim_id,
+            prefix_id=prefix_id,
+            mode=mode.value,
+            ttl_s=ttl,
+            ste=ctx.ste,
+            reuse_probability=round(ctx.reuse_probability, 6),
+            reason=plan.reason,
+            node=node,
+            expected_wait_s=ctx.expected_wait_s,
+            wait_learned=ctx.wait_learned,
+            saving_s=plan.saving_s,
+            cost_s=plan.cost_s,
+        )
+
+
 class ClaimIO:
     """The claims of one session, and every claim round trip it makes."""
 
@@ -207,36 +236,9 @@ class ClaimIO:
         }
         if reuse_hint is not None:
             wire["reuse_hint"] = reuse_hint.to_dict()
-        self._planned(claim_id, SEQUENCE_OBJECT, mode, ttl, ctx, plan, node)
+        log_planned(self.outcome_log(), claim_id, SEQUENCE_OBJECT, mode, ttl, ctx, plan, node)
         self.stats.claims_submitted += 1
         return wire, ClaimPlan(mode, ttl, plan.reason, plan.saving_s, plan.cost_s)
-
-    def _planned(
-        self,
-        claim_id: str,
-        prefix_id: str,
-        mode: ProtectionMode,
-        ttl: float | None,
-        ctx: PrefixContext,
-        plan: ClaimPlan,
-        node: str,
-    ) -> None:
-        log = self.outcome_log()
-        if log is not None:
-            log.claim_planned(
-                claim_id=claim_id,
-                prefix_id=prefix_id,
-                mode=mode.value,
-                ttl_s=ttl,
-                ste=ctx.ste,
-                reuse_probability=round(ctx.reuse_probability, 6),
-                reason=plan.reason,
-                node=node,
-                expected_wait_s=ctx.expected_wait_s,
-                wait_learned=ctx.wait_learned,
-                saving_s=plan.saving_s,
-                cost_s=plan.cost_s,
-            )
 
     def adopt(
         self,
@@ -387,7 +389,7 @@ class ClaimIO:
                 ttl_s=ttl,
                 reuse_hint=reuse_hint,
             )
-            self._planned(claim_id, prefix_id, mode, ttl, ctx, plan, node)
+            log_planned(self.outcome_log(), claim_id, prefix_id, mode, ttl, ctx, plan, node)
             st.claims_submitted += 1
             decision = await backend.submit_claim(spec)
             if not decision.accepted:
