@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Container, Sequence
+from typing import Any
 
 from agentclaims.contract import (
     ArbiterAction,
@@ -59,6 +60,47 @@ def check_begin(request_id: object, extra_blocks: object, active: Container[str]
         raise UsageError("extra_blocks", f"must be a non-negative integer, got {extra_blocks!r}")
 
 
+def _check_settings(
+    num_blocks: object,
+    block_size: object,
+    host_blocks: object,
+    event_buffer: object,
+    owner_cap_blocks: object,
+    max_duration_steps: Any,
+    max_ttl_s: Any,
+    protected_cap_blocks: object,
+) -> None:
+    """``KVEngine``'s settings checked before anything is built (``UsageError`` naming the
+    first bad one)."""
+    for name, value, minimum in (
+        ("num_blocks", num_blocks, 1),
+        ("block_size", block_size, 1),
+        ("host_blocks", host_blocks, 0),
+        ("event_buffer", event_buffer, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise UsageError(name, f"must be an integer >= {minimum}, got {value!r}")
+    if owner_cap_blocks is not None and (
+        not isinstance(owner_cap_blocks, int) or owner_cap_blocks < 0
+    ):
+        raise UsageError(
+            "owner_cap_blocks", f"must be a non-negative integer, got {owner_cap_blocks!r}"
+        )
+    if max_duration_steps is not None and max_duration_steps <= 0:
+        raise UsageError("max_duration_steps", f"must be positive, got {max_duration_steps}")
+    if max_ttl_s is not None and not max_ttl_s > 0:
+        raise UsageError("max_ttl_s", f"must be positive, got {max_ttl_s}")
+    if protected_cap_blocks is not None and (
+        isinstance(protected_cap_blocks, bool)
+        or not isinstance(protected_cap_blocks, int)
+        or not 0 <= protected_cap_blocks <= num_blocks  # type: ignore[operator]
+    ):
+        raise UsageError(
+            "protected_cap_blocks",
+            f"must be an integer within 0..{num_blocks}, got {protected_cap_blocks!r}",
+        )
+
+
 class KVEngine(ClaimArbiter):
     """The reference engine: block pool + prefix cache + claim arbiter.
 
@@ -85,38 +127,21 @@ class KVEngine(ClaimArbiter):
         event_buffer: int = EVENTS_KEPT,
         first_seq: int = 0,
     ) -> None:
-        for name, value, minimum in (
-            ("num_blocks", num_blocks, 1),
-            ("block_size", block_size, 1),
-            ("host_blocks", host_blocks, 0),
-            ("event_buffer", event_buffer, 1),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise UsageError(name, f"must be an integer >= {minimum}, got {value!r}")
-        if owner_cap_blocks is not None and (
-            not isinstance(owner_cap_blocks, int) or owner_cap_blocks < 0
-        ):
-            raise UsageError(
-                "owner_cap_blocks", f"must be a non-negative integer, got {owner_cap_blocks!r}"
-            )
-        if max_duration_steps is not None and max_duration_steps <= 0:
-            raise UsageError("max_duration_steps", f"must be positive, got {max_duration_steps}")
-        if max_ttl_s is not None and not max_ttl_s > 0:
-            raise UsageError("max_ttl_s", f"must be positive, got {max_ttl_s}")
+        _check_settings(
+            num_blocks,
+            block_size,
+            host_blocks,
+            event_buffer,
+            owner_cap_blocks,
+            max_duration_steps,
+            max_ttl_s,
+            protected_cap_blocks,
+        )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.owner_cap_blocks = owner_cap_blocks
         self.max_duration_steps = max_duration_steps
         self.max_ttl_s = max_ttl_s
-        if protected_cap_blocks is not None and (
-            isinstance(protected_cap_blocks, bool)
-            or not isinstance(protected_cap_blocks, int)
-            or not 0 <= protected_cap_blocks <= num_blocks
-        ):
-            raise UsageError(
-                "protected_cap_blocks",
-                f"must be an integer within 0..{num_blocks}, got {protected_cap_blocks!r}",
-            )
         self.protected_cap_blocks = (
             num_blocks if protected_cap_blocks is None else protected_cap_blocks
         )
