@@ -56,6 +56,36 @@ reason (``refuse_residency_claim``)."""
 __all__ = ["ClaimArbiter"]
 
 
+def _admission_problem(
+    arbiter: ClaimArbiter, spec: ClaimSpec, hashes: tuple[BlockHash, ...]
+) -> str | None:
+    """Why ``arbiter`` refuses ``spec`` before anything changes (``None``: it may hold it):
+    the tenant gate, the cache identity, the pool's size, the owner's cap, the cap on
+    protected blocks."""
+    if arbiter.claim_gate is not None:
+        reason = arbiter.claim_gate(spec)
+        if reason is not None:
+            return reason
+    mismatch = identity_problem(spec.cache_identity, arbiter.cache_identity)
+    if mismatch is not None:
+        return mismatch
+    if spec.footprint_blocks > arbiter.num_blocks:
+        return "exceeds_capacity"
+    if (
+        spec.protection_mode is not ProtectionMode.BEST_EFFORT
+        and arbiter.owner_cap_blocks is not None
+    ):
+        used = arbiter._owner_blocks.get(spec.owner_scope, 0)
+        if used + spec.footprint_blocks > arbiter.owner_cap_blocks:
+            return "owner_cap_exceeded"
+    if TIER_OF_MODE[spec.protection_mode] == PROTECTED:
+        pool = arbiter._pool
+        new = sum(1 for h in hashes if h not in pool.protect_ref)
+        if len(pool.protect_ref) + new > arbiter.protected_cap_blocks:
+            return "protected_capacity_exceeded"
+    return None
+
+
 class ClaimArbiter:
     """Claims: admission, deadlines, renew/release, demotion, offload, expiry and harm.
 
@@ -236,7 +266,7 @@ class ClaimArbiter:
         claim = ClaimRecord(spec, hashes)
         self._claims[spec.claim_id] = claim
         submitted(self._events, claim)
-        reason = refusal or self._admission_problem(spec, hashes)
+        reason = refusal or _admission_problem(self, spec, hashes)
         if reason is not None:
             self.stats.claims_rejected += 1
             return refuse(self._events, claim, reason)
@@ -290,29 +320,6 @@ class ClaimArbiter:
         """Hand a claim's reuse hint to a ranking policy (others ignore hints)."""
         if self._ranking is not None:
             self._ranking.note_hint(hint_owner(owner_scope, hint.agent), hint, self.clock() / 1e9)
-
-    def _admission_problem(self, spec: ClaimSpec, hashes: tuple[BlockHash, ...]) -> str | None:
-        if self.claim_gate is not None:
-            reason = self.claim_gate(spec)
-            if reason is not None:
-                return reason
-        mismatch = identity_problem(spec.cache_identity, self.cache_identity)
-        if mismatch is not None:
-            return mismatch
-        if spec.footprint_blocks > self.num_blocks:
-            return "exceeds_capacity"
-        if (
-            spec.protection_mode is not ProtectionMode.BEST_EFFORT
-            and self.owner_cap_blocks is not None
-        ):
-            used = self._owner_blocks.get(spec.owner_scope, 0)
-            if used + spec.footprint_blocks > self.owner_cap_blocks:
-                return "owner_cap_exceeded"
-        if TIER_OF_MODE[spec.protection_mode] == PROTECTED:
-            new = sum(1 for h in hashes if h not in self._pool.protect_ref)
-            if len(self._pool.protect_ref) + new > self.protected_cap_blocks:
-                return "protected_capacity_exceeded"
-        return None
 
     def _set_deadline(self, claim: ClaimRecord, steps: int | None, ttl: float | None) -> None:
         claim.deadline_step = None if steps is None else self.step_count + steps
