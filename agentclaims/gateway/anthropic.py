@@ -14,8 +14,8 @@ block (at most 4), or once at the top level (automatic: the last block), with ``
 holds every prefix of it, so the breakpoints are honoured by one ``expiring`` claim on the
 whole prompt (``@prompt``), its TTL the longest breakpoint's, capped by the tenant's
 ``max_ttl_s`` and the engine's longest TTL; each breakpoint it covers is reported with that
-claim's decision. A call that reads a prompt an earlier call claimed (its prefix ids name that
-claim's prefix) refreshes it, as Anthropic refreshes a cache entry on each read: the new claim
+claim's decision. A call that reads a prompt an earlier call claimed (its leading messages are
+that prompt's, with the same tools) refreshes it, as Anthropic refreshes a cache entry on each read: the new claim
 holds it from now, and the earlier one is let go. Breakpoints that do not reach the end of the
 prompt (only the system prompt marked, say) cannot be held on their own here and are refused,
 with the reason, never dropped. What became of each breakpoint is in the answer's
@@ -28,6 +28,7 @@ them (else 0), ``input_tokens`` what remains, as Anthropic counts them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections import OrderedDict
@@ -90,6 +91,9 @@ class Converted:
     """A breakpoint's claim was accepted: what the call computed is held (cache creation)."""
     held_ttl_s: float | None = None
     """The TTL its claim asks (the longest breakpoint's, capped by the tenant and engine)."""
+    boundaries: list[str] = field(default_factory=list)
+    """A digest of the prompt up to each chat message (tools first): the same leading
+    messages, the same digests, whatever engine serves them (the last: the whole prompt)."""
 
 
 def _fail(name: str, why: str) -> UsageError:
@@ -254,7 +258,17 @@ def to_chat(body: Mapping[str, Any]) -> Converted:
     if body.get(EXTENSION_KEY) is not None:
         chat[EXTENSION_KEY] = body[EXTENSION_KEY]
     breakpoints = [Breakpoint(w, t, w in ("auto", last_block)) for w, t in marks]
-    return Converted(chat, breakpoints, model)
+    return Converted(chat, breakpoints, model, boundaries=_boundaries(chat))
+
+
+def _boundaries(chat: Mapping[str, Any]) -> list[str]:
+    """The chained digest of the prompt after each of its messages (the tools first)."""
+    digest = hashlib.sha256(_json.dumps(chat.get("tools") or []))
+    out = []
+    for message in chat["messages"]:
+        digest.update(_json.dumps(message))
+        out.append(digest.copy().hexdigest()[:32])
+    return out
 
 
 def _last_block(body: Mapping[str, Any]) -> str:
@@ -292,8 +306,8 @@ def error_response(status: int, message: str, extra: Mapping[str, Any] | None = 
 
 
 class BreakpointClaims:
-    """The breakpoint claims held per tenant, by the prefix id of the prompt each holds: a
-    later call whose prompt reads one refreshes it."""
+    """The breakpoint claims held per tenant, by the digest of the prompt each holds
+    (``Converted.boundaries``): a later call whose prompt starts with one refreshes it."""
 
     def __init__(self) -> None:
         self._by_prefix: OrderedDict[tuple[str | None, str], str] = OrderedDict()
@@ -386,8 +400,6 @@ class MessagesRoute:
             (d for d in extension.get("decisions") or () if d.get("claim_id") == claim_id), None
         )
         accepted = decision is not None and decision.get("decision") != "rejected"
-        prefix_ids = extension.get("prefix_ids") or {}
-        prompt = prefix_ids.get("prompt")
         report: list[dict[str, Any]] = []
         for bp in converted.breakpoints:
             entry: dict[str, Any] = {"breakpoint": bp.where, "asked_ttl_s": bp.ttl_s}
@@ -412,8 +424,8 @@ class MessagesRoute:
                 if not bp.at_end:
                     entry["covered_by_prompt"] = True  # a prefix of the prompt held
             report.append(entry)
-        if accepted and isinstance(prompt, str):
-            read = [p for p in _prefix_list(prefix_ids) if p != prompt]
+        if accepted and converted.boundaries:
+            *read, prompt = converted.boundaries
             for prefix, old in self.claims.held(tenant, read):
                 await self._let_go(old, tenant)  # refreshed: the new claim holds its blocks
                 self.claims.forget(tenant, prefix)
@@ -526,15 +538,6 @@ class MessagesRoute:
         return StreamingResponse(
             events(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
         )
-
-
-def _prefix_list(prefix_ids: Mapping[str, Any]) -> list[str]:
-    """Every prefix id an answer names (each message boundary's, the prompt's)."""
-    out = [p for p in prefix_ids.get("messages") or () if isinstance(p, str)]
-    for key in ("prompt",):
-        if isinstance(prefix_ids.get(key), str):
-            out.append(prefix_ids[key])
-    return out
 
 
 def _event(kind: str, body: dict[str, Any]) -> bytes:

@@ -119,10 +119,56 @@ class _Stamp:
         return self._kv.usable_blocks
 
 
+async def pool_blocks(http: Upstream) -> int:
+    """vLLM's KV blocks less its null block, from its ``/metrics`` (``cache_config_info``)."""
+    _, text = await http.get_text("/metrics", timeout_s=10.0)
+    found = re.search(r'num_gpu_blocks="(\d+)"', text)
+    return max(0, int(found.group(1)) - 1) if found else 0
+
+
+async def max_model_len(http: Upstream) -> int | None:
+    """vLLM's longest request, as its ``/v1/models`` says (``None``: it does not)."""
+    status, data = await http.get("/v1/models")
+    models = (data.get("data") if status == 200 and isinstance(data, dict) else None) or [{}]
+    value = models[0].get("max_model_len")
+    return int(value) if isinstance(value, int) else None
+
+
+async def tokenize(http: Upstream, model: str, kind: str, body: Mapping[str, Any]) -> list[int]:
+    """The prompt's token ids as vLLM (serving ``model``) will see them: its ``/tokenize``
+    with the chat template and tools of a chat, or a completion's prompt (token ids as they
+    are); ``UsageError`` naming the field vLLM cannot tokenize."""
+    request: dict[str, Any] = {"model": model}
+    if kind == "chat":
+        request["messages"] = body.get("messages")
+        request["add_generation_prompt"] = True
+        if body.get("tools"):
+            request["tools"] = body["tools"]
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        request["prompt"] = prompt
+    status, data = await http.post("/tokenize", request)
+    if status != 200 or not isinstance(data, dict) or not isinstance(data.get("tokens"), list):
+        message = (data.get("error") or {}).get("message") if isinstance(data, dict) else data
+        raise UsageError(
+            "messages" if kind == "chat" else "prompt", f"vLLM cannot tokenize it: {message}"
+        )
+    return [int(t) for t in data["tokens"]]
+
+
+def _ride_bound(value: object) -> float:
+    """How long a claim operation waits for a request to ride on (``ride_bound_s``)."""
+    if isinstance(value, bool) or not (isinstance(value, int | float) and 0 <= value <= 10):
+        raise UsageError("ride_bound_s", f"must be within [0, 10] seconds, got {value!r}")
+    return float(value)
+
+
 class VllmKV:
-    """The claims protocol (and serving) on vLLM + the agentclaims connector: the start, the
-    engine's life and the upstream plumbing here; the completions (``CompletionForwarder``),
-    the claims API (``ClaimsApi``) and a fresh instance (``InstanceReset``) in their own."""
+    """The claims protocol (and serving) on vLLM + the agentclaims connector: its start, the
+    engine's life, the upstream plumbing; completions, the claims API and a fresh instance
+    are ``CompletionForwarder``'s, ``ClaimsApi``'s and ``InstanceReset``'s."""
 
     name = "vllm"
 
@@ -140,10 +186,7 @@ class VllmKV:
         events_python: str | None = None,
         ride_bound_s: float = 0.05,
     ) -> None:
-        if not (isinstance(ride_bound_s, int | float) and 0 <= ride_bound_s <= 10):
-            raise UsageError(
-                "ride_bound_s", f"must be within [0, 10] seconds, got {ride_bound_s!r}"
-            )
+        ride_bound_s = _ride_bound(ride_bound_s)
         self._http = Upstream(upstream, timeout_s=timeout_s)  # checks the URL
         self.upstream = self._http.base_url
         self.block_size = block_size
@@ -191,7 +234,7 @@ class VllmKV:
         """Whether vLLM's engine is known dead (its 500, a refused connection, ``/health``
         503): every request answers 503 with why until a vLLM answers ``/health`` again."""
         self._http.on_engine_dead = self._engine_died
-        self.riding = RidingOps(float(ride_bound_s), self._send, self._absorb_locked, self._alive)
+        self.riding = RidingOps(ride_bound_s, self._send, self._absorb_locked, self._alive)
         """Claim operations waiting to ride on the next request to vLLM."""
         self.sight = CacheSight(self.observer, self.mirror)
         """What vLLM's KV events showed of its cache (the last prompt stored), and waits on them."""
@@ -223,7 +266,7 @@ class VllmKV:
     async def _revoke_orphans(self) -> None:
         version = (await self._get("/version")).get("version")
         self.runtime_version = str(version) if version else None
-        self.usable_blocks = await self._pool_blocks()
+        self.usable_blocks = await pool_blocks(self._http)
         if self.observer is not None:
             self.observer.on_stored = self.mirror.blocks_stored
             await self.observer.start()
@@ -261,12 +304,6 @@ class VllmKV:
         log.error("agentclaims: %s; every claim on it ends (%s)", detail, BACKEND_RESTART)
         self.mirror.end_all(detail)
 
-    async def _pool_blocks(self) -> int:
-        """vLLM's KV blocks less its null block, from its ``/metrics`` (``cache_config_info``)."""
-        _, text = await self._http.get_text("/metrics", timeout_s=10.0)
-        found = re.search(r'num_gpu_blocks="(\d+)"', text)
-        return max(0, int(found.group(1)) - 1) if found else 0
-
     # ------------------------------------------------------------------ upstream plumbing
     async def model(self) -> str:
         if self._model is None:
@@ -299,11 +336,6 @@ class VllmKV:
             raise BackendError(f"vLLM {path}: HTTP {status}")
         return data
 
-    async def _max_model_len(self) -> int | None:
-        models = (await self._get("/v1/models")).get("data") or [{}]
-        value = models[0].get("max_model_len")
-        return int(value) if isinstance(value, int) else None
-
     async def connector_ready(self) -> ConnectorClient:
         """The connector's client, its model named (vLLM's served model, asked once)."""
         self._connector.model = await self.model()
@@ -311,24 +343,7 @@ class VllmKV:
 
     async def tokenize(self, kind: str, body: Mapping[str, Any]) -> list[int]:
         """The prompt's token ids as vLLM will see them."""
-        request: dict[str, Any] = {"model": await self.model()}
-        if kind == "chat":
-            request["messages"] = body.get("messages")
-            request["add_generation_prompt"] = True
-            if body.get("tools"):
-                request["tools"] = body["tools"]
-        else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-                return list(prompt)
-            request["prompt"] = prompt
-        status, data = await self._http.post("/tokenize", request)
-        if status != 200 or not isinstance(data, dict) or not isinstance(data.get("tokens"), list):
-            message = (data.get("error") or {}).get("message") if isinstance(data, dict) else data
-            raise UsageError(
-                "messages" if kind == "chat" else "prompt", f"vLLM cannot tokenize it: {message}"
-            )
-        return [int(t) for t in data["tokens"]]
+        return await tokenize(self._http, await self.model(), kind, body)
 
     # ------------------------------------------------------------------ ReplyWriter
     streams = True
@@ -499,7 +514,7 @@ class VllmKV:
             CLAIMS_RIDE_ON_REQUESTS: self.connector,
             "connector_channel": self._connector.channel is not None,
             "usable_blocks": self.usable_blocks,
-            "max_model_len": await self._max_model_len(),
+            "max_model_len": await max_model_len(self._http),
             **{f"hold_{k}": v for k, v in self.mirror.limits.items()},
             "kv_events": None if self.observer is None else self.observer.stats(),
             "fault": self.mirror.fault,
