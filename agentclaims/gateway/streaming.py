@@ -19,7 +19,7 @@ for usage: the claims transport reads it there to plan the next claim.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from starlette.responses import JSONResponse as _StarletteJSON
@@ -173,7 +173,7 @@ def chunks(answer: Mapping[str, Any], *, include_usage: bool) -> Iterator[dict[s
     yield from out
 
 
-async def sse_objects(body: AsyncIterator[Any]) -> AsyncIterator[dict[str, Any]]:
+async def sse_objects(body: AsyncIterable[Any]) -> AsyncIterator[dict[str, Any]]:
     """The JSON objects of a server-sent event stream's ``data:`` lines, in order, until
     ``[DONE]``: what the APIs answered through the chat pipeline (``/v1/messages``,
     ``/v1/responses``) read of its stream to write their own."""

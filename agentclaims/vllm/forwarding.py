@@ -51,10 +51,90 @@ from agentclaims.vllm.upstream import Upstream
 
 if TYPE_CHECKING:
     from agentclaims.vllm.kv import VllmKV
+    from agentclaims.vllm.liveness import EngineLiveness
+    from agentclaims.vllm.prompts import PromptBook
 
 __all__ = ["CompletionForwarder"]
 
 _UNLOCKED = contextlib.nullcontext()
+
+
+def chain_hashes(
+    block_size: int,
+    tokens: Sequence[int],
+    sequence: Sequence[int] | None,
+    cache_salt: str | None,
+    known: Sequence[BlockHash] = (),
+) -> tuple[list[BlockHash], list[BlockHash]]:
+    """The block hashes of the prompt ``tokens`` and of the ``sequence`` it left cached, as
+    one chain: the sequence's blocks begin with the prompt's, or (a reply that completed no
+    block) are the first of them. ``known``: the prompt's, hashed already."""
+    longer = sequence if sequence and len(sequence) > len(tokens) else tokens
+    chain = hash_token_blocks(longer, block_size, cache_salt=cache_salt, known=known)
+    return chain[: len(tokens) // block_size], (
+        chain[: len(sequence) // block_size] if sequence else []
+    )
+
+
+def blocks_served(
+    block_size: int, cached_tokens: int, hashes: Sequence[BlockHash]
+) -> tuple[int, int]:
+    """Of a served prompt's full blocks (``hashes``): the leading ones vLLM's cache held, and
+    the ones it computed."""
+    hit = cached_tokens // block_size
+    return hit, max(0, len(hashes) - hit)
+
+
+def refused_error(liveness: EngineLiveness, status: int, data: Any) -> Exception:
+    """The error vLLM's answer other than 200 is: the dead engine's, a 5xx, or vLLM refusing
+    the request (a 400 the client can act on)."""
+    message = (data.get("error") or {}).get("message") if isinstance(data, dict) else data
+    if liveness.dead is not None:
+        return liveness.error()
+    if status >= 500:
+        return BackendUnavailable(f"vLLM answered HTTP {status}: {message}")
+    return UsageError("body", f"vLLM refused the request: {message}")
+
+
+def refused_result(
+    rid: RequestId,
+    answer: ConnectorAnswer,
+    prompt_pid: str | None,
+    events_seq: int,
+    hashes: Sequence[BlockHash],
+) -> ServeResult:
+    """A request the connector refused (or vLLM aborted): the refusal's outcome, naming the
+    claims in the way and the blocks short."""
+    refused = answer.refused or {}
+    outcome = ActiveOutcome(
+        rid,
+        ArbiterAction.REFUSE_ACTIVE,
+        Feasibility.INFEASIBLE_PRESERVE_RESIDENT_AND_ACTIVE,
+        blocking_claim_ids=tuple(ClaimId(c) for c in refused.get("blocking_claim_ids", ())),
+        shortfall_blocks=int(refused.get("shortfall_blocks") or 0),
+        retry_after_s=refused.get("retry_after_s"),
+    )
+    return ServeResult(
+        outcome, {"prompt": prompt_pid}, events_seq=events_seq, block_hashes=tuple(hashes)
+    )
+
+
+def book(
+    prompts: PromptBook,
+    tokens: Sequence[int],
+    hashes: list[BlockHash],
+    prompt_pid: str | None,
+    sequence: Sequence[int] | None,
+    seq_hashes: list[BlockHash],
+    cache_salt: str | None,
+) -> tuple[str | None, str | None]:
+    """The prompt (unless ``prompt_pid`` names it already) and the sequence in the prompt
+    book: their prefix ids. A reply that completes no block past the prompt names the
+    prompt's own prefix: the book knows it already (``register``)."""
+    if prompt_pid is None:
+        prompt_pid = prompts.register(tokens, cache_salt, hashes)[1]
+    seq_pid = prompts.register(sequence, cache_salt, seq_hashes)[1] if sequence else None
+    return prompt_pid, seq_pid
 
 
 class CompletionForwarder:
@@ -158,14 +238,16 @@ class CompletionForwarder:
             result = await self._answered(client, data, None, [], None, [], {}, set(), None)
             return Written(payload, result)
         sequence = sequence_ids(data, tokens, self.block_size)
-        hashes, seq_hashes = self._chain(tokens, sequence, None)
+        hashes, seq_hashes = chain_hashes(self.block_size, tokens, sequence, None)
         self._sight.last_stored = tuple(hashes)
         usage = data.get("usage") or {}
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         self._count_served(int(usage.get("prompt_tokens") or len(tokens)), cached)
-        hit, computed = self._blocks_served(cached, hashes)
+        hit, computed = blocks_served(self.block_size, cached, hashes)
         async with self._lock if self._lock.locked() else _UNLOCKED:
-            prompt_pid, seq_pid = self._book(tokens, hashes, None, sequence, seq_hashes, None)
+            prompt_pid, seq_pid = book(
+                self._prompts, tokens, hashes, None, sequence, seq_hashes, None
+            )
             return PlainReply(
                 payload,
                 self._mirror.our_request(str(data.get("id"))) or str(data.get("id")),
@@ -199,18 +281,8 @@ class CompletionForwarder:
             raise
         if status != 200 or not isinstance(data, dict):
             self._riding.put_back(riding)  # it may not have reached the connector: again
-            raise self._refused(status, data)
+            raise refused_error(self._liveness, status, data)
         return data
-
-    def _refused(self, status: int, data: Any) -> Exception:
-        """The error vLLM's answer other than 200 is: the dead engine's, a 5xx, or vLLM
-        refusing the request (a 400 the client can act on)."""
-        message = (data.get("error") or {}).get("message") if isinstance(data, dict) else data
-        if self._liveness.dead is not None:
-            return self._liveness.error()
-        if status >= 500:
-            return BackendUnavailable(f"vLLM answered HTTP {status}: {message}")
-        return UsageError("body", f"vLLM refused the request: {message}")
 
     async def stream(self, call: CompletionCall) -> UpstreamStream:
         """Forward one streamed completion: its chunks pass on as vLLM produces them
@@ -248,7 +320,7 @@ class CompletionForwarder:
             raise
         if upstream.status != 200:
             self._riding.put_back(riding)
-            raise self._refused(upstream.status, upstream.body())
+            raise refused_error(self._liveness, upstream.status, upstream.body())
 
         async def settle(data: dict[str, Any]) -> ServeResult:
             kept = (
@@ -345,7 +417,7 @@ class CompletionForwarder:
         sequence = sequence_ids(data, tokens, self.block_size)
         seq_hashes: list[BlockHash] = []
         if tokens is not None:
-            hashes, seq_hashes = self._chain(tokens, sequence, cache_salt, hashes)
+            hashes, seq_hashes = chain_hashes(self.block_size, tokens, sequence, cache_salt, hashes)
         if answer.served and tokens is not None:
             self._sight.last_stored = tuple(hashes)
             footprint = max(
@@ -356,8 +428,8 @@ class CompletionForwarder:
         async with self._lock if self._lock.locked() else _UNLOCKED:
             seq_pid: str | None = None
             if tokens is not None:
-                prompt_pid, seq_pid = self._book(
-                    tokens, hashes, prompt_pid, sequence, seq_hashes, cache_salt
+                prompt_pid, seq_pid = book(
+                    self._prompts, tokens, hashes, prompt_pid, sequence, seq_hashes, cache_salt
                 )
             specs = [
                 dataclasses.replace(spec, object_id=seq_pid, footprint_blocks=len(seq_hashes))
@@ -376,48 +448,10 @@ class CompletionForwarder:
                 on_reply=on_reply,
             )
 
-    def _chain(
-        self,
-        tokens: Sequence[int],
-        sequence: Sequence[int] | None,
-        cache_salt: str | None,
-        known: Sequence[BlockHash] = (),
-    ) -> tuple[list[BlockHash], list[BlockHash]]:
-        """The block hashes of the prompt ``tokens`` and of the ``sequence`` it left cached,
-        as one chain: the sequence's blocks begin with the prompt's, or (a reply that completed
-        no block) are the first of them. ``known``: the prompt's, hashed already."""
-        bs = self.block_size
-        longer = sequence if sequence and len(sequence) > len(tokens) else tokens
-        chain = hash_token_blocks(longer, bs, cache_salt=cache_salt, known=known)
-        return chain[: len(tokens) // bs], chain[: len(sequence) // bs] if sequence else []
-
-    def _book(
-        self,
-        tokens: Sequence[int],
-        hashes: list[BlockHash],
-        prompt_pid: str | None,
-        sequence: Sequence[int] | None,
-        seq_hashes: list[BlockHash],
-        cache_salt: str | None,
-    ) -> tuple[str | None, str | None]:
-        """The prompt (unless ``prompt_pid`` names it already) and the sequence in the prompt
-        book: their prefix ids. A reply that completes no block past the prompt names the
-        prompt's own prefix: the book knows it already (``register``)."""
-        if prompt_pid is None:
-            prompt_pid = self._prompts.register(tokens, cache_salt, hashes)[1]
-        seq_pid = self._prompts.register(sequence, cache_salt, seq_hashes)[1] if sequence else None
-        return prompt_pid, seq_pid
-
     def _count_served(self, prompt_tokens: int, cached_tokens: int) -> None:
         """A served completion's prompt, for the prefix hit ratio (``/metrics``)."""
         self.prompt_tokens += max(0, prompt_tokens)
         self.cached_tokens += max(0, min(cached_tokens, prompt_tokens))
-
-    def _blocks_served(self, cached_tokens: int, hashes: Sequence[BlockHash]) -> tuple[int, int]:
-        """Of a served prompt's full blocks (``hashes``): the leading ones vLLM's cache held,
-        and the ones it computed."""
-        hit = cached_tokens // self.block_size
-        return hit, max(0, len(hashes) - hit)
 
     def _resolve(
         self,
@@ -464,23 +498,9 @@ class CompletionForwarder:
         seq_pid, seq_hashes = sequence
         rid = RequestId(self._mirror.our_request(answer.request_id) or answer.request_id)
         if answer.refused is not None or answer.finish_reason == "abort":
-            refused = answer.refused or {}
-            outcome = ActiveOutcome(
-                rid,
-                ArbiterAction.REFUSE_ACTIVE,
-                Feasibility.INFEASIBLE_PRESERVE_RESIDENT_AND_ACTIVE,
-                blocking_claim_ids=tuple(ClaimId(c) for c in refused.get("blocking_claim_ids", ())),
-                shortfall_blocks=int(refused.get("shortfall_blocks") or 0),
-                retry_after_s=refused.get("retry_after_s"),
-            )
-            return ServeResult(
-                outcome,
-                {"prompt": prompt_pid},
-                events_seq=self._mirror.events.seq,
-                block_hashes=tuple(hashes),
-            )
+            return refused_result(rid, answer, prompt_pid, self._mirror.events.seq, hashes)
         self._count_served(answer.prompt_tokens, answer.cached_tokens)
-        hit, computed = self._blocks_served(answer.cached_tokens, hashes)
+        hit, computed = blocks_served(self.block_size, answer.cached_tokens, hashes)
         outcome = ActiveOutcome(
             rid,
             ArbiterAction.SERVE_ACTIVE_PRESERVE_RESIDENT,
