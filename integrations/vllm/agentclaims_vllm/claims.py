@@ -212,35 +212,6 @@ class ClaimBook:
         self.emit("resident_claim_expired", hold.claim_id, reason=reason, blocks=len(hold.blocks))
         return True
 
-    def _shed(self, hold: Hold, blocks: int, reason: str, request_id: str | None) -> None:
-        """Pressure takes a soft hold's deepest blocks until ``blocks`` of them come free
-        (blocks another hold keeps too do not), all of them at most: the claim is demoted
-        first (its event, once), its head kept (``Hold.demoted``); the blocks taken go to the
-        head of the free queue, the victims of the allocation that needs them."""
-        if blocks <= 0:
-            return
-        if not hold.demoted:
-            self.emit(
-                "resident_claim_demoted",
-                hold.claim_id,
-                reason=reason,
-                request_id=request_id,
-                blocks=len(hold.blocks),
-            )
-            hold.demoted = True
-            self._count(self._live, hold.blocks, -1)
-            self._tenant(hold.tenant).held_blocks -= len(hold.blocks)
-        keep, freed = len(hold.blocks), 0
-        while keep and freed < blocks:
-            keep -= 1
-            freed += self._refs[id(hold.blocks[keep])] == 1
-        if not keep:
-            self._give_back(hold, evict_first=True)
-            return
-        cut = hold.blocks[keep:]
-        del hold.blocks[keep:]
-        self._unhold(cut, evict_first=True)
-
     # ------------------------------------------------------------------ events
     def emit(self, event: str, claim_id: str | None = None, **data: Any) -> dict[str, Any]:
         self.seq += 1
@@ -289,25 +260,10 @@ class ClaimBook:
                 "reason": reason,
             }
 
-        if not claim_id or not isinstance(claim_id, str):
-            return refuse("claim_id must be a non-empty string")
-        if mode not in KNOWN_MODES:
-            return refuse(f"unknown protection mode {mode!r}")
-        old = self.holds.get(claim_id)
-        if old is not None and not old.demoted:
-            return refuse(f"claim {claim_id} already holds blocks")
-        if mode == "offloadable":
-            return refuse("offloadable is not lowered on vLLM: no restore-or-fail per claim")
-        if ttl_s is not None and not (
-            isinstance(ttl_s, int | float) and 0 < ttl_s <= self.max_ttl_s
-        ):
-            return refuse(f"ttl_s must be within (0, {self.max_ttl_s}], got {ttl_s!r}")
-        if mode == "expiring" and ttl_s is None:
-            return refuse("an expiring claim needs ttl_s")
-        if next_use_s is not None and not (
-            isinstance(next_use_s, int | float) and not math.isnan(next_use_s)
-        ):
-            return refuse(f"next_use_s must be a number of seconds, got {next_use_s!r}")
+        old = self.holds.get(claim_id) if isinstance(claim_id, str) else None
+        problem = _hold_problem(claim_id, mode, old, ttl_s, self.max_ttl_s, next_use_s)
+        if problem is not None:
+            return refuse(problem)
         run = list(blocks)
         footprint = len(run) if wanted_blocks is None else wanted_blocks
         if footprint <= 0:
@@ -328,7 +284,7 @@ class ClaimBook:
             }
         self.expire_due()  # a hold whose TTL has passed holds nothing, here as at admission
         nearest = math.inf if next_use_s is None else float(next_use_s)
-        shed = self._to_shed(run, mode, nearest)  # soft holds to demote for room under the cap
+        shed = _to_shed(self, run, mode, nearest)  # soft holds to demote for room under the cap
         if shed is None:
             new = self._new_blocks(run)
             return refuse(
@@ -382,47 +338,7 @@ class ClaimBook:
     def _demote(self, hold: Hold, reason: str, request_id: str | None) -> None:
         """Shed a whole soft hold: its demotion event first (a demoted claim's head goes
         without one: its claim ended already), its blocks to the head of the free queue."""
-        self._shed(hold, len(hold.blocks), reason, request_id)
-
-    def _to_shed(self, run: Sequence[Any], mode: str, next_use_s: float) -> list[Hold] | None:
-        """The soft holds to shed (demote) so that a hold on ``run`` fits under the cap, as
-        memory pressure sheds them: farthest expected next use first (an unknown one
-        farthest, the oldest of those first), no more than it needs. A soft hold makes room
-        only with holds whose next use is farther than its own (with its own unknown: older
-        ones whose next use is unknown too, as LRU would); a hard one with any soft hold, and
-        only within the hard holds' own cap. ``[]``: it fits as it is; ``None``: no shedding
-        makes it fit. Counts from the book's block references: O(the blocks it sheds)."""
-        refs = self._refs
-        wanted = {id(b) for b in run}
-        if mode in HARD_MODES:
-            hard = {id(b) for h in self.holds.values() if h.mode in HARD_MODES for b in h.blocks}
-            if len(hard | wanted) > self.hard_cap_blocks:
-                return None
-        over = len(refs) + len(wanted - refs.keys()) - self.cap_blocks
-        if over <= 0:
-            return []
-        now = self.clock()
-        soft = [
-            h
-            for h in self.holds.values()
-            if h.mode in SOFT_MODES
-            and (
-                mode in HARD_MODES
-                or h.expected_wait(now) > next_use_s
-                or h.expected_wait(now) == next_use_s == math.inf  # both unknown: LRU
-            )
-        ]
-        shed: list[Hold] = []
-        dropped: Counter[int] = Counter()
-        for hold in sorted(soft, key=lambda h: (-h.expected_wait(now), h.since)):
-            shed.append(hold)
-            for b in hold.blocks:
-                dropped[id(b)] += 1
-                if dropped[id(b)] == refs[id(b)] and id(b) not in wanted:
-                    over -= 1  # no hold keeps it, and the new one does not want it
-            if over <= 0:
-                return shed
-        return None
+        _shed(self, hold, len(hold.blocks), reason, request_id)
 
     def _owned(self, claim_id: str, tenant: str) -> Hold | None:
         """The live claim ``claim_id`` of ``tenant`` (not a demoted one's head)."""
@@ -560,7 +476,7 @@ class ClaimBook:
             short = min_free - self.pool.num_free()
             if short <= 0:
                 break
-            self._shed(hold, short, "memory_pressure", request_id)
+            _shed(self, hold, short, "memory_pressure", request_id)
             shed += 1
         return shed
 
@@ -581,3 +497,106 @@ class ClaimBook:
             return None
         since, until = held
         return max(0.0, (self.clock() if until is None else until) - since)
+
+
+def _hold_problem(
+    claim_id: object,
+    mode: str,
+    old: Hold | None,
+    ttl_s: object,
+    max_ttl_s: float,
+    next_use_s: object,
+) -> str | None:
+    """Why a hold's arguments are refused before anything changes (``None``: they are fine)."""
+    if not claim_id or not isinstance(claim_id, str):
+        return "claim_id must be a non-empty string"
+    if mode not in KNOWN_MODES:
+        return f"unknown protection mode {mode!r}"
+    if old is not None and not old.demoted:
+        return f"claim {claim_id} already holds blocks"
+    if mode == "offloadable":
+        return "offloadable is not lowered on vLLM: no restore-or-fail per claim"
+    if ttl_s is not None and not (
+        isinstance(ttl_s, int | float) and not isinstance(ttl_s, bool) and 0 < ttl_s <= max_ttl_s
+    ):
+        return f"ttl_s must be within (0, {max_ttl_s}], got {ttl_s!r}"
+    if mode == "expiring" and ttl_s is None:
+        return "an expiring claim needs ttl_s"
+    if next_use_s is not None and not (
+        isinstance(next_use_s, int | float) and not math.isnan(next_use_s)
+    ):
+        return f"next_use_s must be a number of seconds, got {next_use_s!r}"
+    return None
+
+
+def _to_shed(
+    book: ClaimBook, run: Sequence[Any], mode: str, next_use_s: float
+) -> list[Hold] | None:
+    """The soft holds to shed (demote) so that a hold on ``run`` fits under the cap, as
+    memory pressure sheds them: farthest expected next use first (an unknown one
+    farthest, the oldest of those first), no more than it needs. A soft hold makes room
+    only with holds whose next use is farther than its own (with its own unknown: older
+    ones whose next use is unknown too, as LRU would); a hard one with any soft hold, and
+    only within the hard holds' own cap. ``[]``: it fits as it is; ``None``: no shedding
+    makes it fit. Counts from the book's block references: O(the blocks it sheds)."""
+    refs = book._refs
+    wanted = {id(b) for b in run}
+    if mode in HARD_MODES:
+        hard = {id(b) for h in book.holds.values() if h.mode in HARD_MODES for b in h.blocks}
+        if len(hard | wanted) > book.hard_cap_blocks:
+            return None
+    over = len(refs) + len(wanted - refs.keys()) - book.cap_blocks
+    if over <= 0:
+        return []
+    now = book.clock()
+    soft = [
+        h
+        for h in book.holds.values()
+        if h.mode in SOFT_MODES
+        and (
+            mode in HARD_MODES
+            or h.expected_wait(now) > next_use_s
+            or h.expected_wait(now) == next_use_s == math.inf  # both unknown: LRU
+        )
+    ]
+    shed: list[Hold] = []
+    dropped: Counter[int] = Counter()
+    for hold in sorted(soft, key=lambda h: (-h.expected_wait(now), h.since)):
+        shed.append(hold)
+        for b in hold.blocks:
+            dropped[id(b)] += 1
+            if dropped[id(b)] == refs[id(b)] and id(b) not in wanted:
+                over -= 1  # no hold keeps it, and the new one does not want it
+        if over <= 0:
+            return shed
+    return None
+
+
+def _shed(book: ClaimBook, hold: Hold, blocks: int, reason: str, request_id: str | None) -> None:
+    """Pressure takes a soft hold's deepest blocks until ``blocks`` of them come free
+    (blocks another hold keeps too do not), all of them at most: the claim is demoted
+    first (its event, once), its head kept (``Hold.demoted``); the blocks taken go to the
+    head of the free queue, the victims of the allocation that needs them."""
+    if blocks <= 0:
+        return
+    if not hold.demoted:
+        book.emit(
+            "resident_claim_demoted",
+            hold.claim_id,
+            reason=reason,
+            request_id=request_id,
+            blocks=len(hold.blocks),
+        )
+        hold.demoted = True
+        book._count(book._live, hold.blocks, -1)
+        book._tenant(hold.tenant).held_blocks -= len(hold.blocks)
+    keep, freed = len(hold.blocks), 0
+    while keep and freed < blocks:
+        keep -= 1
+        freed += book._refs[id(hold.blocks[keep])] == 1
+    if not keep:
+        book._give_back(hold, evict_first=True)
+        return
+    cut = hold.blocks[keep:]
+    del hold.blocks[keep:]
+    book._unhold(cut, evict_first=True)
