@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentclaims_vllm.ops import EXTENSION_KEY, Answer, Op, to_wire
+from agentclaims_vllm.ops import EXTENSION_KEY, Answer, Op, Reply, to_wire
 
 from agentclaims.errors import BackendError, UsageError
 from agentclaims.vllm.upstream import Upstream
@@ -65,6 +65,8 @@ class ConnectorAnswer:
     vLLM records them."""
     text: str = ""
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    reply: Reply | None = field(default=None, repr=False)
+    """The connector's answer as it wrote it (``None``: it said nothing)."""
 
     @property
     def served(self) -> bool:
@@ -178,34 +180,36 @@ class ConnectorClient:
             text=str(choice.get("text") or ""),
             raw=data,
         )
-        answer = (data.get("kv_transfer_params") or {}).get(EXTENSION_KEY)
-        if not answer:  # a plain call's: the connector had nothing to say
+        raw = (data.get("kv_transfer_params") or {}).get(EXTENSION_KEY)
+        if not raw:  # a plain call's: the connector had nothing to say
             return own
-        self._learn(answer)
-        events = tuple(e for e in answer.get("events") or () if int(e.get("seq", 0)) > self.cursor)
+        reply = Reply.from_wire(raw)  # read once, here
+        self._learn(reply)
+        events = tuple(e for e in reply.events if int(e.get("seq", 0)) > self.cursor)
         if events:
             self.seen.extend(events)
             self.cursor = int(events[-1].get("seq", 0))
         return dataclasses.replace(
             own,
-            results=tuple(answer.get("results") or ()),
+            results=reply.results,
             events=events,
-            last_seq=int(answer.get("last_seq") or 0),
-            held_blocks=int(answer.get("held_blocks") or 0),
-            refused=answer.get("refused"),
-            deferred_s=float(answer.get("deferred_s") or 0.0),
-            pool=pool if isinstance(pool := answer.get("pool"), Mapping) else None,
+            last_seq=reply.last_seq,
+            held_blocks=reply.held_blocks,
+            refused=reply.refused,
+            deferred_s=float(reply.deferred_s or 0.0),
+            pool=reply.pool,
+            reply=reply,
         )
 
-    def _learn(self, answer: Mapping[str, Any]) -> None:
+    def _learn(self, reply: Reply) -> None:
         """The connector's instance and channel, as its answer names them."""
-        instance = answer.get("instance")
-        if isinstance(instance, str) and instance != self.instance:
+        instance = reply.instance
+        if instance is not None and instance != self.instance:
             self.instance = instance  # a vLLM started again: its channel is another
             self.channel = None
             self._drop_channel()
-        path = answer.get("channel")
-        if self.channel is None and self._local and isinstance(path, str) and os.path.exists(path):
+        path = reply.channel
+        if self.channel is None and self._local and path is not None and os.path.exists(path):
             self.channel = path
 
     async def operate(

@@ -168,10 +168,12 @@ class ClaimMirror:
 
     def absorb(self, answer: ConnectorAnswer) -> None:
         """The connector's new events, in the gateway's stream; claim states follow them."""
-        receipt = (answer.raw.get("kv_transfer_params") or {}).get("agentclaims") or {}
-        for key in ("cap_blocks", "max_ttl_s", "max_defer_s"):
-            if key in receipt:
-                self.limits[key] = receipt[key]
+        reply = answer.reply
+        if reply is not None:
+            for key in ("cap_blocks", "max_ttl_s", "max_defer_s"):
+                value = getattr(reply, key)
+                if value is not None:
+                    self.limits[key] = value
         for raw in answer.events:
             name = raw.get("event")
             if name not in _CONTRACT_EVENTS:

@@ -14,6 +14,7 @@ from agentclaims_vllm.ops import (
     MalformedOp,
     Release,
     Renew,
+    Reply,
     RevokeAll,
     parse,
     to_wire,
@@ -79,3 +80,41 @@ def test_the_envelope_sits_under_the_key_the_claims_api_uses() -> None:
     """One name for the extension in both distributions (the connector's runs in vLLM's
     environment, without agentclaims): the gateway's answers and vLLM's agree."""
     assert EXTENSION_KEY == API_EXTENSION_KEY
+
+
+_JSON_OBJECTS = st.dictionaries(
+    st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3
+)
+_REPLIES = st.builds(
+    Reply,
+    results=st.tuples(_JSON_OBJECTS),
+    events=st.lists(_JSON_OBJECTS, max_size=3).map(tuple),
+    last_seq=st.integers(0, 2**40),
+    held_blocks=st.integers(0, 10_000),
+    cap_blocks=st.none() | st.integers(0, 10_000),
+    soft_cap_blocks=st.none() | st.integers(0, 10_000),
+    max_ttl_s=_SECONDS,
+    max_defer_s=_SECONDS,
+    instance=st.none() | _IDS,
+    channel=st.none() | _IDS,
+    pool=st.none() | _JSON_OBJECTS,
+    deferred_s=_SECONDS,
+    refused=st.none() | _JSON_OBJECTS,
+)
+
+
+@given(_REPLIES)
+def test_a_reply_the_connector_writes_reads_back_as_itself(reply: Reply) -> None:
+    """What the connector writes into ``kv_transfer_params`` the gateway reads back whole."""
+    assert Reply.from_wire(reply.to_wire()) == reply
+
+
+@given(st.dictionaries(st.sampled_from(Reply.__slots__), st.none() | st.booleans() | st.text()))
+def test_a_reply_with_fields_of_the_wrong_type_reads_them_as_absent(raw: dict[str, Any]) -> None:
+    """Fields of the wrong type are absent (no crash, no wrong figure taken for a limit)."""
+    reply = Reply.from_wire(raw)
+    assert reply.cap_blocks is None
+    assert reply.max_ttl_s is None
+    assert reply.results == ()
+    assert reply.last_seq == 0
+    assert Reply.from_wire("not an object") == Reply()

@@ -43,6 +43,7 @@ the answer of the request whose envelope had nonce ``N``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tempfile
@@ -71,6 +72,7 @@ from agentclaims_vllm.ops import (
     MalformedOp,
     Release,
     Renew,
+    Reply,
     RevokeAll,
     parse,
 )
@@ -99,6 +101,36 @@ _INBOX_POLL_S = 0.002
 
 def _is_hold(raw: Any) -> bool:
     return isinstance(raw, dict) and raw.get("op") == Hold.op
+
+
+def _holds(envelope: Mapping[str, Any]) -> list[Hold | MalformedOp]:
+    """The envelope's hold operations, each parsed (or why it cannot be)."""
+    out: list[Hold | MalformedOp] = []
+    for raw in envelope.get("ops") or ():
+        if _is_hold(raw):
+            try:
+                op = parse(raw)
+            except MalformedOp as exc:
+                out.append(exc)
+                continue
+            assert isinstance(op, Hold)
+            out.append(op)
+    return out
+
+
+def _hold_refused(claim_id: Any, reason: str) -> dict[str, Any]:
+    return {"claim_id": claim_id, "decision": "rejected", "state": "refused", "reason": reason}
+
+
+def _refused(verdict: Any) -> dict[str, Any]:
+    """A request's refusal (``claims.Verdict``) as its answer says it: the outcome's fields."""
+    return {
+        "action": "refuse_active",
+        "feasibility": "infeasible_preserve_resident_and_active",
+        "blocking_claim_ids": list(verdict.blocking_claim_ids),
+        "shortfall_blocks": verdict.shortfall_blocks,
+        "retry_after_s": verdict.retry_after_s,
+    }
 
 
 class _Inbox:
@@ -317,42 +349,23 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         """Apply the releases staged for ``request_id`` (it has its blocks, or ended)."""
         return [self._release(op, tenant) for op, tenant in self._staged.pop(request_id, ())]
 
-    @staticmethod
-    def _holds(envelope: Mapping[str, Any]) -> list[Hold | MalformedOp]:
-        """The envelope's hold operations, each parsed (or why it cannot be)."""
-        out: list[Hold | MalformedOp] = []
-        for raw in envelope.get("ops") or ():
-            if _is_hold(raw):
-                try:
-                    op = parse(raw)
-                except MalformedOp as exc:
-                    out.append(exc)
-                    continue
-                assert isinstance(op, Hold)
-                out.append(op)
-        return out
-
-    @staticmethod
-    def _hold_refused(claim_id: Any, reason: str) -> dict[str, Any]:
-        return {"claim_id": claim_id, "decision": "rejected", "state": "refused", "reason": reason}
-
-    def _answer(self, results: list[dict[str, Any]], since: int) -> dict[str, Any]:
+    def _answer(self, results: list[dict[str, Any]], since: int) -> Reply:
         """An answer: the operations' results, the events after ``since`` and the limits."""
         book = self.book
-        return {
-            "results": results,
-            "events": book.events_since(since, limit=256),
-            "last_seq": book.seq,
-            "held_blocks": book.claimed_blocks,  # live claims' (not demoted heads)
-            "cap_blocks": book.hard_cap_blocks,  # what hard holds may take
-            "soft_cap_blocks": book.cap_blocks,  # what all holds may (soft ones shed for work)
-            "max_ttl_s": book.max_ttl_s,
-            "max_defer_s": book.max_defer_s,
-            "instance": self.instance,
-            **({"channel": self.channel.path} if self.channel is not None else {}),
+        return Reply(
+            results=tuple(results),
+            events=tuple(book.events_since(since, limit=256)),
+            last_seq=book.seq,
+            held_blocks=book.claimed_blocks,
+            cap_blocks=book.hard_cap_blocks,
+            soft_cap_blocks=book.cap_blocks,
+            max_ttl_s=book.max_ttl_s,
+            max_defer_s=book.max_defer_s,
+            instance=self.instance,
+            channel=None if self.channel is None else self.channel.path,
             # the pool's churn from its KV events, where vLLM records them (set with the pool)
-            **({"pool": self._churn.figures(book.pool.num_free())} if self._churn else {}),
-        }
+            pool=None if self._churn is None else self._churn.figures(book.pool.num_free()),
+        )
 
     def count_evictions(self) -> None:
         """Count the evictions among the KV events vLLM recorded since it last took them
@@ -418,7 +431,7 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             for op in self._holds(envelope)
         ]
         results = self._apply(envelope) + results
-        return {"ok": True, **self._answer(results, int(envelope.get("since") or 0))}
+        return {"ok": True, **self._answer(results, int(envelope.get("since") or 0)).to_wire()}
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -532,9 +545,9 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         if envelope is not None and refusal is None:  # a refused request computed no blocks
             tenant = str(envelope.get("tenant") or "default")
             run = self._leading_cached(block_ids)
-            for op in self._holds(envelope):
+            for op in _holds(envelope):
                 if isinstance(op, MalformedOp):
-                    results.append(self._hold_refused(op.claim_id, op.reason))
+                    results.append(_hold_refused(op.claim_id, op.reason))
                     continue
                 wanted = op.blocks
                 results.append(
@@ -550,17 +563,13 @@ class AgentClaimsConnector(KVConnectorBase_V1):
                     )
                 )
         since = int((envelope or {}).get("since") or 0)
-        answer = self._answer(results, since)
-        if held_back is not None and refusal is None:
-            answer["deferred_s"] = round(held_back, 6)  # served after held claims' deferral
+        reply = self._answer(results, since)
+        if held_back is not None and refusal is None:  # served after held claims' deferral
+            reply = dataclasses.replace(reply, deferred_s=round(held_back, 6))
         if refusal is not None:
-            answer["refused"] = {
-                "action": "refuse_active",
-                "feasibility": "infeasible_preserve_resident_and_active",
-                "blocking_claim_ids": list(refusal.blocking_claim_ids),
-                "shortfall_blocks": refusal.shortfall_blocks,
-                "retry_after_s": refusal.retry_after_s,
-            }
+            reply = dataclasses.replace(reply, refused=_refused(refusal))
+        answer = reply.to_wire()
+        if refusal is not None:
             self._refused_params[rid] = {EXTENSION_KEY: answer}
         nonce = (envelope or {}).get("nonce")
         if isinstance(nonce, str):  # a streamed request's answer is read over the channel

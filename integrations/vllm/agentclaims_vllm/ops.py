@@ -27,6 +27,7 @@ __all__ = [
     "Op",
     "Release",
     "Renew",
+    "Reply",
     "RevokeAll",
     "parse",
     "to_wire",
@@ -151,3 +152,74 @@ def parse(raw: object) -> Op:
     if not isinstance(evict_first, bool):
         raise MalformedOp(kind, f"evict_first must be true or false, got {evict_first!r}", claim_id)
     return Release(claim_id, tenant, evict_first)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The connector's answer to an envelope, typed once for both sides: it writes it
+    (``to_wire``, into the response's ``kv_transfer_params``), the gateway reads it
+    (``from_wire``; a field of the wrong type is absent, never a crash)."""
+
+    results: tuple[dict[str, Any], ...] = ()
+    """Each operation's result and each hold's decision, in order."""
+    events: tuple[dict[str, Any], ...] = ()
+    """The claim events after the envelope's ``since`` (at most a page)."""
+    last_seq: int = 0
+    held_blocks: int = 0
+    """Distinct blocks live claims hold (not demoted claims' heads)."""
+    cap_blocks: int | None = None
+    """What hard holds may take (one max-length request must always fit)."""
+    soft_cap_blocks: int | None = None
+    """What all holds may take (soft ones are shed for work)."""
+    max_ttl_s: float | None = None
+    max_defer_s: float | None = None
+    instance: str | None = None
+    channel: str | None = None
+    """The connector's local channel (``channel.py``), where it opened one."""
+    pool: dict[str, Any] | None = None
+    """The pool's churn from vLLM's KV events (``churn.PoolChurn.figures``)."""
+    deferred_s: float | None = None
+    """Seconds held claims kept the request waiting before it ran."""
+    refused: dict[str, Any] | None = None
+    """The refusal of a request held claims kept from running (its outcome's fields)."""
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON object (fields left ``None`` are left out)."""
+        out: dict[str, Any] = {}
+        for name in self.__slots__:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_wire(cls, raw: object) -> Reply:
+        """The reply ``raw`` is; a field of the wrong type reads as absent."""
+        if not isinstance(raw, dict):
+            return cls()
+
+        def of(name: str, *types: type) -> Any:
+            value = raw.get(name)
+            ok = isinstance(value, types) and not isinstance(value, bool)
+            return value if ok else None
+
+        def objects(name: str) -> tuple[dict[str, Any], ...]:
+            value = raw.get(name)
+            items = value if isinstance(value, list) else ()
+            return tuple(item for item in items if isinstance(item, dict))
+
+        return cls(
+            results=objects("results"),
+            events=objects("events"),
+            last_seq=of("last_seq", int) or 0,
+            held_blocks=of("held_blocks", int) or 0,
+            cap_blocks=of("cap_blocks", int),
+            soft_cap_blocks=of("soft_cap_blocks", int),
+            max_ttl_s=of("max_ttl_s", int, float),
+            max_defer_s=of("max_defer_s", int, float),
+            instance=of("instance", str),
+            channel=of("channel", str),
+            pool=of("pool", dict),
+            deferred_s=of("deferred_s", int, float),
+            refused=of("refused", dict),
+        )
