@@ -427,8 +427,8 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             return {"ok": False, "reason": reason, "instance": self.instance}
         self.book.expire_due()  # an idle engine runs no step to end them
         results = [
-            self._hold_refused(op.claim_id, "a hold rides on the request whose blocks it holds")
-            for op in self._holds(envelope)
+            _hold_refused(op.claim_id, "a hold rides on the request whose blocks it holds")
+            for op in _holds(envelope)
         ]
         results = self._apply(envelope) + results
         return {"ok": True, **self._answer(results, int(envelope.get("since") or 0)).to_wire()}
