@@ -145,6 +145,70 @@ class _Inbox:
         self.tries = 0
 
 
+class EnvelopeInbox:
+    """Envelopes from the channel (its thread) on their way to the engine's thread: each is
+    applied between two engine steps. It waits in the inbox: the engine's thread applies it
+    at the top of its next step (``drain``, under the lock it holds through the step), or,
+    when the lock is free (the engine idles, or is between steps), the channel's thread
+    applies it at once. A lock the engine retakes step after step is never simply waited
+    on: that starves."""
+
+    def __init__(self, lock: Any, apply: Callable[[Mapping[str, Any]], dict[str, Any]]) -> None:
+        self._lock = lock
+        self._apply = apply
+        self._waiting: deque[_Inbox] = deque()
+
+    def handle(self, envelope: Mapping[str, Any]) -> dict[str, Any]:
+        """``envelope`` applied (by whichever thread gets to it first); its answer."""
+        item = _Inbox(envelope)
+        self._waiting.append(item)
+        while not item.done.wait(0 if item.tries == 0 else _INBOX_POLL_S):
+            item.tries += 1
+            if self._lock.acquire(blocking=False):
+                try:
+                    self.drain()
+                finally:
+                    self._lock.release()
+        return item.answer
+
+    def drain(self) -> None:
+        """Apply every envelope waiting (the caller holds the lock)."""
+        while self._waiting:
+            item = self._waiting.popleft()
+            try:
+                item.answer = self._apply(item.envelope)
+            except Exception as exc:  # the engine goes on; the caller hears why
+                item.answer = {"ok": False, "reason": f"{type(exc).__name__}: {exc}"[:500]}
+            item.done.set()
+
+
+def _leading_cached(pool: BlockPool, block_ids: list[int]) -> list[Any]:
+    """The request's blocks from the head while each is a cached full block."""
+    out = []
+    for block_id in block_ids:
+        block = pool.blocks[block_id]
+        if block.block_hash is None or block.is_null:
+            break
+        out.append(block)
+    return out
+
+
+def _reuses(book: ClaimBook, request: Request, claim_id: str) -> bool:
+    """Whether ``request`` starts with the first block claim ``claim_id`` holds."""
+    hold = book.holds.get(claim_id)
+    if hold is None or not hold.blocks or not request.block_hashes:
+        return False
+    first = hold.blocks[0].block_hash
+    return first is not None and get_block_hash(first) == request.block_hashes[0]
+
+
+def _evicted(pool: BlockPool) -> int:
+    """The cached blocks vLLM evicted since it last took its KV events (``BlockRemoved``)."""
+    return sum(
+        len(event.block_hashes) for event in pool.kv_event_queue if isinstance(event, BlockRemoved)
+    )
+
+
 class _NoMetadata(KVConnectorMetadata):
     """Nothing goes to the workers: this connector moves no KV."""
 
@@ -210,11 +274,11 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         """Requests the admission hook found held back (blocks needed), for the next step."""
         self._answers: OrderedDict[str, dict[str, Any]] = OrderedDict()
         """envelope nonce -> its request's answer, for the channel's ``answer`` operation."""
-        self._inbox: deque[_Inbox] = deque()
-        """Envelopes from the channel waiting for the next step (or a free lock)."""
         self.lock = threading.RLock()
         """Held by ``ClaimsScheduler`` through each scheduler step, and by the channel while it
         applies an operation: the book and vLLM's block pool change on one thread at a time."""
+        self._inbox = EnvelopeInbox(self.lock, self._apply_envelope)
+        """Envelopes from the channel waiting for the next step (or a free lock)."""
         self.instance = uuid.uuid4().hex[:16]
         """This connector's name in its answers (the gateway checks the channel's is the same)."""
         self._channel_path = str(
@@ -318,7 +382,7 @@ class AgentClaimsConnector(KVConnectorBase_V1):
                 results.append({"op": exc.kind, "ok": False, "reason": exc.reason})
                 continue
             if isinstance(op, Release):
-                if request is not None and self._reuses(request, op.claim_id):
+                if request is not None and _reuses(self.book, request, op.claim_id):
                     self._staged.setdefault(request.request_id, []).append((op, default))
                 else:
                     results.append(self._release(op, default))
@@ -331,14 +395,6 @@ class AgentClaimsConnector(KVConnectorBase_V1):
                 kept = self._answers.pop(op.nonce, None)
                 results.append({"op": op.op, "ok": kept is not None, "answer": kept})
         return results
-
-    def _reuses(self, request: Request, claim_id: str) -> bool:
-        """Whether ``request`` starts with the first block claim ``claim_id`` holds."""
-        hold = self.book.holds.get(claim_id)
-        if hold is None or not hold.blocks or not request.block_hashes:
-            return False
-        first = hold.blocks[0].block_hash
-        return first is not None and get_block_hash(first) == request.block_hashes[0]
 
     def _release(self, op: Release, default_tenant: str) -> dict[str, Any]:
         return self.book.release(
@@ -370,14 +426,8 @@ class AgentClaimsConnector(KVConnectorBase_V1):
     def count_evictions(self) -> None:
         """Count the evictions among the KV events vLLM recorded since it last took them
         (``ClaimsScheduler`` calls this in each step, before vLLM takes and publishes them)."""
-        churn, pool = self._churn, self._pool
-        if churn is None or pool is None:
-            return
-        evicted = 0
-        for event in pool.kv_event_queue:
-            if isinstance(event, BlockRemoved):
-                evicted += len(event.block_hashes)
-        churn.evicted(evicted)
+        if self._churn is not None and self._pool is not None:
+            self._churn.evicted(_evicted(self._pool))
 
     # ------------------------------------------------------------------ the channel
     def open_channel(self) -> None:
@@ -396,30 +446,12 @@ class AgentClaimsConnector(KVConnectorBase_V1):
 
     def handle_envelope(self, envelope: Mapping[str, Any]) -> dict[str, Any]:
         """One signed envelope from the channel (its thread), applied between two engine
-        steps. It waits in the inbox: the engine's thread applies it at the top of its next
-        step (``drain``, under the lock it holds through the step), or, when the lock is
-        free (the engine idles, or is between steps), this thread applies it at once. A lock
-        the engine retakes step after step is never simply waited on: that starves."""
-        item = _Inbox(envelope)
-        self._inbox.append(item)
-        while not item.done.wait(0 if item.tries == 0 else _INBOX_POLL_S):
-            item.tries += 1
-            if self.lock.acquire(blocking=False):
-                try:
-                    self.drain()
-                finally:
-                    self.lock.release()
-        return item.answer
+        steps (``EnvelopeInbox``)."""
+        return self._inbox.handle(envelope)
 
     def drain(self) -> None:
         """Apply every envelope waiting in the channel's inbox (the caller holds ``lock``)."""
-        while self._inbox:
-            item = self._inbox.popleft()
-            try:
-                item.answer = self._apply_envelope(item.envelope)
-            except Exception as exc:  # the engine goes on; the caller hears why
-                item.answer = {"ok": False, "reason": f"{type(exc).__name__}: {exc}"[:500]}
-            item.done.set()
+        self._inbox.drain()
 
     def _apply_envelope(self, envelope: Mapping[str, Any]) -> dict[str, Any]:
         reason = self._rejected(envelope, None)
@@ -544,7 +576,8 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         results = [*(results or ()), *self._release_staged(rid)]  # (ended before its blocks)
         if envelope is not None and refusal is None:  # a refused request computed no blocks
             tenant = str(envelope.get("tenant") or "default")
-            run = self._leading_cached(block_ids)
+            assert self._pool is not None
+            run = _leading_cached(self._pool, block_ids)
             for op in _holds(envelope):
                 if isinstance(op, MalformedOp):
                     results.append(_hold_refused(op.claim_id, op.reason))
@@ -577,17 +610,6 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             while len(self._answers) > _KEPT_ANSWERS:
                 self._answers.popitem(last=False)
         return False, {EXTENSION_KEY: answer}
-
-    def _leading_cached(self, block_ids: list[int]) -> list[Any]:
-        """The request's blocks from the head while each is a cached full block."""
-        assert self._pool is not None
-        out = []
-        for block_id in block_ids:
-            block = self._pool.blocks[block_id]
-            if block.block_hash is None or block.is_null:
-                break
-            out.append(block)
-        return out
 
     # ------------------------------------------------------------------ worker side: inert
     # The connector moves no KV: the worker-side hooks below are no-ops (pure, no state).
