@@ -315,7 +315,8 @@ def main() -> None:
                     run_cell(cell, urls, pids, models[cell.model], args.repeats, out)
                 )
                 line = report(cell, blocks, result)
-            except Exception as exc:  # one cell's failure is reported, the matrix goes on
+            except (Exception, SystemExit) as exc:  # one cell's failure (a server that did
+                # not start: SystemExit) is reported, and the matrix goes on
                 line = f"{cell.label()} | failed: {type(exc).__name__}: {str(exc)[:200]}"
             finally:
                 for proc in reversed(procs):
