@@ -24,10 +24,11 @@ from agentclaims.planner import PlannerPolicy
 KEY = "test-claims-key"
 MAX_DEFER_S = 10.0
 
-ALWAYS_HELD = PlannerPolicy.named("held").with_(pool_keeps_factor=math.inf)
-"""What ``auto`` plans on vLLM with the connector, but holding whatever the pool's churn:
-these tests share servers whose recent evictions depend on the tests before them, and what
-they test is the claims' path (the pool's figures have tests of their own)."""
+ALWAYS_HELD = PlannerPolicy.named("held").with_(pool_keeps_factor=math.inf, decide_by_time=False)
+"""What ``auto`` plans on vLLM with the connector, but holding whatever the pool's churn and
+whatever the time each hold saves: these tests share servers whose recent evictions depend on
+the tests before them, and what they test is the claims' path (the pool's figures and the
+time rule have tests of their own)."""
 
 
 @dataclass(frozen=True)
