@@ -19,10 +19,11 @@ three decisions follow from them, the same for every session of the process:
   one too, and the pool has that many free blocks: a pin in a pool the agents over-subscribe
   makes their own calls wait for it.
 * **Admission.** An AIMD window on the sessions running model calls (Concur's agent-level
-  admission), engaged only while the pool thrashes and the engine is the bottleneck: a
-  period of calls whose hit ratio fell below its running average while blocks survive in the
-  pool for less than the agents' wait, with at least ``SATURATED_IN_FLIGHT`` calls in flight
-  on average.
+  admission), engaged only while the pool thrashes because the agents' own contexts
+  over-subscribe it and the engine is the bottleneck: a period of calls whose hit ratio fell
+  below its running average while blocks survive in the pool for less than the agents' wait,
+  the agents' working set over the usable blocks, and at least ``SATURATED_IN_FLIGHT`` calls
+  in flight on average.
   Until then it admits everyone (``max_window``); engaged, a session that reaches a model call
   while more run than the window allows gives its slot back and waits in line.
 
@@ -323,6 +324,11 @@ class PoolShare:
         survival, waits = self.survival_s, self._waits
         if survival is None or not waits:
             return False  # turnover unknown: no evidence the agents outlive their blocks
+        usable = self.usable_blocks
+        if usable is None or self.working_set_blocks <= usable:
+            # the agents' contexts fit the pool: what turns it over is someone else's load,
+            # and holding agents back would only make them later
+            return False
         return survival < statistics.median(waits)
 
     def figures(self) -> dict[str, Any]:

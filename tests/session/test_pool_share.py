@@ -120,6 +120,7 @@ async def test_admission_opens_for_everyone_until_the_pool_thrashes():
     s = share(period_calls=4)
     for sid in ("s1", "s2", "s3", "s4"):
         assert await s.admit_call(sid) == 0.0
+        s.note_footprint((sid, "agent"), 40)  # 160 blocks of contexts on a 100-block pool
     assert s.window.window == OPEN_WINDOW
     s.note_pool({"evicted_per_s": 50.0, "survival_s": 0.5})
     for _ in range(3):
@@ -150,6 +151,20 @@ def test_thrashing_while_the_agents_mostly_wait_engages_nothing():
     for cached in (80, 80, 80, 80, 10, 10, 10, 10):
         clock.now += 2.0  # type: ignore[attr-defined]
         s.observe_call(prompt_tokens=100, cached_tokens=cached, latency_s=0.1)
+    assert s.window.window == OPEN_WINDOW
+    assert s.thrash_periods == 0
+
+
+def test_thrashing_by_someone_elses_load_engages_nothing():
+    """The agents' contexts fit the pool: hits collapse and blocks outlive no wait because
+    another tenant turns the pool over, and fewer agents at once would not change that."""
+    s = share(period_calls=4)
+    for sid in ("s1", "s2"):
+        s.note_footprint((sid, "agent"), 20)  # 40 of 100 blocks
+    s.note_pool({"evicted_per_s": 50.0, "survival_s": 0.5})
+    s.note_wait(2.0)
+    for cached in (80, 80, 80, 80, 10, 10, 10, 10):
+        s.observe_call(prompt_tokens=100, cached_tokens=cached, latency_s=1.0)
     assert s.window.window == OPEN_WINDOW
     assert s.thrash_periods == 0
 
