@@ -174,6 +174,17 @@ class AdmissionWindow:
         self._active.discard(key)
         return self._admit()
 
+    def resize(self, window: int) -> list[str]:
+        """Set the window (counted as an increase or a decrease; never below ``min_window``,
+        never above ``max_window``) and admit whom it now lets in; returns their keys."""
+        window = max(self.min_window, min(self.max_window, window))
+        if window > self.window:
+            self.stats.increases += 1
+        elif window < self.window:
+            self.stats.decreases += 1
+        self.window = window
+        return self._admit()
+
     def _admit(self) -> list[str]:
         admitted: list[str] = []
         while self._queue and len(self._active) < self.window:

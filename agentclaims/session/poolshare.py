@@ -40,7 +40,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from agentclaims.backends.admission import AdmissionWindow
 from agentclaims.errors import UsageError
@@ -307,14 +307,12 @@ class PoolShare:
         if thrashed:
             self.thrash_periods += 1
             running = max(1, min(window.window, window.active))
-            window.window = max(window.min_window, math.floor(running * window.decrease))
-            window.stats.decreases += 1
+            window.resize(math.floor(running * window.decrease))
         elif window.window < OPEN_WINDOW and (window.waiting or window.active >= window.window):
-            window.window += window.increase
-            window.stats.increases += 1
-            if not window.waiting and window.window >= window.active + 4:
-                window.window = OPEN_WINDOW  # nobody waits and room to spare: open again
-        window.release("")  # admits whom a grown window lets in (an unknown key: no-op)
+            grown = window.window + window.increase
+            if not window.waiting and grown >= window.active + 4:
+                grown = OPEN_WINDOW  # nobody waits and room to spare: open again
+            window.resize(grown)
 
     def _thrashed(self, hit: float) -> bool:
         average = self._hit_average
@@ -330,17 +328,3 @@ class PoolShare:
             # and holding agents back would only make them later
             return False
         return survival < statistics.median(waits)
-
-    def figures(self) -> dict[str, Any]:
-        """What the share knows and did (for benchmarks and reports)."""
-        return {
-            "usable_blocks": self.usable_blocks,
-            "held_blocks": self.held_blocks,
-            "working_set_blocks": self.working_set_blocks,
-            "budget_blocks": self.budget_blocks,
-            "reload_s_per_block": round(self.costs.reload_s_per_block, 6),
-            "costs_learned": self.costs.learned,
-            "window": self.window.window,
-            "thrash_periods": self.thrash_periods,
-            "admission_waits": self.window.stats.deferred,
-        }
