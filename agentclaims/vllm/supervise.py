@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -252,7 +253,7 @@ class Supervisor:
             self._ready.set()
         while proc.poll() is None and not self._stop.is_set():
             if self.cause.known:  # the engine died; vLLM's API server closes within seconds
-                settle = time.monotonic() + 1.0  # the watch's line (the signal) comes apace
+                settle = time.monotonic() + 3.0  # the watch's line (the signal) comes apace
                 while self.cause.signal is None and time.monotonic() < settle:
                     self._stop.wait(0.05)
                 self._write_state(
@@ -296,32 +297,50 @@ class Supervisor:
         """The supervisor is a child subreaper: a vLLM process whose parent died before
         reaping it (a worker killed as its engine core is torn down) becomes its child. Reap
         such orphans (never vLLM itself, which ``Popen`` waits for), keeping the signal one
-        died by: the watch plugin's line can lose that race."""
+        died by: the watch plugin's line can lose that race.
+
+        Each of vLLM's processes is also watched through a pidfd, readable the instant the
+        process ends: its signal is read from ``/proc`` while it is a zombie, before its
+        parent's reaping (which the watch plugin's ``waitid`` can lose to) takes it away."""
         me = os.getpid()
-        for tick in itertools.count():
-            if not self._watched and self._ready.is_set():
-                self._watched = descendants(proc.pid)
-            for pid, name in self._watched.items():  # ended, not reaped yet by its parent
-                signame = _signal_of_zombie(pid)
-                if signame is not None and not self._stopping.is_set():
-                    self.cause.orphan(name, pid, signame)
-            orphans = _zombie_children(me) if tick % 10 == 0 else {}  # all of /proc: seldom
-            for pid, name in orphans.items():
-                if pid == proc.pid:
-                    continue
-                try:
-                    info = os.waitid(os.P_PID, pid, os.WEXITED)
-                except ChildProcessError:
-                    continue
-                if (
-                    info is not None
-                    and info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
-                    and not self._stopping.is_set()  # a signal of our own stop tells nothing
-                ):
-                    with contextlib.suppress(ValueError):
-                        self.cause.orphan(name, pid, signal.Signals(info.si_status).name)
-            if self._ended.wait(0.05):
-                return
+        poller, fds = select.poll(), {}  # pidfd -> (pid, name)
+        try:
+            for tick in itertools.count():
+                if not self._watched and self._ready.is_set():
+                    self._watched = descendants(proc.pid)
+                    fds = _pidfds(self._watched)
+                    for fd in fds:
+                        poller.register(fd, select.POLLIN)
+                for fd, _ in poller.poll(50):  # a watched process ended (or: 50 ms passed)
+                    poller.unregister(fd)
+                    pid, name = fds[fd]
+                    if (signame := _signal_of_zombie(pid)) is not None:
+                        self._orphan(name, pid, signame)
+                for pid, name in self._watched.items():  # ended, not reaped yet by its parent
+                    if (signame := _signal_of_zombie(pid)) is not None:
+                        self._orphan(name, pid, signame)
+                orphans = _zombie_children(me) if tick % 10 == 0 else {}  # all of /proc: seldom
+                for pid, name in orphans.items():
+                    if pid == proc.pid:
+                        continue
+                    try:
+                        info = os.waitid(os.P_PID, pid, os.WEXITED)
+                    except ChildProcessError:
+                        continue
+                    if info is not None and info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+                        with contextlib.suppress(ValueError):
+                            self._orphan(name, pid, signal.Signals(info.si_status).name)
+                if self._ended.is_set():
+                    return
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _orphan(self, name: str, pid: int, signame: str) -> None:
+        """A vLLM process ended by ``signame``: a cause, unless the supervisor's own stop
+        brought it (a signal of that stop tells nothing)."""
+        if not self._stopping.is_set():
+            self.cause.orphan(name, pid, signame)
 
     def _await_ready(self, proc: subprocess.Popen[str]) -> float | None:
         """``/health``, then one completion; its time, or ``None`` if vLLM died (or was
@@ -436,6 +455,16 @@ def _processes() -> Iterator[tuple[int, str, list[str]]]:
         stat = _stat(entry.name)
         if stat is not None and len(stat[1]) > 1:
             yield int(entry.name), *stat
+
+
+def _pidfds(processes: dict[int, str]) -> dict[int, tuple[int, str]]:
+    """A pidfd for each process still there (Linux 5.3+; none where the kernel lacks it):
+    fd -> (pid, name)."""
+    fds = {}
+    for pid, name in processes.items():
+        with contextlib.suppress(OSError, AttributeError):
+            fds[os.pidfd_open(pid)] = (pid, name)
+    return fds
 
 
 def _signal_of_zombie(pid: int) -> str | None:

@@ -220,3 +220,36 @@ def test_what_the_supervisors_own_stop_ends_names_no_death() -> None:
     assert (cause.signal, cause.process) == (None, None)
     cause.read("Fatal Python error: Segmentation fault")
     assert cause.signal == "SIGSEGV"  # Python's own words still count
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGILL], ids=["SIGKILL", "SIGILL"])
+def test_a_pidfd_wakes_as_a_process_ends_and_its_signal_is_read_before_it_is_reaped(
+    sig: signal.Signals,
+) -> None:
+    """The supervisor's own witness, for when the watch plugin's line is lost (its
+    ``waitid`` woken after vLLM reaped the worker, or its process killed first): a pidfd on
+    each of vLLM's processes turns readable the instant one ends, and the zombie's signal is
+    read from ``/proc`` then, while its parent has not reaped it yet."""
+    import select
+
+    from agentclaims.vllm.supervise import _pidfds, _signal_of_zombie
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    fds = _pidfds({child.pid: "VLLM::Worker"})
+    try:
+        if not fds:
+            pytest.skip("this kernel has no pidfd_open")
+        [fd] = fds
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        assert poller.poll(0) == []  # alive: nothing to read
+        assert _signal_of_zombie(child.pid) is None
+        os.kill(child.pid, sig)
+        assert poller.poll(10_000), "the pidfd never turned readable"
+        assert _signal_of_zombie(child.pid) == sig.name  # not reaped: Popen has not waited
+    finally:
+        for fd in fds:
+            os.close(fd)
+        child.kill()
+        child.wait()
+    assert _signal_of_zombie(child.pid) is None  # reaped: nothing left to read

@@ -68,6 +68,7 @@ def _await_exit(pid: int, name: str) -> None:
     kernel wakes this call as the child exits, before vLLM's own monitor has looked."""
     from vllm.logger import init_logger
 
+    log = init_logger("vllm.plugins.agentclaims_watch")  # before the wait: the wake only logs
     try:
         status = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
     except ChildProcessError:  # reaped by vLLM before this thread began to wait
@@ -75,7 +76,6 @@ def _await_exit(pid: int, name: str) -> None:
     if status is None:
         return
     clean = status.si_code == os.CLD_EXITED and not status.si_status
-    log = init_logger("vllm.plugins.agentclaims_watch")
     (log.info if clean else log.error)(
         "agentclaims: vLLM process %s (pid %d) ended by %s", name, pid, describe(status)
     )
