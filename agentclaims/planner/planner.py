@@ -13,7 +13,7 @@ The default mapping, in order (every threshold lives in ``PlannerPolicy``)::
     the pool keeps it unheld (its KV events: a block freed now
         survives >= pool_keeps_factor x the learned wait)    -> no claim
     waiting on the human                                     -> no claim (plain LRU)
-    tau* == 0 (Continuum: pinning costs more than reloading) -> best_effort
+    tau* == 0 (Continuum: pinning costs more than reloading) -> best_effort (unweighed plans)
     pressure > pin_max_pressure (requests being deferred)    -> demotable if p >= expiring_min_p,
                                                                 else best_effort
     p >= hard_min_p and STE <= hard_max_ste
@@ -484,7 +484,10 @@ class ClaimPlanner:
             # would only push out prefixes whose reuse is predictable
             return ClaimPlan(None, reason="waiting on the human")
         wait = ctx.expected_wait_s
-        if ctx.ttl_s == 0.0:
+        if ctx.ttl_s == 0.0 and not (pol.decide_by_time and ctx.reload_s is not None):
+            # Continuum's own weighing, only where the plan is not weighed by time (below):
+            # its tau* prices a pin's seconds as lost, where the time weighing prices what the
+            # pin displaces
             return ClaimPlan(pol.soft_mode, reason="pinning costs more than reloading")
         if not pol.allow_pins or ctx.pressure > pol.pin_max_pressure:
             if p >= pol.expiring_min_p:

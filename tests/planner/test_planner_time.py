@@ -72,6 +72,23 @@ def test_without_a_recompute_cost_the_mapping_alone_decides():
     assert "saving_s" not in plan.to_dict()
 
 
+def test_continuums_zero_ttl_gives_way_to_the_time_weighing():
+    """Continuum's tau* = 0 (a pin's seconds priced as lost) demotes a claim to a hint only
+    where the plan is not weighed by time: where it is, the weighing of what the hold saves
+    against what it displaces decides, and its TTL is the wait's."""
+    wait = {"waiting_on": "llm", "ste": 2.0, "expected_wait_s": 2.0, "ttl_s": 0.0}
+    weighed = default.plan(tool_wait(pool_survival_s=1.0, evicted_per_s=100.0, **wait))
+    assert weighed.mode is M.EXPIRING
+    assert weighed.ttl_s == 2.0 * PlannerPolicy().ttl_margin
+    assert weighed.saving_s is not None and weighed.cost_s is not None
+    assert weighed.saving_s > weighed.cost_s
+    unweighed = default.plan(tool_wait(reload_s=None, **wait))
+    assert unweighed.mode is M.BEST_EFFORT
+    assert unweighed.reason == "pinning costs more than reloading"
+    off = ClaimPlanner(PlannerPolicy().with_(decide_by_time=False))
+    assert off.plan(tool_wait(**wait)).mode is M.BEST_EFFORT
+
+
 def test_decide_by_time_off_keeps_the_mapping():
     planner = ClaimPlanner(PlannerPolicy().with_(decide_by_time=False))
     plan = planner.plan(tool_wait(pool_survival_s=3.0, evicted_per_s=50.0, expected_wait_s=1.0))
