@@ -75,6 +75,16 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(directory)
 
 
+TOOL_ARGS = (
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
+    "--logits-processors",
+    "agentclaims_vllm.script:FollowScript",
+)
+"""vLLM's arguments that make the tiny model call tools (docs/vllm.md, "Tool-using agents")."""
+
+
 @contextlib.contextmanager
 def serve_vllm(
     tiny_model: str,
@@ -107,8 +117,9 @@ def serve_vllm(
             [
                 *_cli("vllm", "serve", "--model", tiny_model, "--port", str(port)),
                 *("--python", python, "--kv-events", events, "--dev-mode", *claims),
-                # tool-using agents (create_agent sends tool_choice "auto"): vLLM's text parser
-                *("--", "--enable-auto-tool-choice", "--tool-call-parser", "pythonic", *extra),
+                # tool-using agents (create_agent sends tool_choice "auto"): the tiny model
+                # writes the tool calls its chat template scripts, vLLM's hermes parser reads
+                *("--", *TOOL_ARGS, *extra),
             ],
             stdout=sink,
             stderr=subprocess.STDOUT,

@@ -253,3 +253,21 @@ def test_a_pidfd_wakes_as_a_process_ends_and_its_signal_is_read_before_it_is_rea
         child.kill()
         child.wait()
     assert _signal_of_zombie(child.pid) is None  # reaped: nothing left to read
+
+
+@given(
+    before=st.lists(st.integers(10, 99), max_size=20),
+    script=st.lists(st.integers(10, 99), max_size=20),
+    after=st.lists(st.integers(10, 99), max_size=5),
+)
+def test_the_script_is_what_lies_between_the_prompts_last_marks(
+    before: list[int], script: list[int], after: list[int]
+) -> None:
+    """``script_of``: the tokens between the last open mark and the close after it (an older
+    script earlier in the conversation is not followed again); no whole script, none."""
+    from agentclaims_vllm.tiny_model import script_of
+
+    old = [1, 50, 51, 2]
+    assert script_of([*old, *before, 1, *script, 2, *after], 1, 2) == script
+    assert script_of([*before, *after], 1, 2) is None
+    assert script_of([*before, 1, *script], 1, 2) is None  # never closed

@@ -4,6 +4,7 @@ kv_transfer_params stripped, refusals as claim-scoped outcomes."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -1266,3 +1267,123 @@ def test_openai_responses_api_through_the_gateway_on_vllm(gateway: str) -> None:
         assert "".join(deltas) == final.output_text
         assert final.usage is not None
         assert final.usage.input_tokens_details.cached_tokens > 0
+
+
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search the notes.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+            "required": ["query", "limit"],
+        },
+    },
+}
+
+
+def test_the_tiny_model_calls_tools_through_vllms_own_parser(gateway: str) -> None:
+    """The tiny model follows its chat template's script (``agentclaims_vllm.script``): offered
+    tools after a user's turn, vLLM's hermes parser returns a real OpenAI tool call (each
+    required argument filled by its type), whole and streamed; after the tool's turn it answers
+    with the result; offered none, it writes its own tokens as before."""
+    import json
+
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
+    model = client.models.list().data[0].id
+    messages: list[dict[str, Any]] = [{"role": "user", "content": words("tools", 20)}]
+    reply = client.chat.completions.create(
+        model=model, messages=messages, tools=[SEARCH_TOOL], max_tokens=64, temperature=0
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls or []
+    assert call.function.name == "search"
+    assert json.loads(call.function.arguments) == {"query": "x", "limit": 1}
+    streamed = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        tools=[SEARCH_TOOL],
+        max_tokens=64,
+        temperature=0,
+        stream=True,
+    )
+    deltas = [d for c in streamed if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert deltas[0].function is not None
+    assert deltas[0].function.name == "search"
+    arguments = "".join(d.function.arguments or "" for d in deltas if d.function is not None)
+    assert json.loads(arguments) == {"query": "x", "limit": 1}
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "forty-two notes"},
+    ]
+    answer = client.chat.completions.create(
+        model=model, messages=messages, tools=[SEARCH_TOOL], max_tokens=64, temperature=0
+    )
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.choices[0].message.content == "result: forty-two notes"
+    plain = client.chat.completions.create(
+        model=model,
+        messages=messages[:1],
+        max_tokens=6,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert plain.choices[0].finish_reason == "length"
+    assert not plain.choices[0].message.tool_calls
+    assert plain.usage is not None
+    assert plain.usage.completion_tokens == 6
+
+
+async def test_a_create_agent_agent_holds_its_claim_across_a_real_tool_call_on_vllm(
+    gateway: str, tmp_path: Any
+) -> None:
+    """LangChain's ``create_agent`` with ``ClaimsMiddleware`` through the gateway on the real
+    vLLM: the model asks for the tool (vLLM's parser, the tiny model's script), the tool runs
+    while the claim planned for the call before it holds the conversation's prefix in vLLM's
+    pool (accepted and materialized by the connector), and the call after the tool finds that
+    prefix in vLLM's cache and answers with the tool's result."""
+    import json
+
+    from langchain.agents import create_agent
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import tool
+
+    import agentclaims
+
+    ran: list[tuple[str, int]] = []
+
+    @tool
+    async def search(query: str, limit: int) -> str:
+        """Search the notes."""
+        ran.append((query, limit))
+        await asyncio.sleep(0.2)  # while it runs, the claim holds the prefix
+        return "notes on " + words("kv", 8)
+
+    backend = agentclaims.HTTPBackend(gateway, timeout_s=120)
+    served = await agentclaims.openai_client(backend).models.list()
+    model = agentclaims.chat_model(backend, model=served.data[0].id, max_tokens=80)  # of 256
+    claims = agentclaims.ClaimsMiddleware(backend, log_dir=tmp_path)
+    agent = create_agent(model, [search], system_prompt=words("system", 16), middleware=[claims])
+    result = await agent.ainvoke({"messages": [HumanMessage(words("ask", 6))]})
+    await backend.aclose()
+    assert ran == [("x", 1)]
+    assert str(result["messages"][-1].content).startswith("result: notes on kv0 kv1")
+    session = claims.last_session
+    assert session is not None
+    assert (session.stats.llm_calls, session.stats.tool_calls) == (2, 1)
+    assert session.stats.cached_tokens > 0  # the call after the tool reused the held prefix
+    lines = [
+        json.loads(x) for x in (tmp_path / f"{session.workflow_id}.jsonl").read_text().splitlines()
+    ]
+    at = next(i for i, d in enumerate(lines) if d["event"] == "tool_call")
+    held = lines[at]["claim_ids"]
+    assert held, lines[at]  # the claims held across the tool, as the session saw them
+    before = [(d["event"], d.get("claim_id")) for d in lines[:at]]
+    for claim in held:
+        assert ("resident_claim_materialized", claim) in before, before
+        assert ("claim_ended", claim) not in before, before
+    assert claims.open_sessions == 0

@@ -14,9 +14,54 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 VOCAB_SIZE = 2048
+"""The ids BPE learns (any id below it is a valid prompt token); the added tokens follow."""
+OPEN = "<|script|>"
+CLOSE = "<|/script|>"
+"""Where the chat template writes what the model is to say (``agentclaims_vllm.script``)."""
+TOOL_TOKENS = ("<tool_call>", "</tool_call>")
+"""Hermes's tool-call marks, tokens of their own as vLLM's ``hermes`` parser expects."""
+
+_CHAT_TEMPLATE = (
+    "".join(
+        line.lstrip()
+        for line in r"""
+    {% for m in messages %}<s>{{ m['role'] }}: {% if m['tool_calls'] %}
+    {% for c in m['tool_calls'] %}<tool_call>{{ c['function']['name'] }}</tool_call>{% endfor %}
+    {% endif %}{{ m['content'] }}{{ '\n' }}{% endfor %}
+    {% if add_generation_prompt %}{% if tools %}OPEN
+    {% if messages[-1]['role'] == 'tool' %}result: {{ messages[-1]['content'] }}{% else %}
+    {% set f = tools[0]['function'] %}
+    {% set p = f['parameters'] or {} %}
+    {% set ns = namespace(args='') %}
+    {% for name in (p['required'] or []) %}
+    {% set kind = ((p['properties'] or {})[name] or {})['type'] %}
+    {% set value = {'integer': '1', 'number': '1', 'boolean': 'true'}[kind] or '"x"' %}
+    {% set ns.args = ns.args ~ (', ' if ns.args else '') ~ (name | tojson) ~ ': ' ~ value %}
+    {% endfor %}
+    <tool_call>{"name": {{ f['name'] | tojson }}, "arguments": {{ '{' ~ ns.args ~ '}' }}}
+    </tool_call>{% endif %}CLOSE{% endif %}<s>assistant: {% endif %}
+    """.splitlines()
+    )
+    .replace("OPEN", OPEN)
+    .replace("CLOSE", CLOSE)
+)
+"""The tool-less prompt renders as it always did; see ``agentclaims_vllm.script``."""
+
+
+def script_of(prompt: Sequence[int], open_id: int, close_id: int) -> list[int] | None:
+    """The token ids between the prompt's last ``OPEN`` and the ``CLOSE`` after it, or
+    ``None`` where the prompt carries no (whole) script."""
+    for start in range(len(prompt) - 1, -1, -1):
+        if prompt[start] == open_id:
+            rest = list(prompt[start + 1 :])
+            return rest[: rest.index(close_id)] if close_id in rest else None
+    return None
+
+
 _CORPUS = (
     "the agent calls a tool and waits for the result then the agent reads the result and "
     "answers the user a claim keeps the prefix of the conversation resident while the tool "
@@ -63,16 +108,16 @@ def build(directory: str | Path, *, seed: int = 0, layers: int = 2, hidden: int 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
-    fast.chat_template = (
-        "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}<s>assistant: {% endif %}"
-    )
     if len(fast) < VOCAB_SIZE:
         raise RuntimeError(f"the tokenizer learned only {len(fast)} of {VOCAB_SIZE} tokens")
+    # after the learned ids, so the ids below VOCAB_SIZE and BPE's merges stay as they were
+    fast.add_tokens(list(TOOL_TOKENS))
+    fast.add_special_tokens({"additional_special_tokens": [OPEN, CLOSE]})
+    fast.chat_template = _CHAT_TEMPLATE
     fast.save_pretrained(out)
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=len(fast),
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
