@@ -1387,3 +1387,38 @@ async def test_a_create_agent_agent_holds_its_claim_across_a_real_tool_call_on_v
         assert ("resident_claim_materialized", claim) in before, before
         assert ("claim_ended", claim) not in before, before
     assert claims.open_sessions == 0
+
+
+def test_chat_anthropic_agent_with_prompt_caching_calls_its_tool_on_vllm(gateway: str) -> None:
+    """An unmodified LangChain agent on the Anthropic wire (``ChatAnthropic``, LangChain's
+    ``AnthropicPromptCachingMiddleware``) through the gateway on the real vLLM: the model's
+    tool call comes back as a ``tool_use`` block, the tool runs, its result goes back as a
+    ``tool_result``, and the call after it reads the cached prompt its breakpoint claimed."""
+    from langchain.agents import create_agent
+    from langchain_anthropic import ChatAnthropic
+    from langchain_anthropic.middleware import AnthropicPromptCachingMiddleware
+    from langchain_core.tools import tool
+
+    ran: list[str] = []
+
+    @tool
+    def lookup(topic: str) -> str:
+        """Look the topic up."""
+        ran.append(topic)
+        return "three notes"
+
+    model = ChatAnthropic(base_url=gateway, api_key="k", model="m", max_tokens=64, max_retries=0)
+    agent = create_agent(
+        model,
+        tools=[lookup],
+        system_prompt=words("review", 16),
+        middleware=[AnthropicPromptCachingMiddleware(ttl="5m", min_messages_to_cache=0)],
+    )
+    result = agent.invoke({"messages": [{"role": "user", "content": words("pr", 6)}]})
+    assert ran == ["x"]
+    call, answer = result["messages"][1], result["messages"][-1]
+    assert [c["name"] for c in call.tool_calls] == ["lookup"]
+    assert answer.content == "result: three notes"
+    report = call.response_metadata["agentclaims"]["cache_control"]
+    assert {r["decision"] for r in report} <= {"accepted", "conditionally_accepted"}, report
+    assert answer.usage_metadata["input_token_details"]["cache_read"] > 0
