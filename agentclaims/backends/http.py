@@ -173,11 +173,31 @@ class HTTPBackend:
     async def release_claim(
         self, claim_id: ClaimId, owner_scope: OwnerScope, *, done: bool = False
     ) -> ClaimView:
+        view, _ = await self.release_claim_with_events(claim_id, owner_scope, done=done)
+        return view
+
+    async def release_claim_with_events(
+        self,
+        claim_id: ClaimId,
+        owner_scope: OwnerScope,
+        *,
+        done: bool = False,
+        events_since: int | None = None,
+        id_prefix: str | None = None,
+    ) -> tuple[ClaimView, dict[str, Any] | None]:
+        """Release a claim; with ``events_since``, its answer also carries the events after
+        that cursor (``id_prefix``'s only), the release's own included: the page as the
+        gateway sent it, or ``None`` (none asked for, or a gateway that carries none)."""
         body: dict[str, Any] = {"owner_scope": owner_scope}
         if done:
             body["done"] = True
+        if events_since is not None:
+            body["events_since"] = events_since
+            if id_prefix is not None:
+                body["id_prefix"] = id_prefix
         data = await self._call("POST", f"/claims/{claim_id}/release", json=body)
-        return self._parse(ClaimView, data)
+        page = data.pop("events", None) if isinstance(data, dict) else None
+        return self._parse(ClaimView, data), page if isinstance(page, dict) else None
 
     async def events(
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None

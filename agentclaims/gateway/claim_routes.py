@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from agentclaims.contract import ClaimId, ClaimSpec, OwnerScope, RequestId
 from agentclaims.errors import OperationNotExposed, UsageError
+from agentclaims.gateway.limits import EVENTS_PER_ANSWER
 from agentclaims.gateway.params import (
     block_hashes_of,
     claim_owners,
@@ -73,15 +74,32 @@ class ClaimRoutes:
         return self._view(view, request)
 
     async def release_claim(self, request: Request) -> Response:
+        """Release a claim. ``events_since`` (and ``id_prefix``, the session's): the answer
+        carries the events after that cursor, the release's own included (``events``, the
+        page ``GET /v1/events`` would give), so a session that ends needs no poll after it."""
         body = await json_object(request) if request.method == "POST" else {}
         done = body.get("done", False)
         if not isinstance(done, bool):
             raise UsageError("done", f"must be true or false, got {done!r}")
+        since, id_prefix = body.get("events_since"), body.get("id_prefix")
+        if since is not None and (
+            isinstance(since, bool) or not isinstance(since, int) or not 0 <= since < 2**62
+        ):
+            raise UsageError("events_since", f"must be an event sequence number, got {since!r}")
+        if id_prefix is not None and not (isinstance(id_prefix, str) and id_prefix):
+            raise UsageError("id_prefix", f"must be a non-empty string, got {id_prefix!r}")
         view = await self.kv.release_claim(
             self._claim_id(request), owner_of(request, body), done=done
         )
         await self.service.sync()
-        return self._view(view, request)
+        tenant = tenant_of(request)
+        shown = self.service.namespace.shown_view(view, tenant).to_dict()
+        if since is not None:
+            page = await self.service.events(
+                since, limit=EVENTS_PER_ANSWER, id_prefix=id_prefix, tenant=tenant
+            )
+            shown["events"] = page.to_dict()
+        return JSONResponse(shown)
 
     async def events(self, request: Request) -> Response:
         since = int_param(request, "since", 0, 0, 2**62)

@@ -24,6 +24,7 @@ from agentclaims.gateway.extension import Extension, Instance
 from agentclaims.gateway.hosted import HEADER as CACHE_HEADER
 from agentclaims.gateway.hosted import PromptCache, PromptCacheClaims, header_value
 from agentclaims.gateway.hosted import outcome as hosted_outcome
+from agentclaims.gateway.limits import EVENTS_PER_ANSWER
 from agentclaims.gateway.params import claim_owners, json_object, optional_str, tenant_of
 from agentclaims.gateway.service import Service
 from agentclaims.gateway.sides import KVSide
@@ -51,10 +52,6 @@ from agentclaims.protocol.writer import (
 )
 
 __all__ = ["CompletionRoutes"]
-
-_EVENTS_PER_ANSWER = 4096
-"""At most this many events are scanned for one answer (its session's are kept; ``more`` says
-when others wait: the session then polls)."""
 
 
 class CompletionRoutes:
@@ -168,7 +165,7 @@ class CompletionRoutes:
         key's next call; returned, for the answer's header)."""
         if ext is not None and ext.events_since is not None:
             page = await self.service.events(
-                ext.events_since, limit=_EVENTS_PER_ANSWER, id_prefix=ext.session_id, tenant=tenant
+                ext.events_since, limit=EVENTS_PER_ANSWER, id_prefix=ext.session_id, tenant=tenant
             )
             extension["events"] = page.to_dict()
         if hosted is None or hosted.cache is None:

@@ -16,7 +16,12 @@ from typing import Any
 from agentclaims import _json
 from agentclaims.errors import UsageError
 
-__all__ = ["BodyTooLarge", "Limits", "parse_body"]
+__all__ = ["EVENTS_PER_ANSWER", "BodyTooLarge", "Limits", "parse_body"]
+
+EVENTS_PER_ANSWER = 4096
+"""At most this many events are scanned for one answer that carries a session's events (a
+completion's, a release's; its session's are kept; ``more`` says when others wait: the session
+then polls)."""
 
 
 class BodyTooLarge(UsageError):

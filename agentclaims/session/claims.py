@@ -19,8 +19,10 @@ import structlog
 
 from agentclaims.contract import (
     ArbiterAction,
+    ClaimEvent,
     ClaimId,
     ClaimSpec,
+    EventName,
     OwnerScope,
     PrefixId,
     ProtectionMode,
@@ -40,7 +42,7 @@ from agentclaims.planner import (
     claim_down_the_ladder,
     relax_mode,
 )
-from agentclaims.protocol import SEQUENCE_OBJECT, ClaimDecision, Renewal
+from agentclaims.protocol import SEQUENCE_OBJECT, ClaimDecision, EventPage, Renewal
 from agentclaims.session.events import ClaimEvents, EventOutcomes
 from agentclaims.session.facts import BackendFacts
 from agentclaims.session.reactions import ReactionPolicy
@@ -469,10 +471,26 @@ class ClaimIO:
     async def release(self, backend: ClaimsProtocol, held: HeldClaim, reason: str) -> None:
         """Release ``held`` (its end reason recorded); a backend gone away is logged."""
         held.end_reason = reason
+        done = reason in _DONE_REASONS
+        extra: dict[str, Any] = {}
         try:
-            view = await backend.release_claim(
-                held.claim_id, self.owner_scope, done=reason in _DONE_REASONS
-            )
+            with_events = getattr(backend, "release_claim_with_events", None)
+            if callable(with_events) and await self.facts.events_ride(backend):
+                # its answer brings the session's events, the release's own: no poll after it
+                view, page = await with_events(
+                    held.claim_id,
+                    self.owner_scope,
+                    done=done,
+                    events_since=self.events.cursor(backend.name),
+                    id_prefix=self.session_id,
+                )
+                carried = self.events.carried(backend.name, page)
+                harm = None if carried is None else _harm_of(carried, held.claim_id)
+                if harm is not None:  # harmed while held, heard only now: its end says so
+                    reason = held.end_reason = "harmed"
+                    extra["cause"] = harm.data.get("cause")
+            else:
+                view = await backend.release_claim(held.claim_id, self.owner_scope, done=done)
             held.state = view.state.value
         except ClaimOutcomeError:
             raise
@@ -480,7 +498,7 @@ class ClaimIO:
             _log.warning("claim_release_failed", claim_id=held.claim_id, error=repr(exc))
             held.state = "unknown"
         self.ended.append(held)
-        self.log_end(held, reason)
+        self.log_end(held, reason, **extra)
 
     def log_end(self, held: HeldClaim, reason: str, **extra: Any) -> None:
         """Log that ``held`` ended (``claim_ended``): why, its last state, how long held."""
@@ -505,3 +523,15 @@ class ClaimIO:
         held.end_reason, held.state = reason, "unknown"
         self.ended.append(held)
         self.log_end(held, reason)
+
+
+def _harm_of(page: EventPage, claim_id: ClaimId) -> ClaimEvent | None:
+    """``page``'s harm event of ``claim_id``, if it has one."""
+    return next(
+        (
+            ev
+            for ev in page.events
+            if ev.claim_id == claim_id and ev.event is EventName.RESIDENT_CLAIM_HARMED
+        ),
+        None,
+    )

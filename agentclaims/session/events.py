@@ -55,29 +55,40 @@ class ClaimEvents:
         self._harmed: set[str] = set()  # claims whose harm was counted
         self._carried: dict[str, list[EventPage]] = {}
         """backend name -> pages its answers carried since the last ``take``."""
+        self._quiet_at: int | None = None
+        """How many claims had ended when a ``take`` last read every event with none held."""
 
     def cursor(self, backend_name: str) -> int:
         """Where the next read of ``backend_name``'s events starts (a call's
         ``events_since``)."""
         return self._cursor.get(backend_name, 0)
 
-    def carried(self, backend_name: str, page: Mapping[str, object] | None) -> None:
+    def quiet(self) -> bool:
+        """No claim has been held or let go since a ``take`` read every event: none can have
+        an event that matters (only a held claim is harmed, demoted or expired), so a session
+        that ends now needs no poll."""
+        io = self._io
+        return self._quiet_at == len(io.ended) and not io.held and not io.releasing
+
+    def carried(self, backend_name: str, page: Mapping[str, object] | None) -> EventPage | None:
         """An answer of ``backend_name`` carried ``page`` (its ``agentclaims.events``): taken
-        with the next ``take``, in place of a poll. A page that does not parse is dropped (the
-        next ``take`` polls)."""
+        with the next ``take``, in place of a poll; returned parsed. A page that does not
+        parse is dropped (the next ``take`` polls)."""
         if not isinstance(page, Mapping):
-            return
+            return None
         try:
             parsed = EventPage.from_dict(page)
         except (TypeError, ValueError, KeyError) as exc:
             _log.warning("events_unreadable", backend=backend_name, error=repr(exc))
-            return
+            return None
         self._carried.setdefault(backend_name, []).append(parsed)
+        return parsed
 
-    async def take(self, backends: Sequence[ClaimsProtocol]) -> EventOutcomes:
+    async def take(self, backends: Sequence[ClaimsProtocol], *, poll: bool = True) -> EventOutcomes:
         """Take this session's new events from ``backends``: log each, bring the held claims'
         states up to date, and say which held claims lapsed or were harmed. What answers
-        carried is taken first; a backend is polled only when they did not cover it."""
+        carried is taken first; a backend is polled only when they did not cover it (and
+        ``poll``: ``False`` when a request about to go out will bring them)."""
         io = self._io
         out = EventOutcomes()
         # ended claims too: a claim harmed while held may be let go (superseded by its node's
@@ -86,12 +97,16 @@ class ClaimEvents:
         by_id.update((h.claim_id, h) for h in io.releasing)
         by_id.update((h.claim_id, h) for h in io.held.values())
         carried, self._carried = self._carried, {}
+        read_all = True  # every backend's events up to now are read
         for backend in backends:
             since = self._cursor.get(backend.name, 0)
             pages = carried.get(backend.name) or []
             for page in sorted(pages, key=lambda p: p.next_since):
                 since = self._read(page, since, backend.name, by_id, out)
             covered = bool(pages) and not any(p.more or p.gap for p in pages)
+            if not covered and not poll:
+                read_all = False
+                covered = True
             while not covered:
                 covered = True
                 try:
@@ -100,11 +115,14 @@ class ClaimEvents:
                     # read again next round from the same cursor; an instance that stays
                     # gone is failed over, its claims reported lost (FleetBackend)
                     _log.warning("events_unavailable", backend=backend.name, error=repr(exc))
+                    read_all = False
                     break
                 before = since
                 since = self._read(page, since, backend.name, by_id, out)
                 covered = since <= before or not page.more
             self._cursor[backend.name] = since
+        quiet = read_all and not io.held and not io.releasing
+        self._quiet_at = len(io.ended) if quiet else None
         return out
 
     def _read(

@@ -176,8 +176,14 @@ class SessionLifecycle:
             await s.tools.cancel_deferrals()
             await s.settle()
         finally:
+            # with claims to let go, their releases' answers bring the events (the releases'
+            # own too, where the backend's answers carry them): no poll before them; with
+            # none held since the last complete read, nothing is left to hear
+            releasing = bool(io.held or io.releasing)
             try:
-                await s.outcomes.react(await io.events.take(s.route.backends()), lapses=False)
+                poll = not releasing and not io.events.quiet()
+                taken = await io.events.take(s.route.backends(), poll=poll)
+                await s.outcomes.react(taken, lapses=False)
             except ClaimHarmed as exc:
                 harmed = exc
             except BackendUnavailable:
@@ -192,9 +198,14 @@ class SessionLifecycle:
                     await io.release(
                         s.route.named(claim.backend), claim, claim.end_reason or reason
                     )
-                if held or waiting:  # their ends, for the log
-                    with contextlib.suppress(BackendUnavailable):
-                        await io.events.take(s.route.backends())
+                if releasing:  # what they bring, polled only where a release brought nothing
+                    try:
+                        taken = await io.events.take(s.route.backends())
+                        await s.outcomes.react(taken, lapses=False)
+                    except ClaimHarmed as exc:
+                        harmed = harmed or exc
+                    except BackendUnavailable:
+                        pass
         if harmed is not None:
             raise harmed
 

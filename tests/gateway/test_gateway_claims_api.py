@@ -75,6 +75,35 @@ async def test_delete_releases_a_claim(backend: EmbeddedBackend) -> None:
     assert resp.json()["state"] == "expired"
 
 
+async def test_a_release_can_carry_the_sessions_events(backend: EmbeddedBackend) -> None:
+    """``events_since`` on a release: its answer carries the page ``GET /v1/events`` would give
+    just after it (the release's own event included, other sessions' left out); a bad cursor is
+    a 400 naming it, and the claim stays held."""
+    for claim_id, owner in (("s1-c1", "s1"), ("s2-c1", "s2")):
+        spec = spec_for(backend, claim_id, 1, owner_scope=owner)
+        await backend.submit_claim(spec, hash_token_blocks([1, 2, 3, 4], 4))
+    http = backend.http_client()
+    for bad in (-1, "3", True, 2**62):
+        refused = await http.post(
+            "/v1/claims/s1-c1/release", json={"owner_scope": "s1", "events_since": bad}
+        )
+        assert refused.status_code == 400
+        assert refused.json()["error"]["field"] == "events_since"
+    assert (await backend.get_claim("s1-c1", "s1")).state is ClaimState.ACCEPTED
+    view, page = await backend.release_claim_with_events(
+        "s1-c1", "s1", events_since=0, id_prefix="s1-"
+    )
+    assert view.state is ClaimState.EXPIRED
+    assert page is not None
+    polled = (await http.get("/v1/events", params={"since": 0, "id_prefix": "s1-"})).json()
+    assert page == polled
+    assert {e["claim_id"] for e in page["events"]} == {"s1-c1"}
+    assert page["events"][-1]["event"] == "resident_claim_expired"
+    plain, none = await backend.release_claim_with_events("s2-c1", "s2")
+    assert plain.state is ClaimState.EXPIRED
+    assert none is None
+
+
 async def test_rejected_claim_is_a_decision_not_an_error(backend: EmbeddedBackend) -> None:
     """A claim larger than the pool comes back rejected (200), with the reason."""
     hashes = hash_token_blocks(list(range(40 * 4)), 4)
