@@ -80,7 +80,8 @@ def test_continuums_zero_ttl_gives_way_to_the_time_weighing():
     weighed = default.plan(tool_wait(pool_survival_s=1.0, evicted_per_s=100.0, **wait))
     assert weighed.mode is M.EXPIRING
     assert weighed.ttl_s == 2.0 * PlannerPolicy().ttl_margin
-    assert weighed.saving_s is not None and weighed.cost_s is not None
+    assert weighed.saving_s is not None
+    assert weighed.cost_s is not None
     assert weighed.saving_s > weighed.cost_s
     unweighed = default.plan(tool_wait(reload_s=None, **wait))
     assert unweighed.mode is M.BEST_EFFORT
