@@ -30,7 +30,7 @@ from agentclaims.protocol import RENEW_AS_IS, ClaimDecision, ClaimView, EventPag
 from agentclaims.vllm.payloads import hold_op
 
 if TYPE_CHECKING:
-    from agentclaims.vllm.kv import VllmKV
+    from agentclaims.vllm.link import VllmLink
 
 __all__ = ["ClaimsApi"]
 
@@ -40,7 +40,7 @@ class ClaimsApi:
     the mirror's and the prompt book's; ``gate``: why a claim is refused here, if it is)."""
 
     def __init__(
-        self, kv: VllmKV, lock: asyncio.Lock, gate: Callable[[ClaimSpec], str | None]
+        self, kv: VllmLink, lock: asyncio.Lock, gate: Callable[[ClaimSpec], str | None]
     ) -> None:
         self._kv = kv
         self._lock = lock

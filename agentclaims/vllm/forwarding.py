@@ -50,7 +50,7 @@ from agentclaims.vllm.streamed import UpstreamStream
 from agentclaims.vllm.upstream import Upstream
 
 if TYPE_CHECKING:
-    from agentclaims.vllm.kv import VllmKV
+    from agentclaims.vllm.link import VllmLink
     from agentclaims.vllm.liveness import EngineLiveness
     from agentclaims.vllm.prompts import PromptBook
 
@@ -143,7 +143,7 @@ class CompletionForwarder:
 
     def __init__(
         self,
-        kv: VllmKV,
+        kv: VllmLink,
         http: Upstream,
         lock: asyncio.Lock,
         gate: Callable[[ClaimSpec], str | None],

@@ -17,7 +17,7 @@ from agentclaims.errors import BackendError, ContractViolation, OperationNotExpo
 from agentclaims.vllm.upstream import Upstream
 
 if TYPE_CHECKING:
-    from agentclaims.vllm.kv import VllmKV
+    from agentclaims.vllm.link import VllmLink
 
 __all__ = ["InstanceReset"]
 
@@ -25,7 +25,7 @@ __all__ = ["InstanceReset"]
 class InstanceReset:
     """Makes ``kv``'s vLLM (over ``http``) a fresh instance (``lock``: the mirror's)."""
 
-    def __init__(self, kv: VllmKV, http: Upstream, lock: asyncio.Lock) -> None:
+    def __init__(self, kv: VllmLink, http: Upstream, lock: asyncio.Lock) -> None:
         self._kv = kv
         self._http = http
         self._lock = lock
