@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -45,6 +44,7 @@ from agentclaims.planner import (
 from agentclaims.protocol import SEQUENCE_OBJECT, ClaimDecision, EventPage, Renewal
 from agentclaims.session.events import ClaimEvents, EventOutcomes
 from agentclaims.session.facts import BackendFacts
+from agentclaims.session.held import HeldClaim
 from agentclaims.session.reactions import ReactionPolicy
 
 if TYPE_CHECKING:
@@ -77,24 +77,6 @@ claim to demotable: kept under pressure until demoted, with the event, instead o
 def protects_at_least(mode: ProtectionMode, than: ProtectionMode) -> bool:
     """Whether ``mode`` protects at least as strongly as ``than``."""
     return _STRENGTH.index(mode) <= _STRENGTH.index(than)
-
-
-@dataclass(slots=True)
-class HeldClaim:
-    """A claim this session holds on one agent node's prefix."""
-
-    claim_id: ClaimId
-    node: str
-    prefix_id: PrefixId
-    plan: ClaimPlan
-    backend: str
-    since: float
-    state: str = "accepted"
-    """The claim's state as the backend last reported it (``unknown`` if it could not say)."""
-    end_reason: str | None = None
-    """Why the session let it go: ``superseded``, ``reuse_unlikely``, ``pool_keeps``,
-    ``saves_less``, ``capacity``, ``relaxed``,
-    ``rerouted``, ``demoted``, ``expired``, ``harmed``, ``session_end``."""
 
 
 REFUSAL_MEMORY_S = 1.0

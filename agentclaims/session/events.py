@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -22,8 +22,9 @@ from agentclaims.errors import BackendUnavailable
 from agentclaims.protocol import EventPage
 
 if TYPE_CHECKING:
+    from agentclaims.observability import WorkflowLog
     from agentclaims.protocol import ClaimsProtocol
-    from agentclaims.session.claims import ClaimIO, HeldClaim
+    from agentclaims.session.held import HeldClaim
 
 __all__ = ["ClaimEvents", "EventOutcomes"]
 
@@ -34,6 +35,19 @@ _STATE_OF = {
     EventName.RESIDENT_CLAIM_EXPIRED: ClaimState.EXPIRED,
     EventName.RESIDENT_CLAIM_HARMED: ClaimState.HARMED,
 }
+
+
+class HeldClaims(Protocol):
+    """What the events are read against: the session's claims (``ClaimIO`` is this)."""
+
+    session_id: str
+    held: dict[str, HeldClaim]
+    releasing: list[HeldClaim]
+    ended: list[HeldClaim]
+    request_nodes: dict[str, str]
+    stats: Any
+
+    def outcome_log(self) -> WorkflowLog | None: ...
 
 
 @dataclass(slots=True)
@@ -49,7 +63,7 @@ class EventOutcomes:
 class ClaimEvents:
     """The events of ``io``'s claims, read from each backend from where the last read ended."""
 
-    def __init__(self, io: ClaimIO) -> None:
+    def __init__(self, io: HeldClaims) -> None:
         self._io = io
         self._cursor: dict[str, int] = {}
         self._harmed: set[str] = set()  # claims whose harm was counted
