@@ -21,7 +21,7 @@ from agentclaims.errors import BackendUnavailable, UsageError
 from agentclaims.session.poolshare import PoolShare
 
 if TYPE_CHECKING:
-    from agentclaims.session.session import ClaimedSession
+    from agentclaims.session.parts import SessionParts
 
 __all__ = ["AnsweredCall", "SessionCalls"]
 
@@ -46,7 +46,7 @@ class AnsweredCall:
 class SessionCalls:
     """The LLM calls of ``session``: named, prepared, recorded, and their claim work."""
 
-    def __init__(self, session: ClaimedSession) -> None:
+    def __init__(self, session: SessionParts) -> None:
         self._s = session
         self._requests = itertools.count(1)
         self._background: asyncio.Future[None] | None = None

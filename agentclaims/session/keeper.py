@@ -26,15 +26,15 @@ from agentclaims.planner import (
 )
 from agentclaims.protocol import SEQUENCE_OBJECT
 from agentclaims.session.claims import PIN_MODES
+from agentclaims.session.held import Wanted
 from agentclaims.session.options import UNRANKED
 from agentclaims.session.poolshare import DENSER_HOLDS
-from agentclaims.session.toolhold import Wanted
 from agentclaims.session.workflow import wait_key
 
 if TYPE_CHECKING:
-    from agentclaims.session.claims import HeldClaim
+    from agentclaims.session.held import HeldClaim
+    from agentclaims.session.parts import SessionParts
     from agentclaims.session.riding import Riding
-    from agentclaims.session.session import ClaimedSession
 
 __all__ = ["ClaimKeeper"]
 
@@ -49,7 +49,7 @@ their hints and takes claims riding on requests, and on any other."""
 class ClaimKeeper:
     """Holds, revises and relaxes ``session``'s claims, one round of claim work at a time."""
 
-    def __init__(self, session: ClaimedSession, *, auto_planner: bool) -> None:
+    def __init__(self, session: SessionParts, *, auto_planner: bool) -> None:
         self._s = session
         self.lock = asyncio.Lock()
         """Held by each round of claim work (after a call, before a tool, a relax)."""

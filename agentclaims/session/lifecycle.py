@@ -29,25 +29,26 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
     from agentclaims.session.options import CheckedOptions
-    from agentclaims.session.session import ClaimedSession
+    from agentclaims.session.parts import SessionParts
 
-__all__ = ["END_REASONS", "SessionLifecycle", "current_session"]
+__all__ = ["END_REASONS", "SessionLifecycle", "current"]
 
 END_REASONS = ("completed", "error", "cancelled", "closed")
 """How a session's run ended (``ClaimedSession.end_reason``, ``session_ended.reason``)."""
 
-_current: ContextVar[ClaimedSession | None] = ContextVar("agentclaims_session", default=None)
+_current: ContextVar[Any] = ContextVar("agentclaims_session", default=None)
+"""The session of the running workflow (``agentclaims.current_session``), task-local."""
 
 
-def current_session() -> ClaimedSession | None:
-    """The session of the running workflow, if any (a context variable: task-local)."""
+def current() -> Any:
+    """The session the running workflow entered or activated, if any."""
     return _current.get()
 
 
 class SessionLifecycle:
     """How ``session`` is entered and ended; what ending releases."""
 
-    def __init__(self, session: ClaimedSession, options: CheckedOptions) -> None:
+    def __init__(self, session: SessionParts, options: CheckedOptions) -> None:
         self._s = session
         self.log_dir: Path | None = options.log_dir
         self._log_stream: TextIO | None = options.log_stream
@@ -210,7 +211,7 @@ class SessionLifecycle:
             raise harmed
 
     @contextlib.contextmanager
-    def activated(self) -> Iterator[ClaimedSession]:
+    def activated(self) -> Iterator[None]:
         """The session current inside the block (``ClaimedSession.activated``)."""
         if not self.entered:
             raise UsageError("session", "only an entered session that has not ended is activated")
@@ -220,7 +221,7 @@ class SessionLifecycle:
         # tool (by the application or an instrumentation) nest in it, as under claimed_session
         traced = None if tracer is None else tracer.activate()
         try:
-            yield self._s
+            yield
         finally:
             if tracer is not None:
                 tracer.deactivate(traced)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agentclaims.protocol import ActiveOutcome
-    from agentclaims.session.session import ClaimedSession
+    from agentclaims.session.parts import SessionParts
 
 __all__ = ["SessionMoves"]
 
@@ -20,7 +20,7 @@ __all__ = ["SessionMoves"]
 class SessionMoves:
     """Reroutes and failovers of ``session``, and the claims they end."""
 
-    def __init__(self, session: ClaimedSession) -> None:
+    def __init__(self, session: SessionParts) -> None:
         self._s = session
 
     async def reroute(self, outcome: ActiveOutcome) -> bool:

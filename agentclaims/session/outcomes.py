@@ -15,9 +15,9 @@ from agentclaims.planner import ClaimPlan, relax_mode
 from agentclaims.session.claims import protects_at_least
 
 if TYPE_CHECKING:
-    from agentclaims.session.claims import HeldClaim
     from agentclaims.session.events import EventOutcomes
-    from agentclaims.session.session import ClaimedSession
+    from agentclaims.session.held import HeldClaim
+    from agentclaims.session.parts import SessionParts
 
 __all__ = ["ClaimOutcomes"]
 
@@ -25,7 +25,7 @@ __all__ = ["ClaimOutcomes"]
 class ClaimOutcomes:
     """Reacts to harm and lapses of ``session``'s claims."""
 
-    def __init__(self, session: ClaimedSession) -> None:
+    def __init__(self, session: SessionParts) -> None:
         self._s = session
         self._replanned: dict[str, float] = {}
         """node -> the start of the wait in which its lapsed claim was re-planned (once)."""

@@ -23,19 +23,19 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from agentclaims.contract import OwnerScope
 from agentclaims.graph import AgentExecutionGraph, EngineCosts, ToolTimeModel
 from agentclaims.planner import ClaimPlan, ClaimPlanner, PlannerPolicy, PrefixContext
 from agentclaims.protocol import ActiveOutcome
 from agentclaims.session.calls import AnsweredCall, SessionCalls
-from agentclaims.session.claims import ClaimIO, HeldClaim
+from agentclaims.session.claims import ClaimIO
+from agentclaims.session.held import HeldClaim, SessionStats, Wanted
 from agentclaims.session.keeper import ClaimKeeper
-from agentclaims.session.lifecycle import END_REASONS, SessionLifecycle, current_session
+from agentclaims.session.lifecycle import END_REASONS, SessionLifecycle, current
 from agentclaims.session.moves import SessionMoves
 from agentclaims.session.options import AUTO_PLANNER, SessionOptions, Sleep, check_options
 from agentclaims.session.outcomes import ClaimOutcomes
@@ -43,7 +43,6 @@ from agentclaims.session.reactions import ReactionPolicy
 from agentclaims.session.riding import RidingCalls
 from agentclaims.session.route import SessionRoute
 from agentclaims.session.toolcalls import SessionTools, ToolRun, in_explicit_tool_call
-from agentclaims.session.toolhold import Wanted
 from agentclaims.session.workflow import WorkflowModel
 
 if TYPE_CHECKING:
@@ -66,34 +65,9 @@ __all__ = [
 ]
 
 
-@dataclass(slots=True)
-class SessionStats:
-    llm_calls: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    claims_submitted: int = 0
-    claims_accepted: int = 0
-    claims_refused: int = 0
-    claims_relaxed: int = 0
-    claims_renewed: int = 0
-    claims_replanned: int = 0
-    claims_demoted: int = 0
-    claims_expired: int = 0
-    claims_harmed: int = 0
-    deferrals: int = 0
-    deferral_s: float = 0.0
-    reroutes: int = 0
-    fails: int = 0
-    tool_calls: int = 0
-    modes: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def hit_ratio(self) -> float:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    @property
-    def recomputed_tokens(self) -> int:
-        return self.prompt_tokens - self.cached_tokens
+def current_session() -> ClaimedSession | None:
+    """The session of the running workflow, if any (a context variable: task-local)."""
+    return cast("ClaimedSession | None", current())
 
 
 class ClaimedSession:
@@ -277,11 +251,13 @@ class ClaimedSession:
         await self.lifecycle.release_all(reason)
 
     # ------------------------------------------------------------------ the workflow
-    def activated(self) -> contextlib.AbstractContextManager[ClaimedSession]:
+    @contextlib.contextmanager
+    def activated(self) -> Iterator[ClaimedSession]:
         """Make this entered session the current one inside the block, in the caller's context:
         for code that runs the workflow's calls in a context the session was not entered in
         (LangChain agent middleware, whose hooks run in a LangGraph node each)."""
-        return self.lifecycle.activated()
+        with self.lifecycle.activated():
+            yield self
 
     def node(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Name the agent node making LLM calls inside this block (outside LangGraph)."""

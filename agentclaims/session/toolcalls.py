@@ -19,8 +19,8 @@ from agentclaims.errors import UsageError
 from agentclaims.session.toolhold import defer, hold_for_tool
 
 if TYPE_CHECKING:
-    from agentclaims.session.claims import HeldClaim
-    from agentclaims.session.session import ClaimedSession
+    from agentclaims.session.held import HeldClaim
+    from agentclaims.session.parts import SessionParts
 
 __all__ = ["SessionTools", "ToolRun", "in_explicit_tool_call"]
 
@@ -50,7 +50,7 @@ class ToolRun:
 class SessionTools:
     """Starts and finishes ``session``'s tool calls."""
 
-    def __init__(self, session: ClaimedSession) -> None:
+    def __init__(self, session: SessionParts) -> None:
         self._s = session
         self._running: set[asyncio.Future[HeldClaim | None]] = set()
         """Deferrals asking again for a claim while their tools run (``toolhold.defer``)."""
@@ -65,7 +65,7 @@ class SessionTools:
     @contextlib.asynccontextmanager
     async def tool_call(self, tool: str, *, node: str | None = None) -> AsyncIterator[None]:
         """``start_tool``, the block, ``finish_tool`` (``ClaimedSession.tool_call``)."""
-        run = await self._s.start_tool(tool, node=node)
+        run = await self.start_tool(tool, node=node)
         token = _in_tool.set(True)
         try:
             yield
@@ -74,7 +74,7 @@ class SessionTools:
             raise
         finally:
             _in_tool.reset(token)
-            self._s.finish_tool(run)
+            self.finish_tool(run)
 
     async def start_tool(
         self, tool: str, *, node: str | None = None, step_node: str | None = None

@@ -29,26 +29,17 @@ from typing import TYPE_CHECKING
 from agentclaims.contract import PrefixId, ProtectionMode, prefix_blocks
 from agentclaims.errors import BackendError, ClaimRefused, UsageError
 from agentclaims.planner import ClaimPlan, PrefixContext
+from agentclaims.session.held import Wanted
 
 if TYPE_CHECKING:
-    from agentclaims.session.claims import HeldClaim
-    from agentclaims.session.session import ClaimedSession
+    from agentclaims.session.held import HeldClaim
+    from agentclaims.session.parts import SessionParts
 
 __all__ = ["ToolCase", "Wanted", "defer", "hold_for_tool"]
 
 
-@dataclass(slots=True)
-class Wanted:
-    """The claim the planner wanted on a node's prefix, and why the backend did not give it."""
-
-    prefix_id: PrefixId
-    plan: ClaimPlan
-    ctx: PrefixContext
-    refusal: str | None = None
-
-
 async def hold_for_tool(
-    session: ClaimedSession, tool: str, agent: str, predicted_s: float
+    session: SessionParts, tool: str, agent: str, predicted_s: float
 ) -> tuple[HeldClaim | None, ToolCase | None]:
     """Make sure ``agent``'s prefix is held as planned across ``tool`` (predicted to take
     ``predicted_s``), applying the session's reaction when it is not: the claim held then,
@@ -90,7 +81,7 @@ async def hold_for_tool(
 class ToolCase:
     """One tool call whose claim is not as planned: what the reactions work from."""
 
-    session: ClaimedSession
+    session: SessionParts
     agent: str
     held: HeldClaim | None
     wanted: Wanted | None
@@ -119,7 +110,7 @@ def _blocks(prefix_id: str) -> int:
 
 
 async def _swap(
-    session: ClaimedSession, agent: str, old: HeldClaim | None, new: HeldClaim, reason: str
+    session: SessionParts, agent: str, old: HeldClaim | None, new: HeldClaim, reason: str
 ) -> HeldClaim:
     """Hold ``new`` for ``agent``, letting ``old`` go."""
     session.io.held[agent] = new
