@@ -450,16 +450,22 @@ class ClaimIO:
         self.log_reaction("renew", claim_id=held.claim_id, outcome=view.state.value, ttl_s=ttl_s)
         return True
 
+    async def releases_carry_events(self, backend: ClaimsProtocol) -> bool:
+        """Whether a release on ``backend`` brings the session's events in its answer (an
+        agentclaims gateway whose answers carry events)."""
+        return callable(getattr(backend, "release_claim_with_events", None)) and (
+            await self.facts.events_ride(backend)
+        )
+
     async def release(self, backend: ClaimsProtocol, held: HeldClaim, reason: str) -> None:
         """Release ``held`` (its end reason recorded); a backend gone away is logged."""
         held.end_reason = reason
         done = reason in _DONE_REASONS
         extra: dict[str, Any] = {}
         try:
-            with_events = getattr(backend, "release_claim_with_events", None)
-            if callable(with_events) and await self.facts.events_ride(backend):
+            if await self.releases_carry_events(backend):
                 # its answer brings the session's events, the release's own: no poll after it
-                view, page = await with_events(
+                view, page = await backend.release_claim_with_events(  # type: ignore[attr-defined]
                     held.claim_id,
                     self.owner_scope,
                     done=done,

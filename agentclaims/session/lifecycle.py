@@ -177,12 +177,16 @@ class SessionLifecycle:
             await s.tools.cancel_deferrals()
             await s.settle()
         finally:
-            # with claims to let go, their releases' answers bring the events (the releases'
-            # own too, where the backend's answers carry them): no poll before them; with
-            # none held since the last complete read, nothing is left to hear
+            # with claims to let go where their releases' answers bring the events (the
+            # releases' own too), no poll before them; with none held since the last complete
+            # read, nothing is left to hear
             releasing = bool(io.held or io.releasing)
             try:
-                poll = not releasing and not io.events.quiet()
+                if releasing:
+                    backends = s.route.backends()
+                    poll = not all([await io.releases_carry_events(b) for b in backends])
+                else:
+                    poll = not io.events.quiet()
                 taken = await io.events.take(s.route.backends(), poll=poll)
                 await s.outcomes.react(taken, lapses=False)
             except ClaimHarmed as exc:
