@@ -51,7 +51,15 @@ if TYPE_CHECKING:
     from agentclaims.observability import WorkflowLog
     from agentclaims.protocol import ClaimsProtocol
 
-__all__ = ["PIN_MODES", "ClaimIO", "EventOutcomes", "HeldClaim", "protects_at_least"]
+__all__ = [
+    "PIN_MODES",
+    "PIN_RIDE_S",
+    "ClaimIO",
+    "EventOutcomes",
+    "HeldClaim",
+    "protects_at_least",
+    "release_at_once",
+]
 
 _log = structlog.get_logger("agentclaims.session")
 
@@ -59,7 +67,12 @@ _DONE_REASONS = frozenset({"session_end", "rerouted"})
 """Releases after which nothing here uses the prefix again (the run ended, or it moved to
 another instance): sent as ``done``, so the KV side may evict those blocks first."""
 PIN_MODES = (ProtectionMode.EXPIRING, ProtectionMode.HARD_PROTECTED)
-"""The modes that pin with a TTL (a release of one is sent at once, not kept for a call)."""
+"""The modes that pin with a TTL (a release of one is sent at once, unless its TTL is about to
+end: ``PIN_RIDE_S``)."""
+PIN_RIDE_S = 1.0
+"""A pin let go whose TTL ends within this many seconds is not released on its own: the release
+rides on the session's next call, or the TTL ends it first. Its blocks stay pinned that long
+at most, which costs less than a request of its own."""
 _STRENGTH = (
     ProtectionMode.HARD_PROTECTED,
     ProtectionMode.EXPIRING,
@@ -523,3 +536,12 @@ def _harm_of(page: EventPage, claim_id: ClaimId) -> ClaimEvent | None:
         ),
         None,
     )
+
+
+def release_at_once(held: HeldClaim, now: float) -> bool:
+    """Whether letting ``held`` go at ``now`` needs a release of its own: a pin whose TTL does
+    not end within ``PIN_RIDE_S`` (a soft hold never: the engine sheds it as it needs)."""
+    if held.plan.mode not in PIN_MODES:
+        return False
+    ttl = held.plan.ttl_s
+    return ttl is None or held.since + ttl - now > PIN_RIDE_S

@@ -25,7 +25,7 @@ from agentclaims.planner import (
     relax_mode,
 )
 from agentclaims.protocol import SEQUENCE_OBJECT
-from agentclaims.session.claims import PIN_MODES
+from agentclaims.session.claims import release_at_once
 from agentclaims.session.held import Wanted
 from agentclaims.session.options import UNRANKED
 from agentclaims.session.poolshare import DENSER_HOLDS
@@ -160,10 +160,10 @@ class ClaimKeeper:
         if plan.mode is None:  # its reuse became unlikely (the human is next, say)
             del io.held[node]  # or the pool keeps it anyway (its answer said so)
             why = _END_REASONS.get(plan.reason, "reuse_unlikely")
-            if held.plan.mode in PIN_MODES:
-                await io.release(backend, held, why)  # a pin: now
+            if release_at_once(held, io.clock()):
+                await io.release(backend, held, why)  # a pin for a while yet: now
             else:
-                io.let_go(held, why)
+                io.let_go(held, why)  # with the next call (a pin: unless its TTL ends first)
         elif (
             plan.ttl_s is not None and held.plan.ttl_s is not None and plan.ttl_s > held.plan.ttl_s
         ):
@@ -227,8 +227,7 @@ class ClaimKeeper:
         for other in s.workflow.to_release(held, node):
             claim = io.held.pop(other)
             backend = s.route.named(claim.backend)
-            pin = claim.plan.mode in PIN_MODES
-            if not pin and await io.facts.rides(backend):
+            if not release_at_once(claim, io.clock()) and await io.facts.rides(backend):
                 io.let_go(claim, "reuse_unlikely")  # with the next call there
             else:
                 await io.release(backend, claim, "reuse_unlikely")

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from planners import Always
 from test_session_reactions import FakeTime, ask, make_backend
 
@@ -244,3 +246,29 @@ async def test_a_claim_is_replanned_once_per_wait(tmp_path: Path) -> None:
     assert [d["node"] for d in written if d["event"] == "reaction_replan"] == ["a"]
     assert [d["node"] for d in written if d["event"] == "reaction_drop"] == ["a"]
     await backend.aclose()
+
+
+@given(
+    mode=st.sampled_from(list(ProtectionMode)),
+    ttl=st.one_of(st.none(), st.floats(0.0, 100.0)),
+    held_for=st.floats(0.0, 100.0),
+)
+def test_only_a_pin_with_time_left_is_released_on_its_own(
+    mode: ProtectionMode, ttl: float | None, held_for: float
+) -> None:
+    """Letting a claim go: a soft hold always rides on the next call; a pin does too when its
+    TTL ends within ``PIN_RIDE_S`` (its blocks stay pinned no longer than that), else it is
+    released at once."""
+    from agentclaims.planner import ClaimPlan
+    from agentclaims.session.claims import PIN_MODES, PIN_RIDE_S, release_at_once
+    from agentclaims.session.held import HeldClaim
+
+    now = 1000.0
+    held = HeldClaim("s-1-c1", "agent", "p", ClaimPlan(mode, ttl, "test"), "b", now - held_for)
+    at_once = release_at_once(held, now)
+    if mode not in PIN_MODES:
+        assert not at_once
+    elif ttl is None:
+        assert at_once
+    else:
+        assert at_once == (ttl - held_for > PIN_RIDE_S)
