@@ -57,7 +57,7 @@ if TYPE_CHECKING:
         current_session,
     )
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 __all__ = [
     "AgentClaimsError",
