@@ -476,9 +476,10 @@ class ClaimIO:
         done = reason in _DONE_REASONS
         extra: dict[str, Any] = {}
         try:
-            if await self.releases_carry_events(backend):
+            with_events = getattr(backend, "release_claim_with_events", None)
+            if callable(with_events) and await self.facts.events_ride(backend):
                 # its answer brings the session's events, the release's own: no poll after it
-                view, page = await backend.release_claim_with_events(  # type: ignore[attr-defined]
+                view, page = await with_events(
                     held.claim_id,
                     self.owner_scope,
                     done=done,
