@@ -1422,3 +1422,51 @@ def test_chat_anthropic_agent_with_prompt_caching_calls_its_tool_on_vllm(gateway
     report = call.response_metadata["agentclaims"]["cache_control"]
     assert {r["decision"] for r in report} <= {"accepted", "conditionally_accepted"}, report
     assert answer.usage_metadata["input_token_details"]["cache_read"] > 0
+
+
+async def test_chat_openai_on_the_responses_api_calls_its_tool_on_vllm(gateway: str) -> None:
+    """LangChain's ``ChatOpenAI(use_responses_api=True)`` in a ``create_agent`` agent, and the
+    async ``openai`` client's Responses API, unmodified, through the gateway on the real vLLM:
+    the model's tool call comes back as a ``function_call`` item, the tool runs, its output goes
+    back as ``function_call_output``, and the answer quotes it."""
+    import openai
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    ran: list[str] = []
+
+    @tool
+    def lookup(topic: str) -> str:
+        """Look the topic up."""
+        ran.append(topic)
+        return "two notes"
+
+    model = ChatOpenAI(
+        base_url=f"{gateway}/v1",
+        api_key="k",
+        model="m",
+        use_responses_api=True,
+        max_tokens=64,
+        max_retries=0,
+    )
+    agent = create_agent(model, tools=[lookup], system_prompt=words("resp", 12))
+    result = await agent.ainvoke({"messages": [{"role": "user", "content": words("ask", 6)}]})
+    assert ran == ["x"]
+    assert [c["name"] for c in result["messages"][1].tool_calls] == ["lookup"]
+    assert result["messages"][-1].text == "result: two notes"
+    function = {
+        "type": "function",
+        "name": "lookup",
+        "parameters": {
+            "type": "object",
+            "properties": {"topic": {"type": "string"}},
+            "required": ["topic"],
+        },
+    }
+    async with openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key="k", max_retries=0) as client:
+        reply = await client.responses.create(
+            model="m", input=words("ask", 6), tools=[function], max_output_tokens=64
+        )
+        [call] = [item for item in reply.output if item.type == "function_call"]
+        assert (call.name, call.arguments) == ("lookup", '{"topic": "x"}')
