@@ -12,12 +12,14 @@ from starlette.responses import Response
 
 from agentclaims.contract import ClaimId, ClaimSpec, OwnerScope, RequestId
 from agentclaims.errors import OperationNotExposed, UsageError
+from agentclaims.gateway.extension import event_cursor
 from agentclaims.gateway.limits import EVENTS_PER_ANSWER
 from agentclaims.gateway.params import (
     block_hashes_of,
     claim_owners,
     int_param,
     json_object,
+    optional_str,
     owner_of,
     tenant_of,
 )
@@ -81,13 +83,8 @@ class ClaimRoutes:
         done = body.get("done", False)
         if not isinstance(done, bool):
             raise UsageError("done", f"must be true or false, got {done!r}")
-        since, id_prefix = body.get("events_since"), body.get("id_prefix")
-        if since is not None and (
-            isinstance(since, bool) or not isinstance(since, int) or not 0 <= since < 2**62
-        ):
-            raise UsageError("events_since", f"must be an event sequence number, got {since!r}")
-        if id_prefix is not None and not (isinstance(id_prefix, str) and id_prefix):
-            raise UsageError("id_prefix", f"must be a non-empty string, got {id_prefix!r}")
+        since = event_cursor(body.get("events_since"), "events_since")
+        id_prefix = optional_str(body, "id_prefix")
         view = await self.kv.release_claim(
             self._claim_id(request), owner_of(request, body), done=done
         )

@@ -10,7 +10,7 @@ from typing import Any
 from agentclaims.errors import UsageError
 from agentclaims.protocol import EXTENSION_KEY, INSTANCE_HEADER, INSTANCE_URL_HEADER
 
-__all__ = ["Extension", "Instance"]
+__all__ = ["Extension", "Instance", "event_cursor"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,14 +109,7 @@ class Extension:
                 f"{EXTENSION_KEY}.release",
                 f"must be a list of at most {_MAX_RELEASES} distinct claim ids, got {release!r}",
             )
-        since = raw.get("events_since")
-        if since is not None and (
-            isinstance(since, bool) or not isinstance(since, int) or not 0 <= since < 2**62
-        ):
-            raise UsageError(
-                f"{EXTENSION_KEY}.events_since",
-                f"must be a non-negative integer (an event sequence number), got {since!r}",
-            )
+        since = event_cursor(raw.get("events_since"), f"{EXTENSION_KEY}.events_since")
         return cls(
             step=step,
             admit=admit,
@@ -132,3 +125,16 @@ class Extension:
 
 
 _NONE = Extension()
+
+
+def event_cursor(value: Any, field: str) -> int | None:
+    """An ``events_since`` cursor as a body carries it (a completion's ``agentclaims`` object,
+    a release's body): ``None``, or an event sequence number; else ``UsageError`` naming
+    ``field``."""
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62
+    ):
+        raise UsageError(
+            field, f"must be a non-negative integer (an event sequence number), got {value!r}"
+        )
+    return value

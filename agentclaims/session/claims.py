@@ -463,12 +463,12 @@ class ClaimIO:
         self.log_reaction("renew", claim_id=held.claim_id, outcome=view.state.value, ttl_s=ttl_s)
         return True
 
-    async def releases_carry_events(self, backend: ClaimsProtocol) -> bool:
-        """Whether a release on ``backend`` brings the session's events in its answer (an
-        agentclaims gateway whose answers carry events)."""
-        return callable(getattr(backend, "release_claim_with_events", None)) and (
-            await self.facts.events_ride(backend)
-        )
+    async def release_with_events(self, backend: ClaimsProtocol) -> Callable[..., Any] | None:
+        """``backend``'s release whose answer brings the session's events (an agentclaims
+        gateway whose answers carry events: ``HTTPBackend.release_claim_with_events``), or
+        ``None`` where a release brings none."""
+        release = getattr(backend, "release_claim_with_events", None)
+        return release if callable(release) and await self.facts.events_ride(backend) else None
 
     async def release(self, backend: ClaimsProtocol, held: HeldClaim, reason: str) -> None:
         """Release ``held`` (its end reason recorded); a backend gone away is logged."""
@@ -476,8 +476,8 @@ class ClaimIO:
         done = reason in _DONE_REASONS
         extra: dict[str, Any] = {}
         try:
-            with_events = getattr(backend, "release_claim_with_events", None)
-            if callable(with_events) and await self.facts.events_ride(backend):
+            with_events = await self.release_with_events(backend)
+            if with_events is not None:
                 # its answer brings the session's events, the release's own: no poll after it
                 view, page = await with_events(
                     held.claim_id,

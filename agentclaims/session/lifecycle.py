@@ -181,13 +181,13 @@ class SessionLifecycle:
             # releases' own too), no poll before them; with none held since the last complete
             # read, nothing is left to hear
             releasing = bool(io.held or io.releasing)
+            backends = s.route.backends()
             try:
                 if releasing:
-                    backends = s.route.backends()
-                    poll = not all([await io.releases_carry_events(b) for b in backends])
+                    poll = None in [await io.release_with_events(b) for b in backends]
                 else:
                     poll = not io.events.quiet()
-                taken = await io.events.take(s.route.backends(), poll=poll)
+                taken = await io.events.take(backends, poll=poll)
                 await s.outcomes.react(taken, lapses=False)
             except ClaimHarmed as exc:
                 harmed = exc
@@ -205,7 +205,7 @@ class SessionLifecycle:
                     )
                 if releasing:  # what they bring, polled only where a release brought nothing
                     try:
-                        taken = await io.events.take(s.route.backends())
+                        taken = await io.events.take(backends)
                         await s.outcomes.react(taken, lapses=False)
                     except ClaimHarmed as exc:
                         harmed = harmed or exc

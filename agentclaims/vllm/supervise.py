@@ -316,6 +316,8 @@ class Supervisor:
                     pid, name = fds[fd]
                     if (signame := _signal_of_zombie(pid)) is not None:
                         self._orphan(name, pid, signame)
+                # every tick too, pidfd or not: a pidfd wakes as the last thread exits, and the
+                # zombie it leaves may need another look before /proc shows its status
                 for pid, name in self._watched.items():  # ended, not reaped yet by its parent
                     if (signame := _signal_of_zombie(pid)) is not None:
                         self._orphan(name, pid, signame)

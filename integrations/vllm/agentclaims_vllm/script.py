@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from vllm import SamplingParams
     from vllm.config import VllmConfig
 
-__all__ = ["CLOSE", "OPEN", "FollowScript", "script_of"]
+__all__ = ["FollowScript"]
 
 
 class FollowScript(AdapterLogitsProcessor):
