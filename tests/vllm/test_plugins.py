@@ -271,3 +271,40 @@ def test_the_script_is_what_lies_between_the_prompts_last_marks(
     assert script_of([*old, *before, 1, *script, 2, *after], 1, 2) == script
     assert script_of([*before, *after], 1, 2) is None
     assert script_of([*before, 1, *script], 1, 2) is None  # never closed
+
+
+def _sleep_a_minute() -> None:
+    import time
+
+    time.sleep(60)
+
+
+def test_the_reaping_itself_names_the_signal_when_the_watch_loses_the_race(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """vLLM reaps a dead worker through ``multiprocessing`` at once, before the watch's
+    ``waitid`` may look: the wrapped reaping logs the status it reaped, in the line the
+    supervisor reads, once per child."""
+    import logging
+    import multiprocessing
+
+    from agentclaims.vllm.supervise import DeathCause
+
+    watch.watch_reaping()
+    watch.watch_reaping()  # idempotent: wrapped once
+    child = multiprocessing.get_context("fork").Process(target=_sleep_a_minute)
+    child.start()
+    assert child.pid is not None
+    watch._NAMES[child.pid] = "VLLM::Worker"
+    with caplog.at_level(logging.INFO, logger="vllm.plugins.agentclaims_watch"):
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(timeout=10)
+        assert child.exitcode == -signal.SIGKILL  # vLLM's view of it is unchanged
+        watch._await_exit(child.pid)  # the waiting thread, too late: nothing more is said
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        f"agentclaims: vLLM process VLLM::Worker (pid {child.pid}) ended by signal SIGKILL (9)"
+    ]
+    cause = DeathCause()
+    assert cause.read(lines[0])
+    assert cause.signal == "SIGKILL"

@@ -6,13 +6,16 @@ status is known, so the signal (SIGILL from an illegal instruction, SIGKILL from
 out-of-memory killer or an operator) is lost. This plugin runs a small thread in each vLLM
 process that finds the vLLM children it starts (the API server's engine core, the engine
 core's workers) and waits on each with ``waitid(..., WNOWAIT)``, which reads the exit status
-and leaves the child for vLLM to reap as before. It logs one line per child that ended::
+and leaves the child for vLLM to reap as before. That thread can lose the race to vLLM's own
+reaping (its monitor joins the dead worker at once), so the reaping says it too: vLLM reaps
+its children through ``multiprocessing`` (``Popen.poll``, ``os.waitpid``), and the plugin
+wraps that call to log the status it reaped. It logs one line per child that ended::
 
     agentclaims: vLLM process VLLM::Worker (pid 2886) ended by signal SIGILL (4)
 
 ``agentclaims vllm serve`` reads that line and says it when it stops. The plugin is on only
 where ``AGENTCLAIMS_VLLM_WATCH=1`` is set (``agentclaims vllm serve`` sets it); it changes
-nothing in vLLM.
+nothing vLLM sees (``poll`` answers as before).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import re
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
-__all__ = ["ENV", "LINE", "describe", "register"]
+__all__ = ["ENV", "LINE", "describe", "describe_code", "register", "watch_reaping"]
 
 ENV = "AGENTCLAIMS_VLLM_WATCH"
 LINE = re.compile(
@@ -63,36 +67,82 @@ def _children() -> list[tuple[int, str]]:
     return found
 
 
-def _await_exit(pid: int, name: str) -> None:
+_NAMES: dict[int, str] = {}
+"""The vLLM children the watch has found: pid -> name."""
+_REPORTED: set[int] = set()
+_LOCK = threading.Lock()
+
+
+def describe_code(code: int) -> str:
+    """``describe``'s words for a ``multiprocessing`` exit code (a signal is its negative)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"SIG{-code}"
+        return f"signal {name} ({-code})"
+    return f"exit status {code}"
+
+
+def _report(pid: int, how: str, clean: bool) -> None:
+    """Log how child ``pid`` ended, once (the waiting thread and the reaping may both see it)."""
+    with _LOCK:
+        if pid in _REPORTED or pid not in _NAMES:
+            return
+        _REPORTED.add(pid)
+    try:
+        from vllm.logger import init_logger
+
+        log = init_logger("vllm.plugins.agentclaims_watch")
+    except ImportError:  # outside vLLM (its tests)
+        import logging
+
+        log = logging.getLogger("vllm.plugins.agentclaims_watch")
+    (log.info if clean else log.error)(
+        "agentclaims: vLLM process %s (pid %d) ended by %s", _NAMES[pid], pid, how
+    )
+
+
+def _await_exit(pid: int) -> None:
     """Block until child ``pid`` ends; log how. ``WNOWAIT`` leaves it for vLLM to reap: the
     kernel wakes this call as the child exits, before vLLM's own monitor has looked."""
-    from vllm.logger import init_logger
-
-    log = init_logger("vllm.plugins.agentclaims_watch")  # before the wait: the wake only logs
     try:
         status = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-    except ChildProcessError:  # reaped by vLLM before this thread began to wait
+    except ChildProcessError:  # reaped by vLLM first: its reaping told (``watch_reaping``)
         return
-    if status is None:
+    if status is not None:
+        clean = status.si_code == os.CLD_EXITED and not status.si_status
+        _report(pid, describe(status), clean)
+
+
+def watch_reaping() -> None:
+    """Wrap ``multiprocessing``'s reaping (``Popen.poll``) in this process so that a child the
+    watch found is reported with the status vLLM reaped (once; idempotent)."""
+    from multiprocessing import popen_fork
+
+    poll = popen_fork.Popen.poll
+    if getattr(poll, "agentclaims_watch", False):
         return
-    clean = status.si_code == os.CLD_EXITED and not status.si_status
-    (log.info if clean else log.error)(
-        "agentclaims: vLLM process %s (pid %d) ended by %s", name, pid, describe(status)
-    )
+
+    def reaping_poll(self: Any, flag: int = os.WNOHANG) -> int | None:
+        was = self.returncode
+        code: int | None = poll(self, flag)
+        if was is None and code is not None:
+            _report(self.pid, describe_code(code), code == 0)
+        return code
+
+    reaping_poll.agentclaims_watch = True  # type: ignore[attr-defined]
+    popen_fork.Popen.poll = reaping_poll  # type: ignore[method-assign]
 
 
 def _watch() -> None:
     """Every ``_POLL_S``: a waiting thread for each new vLLM child."""
-    known: set[int] = set()
     while True:
         for pid, name in _children():
-            if pid not in known:
-                known.add(pid)
+            if pid not in _NAMES:
+                _NAMES[pid] = name
                 threading.Thread(
-                    target=_await_exit,
-                    args=(pid, name),
-                    name=f"agentclaims-wait-{pid}",
-                    daemon=True,
+                    target=_await_exit, args=(pid,), name=f"agentclaims-wait-{pid}", daemon=True
                 ).start()
         threading.Event().wait(_POLL_S)
 
@@ -101,4 +151,5 @@ def register() -> None:
     """vLLM's entry point (``vllm.general_plugins``): start the watch where it is asked for."""
     if os.environ.get(ENV) != "1" or not Path("/proc/self/task").is_dir():
         return
+    watch_reaping()
     threading.Thread(target=_watch, name="agentclaims-watch", daemon=True).start()
