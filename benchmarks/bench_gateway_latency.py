@@ -13,11 +13,13 @@ request of the same round (p50, p99) and, for the gateway, its own time (its
 ``Server-Timing``: the handler's time less its wait on vLLM); then the ratio of the two
 fronts' CPU, per run and its median. With ``--layout pinned`` (the default with two or more
 cores) vLLM runs on the last core and the fronts and this client on the others, as
-docs/operations.md deploys them. The gateway answers these plain calls on its plain-call route
-(agentclaims.gateway.plain); with ``--ledger`` it keeps a ledger, and every call then takes
-the general route, as a gateway with tenants or a ledger answers one. Run::
+docs/operations.md deploys them. Every call takes the gateway's one completion pipeline
+(``CompletionRoutes``): a plain call its lean way, a call with the SDK's ``agentclaims``
+object (``--sdk``: an owner scope and an events cursor, as a session sends them; the floor
+and vLLM get the same call without it) the general way. ``--ledger`` makes the gateway keep
+a ledger, ``--tenants`` serve tenants' keys (the calls carry one). Run::
 
-    .venv/bin/python benchmarks/bench_gateway_latency.py [--probes 300] [--runs 3] [--ledger] [--json]
+    .venv/bin/python benchmarks/bench_gateway_latency.py [--probes 300] [--runs 3] [--sdk] [--tenants] [--ledger] [--json]
 
 (needs the vLLM environment: `make vllm-env`).
 """
@@ -41,11 +43,14 @@ from typing import Any
 
 import httpx2
 
+from agentclaims.protocol import EXTENSION_KEY
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vllm import KEY, _timing, cli, layout, pct, serve_vllm, start, tiny_model
 from servers import free_port, stop
 
 FRONTS = ("gateway", "bare proxy")
+TENANT_KEY = "bench-tenant-key-0123456789abcdef"
 
 
 def process_cpu_s(pid: int) -> float:
@@ -82,6 +87,7 @@ async def one_run(urls: dict[str, str], pids: dict[str, int], args: Any) -> dict
     elapsed: dict[str, list[float]] = {name: [] for name in names}
     own: list[float] = []
     cpu = dict.fromkeys(FRONTS, 0.0)
+    seen = 0  # the session's events cursor (--sdk)
     async with httpx2.AsyncClient(timeout=60) as http:
         for i in range(args.probes + 5):
             order = names[i % 3 :] + names[: i % 3]
@@ -89,11 +95,21 @@ async def one_run(urls: dict[str, str], pids: dict[str, int], args: Any) -> dict
                 whole = {front: process_cpu_s(pids[front]) for front in FRONTS}
             for name in order:
                 payload = {**body, "messages": [{"role": "user", "content": f"probe {i} " * 20}]}
+                headers = {}
+                if name == "gateway":
+                    if args.sdk:
+                        payload[EXTENSION_KEY] = {"owner_scope": "bench", "events_since": seen}
+                    if args.tenants:
+                        headers["authorization"] = f"Bearer {TENANT_KEY}"
                 c0 = process_cpu_s(pids[name]) if name in pids else 0.0
                 t = time.perf_counter()
-                r = await http.post(f"{urls[name]}/v1/chat/completions", json=payload)
+                r = await http.post(
+                    f"{urls[name]}/v1/chat/completions", json=payload, headers=headers
+                )
                 took = time.perf_counter() - t
                 assert r.status_code == 200, r.text[:300]
+                if name == "gateway":
+                    seen = r.json()[EXTENSION_KEY]["events_seq"]
                 if i < 5:
                     continue  # warm-up: connections, first-request paths
                 if name in pids:
@@ -135,6 +151,18 @@ def main() -> None:
         help="the gateway keeps a ledger (a SQLite file in a temporary folder): every call then "
         "takes the general route, not the plain-call route",
     )
+    parser.add_argument(
+        "--sdk",
+        action="store_true",
+        help="the gateway's calls carry the SDK's agentclaims object (an owner scope and an "
+        "events cursor; no claim)",
+    )
+    parser.add_argument(
+        "--tenants",
+        action="store_true",
+        help="the gateway serves tenants' keys (a key file in a temporary folder); its calls "
+        "carry one",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if min(args.probes, args.runs) < 1:
@@ -158,6 +186,7 @@ def main() -> None:
                     if args.ledger
                     else ()
                 ),
+                *(("--api-keys", str(keys_file(Path(ledger_dir.name)))) if args.tenants else ()),
             ],
             "bare proxy": [
                 *(sys.executable, proxy, "--port", str(ports["bare proxy"])),
@@ -175,14 +204,24 @@ def main() -> None:
     report(out, args, "pinned" if on_vllm else "shared")
 
 
+def keys_file(folder: Path) -> Path:
+    """A key file with one tenant, whose key the gateway's calls carry (``--tenants``)."""
+    path = folder / "keys.toml"
+    path.write_text(f'[[key]]\nkey = "{TENANT_KEY}"\ntenant = "bench"\n')
+    return path
+
+
 def report(runs: list[dict[str, Any]], args: Any, where: str) -> None:
     ratios = [r["cpu_ratio"] for r in runs if r["cpu_ratio"] is not None]
     median = round(statistics.median(ratios), 3) if ratios else None
     if args.json:
         out = {"layout": where, "ledger": args.ledger, "probes": args.probes, "runs": runs}
+        out |= {"sdk": args.sdk, "tenants": args.tenants}
         print(json.dumps({**out, "ratio": median}))
         return
-    route = "the general route (a ledger)" if args.ledger else "the plain-call route"
+    calls = "the SDK's calls" if args.sdk else "plain calls"
+    extra = [name for name, on in (("tenants", args.tenants), ("a ledger", args.ledger)) if on]
+    route = calls + (f", with {' and '.join(extra)}" if extra else "")
     print(f"{args.probes} rounds per run, {args.runs} runs, layout {where}, {route}; ms\n")
     head = ("CPU/request", "added p50", "added p99", "own p50", "own p99")
     print(f"{'':8}{'':14}" + "".join(f"{h:>13}" for h in head))

@@ -31,7 +31,6 @@ from agentclaims.gateway.limits import BodyTooLarge, Limits
 from agentclaims.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from agentclaims.gateway.openapi import openapi
 from agentclaims.gateway.params import TENANT_SCOPE_KEY, header, tenant_of
-from agentclaims.gateway.plain import PlainRoute
 from agentclaims.gateway.responses import ResponsesRoute
 from agentclaims.gateway.service import Service
 from agentclaims.gateway.sides import KVSide
@@ -254,20 +253,12 @@ class _GatewayApp(Starlette):
 
     completions: dict[str, Handler]
     on_error: Callable[[Request, Exception], Awaitable[Response]]
-    plain: PlainRoute | None = None
-    """Plain calls answered straight from the scope, where the writer has a plain path and the
-    gateway no tenants or ledger (agentclaims.gateway.plain)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             handler = self.completions.get(scope["path"])
             if handler is not None:
                 scope["app"] = self
-                if self.plain is not None:
-                    again = await self.plain(scope, receive, send)
-                    if again is None:
-                        return
-                    receive = again
                 request = Request(scope, receive, send)
                 try:
                     response = await handler(request)
@@ -369,17 +360,6 @@ def create_app(
         if route.path in ("/v1/chat/completions", "/v1/completions")
     }
     app.on_error = gw.on_error
-    plain_write = getattr(writer, "plain", None)
-    if plain_write is not None and keys is None and ledger is None:
-        app.plain = PlainRoute(
-            plain_write,
-            comp,
-            limits,
-            gw.calls,
-            gw.prometheus,
-            gw.instance.raw_headers,
-            gw.on_error,
-        )
     app.state.gateway = gw
     app.state.limits = limits
     return app

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from agentclaims.contract import ClaimId, OwnerScope
+from agentclaims.contract import (
+    ArbiterAction,
+    ClaimId,
+    Feasibility,
+    OwnerScope,
+    RequestId,
+)
 from agentclaims.errors import ContractViolation, UnknownClaim, UsageError
 from agentclaims.gateway.extension import Extension, Instance
 from agentclaims.gateway.hosted import HEADER as CACHE_HEADER
@@ -40,12 +46,14 @@ from agentclaims.gateway.tenants import Tenant
 from agentclaims.protocol import (
     EXTENSION_KEY,
     ROUTER_SAFE_HEADER,
+    ActiveOutcome,
     ServeResult,
     refusal_error,
 )
 from agentclaims.protocol.writer import (
     CompletionCall,
     CompletionKind,
+    PlainWrite,
     ReplyStream,
     ReplyWriter,
     Written,
@@ -72,6 +80,8 @@ class CompletionRoutes:
         self.instance = instance
         self.errors = errors
         self._fields = instance.fields  # in every answer: read once
+        self._plain: PlainWrite | None = getattr(writer, "plain", None)
+        """The writer's lean way for a call that carries nothing but OpenAI's fields."""
         self.cache_claims = PromptCacheClaims()
         """Each ``prompt_cache_key``'s latest claim (``agentclaims.gateway.hosted``)."""
 
@@ -91,9 +101,13 @@ class CompletionRoutes:
         the call checked (nothing changes on bad input), the claims it releases let go, the
         reply written with its KV life, the claims' decisions in its ``agentclaims`` object;
         streamed as the engine produces it where it can."""
+        tenant = tenant_of(request)
+        if self._plain is not None and _plain_call(body):
+            lean = await self._lean(request, kind, body, tenant)
+            if lean is not None:
+                return lean
         ext = Extension.parse(body)
         cache = PromptCache.parse(body)  # OpenAI's fields, checked as OpenAI checks them
-        tenant = tenant_of(request)
         owner = self.service.owner(ext.default_owner, tenant)
         cached = await self._cache_claim(cache, tenant)
         if cached is not None:
@@ -127,6 +141,51 @@ class CompletionRoutes:
         return await self.answer(
             request, body, written, owners, tenant, owner, released, streamed, ext, hosted
         )
+
+    async def _lean(
+        self,
+        request: Request,
+        kind: CompletionKind,
+        body: dict[str, Any],
+        tenant: Tenant | None,
+    ) -> Response | None:
+        """A call that carries nothing but OpenAI's fields, written by the writer's plain way
+        (``CompletionForwarder.plain``: vLLM's answer booked without the objects a claim's
+        outcome needs) and answered as ``answer`` answers a served call with no claims, its
+        tenant's books kept; ``None`` where an operation waits to ride on it (``write``
+        carries it: this call is then answered the general way)."""
+        assert self._plain is not None
+        self.writer.prepare(CompletionCall(kind, body))  # nothing sent on a bad body
+        ns = self.service.namespace
+        reply = await self._plain(
+            kind,
+            body,
+            cache_salt=ns.salt(None, tenant),
+            request_id=ns.request_id(None, tenant, "chatcmpl" if kind == "chat" else "cmpl"),
+        )
+        if reply is None:
+            return None
+        if isinstance(reply, Written):  # the connector spoke to it: booked the general way
+            return await self.answer(request, body, reply, {}, tenant, None, [], False)
+        prefix_ids: dict[str, Any] = {
+            "prompt": reply.prompt,
+            "sequence": reply.sequence,
+            "messages": [],
+        }
+        events_seq = await self.service.served_plain(
+            reply.request_id, prefix_ids, tenant, reply.events_seq
+        )
+        shown = ns.shown(reply.request_id, tenant)
+        outcome = _SERVED | {
+            "request_id": shown,
+            "hit_blocks": reply.hit_blocks,
+            "computed_blocks": reply.computed_blocks,
+        }
+        payload = reply.payload
+        if tenant is not None and isinstance(payload.get("id"), str):
+            payload["id"] = ns.shown_text(payload["id"], tenant)
+        payload[EXTENSION_KEY] = self.extension_of(outcome, prefix_ids, [], events_seq)
+        return JSONResponse(payload)
 
     async def _cache_claim(
         self, cache: PromptCache | None, tenant: Tenant | None
@@ -273,6 +332,9 @@ class CompletionRoutes:
             await streamed.aclose()
             raise
 
+        named = call.request_id
+        shown = _as_named(None if named is None else self.service.namespace.shown(named, tenant))
+
         async def events() -> AsyncIterator[bytes]:
             try:
                 # a chunk that may be the last (a finish reason, or the usage chunk) waits for
@@ -280,6 +342,7 @@ class CompletionRoutes:
                 # chunk for chunk the engine's, as OpenAI shapes it
                 last: dict[str, Any] | None = None
                 async for chunk in streamed.chunks():
+                    chunk = shown(chunk)  # its id as the caller named it
                     if last is not None:
                         yield event(last)
                         last = None
@@ -377,6 +440,37 @@ class _Hosted:
 
     cache: PromptCache | None
     claim: _CacheClaim | None
+
+
+_PROMPT_CACHE_FIELDS = frozenset({"cache_salt", "prompt_cache_key", "prompt_cache_retention"})
+"""Fields that ask the general way for something (a salt inside the tenant's, a claim)."""
+_SERVED = ActiveOutcome(
+    RequestId(""), ArbiterAction.SERVE_ACTIVE_PRESERVE_RESIDENT, Feasibility.FEASIBLE
+).to_dict()
+"""A served outcome's JSON form, from the type itself: a lean call's fills in its request
+and block counts."""
+
+
+def _plain_call(body: Mapping[str, Any]) -> bool:
+    """Whether a body carries nothing but OpenAI's fields: no ``agentclaims`` object, no
+    prompt-cache field, not streamed (a bad ``stream`` field is refused here, as always)."""
+    return (
+        EXTENSION_KEY not in body
+        and _PROMPT_CACHE_FIELDS.isdisjoint(body)
+        and not stream_requested(body)
+    )
+
+
+def _as_named(request_id: str | None) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A chunk with the request's id as its caller knows it (where the gateway named the
+    request: vLLM's chunks carry its own prefix before it)."""
+
+    def shown(chunk: dict[str, Any]) -> dict[str, Any]:
+        if request_id is not None and "id" in chunk:
+            chunk["id"] = request_id
+        return chunk
+
+    return shown
 
 
 def _may_end(chunk: Mapping[str, Any]) -> bool:

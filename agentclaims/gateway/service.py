@@ -298,6 +298,22 @@ class Service:
             replace(result, events_seq=self.outer_seq(result.events_seq)), tenant
         )
 
+    async def served_plain(
+        self, request_id: str, prefix_ids: Mapping[str, Any], tenant: Tenant | None, seq: int
+    ) -> int:
+        """After a plain call served (no claims, no decisions): its tenant's counts and the
+        ledger's events, as ``served`` keeps them (the ledger reads the KV side's events only
+        where there are new ones); its ``events_seq`` in the ledger's numbering."""
+        if tenant is not None:
+            self.prefixes.own(prefix_ids, tenant)
+            self.counts[tenant.name, "requests"] += 1
+            self._remember(request_id, tenant)
+        if self.ledger is None:
+            return seq
+        if seq > self._cursor:
+            await self.sync()
+        return self.outer_seq(seq)
+
     async def sync(self) -> None:
         if self.ledger is None:
             return

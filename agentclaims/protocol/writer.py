@@ -10,14 +10,22 @@ answers with the writer's payload, its KV life and the claims' decisions.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from agentclaims.errors import UsageError
 from agentclaims.protocol.types import ServeResult
 
-__all__ = ["CompletionCall", "PlainReply", "ReplyStream", "ReplyWriter", "Written", "check_body"]
+__all__ = [
+    "CompletionCall",
+    "PlainReply",
+    "PlainWrite",
+    "ReplyStream",
+    "ReplyWriter",
+    "Written",
+    "check_body",
+]
 
 CompletionKind = Literal["chat", "completion"]
 
@@ -52,9 +60,8 @@ class Written:
 
 @dataclass(slots=True)
 class PlainReply:
-    """A plain call's answer from a writer's plain path (``CompletionForwarder.plain``, which
-    the gateway's ``PlainRoute`` calls): the client's payload and what its ``agentclaims``
-    object says, a served outcome with no claims."""
+    """A plain call's answer from a writer's lean way (``PlainWrite``): the client's payload
+    and what its ``agentclaims`` object says, a served outcome with no claims."""
 
     payload: dict[str, Any]
     request_id: str
@@ -63,6 +70,13 @@ class PlainReply:
     prompt: str | None
     sequence: str | None
     events_seq: int
+
+
+PlainWrite = Callable[..., Awaitable["PlainReply | Written | None"]]
+"""A writer's lean way (``CompletionForwarder.plain``), taken by the completion pipeline for a
+call that carries nothing but OpenAI's fields: called with the call's kind and body (and its
+tenant's ``cache_salt`` and ``request_id``); ``None`` when it will not take the call (an
+operation waits to ride), a ``Written`` to answer the general way, else a ``PlainReply``."""
 
 
 class ReplyStream(Protocol):

@@ -52,6 +52,7 @@ from agentclaims.vllm.upstream import Upstream
 if TYPE_CHECKING:
     from agentclaims.vllm.link import VllmLink
     from agentclaims.vllm.liveness import EngineLiveness
+    from agentclaims.vllm.mirror import ClaimMirror
     from agentclaims.vllm.prompts import PromptBook
 
 __all__ = ["CompletionForwarder"]
@@ -74,6 +75,28 @@ def chain_hashes(
     return chain[: len(tokens) // block_size], (
         chain[: len(sequence) // block_size] if sequence else []
     )
+
+
+def vllm_request_id(kind: CompletionKind, request_id: str) -> str:
+    """What vLLM calls a request it was sent with ``request_id`` (its answer's id, and its
+    engine's, which adds ``-<n>`` suffixes): OpenAI's prefix for the kind, then the id."""
+    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{request_id}"
+
+
+def named(
+    outgoing: dict[str, Any],
+    mirror: ClaimMirror,
+    kind: CompletionKind,
+    request_id: str | None,
+    cache_salt: str | None,
+) -> None:
+    """The gateway's request id (known in ``mirror`` by vLLM's name for it from now on) and
+    vLLM's own per-request salt (a tenant's blocks are its own) on ``outgoing``."""
+    if request_id is not None:
+        outgoing["request_id"] = request_id
+        mirror.name_request(vllm_request_id(kind, request_id), request_id)
+    if cache_salt:
+        outgoing["cache_salt"] = cache_salt
 
 
 def blocks_served(
@@ -190,11 +213,7 @@ class CompletionForwarder:
         )
         tenant = owner or "default"
         outgoing = forwarded(body, client.model)
-        if request_id is not None:
-            outgoing["request_id"] = request_id
-            self._mirror.name_request(f"cmpl-{request_id}", request_id)
-        if cache_salt:  # vLLM's own per-request salt: a tenant's blocks are its own
-            outgoing["cache_salt"] = cache_salt
+        named(outgoing, self._mirror, kind, request_id, cache_salt)
         wants_ids = bool(body.get("return_token_ids"))
         on_reply, gated, riding, envelope = self._envelope(client, specs, tenant, body)
         if tokens is None or on_reply:
@@ -204,16 +223,24 @@ class CompletionForwarder:
         self.completions += 1
         data = await self._post(kind, outgoing, riding)
         payload = client_payload(data, keep_token_ids=wants_ids)
+        if request_id is not None:  # vLLM's id is its prefix, then ours: ours, as named
+            payload["id"] = request_id
         result = await self._answered(
             client, data, tokens, hashes, prompt_pid, specs, gated, on_reply, cache_salt
         )
         return Written(payload, result)
 
     async def plain(
-        self, kind: CompletionKind, body: Mapping[str, Any]
+        self,
+        kind: CompletionKind,
+        body: Mapping[str, Any],
+        *,
+        cache_salt: str | None = None,
+        request_id: str | None = None,
     ) -> PlainReply | Written | None:
-        """A plain OpenAI call (no ``agentclaims`` object, not streamed, no ``cache_salt``;
-        ``prepare`` checked it), written with the least work that books it: ``None`` while an
+        """A plain OpenAI call (no ``agentclaims`` object, not streamed, no prompt-cache
+        fields; ``prepare`` checked it; ``cache_salt`` and ``request_id``: its tenant's, as
+        ``write`` takes them), written with the least work that books it: ``None`` while an
         operation waits to ride (``write`` carries it). The request goes as ``write`` sends
         one without claims or envelope; an answer the connector spoke to (a refusal, a
         deferral, events) or that vLLM aborted is booked as ``write`` books it (``Written``),
@@ -224,10 +251,13 @@ class CompletionForwarder:
             return None
         outgoing = forwarded(body, client.model)
         outgoing["return_token_ids"] = True  # the prompt's and the reply's token ids
+        named(outgoing, self._mirror, kind, request_id, cache_salt)
         self.completions += 1
         self.bare += 1
         data = await self._post(kind, outgoing, [])
         payload = client_payload(data, keep_token_ids=bool(body.get("return_token_ids")))
+        if request_id is not None:  # vLLM's id is its prefix, then ours: ours, as named
+            payload["id"] = request_id
         choice = (data.get("choices") or [{}])[0]
         tokens = prompt_ids(data)
         if (
@@ -235,10 +265,10 @@ class CompletionForwarder:
             or choice.get("finish_reason") == "abort"
             or (data.get("kv_transfer_params") or {}).get(EXTENSION_KEY)
         ):
-            result = await self._answered(client, data, None, [], None, [], {}, set(), None)
+            result = await self._answered(client, data, None, [], None, [], {}, set(), cache_salt)
             return Written(payload, result)
         sequence = sequence_ids(data, tokens, self.block_size)
-        hashes, seq_hashes = chain_hashes(self.block_size, tokens, sequence, None)
+        hashes, seq_hashes = chain_hashes(self.block_size, tokens, sequence, cache_salt)
         self._sight.last_stored = tuple(hashes)
         usage = data.get("usage") or {}
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
@@ -246,7 +276,7 @@ class CompletionForwarder:
         hit, computed = blocks_served(self.block_size, cached, hashes)
         async with self._lock if self._lock.locked() else _UNLOCKED:
             prompt_pid, seq_pid = book(
-                self._prompts, tokens, hashes, None, sequence, seq_hashes, None
+                self._prompts, tokens, hashes, None, sequence, seq_hashes, cache_salt
             )
             return PlainReply(
                 payload,
@@ -304,8 +334,7 @@ class CompletionForwarder:
         outgoing["return_token_ids"] = True  # the prompt's and the reply's, to name them
         options = dict(body.get("stream_options") or {})
         outgoing["stream_options"] = {**options, "include_usage": True}
-        if cache_salt:
-            outgoing["cache_salt"] = cache_salt
+        named(outgoing, self._mirror, kind, call.request_id, cache_salt)
         on_reply, gated, riding, envelope = self._envelope(client, specs, owner or "default", body)
         if envelope is not None:
             outgoing["kv_transfer_params"] = {"agentclaims": envelope}

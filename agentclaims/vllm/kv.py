@@ -241,7 +241,7 @@ class VllmKV:
         self.forwarder = CompletionForwarder(self, self._http, self._lock, self._gated)
         """How a completion goes to vLLM and its answer comes back (``ReplyWriter``)."""
         self.plain = self.forwarder.plain
-        """A plain call written with the least work (the gateway's ``PlainRoute`` uses it)."""
+        """A plain call written with the least work (the completion pipeline's lean way)."""
         self.claims_api = ClaimsApi(self, self._lock, self._gated)
         """Claims on served prefixes, renewals, releases, events and residency."""
         self.instance_reset = InstanceReset(self, self._http, self._lock)

@@ -386,6 +386,34 @@ async def test_tenants_and_the_ledger_on_vllm(vllm_server: VllmServer, tmp_path:
             alphas = again["agentclaims"]["prefix_ids"]["prompt"]
             seen = (await beta.post("/v1/residency", json={"prefix_ids": [alphas]})).json()
             assert seen == {"residency": {alphas: 0}}
+            # plain calls (OpenAI's fields only: the lean way) keep the tenants apart too
+            lone = words("lone", 40)
+            await alpha.post("/v1/chat/completions", json=chat(lone))
+            plain = (await alpha.post("/v1/chat/completions", json=chat(lone))).json()
+            other = (await beta.post("/v1/chat/completions", json=chat(lone))).json()
+            assert plain["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+            assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+            for answer in (plain, again):  # the lean way's, and the general way's
+                ext = answer["agentclaims"]
+                assert ext["request_id"] == ext["outcome"]["request_id"] == answer["id"]
+                assert answer["id"].startswith("chatcmpl-"), answer["id"]  # its own, as named
+                assert "/" not in answer["id"], answer["id"]
+                assert "other:" not in answer["id"], answer["id"]
+            theirs_too = plain["agentclaims"]["prefix_ids"]["prompt"]
+            own = {
+                "claim_id": "t-own",
+                "owner_scope": "t-a",
+                "object_id": theirs_too,
+                "cache_identity": (await alpha.get("/v1/descriptor")).json()["cache_identity"],
+                "footprint_blocks": 1,
+                "protection_mode": "demotable",
+            }
+            mine = await alpha.post("/v1/claims", json={"claim": own})
+            assert mine.status_code == 200, mine.text  # the tenant's own prefix id
+            await alpha.post("/v1/claims/t-own/release", json={"owner_scope": "t-a"})
+            stolen = await beta.post("/v1/claims", json={"claim": {**own, "owner_scope": "t-b"}})
+            assert stolen.status_code == 400, stolen.text
+            assert "unknown prefix" in stolen.json()["error"]["message"]
             identity = (await beta.get("/v1/descriptor")).json()["cache_identity"]
             pin = {
                 "claim_id": "t-steal",
@@ -957,29 +985,38 @@ async def test_the_prefix_hit_ratio_behind_vllm_is_what_vllm_served_from_its_cac
         assert await ratio() > low
 
 
-async def test_a_plain_call_is_answered_as_the_general_route_answers_it(
+async def test_a_plain_call_is_answered_as_a_call_with_the_sdks_object_is(
     vllm_server: VllmServer,
 ) -> None:
-    """The plain-call route (``agentclaims.gateway.plain``) answers what the general route
-    would, byte for byte but for the request's own names and the server's timing: two apps
-    over one vLLM side, one with the route and one without, take the same call in turn (its
-    prefix cached by the calls before, so both see the same hits)."""
+    """One completion pipeline: a call with nothing but OpenAI's fields takes the writer's
+    lean way (``CompletionForwarder.plain``), and its answer is, byte for byte but for the
+    request's own names and the server's timing, the one the same call gets with an empty
+    ``agentclaims`` object (written the general way): the same gateway takes both in turn,
+    its prefix cached by the calls before, so both see the same hits."""
     from agentclaims.gateway.app import create_app
     from agentclaims.vllm.kv import VllmKV
 
     kv = VllmKV(vllm_server.url, vllm_server.key)
-    plain_app = create_app(kv)
-    general_app = create_app(kv)
-    assert getattr(plain_app, "plain", None) is not None
-    general_app.plain = None  # type: ignore[attr-defined]
+    lean = kv.plain
+    taken: list[dict[str, Any]] = []
+
+    async def seen(kind: str, body: dict[str, Any], **names: Any) -> Any:
+        taken.append(body)
+        return await lean(kind, body, **names)  # type: ignore[arg-type]
+
+    kv.plain = seen  # type: ignore[method-assign]
+    app = create_app(kv)
     body = {**chat(words("same", 60)), "max_tokens": 40}
     answers: dict[str, list[httpx2.Response]] = {"plain": [], "general": []}
     try:
-        for _ in range(2):
-            for name, app in (("general", general_app), ("plain", plain_app)):
-                transport = httpx2.ASGITransport(app=app)
-                async with httpx2.AsyncClient(transport=transport, base_url="http://gw") as http:
-                    answers[name].append(await http.post("/v1/chat/completions", json=body))
+        transport = httpx2.ASGITransport(app=app)
+        async with httpx2.AsyncClient(transport=transport, base_url="http://gw") as http:
+            for _ in range(2):
+                answers["general"].append(
+                    await http.post("/v1/chat/completions", json={**body, "agentclaims": {}})
+                )
+                answers["plain"].append(await http.post("/v1/chat/completions", json=body))
+        assert taken == [body, body]  # the lean way wrote the plain calls, and only them
     finally:
         await kv.aclose()
 
@@ -994,20 +1031,24 @@ async def test_a_plain_call_is_answered_as_the_general_route_answers_it(
         return out
 
     general, plain = answers["general"][1], answers["plain"][1]
-    assert comparable(plain) == comparable(general)
-    assert list(plain.json()["agentclaims"]) == list(general.json()["agentclaims"])  # its order
+    asked = comparable(general)
+    assert "pool" in asked["agentclaims"]  # the SDK's object asks for the pool's figures
+    asked["agentclaims"].pop("pool")
+    assert comparable(plain) == asked
+    order = [key for key in general.json()["agentclaims"] if key != "pool"]
+    assert list(plain.json()["agentclaims"]) == order  # its order
     assert plain.json()["agentclaims"]["outcome"]["hit_blocks"] > 0  # the prefix was cached
     assert plain.json()["agentclaims"]["prefix_ids"]["sequence"]
     heads = ("content-type", "x-agentclaims-instance", "server-timing")
     assert [plain.headers.get(h) is not None for h in heads] == [True, True, True]
     assert plain.headers["content-type"] == general.headers["content-type"]
-    stats = plain_app.state.gateway.stats()["gateway"]["calls"]
-    assert stats["POST /v1/chat/completions"] == 2  # the plain route counts its calls
+    stats = app.state.gateway.stats()["gateway"]["calls"]
+    assert stats["POST /v1/chat/completions"] == 4
 
 
-async def test_what_the_plain_route_does_not_take_the_general_route_answers(gateway: str) -> None:
-    """A call the plain route will not take (a body over the limit, a malformed field, a
-    stream) is answered by the general route as before, and a body read in several pieces
+async def test_what_the_lean_way_does_not_take_is_answered_as_always(gateway: str) -> None:
+    """A call the lean way will not take (a body over the limit, a malformed field, a
+    stream) is answered the general way, and a body read in several pieces
     goes on to vLLM whole: vLLM's own refusal of a prompt past its context comes back as the
     client's 400."""
     async with httpx2.AsyncClient(base_url=gateway, timeout=60) as http:
