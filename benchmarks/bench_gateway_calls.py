@@ -9,7 +9,7 @@ gateway waits on vLLM, whose model run sweeps the shared cache, so its code runs
 are this process's, the client's share of the work included, the two apps alternating in
 rounds. Run::
 
-    .venv/bin/python benchmarks/bench_gateway_calls.py [--calls 200] [--rounds 3] [--json]
+    .venv/bin/python benchmarks/bench_gateway_calls.py [--calls 200] [--rounds 3] [--sdk] [--functions 30] [--json]
 
 (needs the vLLM environment: `make vllm-env`).
 """
@@ -77,30 +77,35 @@ async def measure(url: str, args: Any) -> dict[str, Any]:
     kv = VllmKV(url, KEY)
     apps: dict[str, App] = {"gateway": create_app(kv), "bare proxy": make_app(url)}
 
-    def body(i: int) -> bytes:
+    def body(i: int, front: str = "bare proxy") -> bytes:
         content = f"probe {i} " * 20
         payload = {"model": args.model, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
-        return json.dumps({**payload, "messages": [{"role": "user", "content": content}]}).encode()
+        payload["messages"] = [{"role": "user", "content": content}]
+        if args.sdk and front == "gateway":  # the SDK's object: an owner scope, an events cursor
+            payload["agentclaims"] = {"owner_scope": "bench", "events_since": 0}
+        return json.dumps(payload).encode()
 
     out: dict[str, Any] = {"calls_per_request": {}, "cpu_ms_per_request": {}}
-    for app in apps.values():  # warm: connections, the gateway's start, first paths
+    for name, app in apps.items():  # warm: connections, the gateway's start, first paths
         for i in range(20):
-            await call(app, body(i))
+            await call(app, body(i, name))
     for name, app in apps.items():
         profile = cProfile.Profile()
         profile.enable()
         for i in range(args.calls):
-            await call(app, body(10_000 + i))
+            await call(app, body(10_000 + i, name))
         profile.disable()
         stats = pstats.Stats(profile)
         out["calls_per_request"][name] = round(stats.total_calls / args.calls, 1)  # type: ignore[attr-defined]
         if args.top:
             out.setdefault("top", {})[name] = by_module(stats, args.calls, args.top)
+        if args.functions and name == "gateway":
+            out["functions"] = by_function(stats, args.calls, args.functions)
     for r in range(args.rounds):
         for name, app in apps.items():
             cpu = time.process_time()
             for i in range(args.calls):
-                await call(app, body(20_000 + r * args.calls + i))
+                await call(app, body(20_000 + r * args.calls + i, name))
             ms = (time.process_time() - cpu) / args.calls * 1e3
             out["cpu_ms_per_request"].setdefault(name, []).append(round(ms, 3))
     await kv.aclose()
@@ -120,6 +125,18 @@ def by_module(stats: pstats.Stats, calls: int, top: int) -> list[tuple[str, floa
         entry[1] += own_s
     ranked = sorted(files.items(), key=lambda kv: -kv[1][0])[:top]
     return [(k, round(n / calls, 1), round(s / calls * 1e3, 4)) for k, (n, s) in ranked]
+
+
+def by_function(stats: pstats.Stats, calls: int, top: int) -> list[tuple[str, float, float]]:
+    """The ``top`` functions of agentclaims by their own CPU: each one's calls and own CPU
+    (ms, under cProfile) per request."""
+    rows = []
+    raw = stats.stats  # type: ignore[attr-defined]
+    for (path, line, func), (_, ncalls, own_s, _, _) in raw.items():
+        if "agentclaims" in path:
+            rows.append((f"{'/'.join(Path(path).parts[-2:])}:{line} {func}", ncalls, own_s))
+    rows.sort(key=lambda row: -row[2])
+    return [(k, round(n / calls, 1), round(s / calls * 1e3, 4)) for k, n, s in rows[:top]]
 
 
 async def lifespan_end(app: App) -> None:
@@ -143,6 +160,14 @@ def main() -> None:
     parser.add_argument(
         "--top", type=int, default=0, help="also print the N source files with the most calls"
     )
+    parser.add_argument(
+        "--functions", type=int, default=0, help="also print agentclaims' N costliest functions"
+    )
+    parser.add_argument(
+        "--sdk",
+        action="store_true",
+        help="the gateway's calls carry the SDK's agentclaims object (no claim)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if min(args.calls, args.rounds) < 1:
@@ -162,11 +187,18 @@ def main() -> None:
         print(json.dumps(out))
         return
     calls, cpu = out["calls_per_request"], out["cpu_ms_per_request"]
-    print(f"plain chat calls, {args.calls} per app (and per round); one process, real vLLM\n")
+    what = "the SDK's chat calls" if args.sdk else "plain chat calls"
+    print(f"{what}, {args.calls} per app (and per round); one process, real vLLM\n")
     print(f"{'':12}{'calls/request':>15}{'CPU ms/request, per round':>30}")
     for name in calls:
         print(f"{name:12}{calls[name]:>15}{'  '.join(map(str, cpu[name])):>30}")
     print(f"\ngateway / bare proxy: {calls['gateway'] / calls['bare proxy']:.2f}x the calls")
+    if out.get("functions"):
+        print(
+            "\ngateway: agentclaims' functions, calls and own CPU (ms, under cProfile) per request"
+        )
+        for where, n, ms in out["functions"]:
+            print(f"  {where:72}{n:>8}{ms:>10}")
     for name, rows in out.get("top", {}).items():
         print(f"\n{name}: source file, calls and own CPU (ms, under cProfile) per request")
         for path, n, ms in rows:

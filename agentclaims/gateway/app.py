@@ -30,7 +30,7 @@ from agentclaims.gateway.ledger import Ledger
 from agentclaims.gateway.limits import BodyTooLarge, Limits
 from agentclaims.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from agentclaims.gateway.openapi import openapi
-from agentclaims.gateway.params import TENANT_SCOPE_KEY, header, tenant_of
+from agentclaims.gateway.params import TENANT_SCOPE_KEY, header, json_object, tenant_of
 from agentclaims.gateway.responses import ResponsesRoute
 from agentclaims.gateway.service import Service
 from agentclaims.gateway.sides import KVSide
@@ -55,7 +55,7 @@ from agentclaims.protocol import (
     exception_error,
     timing,
 )
-from agentclaims.protocol.writer import ReplyWriter
+from agentclaims.protocol.writer import CompletionKind, ReplyWriter
 
 __all__ = [
     "INSTANCE_HEADER",
@@ -191,11 +191,8 @@ class _Gateway:
 
     # ------------------------------------------------------------------ plumbing
     def counted(self, name: str, handler: Handler) -> Handler:
-        """The route's handler behind the service's checks: the caller's key (401 without
-        one), an operator key for operator routes (403), not while stopping (503), and the
-        ledger accounted for before the first operation."""
+        """The route's handler behind the service's checks (``admit``), counted and timed."""
         open_route = name in _OPEN_ROUTES
-        operator = name in _OPERATOR_ROUTES
         instance = self.instance.raw_headers
 
         async def run(request: Request) -> Response:
@@ -203,17 +200,8 @@ class _Gateway:
             started = time.perf_counter()
             waited = timing.track()
             try:
-                service = self.service
                 if not open_route:
-                    service.check_open()
-                    auth = header(request, b"authorization")
-                    if auth is None and (key := header(request, b"x-api-key")):
-                        auth = f"Bearer {key}"  # Anthropic's clients send their key so
-                    tenant = service.tenant(auth)
-                    request.scope[TENANT_SCOPE_KEY] = tenant
-                    if operator:
-                        TenantKeys.require_admin(tenant, name)
-                    await service.ready()
+                    await self.admit(request, name)
                 response = await handler(request)
                 spent = timing.server_timing(time.perf_counter() - started, waited[0])
                 response.raw_headers += [*instance, (b"server-timing", spent.encode())]
@@ -222,6 +210,51 @@ class _Gateway:
                 self.prometheus.observe(name, time.perf_counter() - started)
 
         return run
+
+    async def admit(self, request: Request, name: str) -> None:
+        """What a call of any route but the open ones goes through: not while stopping
+        (503), the caller's key (401 without one; ``x-api-key`` as Anthropic's clients send
+        it), an operator key for operator routes (403), and the ledger accounted for before
+        the first operation."""
+        service = self.service
+        service.check_open()
+        tenant = None
+        if service.keys is not None:
+            auth = header(request, b"authorization")
+            if auth is None and (key := header(request, b"x-api-key")):
+                auth = f"Bearer {key}"
+            tenant = service.tenant(auth)
+        request.scope[TENANT_SCOPE_KEY] = tenant
+        if name in _OPERATOR_ROUTES:
+            TenantKeys.require_admin(tenant, name)
+        await service.ready()
+
+    async def complete(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A completion call's way in (``POST /v1/chat/completions`` and ``/v1/completions``,
+        every agent's LLM call), as a counted route goes in one frame: admitted, its body
+        read within the limits, taken by the one completion pipeline
+        (``CompletionRoutes.completion_of``), answered with the gateway's timing."""
+        kind, name = _COMPLETIONS[scope["path"]]
+        self.calls[name] += 1
+        started = time.perf_counter()
+        waited = timing.track()
+        request = Request(scope, receive, send)
+        try:
+            try:
+                await self.admit(request, name)
+                body = await json_object(request)
+                response = await self.completion_routes.completion_of(request, kind, body)
+            except AgentClaimsError as exc:  # as Starlette's exception handler answers it
+                response = await self.on_error(request, exc)
+            else:
+                spent = timing.server_timing(time.perf_counter() - started, waited[0])
+                response.raw_headers += [
+                    *self.instance.raw_headers,
+                    (b"server-timing", spent.encode()),
+                ]
+            await response(scope, receive, send)
+        finally:
+            self.prometheus.observe(name, time.perf_counter() - started)
 
     async def on_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, AgentClaimsError)
@@ -246,26 +279,18 @@ class _Gateway:
 
 
 class _GatewayApp(Starlette):
-    """The gateway's Starlette app, with the completion routes (every agent's LLM call) sent
-    straight to their handlers: the same handler, request and response objects, without the
-    walk through the routing table and the middleware stack, which cost a proxied request
-    about a fifth of the gateway's own CPU. Every other route goes the usual way."""
+    """The gateway's Starlette app, with the completion calls (every agent's LLM call) sent
+    straight to their way in (``_Gateway.complete``), without the walk through the routing
+    table and the middleware stack, which cost a proxied request about a fifth of the
+    gateway's own CPU. Every other route goes the usual way."""
 
-    completions: dict[str, Handler]
-    on_error: Callable[[Request, Exception], Awaitable[Response]]
+    gateway: _Gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            handler = self.completions.get(scope["path"])
-            if handler is not None:
-                scope["app"] = self
-                request = Request(scope, receive, send)
-                try:
-                    response = await handler(request)
-                except AgentClaimsError as exc:  # as Starlette's exception handler answers it
-                    response = await self.on_error(request, exc)
-                await response(scope, receive, send)
-                return
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in _COMPLETIONS:
+            scope["app"] = self
+            await self.gateway.complete(scope, receive, send)
+            return
         await super().__call__(scope, receive, send)
 
 
@@ -354,17 +379,17 @@ def create_app(
         exception_handlers={AgentClaimsError: gw.on_error, HTTPException: gw.on_http_error},
         lifespan=lifespan,
     )
-    app.completions = {
-        route.path: route.endpoint
-        for route in routes
-        if route.path in ("/v1/chat/completions", "/v1/completions")
-    }
-    app.on_error = gw.on_error
+    app.gateway = gw
     app.state.gateway = gw
     app.state.limits = limits
     return app
 
 
+_COMPLETIONS: dict[str, tuple[CompletionKind, str]] = {
+    "/v1/chat/completions": ("chat", "POST /v1/chat/completions"),
+    "/v1/completions": ("completion", "POST /v1/completions"),
+}
+"""Each completion path: its kind and its name in the gateway's counts and metrics."""
 _OPEN_ROUTES = frozenset({"GET /health", "GET /openapi.json"})
 _OPERATOR_ROUTES = frozenset(
     {"GET /metrics", "GET /v1/stats", "POST /v1/instance", "POST /v1/instance/step"}

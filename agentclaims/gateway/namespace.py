@@ -32,12 +32,17 @@ class TenantNamespace:
 
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
+        self._salts: dict[str, str] = {}
+        """Each tenant's salt, derived once (every call of a tenant's carries it)."""
 
     def salt(self, cache_salt: str | None, tenant: Tenant | None) -> str | None:
         """The tenant's own salt (the client's, if any, inside it)."""
         if tenant is None:
             return cache_salt
-        mac = hmac.new(self._secret, tenant.name.encode(), hashlib.sha256).hexdigest()[:32]
+        mac = self._salts.get(tenant.name)
+        if mac is None:
+            mac = hmac.new(self._secret, tenant.name.encode(), hashlib.sha256).hexdigest()[:32]
+            self._salts[tenant.name] = mac
         return f"{mac}:{cache_salt}" if cache_salt else mac
 
     def ns(self, tenant: Tenant | None) -> str:
