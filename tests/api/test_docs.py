@@ -3,9 +3,12 @@ written, or says what it needs that the tests start themselves.
 
 * Each block names its language: ``python``, ``sh``, ``json``, ``yaml``, ``toml`` or ``text``
   (output, diagrams).
+* A fence may be indented (a block inside a list item); its lines lose their common
+  indentation before they are run or parsed.
 * A ``python`` or ``sh`` block that needs something first (a server, the vLLM environment, the
   traces, minutes of CPU) is preceded by ``<!-- needs: WHAT -->``; the others run here, from
-  an empty folder (the README's Python blocks run in ``test_readme.py``).
+  an empty folder (the README's Python blocks run in ``test_readme.py``). Every ``python``
+  block, marked or not, compiles.
 * Every ``agentclaims`` command line, marked or not, parses with the real CLI parser; every
   ``make`` target exists; every script a command runs is in the repository.
 * ``json``, ``yaml`` and ``toml`` blocks parse (a JSON block may be JSON lines).
@@ -20,6 +23,7 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +36,8 @@ from agentclaims.cli.main import build_parser
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LANGUAGES = {"python", "sh", "json", "yaml", "toml", "text"}
-_FENCE = re.compile(r"^```(\S*)\s*$")
+_FENCE = re.compile(r"^\s*```(\S*)\s*$")
+_CLOSING = re.compile(r"^\s*```\s*$")
 _OPERATORS = {";", "&", "&&", "|", "||"}
 _NEEDS = re.compile(r"^<!-- needs: (.+\S) -->$")
 
@@ -60,9 +65,9 @@ def blocks() -> list[Block]:
             if opening is None:
                 i += 1
                 continue
-            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+            end = next(j for j in range(i + 1, len(lines)) if _CLOSING.match(lines[j]))
             marker = _NEEDS.match(lines[i - 1].strip()) if i else None
-            text = "\n".join(lines[i + 1 : end]) + "\n"
+            text = textwrap.dedent("\n".join(lines[i + 1 : end]) + "\n")
             found.append(
                 Block(page, i + 1, opening[1], text, marker[1] if marker else None)
             )  # fmt: skip
@@ -184,6 +189,25 @@ def test_unmarked_python_blocks_run(block: Block, tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "error::DeprecationWarning"},
     )
     assert done.returncode == 0, f"{block.name}\n{done.stderr[-3000:]}"
+
+
+@pytest.mark.parametrize(
+    "block", [b for b in BLOCKS if b.language == "python"], ids=lambda b: b.name
+)
+def test_python_blocks_compile(block: Block) -> None:
+    """The marked ones do not run here: their syntax is checked at least."""
+    try:
+        compile(block.text, block.name, "exec")
+    except SyntaxError as exc:
+        pytest.fail(f"{block.name}: {exc}")
+
+
+def test_indented_blocks_are_found() -> None:
+    """A fence inside a list item counts as one at the start of a line does, its lines
+    dedented."""
+    indented = [b for b in BLOCKS if b.page.read_text().splitlines()[b.line - 1][0] == " "]
+    assert indented, "no indented fence found: the fence pattern is wrong"
+    assert all(b.text.strip() and not b.text[0].isspace() for b in indented)
 
 
 def test_marked_blocks_say_what_they_need() -> None:
