@@ -344,3 +344,22 @@ async def test_a_run_paused_between_nodes_keeps_its_session_until_resumed_or_clo
     assert left.end_reason == "closed"
     assert not left.claims
     await backend.aclose()
+
+
+async def test_a_tool_loops_first_call_carries_its_claim(backend, tmp_path):
+    """A node's first call, before anything is learned of the agent, carries its claim on
+    what it leaves cached (the agent's graph has a tool step after the model: its reply is
+    expected to call one), held across the tool: no claim goes through the claims API on its
+    own."""
+    agent, _ = agent_with(backend, log_dir=tmp_path)
+    before = (await backend.metrics())["gateway"]["calls"]
+    await agent.ainvoke(ask())
+    after = (await backend.metrics())["gateway"]["calls"]
+    lines = list(log_lines(tmp_path))
+    kinds = [line["event"] for line in lines]
+    first_call = kinds.index("llm_call")
+    planned = [line for line in lines[:first_call] if line["event"] == "claim_planned"]
+    assert [line["prefix_id"] for line in planned] == ["@sequence"], kinds[: first_call + 1]
+    assert after.get("POST /v1/claims", 0) == before.get("POST /v1/claims", 0), after
+    (held,) = events(tmp_path, "tool_call")
+    assert held["claim_ids"] == [planned[0]["claim_id"]]  # the first call's, across the tool
