@@ -332,6 +332,7 @@ class KVEngine(ClaimArbiter):
                 ranking.note_time(now_s)
         restored_claims: dict[str, ClaimRecord] = {}
         cover, ended_cover, allocate = pool.cover, pool.ended_cover, pool.allocate
+        lately = pool.evicted_lately
         for i in range(hits, n):
             h = block_hashes[i]
             block = allocate(request_id)
@@ -351,6 +352,9 @@ class KVEngine(ClaimArbiter):
                         )
             elif not admit:
                 continue
+            if lately and h in lately:  # computed again after an eviction: a regret
+                del lately[h]
+                self.stats.recomputed_blocks += 1
             block.block_hash = h
             cached[h] = block
             if h in cover or h in ended_cover:

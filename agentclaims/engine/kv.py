@@ -56,6 +56,8 @@ from agentclaims.protocol import (
 
 CHURN_WINDOW_S = 30.0
 """The window an answer's eviction rate is measured over (as vLLM's connector does)."""
+MIN_EVICTED = 32
+"""Evictions in the window below which the share computed again is not said (too few)."""
 
 __all__ = ["ReferenceKV", "ServiceTimes"]
 
@@ -119,7 +121,7 @@ class ReferenceKV:
         self._sleep = sleep
         self._factory = factory or _same_as(engine)
         self._lock = asyncio.Lock()
-        self._evictions: deque[tuple[float, int]] = deque()
+        self._evictions: deque[tuple[float, int, int]] = deque()
         """(engine seconds, blocks evicted so far) samples over the last ``CHURN_WINDOW_S``."""
         self._ends_ns: dict[str, int] = {}
         self.counters = _Counters()
@@ -254,18 +256,22 @@ class ReferenceKV:
         from its KV events): usable and free blocks, cached blocks evicted per second over
         the last ``CHURN_WINDOW_S`` (or the time measured, ``window_s``, when shorter), and how
         long a block freed now survives them (the blocks it could take, unheld and not in
-        use, over that rate; ``None`` while nothing is evicted)."""
+        use, over that rate; ``None`` while nothing is evicted), and of the blocks evicted in
+        the window the share computed again (``evicted_reused_p``: regretted evictions;
+        ``None`` under ``MIN_EVICTED``)."""
         engine = self.engine
         now, evicted = engine.clock() / 1e9, engine.stats.evicted_blocks
+        again = engine.stats.recomputed_blocks
         samples = self._evictions
         if samples and evicted < samples[-1][1]:
             samples.clear()  # a fresh instance counts from 0
-        samples.append((now, evicted))
+        samples.append((now, evicted, again))
         while len(samples) > 2 and samples[1][0] <= now - CHURN_WINDOW_S:
             samples.popleft()
-        since, before = samples[0]
+        since, before, again_before = samples[0]
         span = min(CHURN_WINDOW_S, now - since)
         rate = (evicted - before) / (now - since) if now > since else 0.0
+        gone = evicted - before
         room = engine.num_blocks - engine.active_blocks - engine.protected_resident_blocks
         return {
             "usable_blocks": engine.num_blocks,
@@ -273,6 +279,10 @@ class ReferenceKV:
             "evicted_blocks": evicted,
             "evicted_per_s": round(rate, 3),
             "survival_s": round(max(0, room) / rate, 3) if rate > 0 else None,
+            # of the blocks evicted in the window, the share computed again (regretted)
+            "evicted_reused_p": (
+                round(min(1.0, (again - again_before) / gone), 3) if gone >= MIN_EVICTED else None
+            ),
             "window_s": round(span, 3),
         }
 

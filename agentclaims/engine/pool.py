@@ -65,6 +65,8 @@ TIER_OF_MODE = {
 
 HashHook = Callable[[BlockHash, str], None]
 """``hook(block_hash, request_id)``: the pool tells the arbiter what happened to a hash."""
+EVICTED_REMEMBERED = 1 << 16
+"""Evicted hashes the pool remembers, to tell a block computed again (a regretted eviction)."""
 
 
 class BlockPool:
@@ -86,6 +88,7 @@ class BlockPool:
         "cached",
         "cover",
         "ended_cover",
+        "evicted_lately",
         "free",
         "hard_ref",
         "host",
@@ -122,6 +125,9 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: list[Block] = self.blocks[::-1]  # pop() hands out block 0 first
         self.cached: dict[BlockHash, Block] = {}
+        self.evicted_lately: OrderedDict[BlockHash, None] = OrderedDict()
+        """The hashes of the blocks evicted last (at most ``EVICTED_REMEMBERED``): one stored
+        again is a regretted eviction (``EngineStats.recomputed_blocks``)."""
         self.tiers: dict[int, OrderedDict[int, Block]] = {
             t: OrderedDict() for t in (*_EVICTABLE_CLAIM_TIERS, *_HELD_TIERS)
         }
@@ -247,6 +253,10 @@ class BlockPool:
         del self.cached[h]
         block.block_hash = None
         self.stats.evicted_blocks += 1
+        lately = self.evicted_lately
+        lately[h] = None
+        if len(lately) > EVICTED_REMEMBERED:
+            lately.popitem(last=False)
         if h in self.cover or h in self.ended_cover:
             self._on_lost(h, request_id)
 

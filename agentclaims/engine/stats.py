@@ -19,6 +19,9 @@ class EngineStats:
     restored_blocks: int = 0
     computed_blocks: int = 0
     evicted_blocks: int = 0
+    recomputed_blocks: int = 0
+    """Blocks computed again whose hash was evicted lately (``BlockPool.evicted_lately``):
+    evictions that were regretted."""
     evicted_claimed_blocks: int = 0
     true_harm: int = 0
     true_harm_hard: int = 0

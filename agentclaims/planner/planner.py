@@ -59,7 +59,9 @@ seconds it costs (:meth:`ClaimPlanner.value`)::
 ``p(gone)`` is ``1 - exp(-(wait + admission) / survival)`` with the pool's survival time from
 its answers (1 where unknown: fail toward keeping); a hold displaces as many of others' blocks
 as the pool evicts during the wait, up to its own size (all of them where the eviction rate is
-unknown), each of which another call would have reused with ``displaced_reuse_p`` (a prior).
+unknown), each of which another call would have reused with ``displaced_reuse_p``: the share
+of its evicted blocks the engine stored again lately, as its answers say it
+(``PrefixContext.displaced_reuse_p``: vLLM's KV events), else the policy's prior.
 A claim that saves no more than it costs is not made (``SAVES_LESS``); every plan carries its
 ``saving_s`` and ``cost_s`` into the outcome log. A hint alone (``best_effort``) displaces
 nothing. Which of the claims worth making the pool has room for is the sessions' shared
@@ -232,6 +234,10 @@ class PrefixContext:
     pool_room: bool | None = None
     """Whether the pool has room for a pin of this prefix beside the holds already made
     (``PoolShare.room``; ``None``: unknown). ``False`` rules out ``hard_protected``."""
+    displaced_reuse_p: float | None = None
+    """Of the blocks the engine evicted lately, the share it stored again (its answers'
+    ``pool.evicted_reused_p``, from vLLM's KV events): the chance that a block a hold
+    displaces would have been reused. ``None``: unknown, the policy's prior stands."""
 
     def __post_init__(self) -> None:
         if not self.prefix_id:
@@ -250,6 +256,9 @@ class PrefixContext:
             value = getattr(self, name)
             if value is not None and not (value >= 0 and math.isfinite(value)):
                 raise UsageError(name, f"must be a finite number >= 0, got {value}")
+        p = self.displaced_reuse_p
+        if p is not None and not 0.0 <= p <= 1.0:
+            raise UsageError("displaced_reuse_p", f"must be within [0, 1], got {p}")
         survival = self.pool_survival_s
         if survival is not None and not survival >= 0:
             raise UsageError("pool_survival_s", f"must be >= 0 (inf allowed), got {survival}")
@@ -350,7 +359,8 @@ class PlannerPolicy:
     call): the least a claim must save."""
     displaced_reuse_p: float = 0.2
     """The chance that a block a hold displaces (one of another's the pool evicts instead)
-    would have been reused: the prior the cost of a hold is weighed with."""
+    would have been reused: the prior the cost of a hold is weighed with, until the engine
+    says how often its evictions are regretted (``PrefixContext.displaced_reuse_p``)."""
     renew_fraction: float = 0.2
     """Renew when less than this fraction of the TTL is left and reuse is still likely."""
     ranked: bool = False
@@ -462,7 +472,12 @@ class ClaimPlanner:
             displaced = (
                 float(blocks) if rate is None or reach is None else min(float(blocks), rate * reach)
             )
-            cost += displaced * (reload_s / blocks) * pol.displaced_reuse_p
+            regret = ctx.displaced_reuse_p
+            cost += (
+                displaced
+                * (reload_s / blocks)
+                * (pol.displaced_reuse_p if regret is None else regret)
+            )
         return round(saving, 6), round(cost, 6)
 
     def _mapped(self, ctx: PrefixContext) -> ClaimPlan:

@@ -136,6 +136,9 @@ class PoolShare:
         self.free_blocks: int | None = None
         self.evicted_per_s: float | None = None
         self.survival_s: float | None = None
+        self.displaced_reuse_p: float | None = None
+        """Of the blocks the engine evicted lately, the share it stored again (its answers'
+        ``evicted_reused_p``; ``None`` until one says it)."""
         self.pool_survival_s: float | None = None
         """What a session's plan takes the pool's survival to be (``pool_survival``), as the
         last answer on this engine said: a new session's first call plans with it."""
@@ -184,6 +187,9 @@ class PoolShare:
             value = pool.get(name)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
                 setattr(self, name, value)
+        regret = pool.get("evicted_reused_p")
+        if isinstance(regret, int | float) and not isinstance(regret, bool) and 0 <= regret <= 1:
+            self.displaced_reuse_p = float(regret)
         rate = pool.get("evicted_per_s")
         if isinstance(rate, int | float) and not isinstance(rate, bool) and rate >= 0:
             self.evicted_per_s = float(rate)

@@ -330,6 +330,7 @@ class WorkflowModel:
             reload_s=reload_s if sized else None,
             evicted_per_s=None if share is None else share.evicted_per_s,
             pool_room=None if share is None else share.room((self.owner, node), footprint),
+            displaced_reuse_p=None if share is None else share.displaced_reuse_p,
         )
 
     def _after_reply(self, node: str) -> tuple[tuple[str, ...], str]:

@@ -47,3 +47,33 @@ async def test_answers_carry_the_pools_churn():
     assert third["window_s"] == 30.0
     assert third["evicted_per_s"] < second["evicted_per_s"]
     await backend.aclose()
+
+
+async def test_answers_say_how_often_an_eviction_was_regretted():
+    """``evicted_reused_p``: of the blocks evicted in the window, the share computed again.
+    Two prompts that do not fit the pool together, sent in turn, evict each other and are
+    computed again every time (near 1); prompts never sent again are never recomputed (0);
+    under 32 evictions in the window the engine says nothing (``None``)."""
+    clock = Clock()
+
+    async def pools(prompts: list[str]) -> list[dict]:
+        backend = EmbeddedBackend(num_blocks=32, block_size=16, clock=clock, service=NO_WAIT)
+        client = agentclaims.openai_client(backend)
+        out = []
+        for words in prompts:
+            clock.ns += 100_000_000
+            reply = await client.chat.completions.create(
+                model="scripted", messages=[{"role": "user", "content": words}], max_tokens=1
+            )
+            out.append(reply.model_extra["agentclaims"]["pool"])
+        await backend.aclose()
+        return out
+
+    first = (await pools(["alpha " * 40]))[0]
+    assert first["evicted_reused_p"] is None  # nothing evicted: nothing to tell
+    turns = await pools([("alpha " if i % 2 else "beta ") * 300 for i in range(8)])
+    assert turns[-1]["evicted_blocks"] >= 32
+    assert turns[-1]["evicted_reused_p"] >= 0.8, turns[-1]
+    fresh = await pools([f"prompt {i} " * 150 for i in range(8)])
+    assert fresh[-1]["evicted_blocks"] >= 32
+    assert fresh[-1]["evicted_reused_p"] == 0.0, fresh[-1]

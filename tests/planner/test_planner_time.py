@@ -138,3 +138,42 @@ def test_no_claim_is_planned_that_saves_no_more_than_it_costs(
         assert plan.saving_s > plan.cost_s
     if plan.saving_s is not None:
         assert 0.0 <= plan.saving_s <= reload_s + 1e-6
+
+
+def test_the_engines_regretted_evictions_price_what_a_hold_displaces():
+    """Where the engine says how often its evictions were regretted (``displaced_reuse_p``,
+    from its answers), each displaced block is priced at that share, not the policy's prior:
+    in a pool whose evicted blocks all come back, a hold that would keep a prefix likely to
+    survive anyway costs more than it saves."""
+    churning = {"pool_survival_s": 4.0, "evicted_per_s": 50.0}
+    prior = default.plan(tool_wait(**churning))
+    assert prior.cost_s == round(0.0001 + 30 * 0.01 * 0.2, 6)
+    learned = default.plan(tool_wait(**churning, displaced_reuse_p=1.0))
+    assert learned.cost_s == round(0.0001 + 30 * 0.01 * 1.0, 6)
+    assert prior.mode is not None
+    assert learned.mode is None
+    assert learned.reason == SAVES_LESS
+    none_back = default.plan(tool_wait(**churning, displaced_reuse_p=0.0))
+    assert none_back.cost_s == 0.0001
+
+
+@given(st.floats(0.0, 1.0), st.floats(0.0, 1.0))
+def test_a_hold_costs_more_the_more_of_its_displaced_blocks_come_back(p: float, q: float):
+    """The cost of a hold never falls as the engine's regretted share rises."""
+    low, high = sorted((p, q))
+    ctx = {"pool_survival_s": 1.0, "evicted_per_s": 100.0}
+    cheap = default.value(tool_wait(**ctx, displaced_reuse_p=low), M.HARD_PROTECTED)
+    dear = default.value(tool_wait(**ctx, displaced_reuse_p=high), M.HARD_PROTECTED)
+    assert cheap is not None
+    assert dear is not None
+    assert cheap[1] <= dear[1]
+
+
+def test_a_regretted_share_outside_zero_and_one_is_refused():
+    import pytest
+
+    from agentclaims.errors import UsageError
+
+    for bad in (-0.1, 1.5, math.nan):
+        with pytest.raises(UsageError, match="displaced_reuse_p"):
+            tool_wait(displaced_reuse_p=bad)

@@ -219,3 +219,17 @@ def test_a_new_sessions_first_call_plans_with_the_pool_the_process_knows():
     assert model.pool_survival_s is None
     assert ctx.pool_survival_s == 30.0
     assert ctx.pool_keeps(4.0)
+
+
+def test_the_engines_regretted_share_is_kept_until_an_answer_says_another():
+    """An answer's ``evicted_reused_p`` is what every session's plan prices a displaced block
+    at; an answer without it (or with a value outside [0, 1]) leaves the last one said."""
+    s = share()
+    assert s.displaced_reuse_p is None  # unknown: the policy's prior stands
+    s.note_pool({"evicted_per_s": 3.0, "survival_s": 10.0, "evicted_reused_p": 0.65})
+    assert s.displaced_reuse_p == 0.65
+    s.note_pool({"evicted_per_s": 3.0, "survival_s": 10.0})
+    assert s.displaced_reuse_p == 0.65
+    for bad in (1.5, -0.2, True, "0.3"):
+        s.note_pool({"evicted_reused_p": bad})
+        assert s.displaced_reuse_p == 0.65

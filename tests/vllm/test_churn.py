@@ -73,3 +73,46 @@ def test_the_rate_is_what_the_window_holds(steps: list[tuple[float, int]]) -> No
     expected = in_window / span if span > 0 else 0.0
     assert churn.rate() == pytest.approx(expected)
     assert churn.evicted_blocks == sum(n for _, n in seen)
+
+
+def test_an_evicted_block_stored_again_within_the_window_is_a_regret() -> None:
+    """``evicted_reused_p``: of the blocks evicted in the window, the share stored again
+    within it (each counted once); one stored after the window left it is not; under
+    ``MIN_EVICTED`` evictions nothing is said."""
+    clock = Clock()
+    churn = PoolChurn(10.0, clock=clock)
+    churn.saw(range(8), ())
+    assert churn.figures(4)["evicted_reused_p"] is None  # 8 evictions: too few to tell
+    churn.saw(range(8, 40), range(4))  # 40 evicted, 4 of them stored again
+    churn.saw((), range(4))  # stored again twice: still 4 regrets
+    assert churn.reused_blocks == 4
+    assert churn.figures(4)["evicted_reused_p"] == pytest.approx(0.1)
+    clock.now += 11  # all of it left the window: nothing to tell
+    churn.saw((), range(8, 40))  # stored after the window: no regret
+    assert churn.reused_blocks == 4
+    assert churn.figures(4)["evicted_reused_p"] is None
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.0, 5.0),
+            st.lists(st.integers(0, 60), max_size=40),
+            st.lists(st.integers(0, 60), max_size=40),
+        ),
+        max_size=30,
+    )
+)
+def test_the_share_stored_again_is_a_share_of_what_was_evicted(
+    steps: list[tuple[float, list[int], list[int]]],
+) -> None:
+    """Whatever the steps, the regrets never outnumber the evictions, and the share said is
+    within [0, 1] (or unsaid)."""
+    clock = Clock()
+    churn = PoolChurn(10.0, clock=clock)
+    for dt, removed, stored in steps:
+        clock.now += dt
+        churn.saw(removed, stored)
+        assert churn.reused_blocks <= churn.evicted_blocks
+        said = churn.figures(0)["evicted_reused_p"]
+        assert said is None or 0.0 <= said <= 1.0

@@ -271,3 +271,25 @@ async def test_answers_report_the_pools_churn_from_its_kv_events(
         after["free_blocks"] / after["evicted_per_s"], rel=0.01, abs=0.01
     )
     assert 0 < after["free_blocks"] <= 40
+
+
+async def test_answers_say_how_often_an_eviction_was_regretted(
+    connector: ConnectorClient, prompts: Any
+) -> None:
+    """``evicted_reused_p``: a prompt evicted by pressure and sent again is computed again,
+    and vLLM's ``BlockStored`` of its blocks, hashes it evicted moments before, count as
+    regretted evictions in the connector's answers (the share is said once the window holds
+    enough evictions, and is never over 1)."""
+    again = prompts(200)
+    await connector.complete(again)
+    await pressure(connector, prompts, n=12)  # the prompt's blocks are evicted
+    before = (await connector.complete(prompts(40))).pool
+    assert before is not None
+    await connector.complete(again)  # computed again: its blocks stored again
+    after = (await connector.complete(prompts(40))).pool
+    assert after is not None
+    assert after["evicted_reused_p"] is not None, after
+    assert 0.0 < after["evicted_reused_p"] <= 1.0
+    assert before["evicted_reused_p"] is None or (
+        after["evicted_reused_p"] > before["evicted_reused_p"]
+    )

@@ -53,7 +53,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from vllm.distributed.kv_events import BlockRemoved
+from vllm.distributed.kv_events import BlockRemoved, BlockStored
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -202,11 +202,17 @@ def _reuses(book: ClaimBook, request: Request, claim_id: str) -> bool:
     return first is not None and get_block_hash(first) == request.block_hashes[0]
 
 
-def _evicted(pool: BlockPool) -> int:
-    """The cached blocks vLLM evicted since it last took its KV events (``BlockRemoved``)."""
-    return sum(
-        len(event.block_hashes) for event in pool.kv_event_queue if isinstance(event, BlockRemoved)
-    )
+def _removed_and_stored(pool: BlockPool) -> tuple[list[Any], list[Any]]:
+    """The hashes of the cached blocks vLLM evicted (``BlockRemoved``) and of the blocks it
+    stored (``BlockStored``) since it last took its KV events."""
+    removed: list[Any] = []
+    stored: list[Any] = []
+    for event in pool.kv_event_queue:
+        if isinstance(event, BlockRemoved):
+            removed.extend(event.block_hashes)
+        elif isinstance(event, BlockStored):
+            stored.extend(event.block_hashes)
+    return removed, stored
 
 
 class _NoMetadata(KVConnectorMetadata):
@@ -427,7 +433,7 @@ class AgentClaimsConnector(KVConnectorBase_V1):
         """Count the evictions among the KV events vLLM recorded since it last took them
         (``ClaimsScheduler`` calls this in each step, before vLLM takes and publishes them)."""
         if self._churn is not None and self._pool is not None:
-            self._churn.evicted(_evicted(self._pool))
+            self._churn.saw(*_removed_and_stored(self._pool))
 
     # ------------------------------------------------------------------ the channel
     def open_channel(self) -> None:
