@@ -279,6 +279,7 @@ class ReferenceKV:
             "evicted_blocks": evicted,
             "evicted_per_s": round(rate, 3),
             "survival_s": round(max(0, room) / rate, 3) if rate > 0 else None,
+            "reused_blocks": again,
             # of the blocks evicted in the window, the share computed again (regretted)
             "evicted_reused_p": (
                 round(min(1.0, (again - again_before) / gone), 3) if gone >= MIN_EVICTED else None

@@ -76,21 +76,28 @@ def test_the_rate_is_what_the_window_holds(steps: list[tuple[float, int]]) -> No
 
 
 def test_an_evicted_block_stored_again_within_the_window_is_a_regret() -> None:
-    """``evicted_reused_p``: of the blocks evicted in the window, the share stored again
-    within it (each counted once); one stored after the window left it is not; under
-    ``MIN_EVICTED`` evictions nothing is said."""
+    """``evicted_reused_p``: of the blocks evicted in the window at least one pool turnover
+    ago, the share stored again since (each counted once); one stored after the window left
+    it is not; a block evicted a moment ago is not counted yet (it has had no time to come
+    back); under ``MIN_EVICTED`` such evictions nothing is said."""
     clock = Clock()
     churn = PoolChurn(10.0, clock=clock)
     churn.saw(range(8), ())
-    assert churn.figures(4)["evicted_reused_p"] is None  # 8 evictions: too few to tell
-    churn.saw(range(8, 40), range(4))  # 40 evicted, 4 of them stored again
+    clock.now += 2
+    assert churn.reused_p(1.0) is None  # 8 evictions: too few to tell
+    churn.saw(range(8, 40), range(4))  # 32 more evicted, 4 of the first 8 stored again
     churn.saw((), range(4))  # stored again twice: still 4 regrets
     assert churn.reused_blocks == 4
-    assert churn.figures(4)["evicted_reused_p"] == pytest.approx(0.1)
-    clock.now += 11  # all of it left the window: nothing to tell
+    assert churn.reused_p(1.0) is None  # the 32 are a moment old: not counted yet
+    clock.now += 2
+    assert churn.reused_p(1.0) == pytest.approx(0.1)  # 4 of the 40 evicted a turnover ago
+    assert churn.reused_p(3.0) is None  # only the first 8 are 3 s old
+    figures = churn.figures(4)
+    assert figures["evicted_reused_p"] == churn.reused_p(figures["survival_s"])
+    clock.now += 9  # everything left the window: nothing to tell
+    assert churn.reused_p(1.0) is None
     churn.saw((), range(8, 40))  # stored after the window: no regret
     assert churn.reused_blocks == 4
-    assert churn.figures(4)["evicted_reused_p"] is None
 
 
 @given(
@@ -114,5 +121,5 @@ def test_the_share_stored_again_is_a_share_of_what_was_evicted(
         clock.now += dt
         churn.saw(removed, stored)
         assert churn.reused_blocks <= churn.evicted_blocks
-        said = churn.figures(0)["evicted_reused_p"]
+        said = churn.reused_p(0.0)
         assert said is None or 0.0 <= said <= 1.0
