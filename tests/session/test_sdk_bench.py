@@ -45,9 +45,10 @@ def test_cli_prints_json_and_refuses_bad_runs(capsys: pytest.CaptureFixture[str]
 @pytest.mark.slow
 def test_the_whole_path_runs_a_real_agent_loop_with_and_without_the_session() -> None:
     """A small run of the whole-path bench on the embedded default: both modes ran the same
-    loop; without the session no request goes beyond the completions, with it one per
-    session, at its end (the last claim's release, whose answer brings the events), since
-    claims ride on the calls and events on the answers."""
+    loop; without the session no request goes beyond the completions, with it at most one per
+    session, at its end (the last claim's release, whose answer brings the events; none where
+    the last claim ended by itself first), since claims ride on the calls and events on the
+    answers."""
     from agentclaims.cli.bench_path import bench_path, table
 
     calls, sessions = 4, 3
@@ -55,7 +56,7 @@ def test_the_whole_path_runs_a_real_agent_loop_with_and_without_the_session() ->
     [row] = result["rows"]
     assert (row["backend"], row["sessions"], row["llm_calls"]) == ("embedded", 3, 12)
     assert row["without"]["extra_requests_per_call"] == 0
-    assert row["with"]["extra_requests_per_call"] == 1 / calls
+    assert 0 <= row["with"]["extra_requests_per_call"] <= 1 / calls
     assert row["with"]["cpu_ms_per_call"] > 0
     assert "embedded" in table(result)
     with pytest.raises(UsageError, match="sessions"):
