@@ -193,7 +193,6 @@ class _Gateway:
     def counted(self, name: str, handler: Handler) -> Handler:
         """The route's handler behind the service's checks (``admit``), counted and timed."""
         open_route = name in _OPEN_ROUTES
-        instance = self.instance.raw_headers
 
         async def run(request: Request) -> Response:
             self.calls[name] += 1
@@ -203,13 +202,17 @@ class _Gateway:
                 if not open_route:
                     await self.admit(request, name)
                 response = await handler(request)
-                spent = timing.server_timing(time.perf_counter() - started, waited[0])
-                response.raw_headers += [*instance, (b"server-timing", spent.encode())]
+                self._stamp(response, started, waited[0])
                 return response
             finally:
                 self.prometheus.observe(name, time.perf_counter() - started)
 
         return run
+
+    def _stamp(self, response: Response, started: float, upstream_s: float) -> None:
+        """The gateway's headers on an answer: its instance and its ``Server-Timing``."""
+        spent = timing.server_timing(time.perf_counter() - started, upstream_s)
+        response.raw_headers += [*self.instance.raw_headers, (b"server-timing", spent.encode())]
 
     async def admit(self, request: Request, name: str) -> None:
         """What a call of any route but the open ones goes through: not while stopping
@@ -247,11 +250,7 @@ class _Gateway:
             except AgentClaimsError as exc:  # as Starlette's exception handler answers it
                 response = await self.on_error(request, exc)
             else:
-                spent = timing.server_timing(time.perf_counter() - started, waited[0])
-                response.raw_headers += [
-                    *self.instance.raw_headers,
-                    (b"server-timing", spent.encode()),
-                ]
+                self._stamp(response, started, waited[0])
             await response(scope, receive, send)
         finally:
             self.prometheus.observe(name, time.perf_counter() - started)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -51,6 +51,7 @@ from agentclaims.protocol import (
     refusal_error,
 )
 from agentclaims.protocol.writer import (
+    ID_PREFIX,
     CompletionCall,
     CompletionKind,
     PlainWrite,
@@ -120,7 +121,7 @@ class CompletionRoutes:
                 owner_scope=owner,
                 cache_salt=self.service.namespace.salt(optional_str(body, "cache_salt"), tenant),
                 request_id=self.service.namespace.request_id(
-                    ext.request_id, tenant, "chatcmpl" if kind == "chat" else "cmpl"
+                    ext.request_id, tenant, ID_PREFIX[kind]
                 ),
                 admit=ext.admit,
                 node=ext.node,
@@ -161,7 +162,7 @@ class CompletionRoutes:
             kind,
             body,
             cache_salt=ns.salt(None, tenant),
-            request_id=ns.request_id(None, tenant, "chatcmpl" if kind == "chat" else "cmpl"),
+            request_id=ns.request_id(None, tenant, ID_PREFIX[kind]),
         )
         if reply is None:
             return None
@@ -332,8 +333,10 @@ class CompletionRoutes:
             await streamed.aclose()
             raise
 
+        # where the gateway named the request, its chunks carry that id as the caller knows it
+        # (vLLM's carry its own prefix before it)
         named = call.request_id
-        shown = _as_named(None if named is None else self.service.namespace.shown(named, tenant))
+        shown_id = None if named is None else self.service.namespace.shown(named, tenant)
 
         async def events() -> AsyncIterator[bytes]:
             try:
@@ -342,7 +345,8 @@ class CompletionRoutes:
                 # chunk for chunk the engine's, as OpenAI shapes it
                 last: dict[str, Any] | None = None
                 async for chunk in streamed.chunks():
-                    chunk = shown(chunk)  # its id as the caller named it
+                    if shown_id is not None and "id" in chunk:
+                        chunk["id"] = shown_id
                     if last is not None:
                         yield event(last)
                         last = None
@@ -459,18 +463,6 @@ def _plain_call(body: Mapping[str, Any]) -> bool:
         and _PROMPT_CACHE_FIELDS.isdisjoint(body)
         and not stream_requested(body)
     )
-
-
-def _as_named(request_id: str | None) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """A chunk with the request's id as its caller knows it (where the gateway named the
-    request: vLLM's chunks carry its own prefix before it)."""
-
-    def shown(chunk: dict[str, Any]) -> dict[str, Any]:
-        if request_id is not None and "id" in chunk:
-            chunk["id"] = request_id
-        return chunk
-
-    return shown
 
 
 def _may_end(chunk: Mapping[str, Any]) -> bool:

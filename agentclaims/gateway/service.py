@@ -284,12 +284,10 @@ class Service:
         """After a completion: its tenant's counts, its claims recorded, its events in the
         ledger, and its ``events_seq`` in the ledger's numbering."""
         if tenant is not None:
-            self.prefixes.own(result.prefix_ids, tenant)
-            self.counts[tenant.name, "requests"] += 1
             outcome = result.outcome
+            self._tenant_served(result.prefix_ids, outcome.request_id, tenant)
             if not outcome.served:
                 self.counts[tenant.name, "deferred" if outcome.deferred else "refused"] += 1
-            self._remember(outcome.request_id, tenant)
         if self.ledger is None:
             return self.namespace.shown_result(result, tenant)
         self.bind([owner], tenant)
@@ -305,14 +303,18 @@ class Service:
         ledger's events, as ``served`` keeps them (the ledger reads the KV side's events only
         where there are new ones); its ``events_seq`` in the ledger's numbering."""
         if tenant is not None:
-            self.prefixes.own(prefix_ids, tenant)
-            self.counts[tenant.name, "requests"] += 1
-            self._remember(request_id, tenant)
+            self._tenant_served(prefix_ids, request_id, tenant)
         if self.ledger is None:
             return seq
         if seq > self._cursor:
             await self.sync()
         return self.outer_seq(seq)
+
+    def _tenant_served(self, prefix_ids: Any, request_id: str, tenant: Tenant) -> None:
+        """A completion ``tenant`` sent: its prefix ids its own, counted, its id remembered."""
+        self.prefixes.own(prefix_ids, tenant)
+        self.counts[tenant.name, "requests"] += 1
+        self._remember(request_id, tenant)
 
     async def sync(self) -> None:
         if self.ledger is None:

@@ -18,11 +18,16 @@ from agentclaims.errors import UsageError
 from agentclaims.gateway.limits import Limits
 from agentclaims.gateway.text import Reply, TextRequest, TextSide
 from agentclaims.protocol import ActiveRequest, ActiveServing, ServeResult, Tokenizer
-from agentclaims.protocol.writer import CompletionCall, ReplyStream, Written, check_body
+from agentclaims.protocol.writer import (
+    ID_PREFIX,
+    CompletionCall,
+    ReplyStream,
+    Written,
+    check_body,
+)
 
 __all__ = ["ScriptedWriter", "TokenizingKV"]
 
-_ID_PREFIX = {"chat": "chatcmpl", "completion": "cmpl"}
 _OBJECT = {"chat": "chat.completion", "completion": "text_completion"}
 
 
@@ -95,7 +100,7 @@ class ScriptedWriter:
             text_request = TextRequest(kind="completion", model=model, prompt=text, node=call.node)
         reply = await self.text.complete(text_request)
         choice, reply_tokens = self._render(call, reply, segments)
-        request_id = call.request_id or f"{_ID_PREFIX[call.kind]}-{uuid.uuid4().hex}"
+        request_id = call.request_id or f"{ID_PREFIX[call.kind]}-{uuid.uuid4().hex}"
         result: ServeResult = await self.kv.serve(
             ActiveRequest(
                 request_id=RequestId(request_id),

@@ -18,6 +18,7 @@ from agentclaims.errors import UsageError
 from agentclaims.protocol.types import ServeResult
 
 __all__ = [
+    "ID_PREFIX",
     "CompletionCall",
     "PlainReply",
     "PlainWrite",
@@ -28,6 +29,10 @@ __all__ = [
 ]
 
 CompletionKind = Literal["chat", "completion"]
+
+ID_PREFIX: dict[str, str] = {"chat": "chatcmpl", "completion": "cmpl"}
+"""What a completion's id starts with, by its kind (OpenAI's ``chatcmpl-``/``cmpl-``, as vLLM
+names its requests too)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from agentclaims.protocol import (
     ServeResult,
     Written,
 )
-from agentclaims.protocol.writer import CompletionKind, PlainReply, check_body
+from agentclaims.protocol.writer import ID_PREFIX, CompletionKind, PlainReply, check_body
 from agentclaims.vllm.client import ConnectorAnswer, ConnectorClient
 from agentclaims.vllm.payloads import (
     KINDS,
@@ -80,7 +80,7 @@ def chain_hashes(
 def vllm_request_id(kind: CompletionKind, request_id: str) -> str:
     """What vLLM calls a request it was sent with ``request_id`` (its answer's id, and its
     engine's, which adds ``-<n>`` suffixes): OpenAI's prefix for the kind, then the id."""
-    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{request_id}"
+    return f"{ID_PREFIX[kind]}-{request_id}"
 
 
 def named(

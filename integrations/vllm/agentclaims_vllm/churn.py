@@ -71,6 +71,8 @@ class PoolChurn:
         self._recent.append((now, blocks))
         self._in_window += blocks
         self.evicted_blocks += blocks
+        bucket = int(now // BUCKET_S)
+        self._evicted_at[bucket] = self._evicted_at.get(bucket, 0) + blocks
         self._trim(now)
 
     def saw(self, removed: Iterable[Hashable], stored: Iterable[Hashable]) -> None:
@@ -91,11 +93,7 @@ class PoolChurn:
             gone.move_to_end(h)
         while len(gone) > REMEMBERED:
             gone.popitem(last=False)
-        if removed:
-            bucket = int(now // BUCKET_S)
-            self._evicted_at[bucket] = self._evicted_at.get(bucket, 0) + len(removed)
         self.evicted(len(removed))
-        self._trim(now)
 
     def reused_p(self, turnover_s: float | None) -> float | None:
         """Of the blocks evicted in the window at least ``turnover_s`` ago (the pool's
