@@ -406,19 +406,37 @@ def test_the_connector_serves_on_after_a_channel_client_dies_mid_line(
     assert call(path, {"v": 1})["ok"] is False  # answered: not signed
 
 
-async def _engine_count(http: httpx2.AsyncClient, gauge: str) -> float:
-    """One of vLLM's own gauges (``vllm:num_requests_waiting``), summed over its labels."""
+async def _engine_count(http: httpx2.AsyncClient, *gauges: str) -> float:
+    """vLLM's own gauges (``vllm:num_requests_waiting``), summed over their labels, from one
+    read of its metrics."""
     text = (await http.get("/metrics")).text
+    prefixes = tuple(g + end for g in gauges for end in ("{", " "))
     return sum(
-        float(line.rpartition(" ")[2])
-        for line in text.splitlines()
-        if line.startswith((gauge + "{", gauge + " "))
+        float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith(prefixes)
     )
 
 
 async def _until(http: httpx2.AsyncClient, gauge: str, at_least: float, what: str) -> None:
     deadline = time.monotonic() + 30
     while await _engine_count(http, gauge) < at_least:
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+async def _queued_behind(
+    http: httpx2.AsyncClient, busy: list[asyncio.Future[Any]], what: str
+) -> None:
+    """Until the engine holds one request more than the long answers not yet answered (so the
+    reusing call is in it) while at least two of them are left: the call then waits in the
+    queue for a whole long answer at least. Counted against the answers still due, not against
+    a fixed number, since a long answer may end between two reads of the gauges."""
+    deadline = time.monotonic() + 30
+    while True:
+        due = sum(not f.done() for f in busy)
+        inside = await _engine_count(http, "vllm:num_requests_waiting", "vllm:num_requests_running")
+        if due >= 2 and inside >= due + 1:
+            return
+        assert due >= 2, what
         assert time.monotonic() < deadline, what
         await asyncio.sleep(0.01)
 
@@ -447,14 +465,14 @@ async def test_a_release_riding_on_the_call_that_reuses_its_prefix_keeps_it_held
             async with httpx2.AsyncClient(base_url=s.url, timeout=60) as http:
                 busy = [  # long answers, one after another in the only seat
                     asyncio.ensure_future(client.complete([700 + i] * 8, max_tokens=240))
-                    for i in range(3)
+                    for i in range(5)
                 ]
                 await _until(http, "vllm:num_requests_running", 1, "no long answer ran")
                 release = {"op": "release", "claim_id": "seat-1"}
                 reuse = asyncio.ensure_future(
                     client.complete([*prefix, *range(40, 60)], [release], max_tokens=1)
                 )
-                await _until(http, "vllm:num_requests_waiting", 3, "the call never queued")
+                await _queued_behind(http, busy, "the call never queued behind two long answers")
                 waiting = await client.operate([])  # over the channel, between two steps
                 assert await _engine_count(http, "vllm:num_requests_waiting") >= 1
                 assert waiting.held_blocks == blocks  # still held while its reuser waits
