@@ -120,7 +120,11 @@ class ClaimKeeper:
             hint = s.workflow.reuse_hint(node, ctx, tool=wait_key(node, tool_names))
             await self.hold(node, PrefixId(prefix_id), plan, ctx, hint)
         if old is not None:
-            await s.io.release(s.route.named(old.backend), old, "superseded")
+            backend = s.route.named(old.backend)
+            if not release_at_once(old, s.io.clock()) and await s.io.facts.rides(backend):
+                s.io.let_go(old, "superseded")  # with the next call there
+            else:
+                await s.io.release(backend, old, "superseded")
 
     async def _after_riding(
         self,
@@ -140,9 +144,11 @@ class ClaimKeeper:
         io.released_with_call(riding.releases, extension)
         backend = s.route.named(riding.backend)
         if riding.claim_id is None or riding.plan is None:
-            # a call that went without a claim because the pool kept its prefix: the claim it
-            # held before goes, and none is made on its own (that is an engine request)
-            await self.replan(node, None if riding.pool_kept else prefix_id, tool_names)
+            # a call that went without a claim by choice (the pool keeps its prefix, or the
+            # claim saves less than it costs, and the answer called the tools expected): the
+            # claim it held before goes, and none is made on its own (that is a request)
+            stands = riding.declined_for(tool_names)
+            await self.replan(node, None if stands else prefix_id, tool_names)
             return
         old = io.held.pop(node, None)
         if old is not None:

@@ -12,17 +12,21 @@ import pytest
 
 import agentclaims
 from agentclaims.backends.embedded import EmbeddedBackend
+from agentclaims.contract import ProtectionMode
 from agentclaims.engine import NextUsePolicy
 from agentclaims.errors import UnknownNameError
 from agentclaims.gateway.text import Reply
+from agentclaims.planner import SAVES_LESS, ClaimPlan, ClaimPlanner, PrefixContext
 from agentclaims.protocol import (
     CLAIMS_RIDE_ON_REQUESTS,
     RANKS_BY_HINTS,
+    SEQUENCE_OBJECT,
     SHEDS_BY_HINTS,
     ranks_by_hints,
     sheds_by_hints,
 )
 from agentclaims.session import ClaimedSession
+from agentclaims.session.riding import Riding
 
 SYSTEM = "you are a careful agent " * 40
 
@@ -260,3 +264,47 @@ async def test_no_claim_where_the_pool_keeps_the_prefix_and_none_made_on_its_own
     assert held.stats.claims_accepted == 3
     assert len(held_plans) == 3  # each call carried its claim
     assert held.workflow.pool_survival_s == 0.0
+
+
+class _Flipping(ClaimPlanner):
+    """Weighs the claim a call would carry as saving less than it costs, and the same prefix
+    once answered as worth holding: the flip a learned cost per block that moves between two
+    calls gives (on the embedded engine, fitted from noise)."""
+
+    def plan(self, ctx: PrefixContext) -> ClaimPlan:
+        if ctx.prefix_id == SEQUENCE_OBJECT:
+            return ClaimPlan(None, reason=SAVES_LESS, saving_s=0.0, cost_s=0.001)
+        return ClaimPlan(ProtectionMode.DEMOTABLE, 30.0, "likely reuse", 0.01, 0.001)
+
+
+async def test_a_call_that_declined_its_claim_makes_none_on_its_own_after_the_tools_expected(
+    tmp_path,
+):
+    """A call carries no claim because, weighed before it, the claim saves less than it
+    costs. Its answer calls the tool it was planned with (``search``, as the last answer did):
+    the choice stands, and no claim goes on its own after it (a request of its own). The first
+    call was planned knowing no tool: its answer calling ``search`` is news, and the claim the
+    answer calls for goes on its own, once."""
+    backend = _Pool(QUIET)
+    try:
+        session, planned = await _three_calls(backend, tmp_path, planner=_Flipping())
+        routes = (await backend.http_client().get("/v1/stats")).json()["gateway"]["calls"]
+    finally:
+        await backend.aclose()
+    assert routes.get("POST /v1/claims") == 1, routes
+    assert session.stats.claims_accepted == 1
+    [alone] = planned  # the claim after the first call, on the prefix its answer named
+    assert alone["prefix_id"] != SEQUENCE_OBJECT
+
+
+def test_a_declined_claim_stands_only_for_the_tools_it_was_weighed_with() -> None:
+    """``Riding.declined_for``: the pool keeping the prefix stands whatever the answer calls;
+    a claim weighed as saving less stands for the same tools, in any order, and not for
+    others; a call that carried its claim declined nothing."""
+    kept = Riding("vllm", declined=True, pool_kept=True, tools=("search",))
+    weighed = Riding("vllm", declined=True, tools=("search", "read"))
+    assert kept.declined_for(["write"])
+    assert weighed.declined_for(["read", "search"])
+    assert not weighed.declined_for(["search"])
+    assert not weighed.declined_for([])
+    assert not Riding("vllm", tools=("search",)).declined_for(["search"])
