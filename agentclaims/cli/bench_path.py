@@ -13,6 +13,11 @@ each figure is the median of its rounds. The session's share is what it adds ove
 loop without it. Over the embedded default the gateway and the engine run in this process
 too, so its CPU includes theirs.
 
+A third loop in each round carries a middleware that does nothing in the same two hooks
+(``awrap_model_call``, ``awrap_tool_call``): what LangChain charges any middleware with them
+(``create_agent`` wraps each hook in LangSmith's ``traceable``, which hands every call to a
+worker thread twice, tracing on or off). The session's own CPU is what it adds over that loop.
+
 Figures are printed; nothing here asserts a speed.
 """
 
@@ -39,7 +44,7 @@ from agentclaims.errors import UsageError
 __all__ = ["bench_path"]
 
 TICK_S = 0.005
-MODES = ("without", "with")
+MODES = ("without", "hooks", "with")
 
 
 def _cpu_s() -> float:
@@ -97,10 +102,23 @@ async def _lag(samples: list[float], stop: asyncio.Event) -> None:
         samples.append(max(0.0, time.perf_counter() - asked - TICK_S))
 
 
-async def _one(
-    backend: Any, sessions: int, calls: int, claimed: bool, tag: str
-) -> dict[str, float]:
-    """One run: ``sessions`` agent loops at once; CPU per LLM call, loop lag, requests."""
+def _hooks() -> Any:
+    """A middleware with the session's two hooks, doing nothing in them."""
+    from langchain.agents.middleware import AgentMiddleware
+
+    class Hooks(AgentMiddleware):
+        async def awrap_model_call(self, request: Any, handler: Any) -> Any:
+            return await handler(request)
+
+        async def awrap_tool_call(self, request: Any, handler: Any) -> Any:
+            return await handler(request)
+
+    return Hooks()
+
+
+async def _one(backend: Any, sessions: int, calls: int, mode: str, tag: str) -> dict[str, float]:
+    """One run: ``sessions`` agent loops at once (``mode``: ``without`` middleware, the
+    no-op ``hooks``, ``with`` the session); CPU per LLM call, loop lag, requests."""
     from langchain.agents import create_agent
     from langchain_core.messages import HumanMessage
     from langchain_core.tools import tool
@@ -113,7 +131,11 @@ async def _one(
         await asyncio.sleep(0.01)
         return f"results for {query}: " + "kv cache prefix block claim " * 6
 
-    middleware = [agentclaims.ClaimsMiddleware(backend)] if claimed else []
+    middleware = {
+        "without": [],
+        "hooks": [_hooks()],
+        "with": [agentclaims.ClaimsMiddleware(backend)],
+    }[mode]
     agent = create_agent(agentclaims.chat_model(backend), [search], middleware=middleware)
 
     async def workflow(i: int) -> None:
@@ -178,7 +200,7 @@ async def _bench(
                     )
                     try:
                         runs[mode].append(
-                            await _one(backend, n, calls, mode == "with", f"{kind}{n}{r}{mode}")
+                            await _one(backend, n, calls, mode, f"{kind}{n}{r}{mode}")
                         )
                     finally:
                         await backend.aclose()
@@ -187,14 +209,18 @@ async def _bench(
                 for mode, xs in runs.items()
             }
             added = med["with"]["cpu_ms_per_call"] - med["without"]["cpu_ms_per_call"]
+            hooks = med["hooks"]["cpu_ms_per_call"] - med["without"]["cpu_ms_per_call"]
             rows.append(
                 {
                     "backend": kind,
                     "sessions": n,
                     "llm_calls": n * calls,
                     "without": med["without"],
+                    "hooks": med["hooks"],
                     "with": med["with"],
                     "session_cpu_ms_per_call": added,
+                    "hooks_cpu_ms_per_call": hooks,
+                    "own_cpu_ms_per_call": added - hooks,
                     "session_share": added / med["with"]["cpu_ms_per_call"],
                     "lag_p99_added_ms": med["with"]["lag_p99_ms"] - med["without"]["lag_p99_ms"],
                     "rounds": runs,
@@ -236,14 +262,20 @@ def table(result: dict[str, Any]) -> str:
         f"whole path: a create_agent tool loop, {result['calls_per_workflow']} model calls per "
         f"workflow, medians of {result['rounds']} alternating rounds",
         f"  {'backend':<9}{'sessions':>9}{'cpu/call w/o':>14}{'with':>8}{'session':>9}"
-        f"{'share':>7}{'lag p99 w/o':>13}{'with':>8}{'extra req/call':>16}",
+        f"{'share':>7}{'hooks':>9}{'own':>9}{'lag p99 w/o':>13}{'with':>8}"
+        f"{'extra req/call':>16}",
     ]
     for row in result["rows"]:
         w, c = row["without"], row["with"]
         lines.append(
             f"  {row['backend']:<9}{row['sessions']:>9}{w['cpu_ms_per_call']:>11.2f} ms"
             f"{c['cpu_ms_per_call']:>8.2f}{row['session_cpu_ms_per_call']:>6.2f} ms"
-            f"{row['session_share']:>7.0%}{w['lag_p99_ms']:>10.2f} ms{c['lag_p99_ms']:>8.2f}"
-            f"{c['extra_requests_per_call']:>16.3f}"
+            f"{row['session_share']:>7.0%}{row['hooks_cpu_ms_per_call']:>6.2f} ms"
+            f"{row['own_cpu_ms_per_call']:>6.2f} ms{w['lag_p99_ms']:>10.2f} ms"
+            f"{c['lag_p99_ms']:>8.2f}{c['extra_requests_per_call']:>16.3f}"
         )
+    lines.append(
+        "  hooks: a middleware doing nothing in the session's two hooks costs this over none "
+        "(LangChain's); own: the session over it"
+    )
     return "\n".join(lines)

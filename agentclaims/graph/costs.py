@@ -29,7 +29,7 @@ __all__ = ["EngineCosts"]
 class EngineCosts:
     """Per-block recompute and per-token decode seconds, fitted from answered calls."""
 
-    __slots__ = ("_calls", "_fit", "_min_calls", "_prior", "_prior_weight")
+    __slots__ = ("_calls", "_fit", "_min_calls", "_prior", "_prior_weight", "_sums", "_turns")
 
     def __init__(
         self,
@@ -49,6 +49,10 @@ class EngineCosts:
         self._prior_weight = float(prior_weight)
         self._calls: deque[tuple[float, float, float]] = deque(maxlen=window)
         self._fit: tuple[float, float] | None = None
+        self._sums = _Sums()
+        """The window's sums, kept as calls come and go: a fit costs the same however long
+        the window (re-added from the calls once per window, so rounding cannot pile up)."""
+        self._turns = 0
 
     @property
     def calls(self) -> int:
@@ -82,12 +86,24 @@ class EngineCosts:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise UsageError(name, f"must be an integer >= 0, got {value!r}")
-        self._calls.append((float(seconds), float(computed_blocks), float(completion_tokens)))
+        call = (float(seconds), float(computed_blocks), float(completion_tokens))
+        calls, sums = self._calls, self._sums
+        if len(calls) == calls.maxlen:
+            sums.add(calls[0], -1.0)
+        calls.append(call)
+        self._turns += 1
+        if self._turns >= len(calls):  # once per window: the sums anew, exactly
+            self._turns = 0
+            self._sums = sums = _Sums()
+            for c in calls:
+                sums.add(c, 1.0)
+        else:
+            sums.add(call, 1.0)
         self._fit = None
 
     def _fitted(self) -> tuple[float, float] | None:
         if self._fit is None and len(self._calls) >= self._min_calls:
-            self._fit = _least_squares(self._calls, self._prior, self._prior_weight)
+            self._fit = _least_squares(self._sums, self._prior, self._prior_weight)
         return self._fit
 
     def __repr__(self) -> str:
@@ -97,23 +113,45 @@ class EngineCosts:
         )
 
 
-def _least_squares(
-    calls: deque[tuple[float, float, float]], prior: float, weight: float
-) -> tuple[float, float] | None:
+class _Sums:
+    """Sums over a window of calls ``(seconds, blocks, tokens)``: of each, and of the
+    products the least-squares fit reads."""
+
+    __slots__ = ("b", "bb", "bd", "bt", "d", "dd", "dt", "n", "t")
+
+    def __init__(self) -> None:
+        self.n = self.t = self.b = self.d = 0.0
+        self.bb = self.dd = self.bd = self.bt = self.dt = 0.0
+
+    def add(self, call: tuple[float, float, float], sign: float) -> None:
+        """``call`` into the sums (``sign`` 1.0), or out of them (-1.0)."""
+        t, b, d = call
+        self.n += sign
+        self.t += sign * t
+        self.b += sign * b
+        self.d += sign * d
+        self.bb += sign * b * b
+        self.dd += sign * d * d
+        self.bd += sign * b * d
+        self.bt += sign * b * t
+        self.dt += sign * d * t
+
+
+def _least_squares(sums: _Sums, prior: float, weight: float) -> tuple[float, float] | None:
     """``(reload_s_per_block, decode_s_per_token)`` fitted with an intercept (the call's fixed
     overhead), centred, with ``weight`` pseudo-calls pulling the block cost toward ``prior``;
     ``None`` when the computed blocks did not vary (nothing to fit them from)."""
-    n = len(calls)
-    mean_t = sum(c[0] for c in calls) / n
-    mean_b = sum(c[1] for c in calls) / n
-    mean_d = sum(c[2] for c in calls) / n
-    sbb = sum((c[1] - mean_b) ** 2 for c in calls)
-    if sbb <= 0.0:
+    n = sums.n
+    mean_b, mean_d = sums.b / n, sums.d / n
+    sbb = sums.bb - mean_b * sums.b
+    if sbb <= _FLAT * sums.bb:  # every call computed as many blocks (up to rounding)
         return None
-    sdd = sum((c[2] - mean_d) ** 2 for c in calls)
-    sbd = sum((c[1] - mean_b) * (c[2] - mean_d) for c in calls)
-    sbt = sum((c[1] - mean_b) * (c[0] - mean_t) for c in calls)
-    sdt = sum((c[2] - mean_d) * (c[0] - mean_t) for c in calls)
+    sdd = max(0.0, sums.dd - mean_d * sums.d)
+    if sdd <= _FLAT * sums.dd:
+        sdd = 0.0
+    sbd = sums.bd - mean_b * sums.d
+    sbt = sums.bt - mean_b * sums.t
+    sdt = sums.dt - mean_d * sums.t
     # the prior as ``weight`` calls whose blocks vary as these do, each on the prior's line
     ridge = weight * sbb / n
     sbb_r, sbt_r = sbb + ridge, sbt + ridge * prior
@@ -130,6 +168,10 @@ def _least_squares(
         per_block = 0.0
         per_token = max(0.0, sdt / sdd)
     return per_block, per_token
+
+
+_FLAT = 1e-9
+"""A centred sum of squares this small beside its raw one is rounding: the values are equal."""
 
 
 def _check_number(field: str, value: object) -> None:

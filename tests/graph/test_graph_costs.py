@@ -94,3 +94,33 @@ def test_bad_input_is_refused_and_changes_nothing(call, field) -> None:  # type:
         EngineCosts(0.002, window=1)
     with pytest.raises(UsageError, match="prior_reload_s_per_block"):
         EngineCosts(-0.002)
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 2.0), st.integers(0, 400), st.integers(0, 300)),
+        min_size=8,
+        max_size=300,
+    ),
+    st.integers(8, 64),
+)
+def test_the_window_the_fit_reads_is_its_last_calls_however_many_came_before(
+    calls: list[tuple[float, int, int]], window: int
+) -> None:
+    """The sums kept as calls come and go fit what a fresh learner given only the window's
+    last ``window`` calls fits: the calls that left the window leave no trace."""
+    long = EngineCosts(0.002, window=window)
+    for call in calls:
+        long.observe(*call)
+    fresh = EngineCosts(0.002, window=window)
+    for call in calls[-window:]:
+        fresh.observe(*call)
+    assert long.calls == fresh.calls
+    assert long.learned == fresh.learned
+    assert long.reload_s_per_block == pytest.approx(fresh.reload_s_per_block, rel=1e-6, abs=1e-9)
+    if fresh.decode_s_per_token is None:
+        assert long.decode_s_per_token is None
+    else:
+        assert long.decode_s_per_token == pytest.approx(
+            fresh.decode_s_per_token, rel=1e-6, abs=1e-9
+        )

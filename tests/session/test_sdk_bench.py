@@ -56,8 +56,13 @@ def test_the_whole_path_runs_a_real_agent_loop_with_and_without_the_session() ->
     [row] = result["rows"]
     assert (row["backend"], row["sessions"], row["llm_calls"]) == ("embedded", 3, 12)
     assert row["without"]["extra_requests_per_call"] == 0
+    assert row["hooks"]["extra_requests_per_call"] == 0  # a middleware doing nothing asks nothing
+    assert row["hooks_cpu_ms_per_call"] + row["own_cpu_ms_per_call"] == pytest.approx(
+        row["session_cpu_ms_per_call"]
+    )
     assert 0 <= row["with"]["extra_requests_per_call"] <= 1 / calls
     assert row["with"]["cpu_ms_per_call"] > 0
     assert "embedded" in table(result)
+    assert "hooks" in table(result)
     with pytest.raises(UsageError, match="sessions"):
         bench_path(sessions=(0,))
