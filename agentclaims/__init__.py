@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from agentclaims.backends.embedded import EmbeddedBackend
     from agentclaims.backends.fleet import FleetBackend
     from agentclaims.backends.http import HTTPBackend
+    from agentclaims.backends.inprocess import InProcessGateway
     from agentclaims.backends.pool import BackendPool
     from agentclaims.bindings.decorators import ClaimedGraph, ClaimedRun, claimed_session
     from agentclaims.bindings.langchain import chat_model
@@ -84,6 +85,7 @@ __all__ = [
     "Forbidden",
     "HTTPBackend",
     "IllegalTransition",
+    "InProcessGateway",
     "OperationNotExposed",
     "OwnerScope",
     "PlannerPolicy",
@@ -109,6 +111,7 @@ _LAZY = {
     "Backend": "agentclaims.backends.base",
     "EmbeddedBackend": "agentclaims.backends.embedded",
     "HTTPBackend": "agentclaims.backends.http",
+    "InProcessGateway": "agentclaims.backends.inprocess",
     "BackendPool": "agentclaims.backends.pool",
     "FleetBackend": "agentclaims.backends.fleet",
     "ClaimedGraph": "agentclaims.bindings.decorators",

@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -72,7 +72,7 @@ SERVER = server_args()
 TURNS = 3  # worker LLM calls per assignment (a tool call between each)
 TOOL_S = 0.5
 LOG_DIR: str | None = None  # outcome logs of the workflows, when set
-SETUPS = ("direct", "claims", "learned", "held", "no_claims", "stock")
+SETUPS = ("direct", "claims", "in_process", "learned", "held", "no_claims", "stock")
 WORKLOAD = "supervisor"  # or "plain": an agent and a plain I/O node (--workload)
 PLAIN_TURNS = 6
 PLAIN_IO_S = (0.75, 2.25)  # the plain node's I/O wait range, seconds (--io-s)
@@ -367,9 +367,10 @@ async def workflows(
 
     if planner == "direct":  # ``gateway`` is vLLM itself: LangChain's own client, no SDK
         return await direct_workflows(gateway, n, label, tool_s, prompts)
-    backend = (
-        agentclaims.HTTPBackend(gateway, timeout_s=300) if isinstance(gateway, str) else gateway
-    )
+    if isinstance(gateway, str):
+        backend = agentclaims.HTTPBackend(gateway, timeout_s=300)
+    else:  # a backend, or what makes one per run (``in_process``: the app in this process)
+        backend = gateway() if callable(gateway) else gateway
     timings = Timings(prompts)
     model = agentclaims.chat_model(
         backend,
@@ -538,7 +539,8 @@ async def under_pressure(
     requests, went on their own, and how long they waited to ride)."""
     stop = asyncio.Event()
     direct = planner == "direct"
-    before = {} if direct else _gateway_stats(gateway)
+    counted = not direct and isinstance(gateway, str)  # a gateway process's /v1/stats
+    before = _gateway_stats(gateway) if counted else {}
     pressure = asyncio.create_task(churn(vurl, model, stop, args.churn_rate, args.churn_tokens))
     try:
         prompts: list[list[dict[str, Any]]] = []
@@ -551,6 +553,10 @@ async def under_pressure(
     out["cacheable_ratio"] = await cacheable(vurl, model, prompts)
     if direct:
         out.update(engine_requests_per_llm_call=1.0, ops_rode=0, ops_standalone=0)
+        out["ride_wait_p50_ms"] = None
+        return out
+    if not counted:  # the app ran in this process and went with its backend
+        out.update(engine_requests_per_llm_call=None, ops_rode=None, ops_standalone=None)
         out["ride_wait_p50_ms"] = None
         return out
     after = _gateway_stats(gateway)
@@ -772,6 +778,7 @@ async def measure(
     every = (
         ("direct", urls["vllm"], urls["vllm"], "direct", "without"),
         ("claims", urls["gateway"], urls["vllm"], "auto", "without"),
+        ("in_process", _in_process(urls["vllm"]), urls["vllm"], "auto", "without"),
         ("learned", urls["gateway"], urls["vllm"], "learned", "without"),
         ("held", urls["gateway"], urls["vllm"], "held", "without"),
         ("no_claims", urls["gateway"], urls["vllm"], "off", "without"),
@@ -792,6 +799,19 @@ async def measure(
     for name, rows in results.items():
         out[name] = medians(rows)
     return out
+
+
+def _in_process(vurl: str) -> Callable[[], Any]:
+    """What makes, for each run, the gateway app in this process over the vLLM at ``vurl``
+    (``InProcessGateway.over_vllm``): the agents' calls go to vLLM with no gateway process
+    between them."""
+
+    def make() -> Any:
+        import agentclaims
+
+        return agentclaims.InProcessGateway.over_vllm(vurl, KEY, block_size=BLOCK_TOKENS)
+
+    return make
 
 
 def medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -877,9 +897,10 @@ def main() -> None:
     parser.add_argument(
         "--setups",
         default="direct,claims,held,no_claims,stock",
-        help="comma-separated set-ups to run (of direct, claims, learned, held, no_claims, "
-        "stock; learned: claims planned with the block cost learned from vLLM's answers, "
-        "engine_costs)",
+        help="comma-separated set-ups to run (of direct, claims, in_process, learned, held, "
+        "no_claims, stock; in_process: claims through the gateway app in this process, "
+        "InProcessGateway; learned: claims planned with the block cost learned from vLLM's "
+        "answers, engine_costs)",
     )
     parser.add_argument(
         "--blocks",

@@ -1,4 +1,5 @@
-"""``EmbeddedBackend``: the gateway app in-process, reached through an ASGI transport.
+"""``EmbeddedBackend``: the gateway app in-process, reached through an ASGI transport
+(``InProcessGateway``), over the reference engine.
 
 No socket and no server: the same HTTP client code as ``HTTPBackend``, the same app as
 ``agentclaims serve``. Text comes from a ``ScriptedModel``; KV behaviour is the reference
@@ -8,24 +9,23 @@ engine's (``.engine``, for tests and demos).
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable
 
-import httpx2
-
-from agentclaims.backends.http import DEFAULT_TIMEOUT_S, HTTPBackend
+from agentclaims.backends.inprocess import InProcessGateway
 from agentclaims.engine import EvictionPolicy, KVEngine, ReferenceKV, ServiceTimes
 from agentclaims.engine.kv import Sleep
 from agentclaims.errors import UsageError
-from agentclaims.gateway import KVSide, Script, ScriptedModel, create_app
+from agentclaims.gateway import KVSide, Script, ScriptedModel
 
 __all__ = ["EmbeddedBackend"]
 
 
-class EmbeddedBackend(HTTPBackend):
+class EmbeddedBackend(InProcessGateway):
     """A reference engine of ``num_blocks`` blocks of ``block_size`` tokens (or the given
     ``kv`` side) behind the gateway app, in this process. ``script`` drives the ``ScriptedModel``; ``clock`` (ns) and ``sleep``
     are injectable so tests never wait; ``service`` sets the modelled per-token times."""
+
+    _HOST = "embedded"
 
     def __init__(
         self,
@@ -45,7 +45,7 @@ class EmbeddedBackend(HTTPBackend):
     ) -> None:
         if not isinstance(name, str) or not name:
             raise UsageError("name", f"must be a non-empty string, got {name!r}")
-        self.kv: KVSide = kv or ReferenceKV.create(
+        kv = kv or ReferenceKV.create(
             num_blocks,
             block_size,
             eviction_policy=eviction_policy,
@@ -57,17 +57,7 @@ class EmbeddedBackend(HTTPBackend):
             sleep=sleep,
         )
         self.model = ScriptedModel(script)
-        self.app = create_app(self.kv, self.model, name=name)
-        host = name if re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", name) else "embedded"
-        base_url = f"http://{host}.agentclaims/v1"
-        client = httpx2.AsyncClient(
-            transport=httpx2.ASGITransport(app=self.app),
-            base_url=base_url.removesuffix("/v1"),  # relative paths read "/v1/...", "/health"
-            timeout=DEFAULT_TIMEOUT_S,
-        )
-        super().__init__(base_url, name=name, client=client)
-        self._owns_client = True
-        self.share_key = None  # an engine of its own: its sessions share by this object
+        super().__init__(kv, self.model, name=name, owns_kv=False)
 
     @property
     def engine(self) -> KVEngine:

@@ -36,8 +36,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "conformance": frozenset({"contract", "protocol", "engine"}),
     "lowering": frozenset({"contract", "protocol", "conformance"}),
     "gateway": frozenset({"contract", "protocol", "engine", "conformance", "lowering"}),
-    # Only backends/embedded.py needs the gateway and the engine: it runs the gateway in-process.
-    "backends": frozenset({"contract", "protocol", "engine", "gateway"}),
+    # Only backends/inprocess.py and embedded.py need the gateway, the engine and vLLM's KV
+    # side: they run the gateway in-process.
+    "backends": frozenset({"contract", "protocol", "engine", "gateway", "vllm"}),
     "session": frozenset(
         {"contract", "protocol", "graph", "planner", "observability", "backends", "lowering"}
     ),
