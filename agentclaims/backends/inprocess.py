@@ -1,5 +1,5 @@
 """``InProcessGateway``: the gateway app in this process, over a KV side, reached through an
-ASGI transport.
+ASGI transport that streams its answers as the app sends them (``StreamingASGITransport``).
 
 An agent process with a vLLM of its own needs no gateway process between them.
 ``InProcessGateway.over_vllm(upstream, claims_key)`` runs the app ``agentclaims serve --kv
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import httpx2
 
+from agentclaims.backends.asgi import StreamingASGITransport
 from agentclaims.backends.http import DEFAULT_TIMEOUT_S, HTTPBackend
 from agentclaims.errors import UsageError
 from agentclaims.gateway import KVSide, TextSide, create_app
@@ -62,7 +63,7 @@ class InProcessGateway(HTTPBackend):
         host = name if re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", name) else self._HOST
         base_url = f"http://{host}.agentclaims/v1"
         client = httpx2.AsyncClient(
-            transport=httpx2.ASGITransport(app=self.app),
+            transport=StreamingASGITransport(self.app),
             base_url=base_url.removesuffix("/v1"),  # relative paths read "/v1/...", "/health"
             timeout=timeout_s,
         )

@@ -155,7 +155,8 @@ async def defer(case: ToolCase, sleep: Callable[[float], Awaitable[None]]) -> He
                     if await io.renew(session.route.named(held.backend), held, want_ttl):
                         return held
                 else:
-                    new = await io.submit(session.backend, agent, prefix_id, plan, ctx, strict=True)
+                    submit = io.submit(session.backend, agent, prefix_id, plan, ctx, strict=True)
+                    new = await _submitted(submit)
                     if new is not None:
                         return await _swap(session, agent, held, new, "superseded")
             delay = min(delay * 2, reaction.max_delay_s)
@@ -166,6 +167,21 @@ async def defer(case: ToolCase, sleep: Callable[[float], Awaitable[None]]) -> He
         raise
     _drop(case, held, waited, why)
     return held
+
+
+async def _submitted(submit: Awaitable[HeldClaim | None]) -> HeldClaim | None:
+    """``submit``'s claim, the submission carried to its end even if the tool ends meanwhile
+    (the deferral is cancelled then): the engine may have accepted it already, and a claim it
+    holds that the session does not know of would stay held until its TTL. A claim that lands
+    so is returned all the same (held, not lost); none: the cancellation goes on."""
+    task = asyncio.ensure_future(submit)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        if task.cancelled() or task.exception() is not None or task.result() is None:
+            raise
+        return task.result()
 
 
 def _drop(case: ToolCase, held: HeldClaim | None, waited: float, why: str) -> None:

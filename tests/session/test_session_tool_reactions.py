@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +39,19 @@ def search_seen() -> ToolTimeModel:
     return model
 
 
-def agent_with(backend: Any, ran: list[str], **options: Any) -> Any:
+def agent_with(
+    backend: Any, ran: list[str], *, until: Callable[[], bool] | None = None, **options: Any
+) -> Any:
+    """A react agent with a ``search`` tool, claimed; ``until``: the tool (a thread of
+    LangGraph's) runs until it says so, 10 s at most."""
+
     @tool
     def search(query: str) -> str:
         """Search the papers."""
         ran.append(query)
+        deadline = time.monotonic() + 10
+        while until is not None and not until() and time.monotonic() < deadline:
+            time.sleep(0.005)
         return f"results for {query}"
 
     model_backend = backend.backends[0] if isinstance(backend, BackendPool) else backend
@@ -124,9 +134,15 @@ async def test_defer_holds_the_planned_claim_while_the_tool_runs(tmp_path):
         await backend.release_claim("blocker", "other")
 
     ran: list[str] = []
+
+    def held_hard() -> bool:  # the deferred claim landed: the tool may end
+        held = claimed.last_session.claims.get("agent")
+        return held is not None and held.plan.mode.value == "hard_protected"
+
     claimed = agent_with(
         backend,
         ran,
+        until=held_hard,
         reaction="defer",
         sleep=sleep,
         log_dir=tmp_path,
@@ -239,3 +255,28 @@ async def test_a_tool_is_pinned_only_once_its_wait_was_seen(tmp_path):
     assert "hard_protected" not in modes[0]
     assert modes[1] == ["hard_protected"]
     await backend.aclose()
+
+
+async def test_a_claim_still_being_submitted_when_the_tool_ends_is_kept_not_lost() -> None:
+    """The tool ends (the deferral is cancelled) while its claim is being submitted: the
+    submission goes on to its end, and a claim it got is returned, for the session to hold
+    (the engine has it); one that got none lets the cancellation through."""
+    from agentclaims.session.toolhold import _submitted
+
+    for landed in ("the claim", None):
+        gate = asyncio.Event()
+
+        async def submit(result: Any = landed, gate: asyncio.Event = gate) -> Any:
+            await gate.wait()
+            return result
+
+        deferral = asyncio.ensure_future(_submitted(submit()))
+        await asyncio.sleep(0)  # the submission is in flight
+        deferral.cancel()
+        await asyncio.sleep(0)
+        gate.set()
+        if landed is None:
+            with pytest.raises(asyncio.CancelledError):
+                await deferral
+        else:
+            assert await deferral == landed
