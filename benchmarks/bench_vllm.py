@@ -409,7 +409,8 @@ async def workflows(
     started = time.monotonic()
     times = await asyncio.gather(*(one(i) for i in range(n)))
     total = time.monotonic() - started
-    await backend.aclose()
+    if not getattr(backend, "bench_keep", False):
+        await backend.aclose()
     prompt = sum(s.stats.prompt_tokens for s in sessions)
     cached = sum(s.stats.cached_tokens for s in sessions)
     return {
@@ -798,20 +799,31 @@ async def measure(
             print(f"run {rep} {name}: {json.dumps(row)}", file=sys.stderr, flush=True)
     for name, rows in results.items():
         out[name] = medians(rows)
+    while _KEPT:
+        await _KEPT.pop().aclose()
     return out
 
 
 def _in_process(vurl: str) -> Callable[[], Any]:
-    """What makes, for each run, the gateway app in this process over the vLLM at ``vurl``
+    """What gives each run the gateway app in this process over the vLLM at ``vurl``
     (``InProcessGateway.over_vllm``): the agents' calls go to vLLM with no gateway process
-    between them."""
+    between them. One app for every run, as the gateway process is one (started by the
+    warm-up run, not by the first measured call); ``measure`` closes it after the runs."""
 
     def make() -> Any:
         import agentclaims
 
-        return agentclaims.InProcessGateway.over_vllm(vurl, KEY, block_size=BLOCK_TOKENS)
+        if not _KEPT:
+            backend = agentclaims.InProcessGateway.over_vllm(vurl, KEY, block_size=BLOCK_TOKENS)
+            backend.bench_keep = True  # ``workflows`` leaves it open for the next run
+            _KEPT.append(backend)
+        return _KEPT[0]
 
     return make
+
+
+_KEPT: list[Any] = []
+"""The in-process app the runs share, while they run."""
 
 
 def medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
