@@ -3,9 +3,10 @@ streamed as the app sends them.
 
 ``httpx2.ASGITransport`` runs the app to its end and hands back the whole body: a streamed
 completion then reaches the client in one piece, its first token as late as its last. This
-transport runs the app in a task of its own and answers as soon as the app starts its
-response; each body chunk the app sends is the next chunk of the response's stream. A client
-that closes the stream early is a client gone: the app's next ``receive()`` says
+transport runs the app in a task of its own for a request that asks for a stream (its JSON
+body says ``"stream": true``) and answers as soon as the app starts its response; each body
+chunk the app sends is the next chunk of the response's stream. A client that closes the
+stream early is a client gone: the app's next ``receive()`` says
 ``http.disconnect`` (as a server says when the socket closes), and the app's task is awaited,
 then cancelled if it does not end on its own. An error the app raises before it starts its
 response is raised to the client, as ``httpx2.ASGITransport`` raises it; one it raises after
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -37,14 +39,19 @@ _LEFT_S = 1.0
 
 class StreamingASGITransport(httpx2.AsyncBaseTransport):
     """Requests to ``app`` in this process, each answer streamed as the app sends it (see the
-    module). ``client`` is the peer the app sees."""
+    module). ``client`` is the peer the app sees. A request that asks for no stream (a body
+    without ``"stream": true``) is answered as ``httpx2.ASGITransport`` answers it: the app
+    runs to its end in the caller's task, with no task or queue of its own."""
 
     def __init__(self, app: _App, client: tuple[str, int] = ("127.0.0.1", 123)) -> None:
         self.app = app
         self.client = client
+        self._whole = httpx2.ASGITransport(app=app, client=client)
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         body = await request.aread()
+        if not _asks_stream(body):
+            return await self._whole.handle_async_request(request)
         url = request.url
         scope: dict[str, Any] = {
             "type": "http",
@@ -77,6 +84,18 @@ class StreamingASGITransport(httpx2.AsyncBaseTransport):
         return httpx2.Response(
             exchange.status, headers=exchange.headers, stream=_Body(exchange, task)
         )
+
+
+def _asks_stream(body: bytes) -> bool:
+    """Whether a request's body is a JSON object with ``"stream": true`` (read only where the
+    word is in it)."""
+    if b'"stream"' not in body:
+        return False
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(parsed, dict) and parsed.get("stream") is True
 
 
 class _Exchange:

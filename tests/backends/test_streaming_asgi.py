@@ -16,6 +16,7 @@ from agentclaims.backends.embedded import EmbeddedBackend
 from agentclaims.engine import ServiceTimes
 
 BOUND_S = 10.0  # every wait is bounded: a transport that buffers fails here instead of hanging
+STREAM = {"stream": True}  # what a request asking for a stream says
 
 
 class _Paced:
@@ -38,7 +39,11 @@ async def test_the_first_chunk_reaches_the_client_before_the_app_sends_the_secon
     waited for the whole body would never hand the first over."""
     app = _Paced()
     client = httpx2.AsyncClient(transport=StreamingASGITransport(app), base_url="http://app")
-    async with asyncio.timeout(BOUND_S), client, client.stream("GET", "/") as response:
+    async with (
+        asyncio.timeout(BOUND_S),
+        client,
+        client.stream("POST", "/", json=STREAM) as response,
+    ):
         chunks = response.aiter_bytes()
         first = await chunks.__anext__()
         app.go.set()
@@ -60,11 +65,32 @@ async def test_a_client_that_leaves_the_stream_is_heard_as_a_disconnect() -> Non
         ended.set()
 
     client = httpx2.AsyncClient(transport=StreamingASGITransport(app), base_url="http://app")
-    async with client, client.stream("GET", "/") as response:
+    async with client, client.stream("POST", "/", json=STREAM) as response:
         async for _ in response.aiter_bytes():
             break
     await asyncio.wait_for(ended.wait(), BOUND_S)
     assert heard == ["http.disconnect"]
+
+
+async def test_a_request_that_asks_for_no_stream_runs_the_app_in_the_callers_task() -> None:
+    """Without ``"stream": true`` the app runs to its end in the caller's own task, as
+    ``httpx2.ASGITransport`` runs it (no task or queue of its own); with it, in a task of its
+    own."""
+    tasks: list[asyncio.Task[Any] | None] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        tasks.append(asyncio.current_task())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok", "more_body": False})
+
+    client = httpx2.AsyncClient(transport=StreamingASGITransport(app), base_url="http://app")
+    async with client:
+        for body in ({"stream": False}, {"messages": []}, STREAM):
+            assert (await client.post("/", json=body)).content == b"ok"
+        assert (await client.post("/", content=b"stream")).content == b"ok"  # not JSON
+    caller = asyncio.current_task()
+    assert [task is caller for task in tasks] == [True, True, False, True]
 
 
 async def test_the_apps_errors_reach_the_client() -> None:
@@ -83,14 +109,14 @@ async def test_the_apps_errors_reach_the_client() -> None:
         transport=StreamingASGITransport(before), base_url="http://app"
     ) as c:
         with pytest.raises(ValueError, match="no response"):
-            await c.get("/")
+            await c.post("/", json=STREAM)
     async with httpx2.AsyncClient(
         transport=StreamingASGITransport(after), base_url="http://app"
     ) as c:
         got: list[bytes] = []
 
         async def read() -> None:
-            async with c.stream("GET", "/") as response:
+            async with c.stream("POST", "/", json=STREAM) as response:
                 async for chunk in response.aiter_bytes():
                     got.append(chunk)
 
