@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from agentclaims.backends.inprocess import InProcessGateway
+from agentclaims.backends.inprocess import InProcessGateway, check_name
 from agentclaims.engine import EvictionPolicy, KVEngine, ReferenceKV, ServiceTimes
 from agentclaims.engine.kv import Sleep
-from agentclaims.errors import UsageError
 from agentclaims.gateway import KVSide, Script, ScriptedModel
 
 __all__ = ["EmbeddedBackend"]
@@ -43,8 +42,7 @@ class EmbeddedBackend(InProcessGateway):
         name: str = "embedded",
         kv: KVSide | None = None,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise UsageError("name", f"must be a non-empty string, got {name!r}")
+        check_name(name)  # before the engine is built
         kv = kv or ReferenceKV.create(
             num_blocks,
             block_size,

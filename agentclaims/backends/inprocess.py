@@ -36,7 +36,13 @@ from agentclaims.gateway import KVSide, TextSide, create_app
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
-__all__ = ["InProcessGateway"]
+__all__ = ["InProcessGateway", "check_name"]
+
+
+def check_name(name: object) -> None:
+    """A backend's ``name``: a non-empty string."""
+    if not isinstance(name, str) or not name:
+        raise UsageError("name", f"must be a non-empty string, got {name!r}")
 
 
 class InProcessGateway(HTTPBackend):
@@ -56,8 +62,7 @@ class InProcessGateway(HTTPBackend):
         owns_kv: bool = True,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise UsageError("name", f"must be a non-empty string, got {name!r}")
+        check_name(name)
         self.kv: KVSide = kv
         self.app: Starlette = create_app(kv, text, name=name)
         host = name if re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", name) else self._HOST
@@ -90,8 +95,7 @@ class InProcessGateway(HTTPBackend):
         ride on a call before it goes on its own, as ``agentclaims serve --ride-bound-s``."""
         from agentclaims.vllm.kv import VllmKV
 
-        if not isinstance(name, str) or not name:
-            raise UsageError("name", f"must be a non-empty string, got {name!r}")
+        check_name(name)  # before anything is built
         key = claims_key or os.environ.get("AGENTCLAIMS_CLAIMS_KEY")
         if not key:
             raise UsageError("claims_key", "needs the connector's key (or $AGENTCLAIMS_CLAIMS_KEY)")

@@ -131,11 +131,9 @@ async def _one(backend: Any, sessions: int, calls: int, mode: str, tag: str) -> 
         await asyncio.sleep(0.01)
         return f"results for {query}: " + "kv cache prefix block claim " * 6
 
-    middleware = {
-        "without": [],
-        "hooks": [_hooks()],
-        "with": [agentclaims.ClaimsMiddleware(backend)],
-    }[mode]
+    middleware: list[Any] = []
+    if mode != "without":
+        middleware.append(_hooks() if mode == "hooks" else agentclaims.ClaimsMiddleware(backend))
     agent = create_agent(agentclaims.chat_model(backend), [search], middleware=middleware)
 
     async def workflow(i: int) -> None:

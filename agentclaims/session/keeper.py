@@ -120,11 +120,7 @@ class ClaimKeeper:
             hint = s.workflow.reuse_hint(node, ctx, tool=wait_key(node, tool_names))
             await self.hold(node, PrefixId(prefix_id), plan, ctx, hint)
         if old is not None:
-            backend = s.route.named(old.backend)
-            if not release_at_once(old, s.io.clock()) and await s.io.facts.rides(backend):
-                s.io.let_go(old, "superseded")  # with the next call there
-            else:
-                await s.io.release(backend, old, "superseded")
+            await self._end(old, "superseded")
 
     async def _after_riding(
         self,
@@ -231,12 +227,17 @@ class ClaimKeeper:
         s, io = self._s, self._s.io
         held = {n: (h.prefix_id, h.plan) for n, h in io.held.items()}
         for other in s.workflow.to_release(held, node):
-            claim = io.held.pop(other)
-            backend = s.route.named(claim.backend)
-            if not release_at_once(claim, io.clock()) and await io.facts.rides(backend):
-                io.let_go(claim, "reuse_unlikely")  # with the next call there
-            else:
-                await io.release(backend, claim, "reuse_unlikely")
+            await self._end(io.held.pop(other), "reuse_unlikely")
+
+    async def _end(self, claim: HeldClaim, why: str) -> None:
+        """Let ``claim`` go: with the next call to its backend where releases ride there and
+        it needs no release of its own (``release_at_once``), else released now."""
+        io = self._s.io
+        backend = self._s.route.named(claim.backend)
+        if not release_at_once(claim, io.clock()) and await io.facts.rides(backend):
+            io.let_go(claim, why)
+        else:
+            await io.release(backend, claim, why)
 
     async def relax_claims(self, claim_ids: Sequence[str]) -> int:
         """Downgrade the claims among ``claim_ids`` one mode each; how many."""

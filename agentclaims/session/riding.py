@@ -38,22 +38,22 @@ class Riding:
     releases: list[HeldClaim] = field(default_factory=list)
     superseded: HeldClaim | None = None
     """The node's claim this call's own supersedes: the one that held its prefix."""
-    declined: bool = False
-    """It carries no claim because the engine's pool keeps its prefix through the wait
-    (``POOL_KEEPS``) or the claim saves less time than it costs (``SAVES_LESS``): none is
-    made on its own after it either, unless the answer calls other tools than ``tools``
-    (a claim of its own is a request of its own, for what the call chose not to carry)."""
+    declined: str | None = None
+    """Why it carries no claim by choice: the engine's pool keeps its prefix through the wait
+    (``POOL_KEEPS``), or the claim saves less time than it costs (``SAVES_LESS``). None is
+    made on its own after it either, unless (``SAVES_LESS``) the answer calls other tools
+    than ``tools``: a claim of its own is a request of its own, for what the call chose not
+    to carry."""
     tools: tuple[str, ...] = ()
     """The tools the node was expected to call next when the call was planned."""
-
-    pool_kept: bool = False
-    """Among ``declined``: the pool keeps the prefix, whatever the answer calls."""
 
     def declined_for(self, tool_names: Sequence[str]) -> bool:
         """Whether the call's choice to carry no claim stands after an answer that called
         ``tool_names``: the pool keeps the prefix, or the claim was weighed with those tools
         expected and found to save less than it costs."""
-        return self.declined and (self.pool_kept or set(tool_names) == set(self.tools))
+        if self.declined == POOL_KEEPS:
+            return True
+        return self.declined == SAVES_LESS and set(tool_names) == set(self.tools)
 
 
 class RidingCalls:
@@ -84,9 +84,8 @@ class RidingCalls:
             footprint=prefix_blocks(last) if last else 1,
             sized=last is not None,  # a first call: its size is not known yet
         )
-        riding.pool_kept = plan.reason == POOL_KEEPS
-        riding.declined = riding.pool_kept or plan.reason == SAVES_LESS
-        riding.tools = tuple(tools)
+        if plan.reason in (POOL_KEEPS, SAVES_LESS):
+            riding.declined, riding.tools = plan.reason, tuple(tools)
         if plan.mode is not None:
             hint = workflow.reuse_hint(node, ctx, tool=wait_key(node, tools))
             found = await io.riding(backend, node, plan, ctx, hint)

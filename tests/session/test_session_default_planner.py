@@ -16,7 +16,7 @@ from agentclaims.contract import ProtectionMode
 from agentclaims.engine import NextUsePolicy
 from agentclaims.errors import UnknownNameError
 from agentclaims.gateway.text import Reply
-from agentclaims.planner import SAVES_LESS, ClaimPlan, ClaimPlanner, PrefixContext
+from agentclaims.planner import POOL_KEEPS, SAVES_LESS, ClaimPlan, ClaimPlanner, PrefixContext
 from agentclaims.protocol import (
     CLAIMS_RIDE_ON_REQUESTS,
     RANKS_BY_HINTS,
@@ -301,8 +301,8 @@ def test_a_declined_claim_stands_only_for_the_tools_it_was_weighed_with() -> Non
     """``Riding.declined_for``: the pool keeping the prefix stands whatever the answer calls;
     a claim weighed as saving less stands for the same tools, in any order, and not for
     others; a call that carried its claim declined nothing."""
-    kept = Riding("vllm", declined=True, pool_kept=True, tools=("search",))
-    weighed = Riding("vllm", declined=True, tools=("search", "read"))
+    kept = Riding("vllm", declined=POOL_KEEPS, tools=("search",))
+    weighed = Riding("vllm", declined=SAVES_LESS, tools=("search", "read"))
     assert kept.declined_for(["write"])
     assert weighed.declined_for(["read", "search"])
     assert not weighed.declined_for(["search"])
