@@ -21,7 +21,7 @@ from agentclaims.errors import BackendUnavailable, UsageError
 from agentclaims.session.poolshare import PoolShare
 
 if TYPE_CHECKING:
-    from agentclaims.session.parts import SessionParts
+    from agentclaims.session.state import SessionState
 
 __all__ = ["AnsweredCall", "SessionCalls"]
 
@@ -46,7 +46,7 @@ class AnsweredCall:
 class SessionCalls:
     """The LLM calls of ``session``: named, prepared, recorded, and their claim work."""
 
-    def __init__(self, session: SessionParts) -> None:
+    def __init__(self, session: SessionState) -> None:
         self._s = session
         self._requests = itertools.count(1)
         self._background: asyncio.Future[None] | None = None
@@ -100,7 +100,7 @@ class SessionCalls:
         since = s.workflow.wait_started(node)
         if since is not None:  # how long agents wait between calls: what blocks must outlive
             share.note_wait(s.clock() - since)
-        ext = s.before_call(node, step)
+        ext = self.before_call(node, step)
         # planner off: the SDK leaves the calls as they are (no admission either)
         waited = await share.admit_call(s.session_id) if s.planner.policy.enabled else 0.0
         if waited > 0:  # the pool thrashes: the agent waited for its turn (a deferral)
@@ -162,7 +162,7 @@ class SessionCalls:
             st.deferrals += 1
             st.deferral_s += held_back
         pressed = call.retried or held_back > 0
-        s.note_call(retried=pressed, latency_s=call.latency_s)
+        s.workflow.note_call(retried=pressed, latency_s=call.latency_s)
         pool = extension.get("pool")  # the engine's churn, where it says (vLLM: KV events)
         s.workflow.note_pool(pool)
         share = s.workflow.share

@@ -33,8 +33,8 @@ from agentclaims.session.workflow import wait_key
 
 if TYPE_CHECKING:
     from agentclaims.session.held import HeldClaim
-    from agentclaims.session.parts import SessionParts
     from agentclaims.session.riding import Riding
+    from agentclaims.session.state import SessionState
 
 __all__ = ["ClaimKeeper"]
 
@@ -49,7 +49,7 @@ their hints and takes claims riding on requests, and on any other."""
 class ClaimKeeper:
     """Holds, revises and relaxes ``session``'s claims, one round of claim work at a time."""
 
-    def __init__(self, session: SessionParts, *, auto_planner: bool) -> None:
+    def __init__(self, session: SessionState, *, auto_planner: bool) -> None:
         self._s = session
         self.lock = asyncio.Lock()
         """Held by each round of claim work (after a call, before a tool, a relax)."""

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
     from agentclaims.session.options import CheckedOptions
-    from agentclaims.session.parts import SessionParts
+    from agentclaims.session.state import SessionState
 
 __all__ = ["END_REASONS", "SessionLifecycle", "current"]
 
@@ -48,8 +48,10 @@ def current() -> Any:
 class SessionLifecycle:
     """How ``session`` is entered and ended; what ending releases."""
 
-    def __init__(self, session: SessionParts, options: CheckedOptions) -> None:
+    def __init__(self, session: SessionState, options: CheckedOptions, face: object) -> None:
         self._s = session
+        self._face = face
+        """What ``current_session()`` returns while the run is current (the facade)."""
         self.log_dir: Path | None = options.log_dir
         self._log_stream: TextIO | None = options.log_stream
         self._tracing = options.tracing
@@ -93,7 +95,7 @@ class SessionLifecycle:
             raise
         self._started = s.clock()
         s.loop = asyncio.get_running_loop()
-        self._token = _current.set(s)
+        self._token = _current.set(self._face)
         self._log_session("session_started", backend=s.backend.name)
         if s.tracer is not None:  # spans the workflow starts nest in the session's
             self._trace_token = s.tracer.activate()
@@ -138,7 +140,7 @@ class SessionLifecycle:
             s.workflow.finish()  # what the graph learns from a whole run
         try:
             # release even when the workflow was cancelled: shield the cleanup
-            await asyncio.shield(s.release_all())
+            await asyncio.shield(self.release_all())
         finally:
             with contextlib.suppress(ValueError):
                 # a stream closed later runs this in another context (the token is not its
@@ -169,13 +171,13 @@ class SessionLifecycle:
         if cause is not None and cause is not exc:
             raise cause from exc
 
-    async def release_all(self, reason: str) -> None:
+    async def release_all(self, reason: str = "session_end") -> None:
         """Release every claim (``ClaimedSession.release_all``)."""
         s, io = self._s, self._s.io
         harmed: ClaimHarmed | None = None
         try:
             await s.tools.cancel_deferrals()
-            await s.settle()
+            await s.calls.settle()
         finally:
             # with claims to let go where their releases' answers bring the events (the
             # releases' own too), no poll before them; with none held since the last complete
@@ -219,7 +221,7 @@ class SessionLifecycle:
         """The session current inside the block (``ClaimedSession.activated``)."""
         if not self.entered:
             raise UsageError("session", "only an entered session that has not ended is activated")
-        token = _current.set(self._s)
+        token = _current.set(self._face)
         tracer = self._s.tracer
         # the session span is the current span inside too: spans started in the node or the
         # tool (by the application or an instrumentation) nest in it, as under claimed_session

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agentclaims.protocol import ActiveOutcome
-    from agentclaims.session.parts import SessionParts
+    from agentclaims.session.state import SessionState
 
 __all__ = ["SessionMoves"]
 
@@ -20,7 +20,7 @@ __all__ = ["SessionMoves"]
 class SessionMoves:
     """Reroutes and failovers of ``session``, and the claims they end."""
 
-    def __init__(self, session: SessionParts) -> None:
+    def __init__(self, session: SessionState) -> None:
         self._s = session
 
     async def reroute(self, outcome: ActiveOutcome) -> bool:
@@ -30,7 +30,7 @@ class SessionMoves:
         new = await s.route.reroute([h.prefix_id for h in s.io.held.values()])
         if new is None:
             return False
-        await s.release_all(reason="rerouted")
+        await s.lifecycle.release_all(reason="rerouted")
         s.stats.reroutes += 1
         s.log_reaction(
             "reroute", outcome=outcome.to_dict(), from_backend=old.name, to_backend=new.name

@@ -17,7 +17,7 @@ from agentclaims.session.claims import protects_at_least
 if TYPE_CHECKING:
     from agentclaims.session.events import EventOutcomes
     from agentclaims.session.held import HeldClaim
-    from agentclaims.session.parts import SessionParts
+    from agentclaims.session.state import SessionState
 
 __all__ = ["ClaimOutcomes"]
 
@@ -25,7 +25,7 @@ __all__ = ["ClaimOutcomes"]
 class ClaimOutcomes:
     """Reacts to harm and lapses of ``session``'s claims."""
 
-    def __init__(self, session: SessionParts) -> None:
+    def __init__(self, session: SessionState) -> None:
         self._s = session
         self._replanned: dict[str, float] = {}
         """node -> the start of the wait in which its lapsed claim was re-planned (once)."""

@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, Generic, TextIO, TypeVar, cast, overload
 
 from agentclaims.contract import OwnerScope
 from agentclaims.graph import AgentExecutionGraph, EngineCosts, ToolTimeModel
@@ -42,6 +42,7 @@ from agentclaims.session.outcomes import ClaimOutcomes
 from agentclaims.session.reactions import ReactionPolicy
 from agentclaims.session.riding import RidingCalls
 from agentclaims.session.route import SessionRoute
+from agentclaims.session.state import SessionState
 from agentclaims.session.toolcalls import SessionTools, ToolRun, in_explicit_tool_call
 from agentclaims.session.workflow import WorkflowModel
 
@@ -65,9 +66,31 @@ __all__ = [
 ]
 
 
+T = TypeVar("T")
+
+
 def current_session() -> ClaimedSession | None:
     """The session of the running workflow, if any (a context variable: task-local)."""
     return cast("ClaimedSession | None", current())
+
+
+class _Shared(Generic[T]):
+    """A read-only attribute of the facade that is the session state's of the same name."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, face: None, owner: type) -> _Shared[T]: ...
+    @overload
+    def __get__(self, face: ClaimedSession, owner: type) -> T: ...
+    def __get__(self, face: ClaimedSession | None, owner: type) -> T | _Shared[T]:
+        if face is None:
+            return self
+        return cast("T", getattr(face.state, self._name))
+
+    def __set__(self, face: ClaimedSession, value: T) -> None:
+        raise AttributeError(f"ClaimedSession.{self._name} is read-only")
 
 
 class ClaimedSession:
@@ -125,70 +148,82 @@ class ClaimedSession:
                 tracer_provider=tracer_provider,
             ),
         )
-        self.workflow_id = o.workflow_id or f"wf-{uuid.uuid4().hex[:12]}"
-        self.session_id = f"s-{uuid.uuid4().hex[:12]}"
-        self.thread_id = o.thread_id
-        """The conversation the run belongs to (LangGraph's ``configurable.thread_id``): on
-        every log line, so the turns of one thread can be linked."""
-        self.owner_scope = OwnerScope(f"workflow:{self.workflow_id}")
-        self.planner = planner = o.planner
-        self.reaction = reaction = o.reaction
-        self.sleep = o.sleep
-        self.clock = clock = o.clock
-        self.stats = SessionStats()
-        self.workflow = WorkflowModel(
+        workflow = WorkflowModel(
             o.graph,
-            planner,
+            o.planner,
             o.tool_times,
             horizon=o.horizon,
             reload_s_per_block=o.reload_s_per_block,
             queue_delay_s=o.queue_delay_s,
-            clock=clock,
+            clock=o.clock,
         )
-        self.engine_costs = o.engine_costs
-        """What calls cost on the engine, learned from its answers (``engine_costs``); the
-        workflow plans with its ``reload_s_per_block``."""
         if o.engine_costs is not None:
-            self.workflow.reload_s_per_block = o.engine_costs.reload_s_per_block
-        self.io = ClaimIO(
-            self.session_id,
-            self.owner_scope,
-            planner.policy,
-            reaction,
-            self.stats,
-            clock,
-            lambda: self.log,
+            workflow.reload_s_per_block = o.engine_costs.reload_s_per_block
+        session_id = f"s-{uuid.uuid4().hex[:12]}"
+        self.state = state = SessionState(
+            workflow_id=o.workflow_id or f"wf-{uuid.uuid4().hex[:12]}",
+            session_id=session_id,
+            thread_id=o.thread_id,
+            planner=o.planner,
+            reaction=o.reaction,
+            sleep=o.sleep,
+            clock=o.clock,
+            workflow=workflow,
+            engine_costs=o.engine_costs,
+            route=SessionRoute(session_id, o.pool, o.backend),
         )
-        self.route = SessionRoute(self.session_id, o.pool, o.backend)
-        """Where the session's calls and claims go (its backend, pool or fleet)."""
-        self.log: WorkflowLog | None = None
-        self.tracer: SessionTracer | None = None
-        """The run's span builder while tracing (``agentclaims.observability.otel``)."""
-        self.riding = RidingCalls(self.io, self.workflow)
-        """What each call in flight carries where claims ride on requests."""
-        self.loop: asyncio.AbstractEventLoop | None = None
-        """The event loop the session runs on (set when it is entered): synchronous code in
-        the workflow (a ``def`` node calling ``model.invoke()``) sends its calls there."""
-        self.end_reason: str | None = None
-        """How the run ended, once it has: ``completed``, ``error``, ``cancelled`` or
-        ``closed`` (a stream left early: ``break``, ``aclose()``)."""
-        self.wanted: dict[str, Wanted] = {}
-        """Per node, the claim the planner wanted and the backend refused (relaxed or none):
-        the next tool call of that node reacts to it (``agentclaims.session.toolhold``)."""
-        self.last_agent: str | None = None
-        """The node of the latest LLM call: the agent a tool run by LangGraph serves."""
-        self.lifecycle = SessionLifecycle(self, o)
+        """What the session's parts share (``agentclaims.session.state``)."""
+        state.lifecycle = self.lifecycle = SessionLifecycle(state, o, self)
         """Entering and ending the run (``agentclaims.session.lifecycle``)."""
-        self.calls = SessionCalls(self)
+        state.calls = self.calls = SessionCalls(state)
         """The LLM calls: named, prepared, recorded (``agentclaims.session.calls``)."""
-        self.keeper = ClaimKeeper(self, auto_planner=o.auto_planner)
+        state.keeper = self.keeper = ClaimKeeper(state, auto_planner=o.auto_planner)
         """The claim on each node's prefix, revised after its calls (``keeper``)."""
-        self.outcomes = ClaimOutcomes(self)
+        state.outcomes = self.outcomes = ClaimOutcomes(state)
         """The reactions to harmed and lapsed claims (``agentclaims.session.outcomes``)."""
-        self.moves = SessionMoves(self)
+        state.moves = self.moves = SessionMoves(state)
         """Reroutes and failovers (``agentclaims.session.moves``)."""
-        self.tools = SessionTools(self)
+        state.tools = self.tools = SessionTools(state)
         """The tool calls (``agentclaims.session.toolcalls``)."""
+
+    workflow_id: _Shared[str] = _Shared()
+    session_id: _Shared[str] = _Shared()
+    thread_id: _Shared[str | None] = _Shared()
+    """The conversation the run belongs to (LangGraph's ``configurable.thread_id``): on every
+    log line, so the turns of one thread can be linked."""
+    owner_scope: _Shared[OwnerScope] = _Shared()
+    planner: _Shared[ClaimPlanner] = _Shared()
+    reaction: _Shared[ReactionPolicy] = _Shared()
+    sleep: _Shared[Sleep] = _Shared()
+    clock: _Shared[Callable[[], float]] = _Shared()
+    stats: _Shared[SessionStats] = _Shared()
+    workflow: _Shared[WorkflowModel] = _Shared()
+    engine_costs: _Shared[EngineCosts | None] = _Shared()
+    """What calls cost on the engine, learned from its answers (``engine_costs``); the
+    workflow plans with its ``reload_s_per_block``."""
+    io: _Shared[ClaimIO] = _Shared()
+    route: _Shared[SessionRoute] = _Shared()
+    """Where the session's calls and claims go (its backend, pool or fleet)."""
+    log: _Shared[WorkflowLog | None] = _Shared()
+    tracer: _Shared[SessionTracer | None] = _Shared()
+    """The run's span builder while tracing (``agentclaims.observability.otel``)."""
+    riding: _Shared[RidingCalls] = _Shared()
+    """What each call in flight carries where claims ride on requests."""
+    loop: _Shared[asyncio.AbstractEventLoop | None] = _Shared()
+    """The event loop the session runs on (set when it is entered): synchronous code in the
+    workflow (a ``def`` node calling ``model.invoke()``) sends its calls there."""
+    end_reason: _Shared[str | None] = _Shared()
+    """How the run ended, once it has: ``completed``, ``error``, ``cancelled`` or ``closed``
+    (a stream left early: ``break``, ``aclose()``)."""
+    wanted: _Shared[dict[str, Wanted]] = _Shared()
+    """Per node, the claim the planner wanted and the backend refused (relaxed or none): the
+    next tool call of that node reacts to it (``agentclaims.session.toolhold``)."""
+    last_agent: _Shared[str | None] = _Shared()
+    """The node of the latest LLM call: the agent a tool run by LangGraph serves."""
+    claims: _Shared[dict[str, HeldClaim]] = _Shared()
+    """The claims held now, by the node whose next call they are for."""
+    backend: _Shared[Backend] = _Shared()
+    """The backend this session's calls go to now (fixed, or the pool's affinity choice)."""
 
     # ------------------------------------------------------------------ views
     @property
@@ -211,19 +246,9 @@ class ClaimedSession:
         return self.workflow.pressure
 
     @property
-    def claims(self) -> dict[str, HeldClaim]:
-        """The claims held now, by the node whose next call they are for."""
-        return self.io.held
-
-    @property
     def ended_claims(self) -> list[HeldClaim]:
         """The claims this session let go, each with its ``end_reason``."""
         return self.io.ended
-
-    @property
-    def backend(self) -> Backend:
-        """The backend this session's calls go to now (fixed, or the pool's affinity choice)."""
-        return self.route.backend
 
     @property
     def pool(self) -> BackendPool | None:
@@ -316,11 +341,6 @@ class ClaimedSession:
         """Wait for claim work still in flight; re-raises its error (e.g. ``ClaimRefused``)."""
         await self.calls.settle()
 
-    def note_call(self, *, retried: bool, latency_s: float | None = None) -> None:
-        """Record an answered LLM call (``latency_s``: send to answer); one that needed a
-        retry met memory pressure."""
-        self.workflow.note_call(retried=retried, latency_s=latency_s)
-
     def plan_after_call(
         self, node: str, prefix_id: str, tool_names: Sequence[str] = ()
     ) -> tuple[PrefixContext, ClaimPlan]:
@@ -343,13 +363,6 @@ class ClaimedSession:
     async def relax_claims(self, claim_ids: Sequence[str]) -> int:
         """Downgrade this session's claims among ``claim_ids`` one mode each; how many."""
         return await self.keeper.relax_claims(claim_ids)
-
-    async def relax_one(
-        self, node: str, held: HeldClaim, ttl_s: float | None, why: str, **fields: Any
-    ) -> HeldClaim | None:
-        """Let ``held`` (``node``'s claim) go and hold its prefix one mode weaker (with
-        ``ttl_s``), logged ``reaction_relax``; the new claim, if any."""
-        return await self.keeper.relax_one(node, held, ttl_s, why, **fields)
 
     # ------------------------------------------------------------------ tools
     def tool_call(

@@ -20,7 +20,7 @@ from agentclaims.session.toolhold import defer, hold_for_tool
 
 if TYPE_CHECKING:
     from agentclaims.session.held import HeldClaim
-    from agentclaims.session.parts import SessionParts
+    from agentclaims.session.state import SessionState
 
 __all__ = ["SessionTools", "ToolRun", "in_explicit_tool_call"]
 
@@ -50,7 +50,7 @@ class ToolRun:
 class SessionTools:
     """Starts and finishes ``session``'s tool calls."""
 
-    def __init__(self, session: SessionParts) -> None:
+    def __init__(self, session: SessionState) -> None:
         self._s = session
         self._running: set[asyncio.Future[HeldClaim | None]] = set()
         """Deferrals asking again for a claim while their tools run (``toolhold.defer``)."""
@@ -83,7 +83,7 @@ class SessionTools:
         if not isinstance(tool, str) or not tool:
             raise UsageError("tool", f"must be a non-empty string, got {tool!r}")
         s = self._s
-        await s.settle()
+        await s.calls.settle()
         agent = s.workflow.agent_of_tool(node or s.last_agent)
         predicted = s.workflow.tool_started(tool, agent, step_node)
         async with s.keeper.lock:

@@ -33,13 +33,13 @@ from agentclaims.session.held import Wanted
 
 if TYPE_CHECKING:
     from agentclaims.session.held import HeldClaim
-    from agentclaims.session.parts import SessionParts
+    from agentclaims.session.state import SessionState
 
 __all__ = ["ToolCase", "Wanted", "defer", "hold_for_tool"]
 
 
 async def hold_for_tool(
-    session: SessionParts, tool: str, agent: str, predicted_s: float
+    session: SessionState, tool: str, agent: str, predicted_s: float
 ) -> tuple[HeldClaim | None, ToolCase | None]:
     """Make sure ``agent``'s prefix is held as planned across ``tool`` (predicted to take
     ``predicted_s``), applying the session's reaction when it is not: the claim held then,
@@ -81,7 +81,7 @@ async def hold_for_tool(
 class ToolCase:
     """One tool call whose claim is not as planned: what the reactions work from."""
 
-    session: SessionParts
+    session: SessionState
     agent: str
     held: HeldClaim | None
     wanted: Wanted | None
@@ -110,7 +110,7 @@ def _blocks(prefix_id: str) -> int:
 
 
 async def _swap(
-    session: SessionParts, agent: str, old: HeldClaim | None, new: HeldClaim, reason: str
+    session: SessionState, agent: str, old: HeldClaim | None, new: HeldClaim, reason: str
 ) -> HeldClaim:
     """Hold ``new`` for ``agent``, letting ``old`` go."""
     session.io.held[agent] = new
@@ -210,7 +210,7 @@ async def _relax(case: ToolCase) -> HeldClaim | None:
         return held
     assert held is not None
     fields = {k: v for k, v in case.fields.items() if k != "node"}
-    return await case.session.relax_one(
+    return await case.session.keeper.relax_one(
         case.agent, held, case.want_ttl, "relaxed for a tool call", **fields
     )
 
@@ -233,7 +233,7 @@ async def _reroute(case: ToolCase) -> HeldClaim | None:
             break
     else:
         return None
-    await session.release_all(reason="rerouted")
+    await session.lifecycle.release_all(reason="rerouted")
     new_backend = route.move_to(candidate.name)
     session.io.held[agent] = new
     session.wanted.pop(agent, None)

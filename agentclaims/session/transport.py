@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx2
 
+from agentclaims import _json as fast_json
 from agentclaims.contract import ArbiterAction
 from agentclaims.errors import BackendUnavailable, ClaimRefused, DeadlineExceeded
 from agentclaims.protocol import EXTENSION_KEY, ActiveOutcome, outcome_from_error
@@ -79,7 +80,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             if completion and response.status_code in (409, 503):
                 raise _refusal(await response.aread(), response.status_code)
             return _relayed(response, request, response.stream)
-        body = json.loads(content or b"{}")
+        body = fast_json.loads(content or b"{}")
         # the client's bytes are sent as they are, the extension spliced in (re-encoding the
         # whole conversation on every call would cost in proportion to the context)
         base = content if EXTENSION_KEY not in body and content.rstrip().endswith(b"}") else None
@@ -121,7 +122,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
 
         if streaming:
             return _relayed(response, request, _ObservedEvents(response, answered))
-        data = json.loads(await response.aread())
+        data = fast_json.loads(await response.aread())
         await answered(data, _tool_names(data))
         return _relayed(response, request, httpx2.ByteStream(response.content))
 
@@ -340,7 +341,7 @@ class _ObservedEvents(httpx2.AsyncByteStream):
             if not payload or payload == b"[DONE]":
                 continue
             try:
-                data = json.loads(payload)
+                data = fast_json.loads(payload)
             except json.JSONDecodeError:
                 continue
             if not isinstance(data, dict):

@@ -31,6 +31,7 @@ from agentclaims.engine import ServiceTimes
 from agentclaims.gateway.text import Reply, TextRequest
 from agentclaims.graph import AgentGraphWarning
 from agentclaims.session import ClaimedSession, current_session
+from agentclaims.session.calls import SessionCalls
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -351,14 +352,14 @@ async def test_functional_api_two_runs_on_one_thread(tmp_path, monkeypatch):
     backend = make_backend({"workflow": [Reply.tool("search"), "final answer"]})
     client = agentclaims.openai_client(backend)
     steps: list[int | None] = []
-    before_call = ClaimedSession.before_call
+    before_call = SessionCalls.before_call
 
-    def record(self: ClaimedSession, node: str, step: int | None = None) -> dict[str, Any]:
+    def record(self: SessionCalls, node: str, step: int | None = None) -> dict[str, Any]:
         ext = before_call(self, node, step)
         steps.append(ext["step"])
         return ext
 
-    monkeypatch.setattr(ClaimedSession, "before_call", record)
+    monkeypatch.setattr(SessionCalls, "before_call", record)
 
     async def ask(messages: list[dict[str, Any]]) -> Any:
         reply = await client.chat.completions.create(model="scripted", messages=messages)
