@@ -8,7 +8,10 @@ context growing with every tool result, on the embedded default and over HTTP (a
 planning, outcome and event handling, logging: everything the session adds, and LangChain's,
 LangGraph's and the OpenAI client's own work beside it), the event loop's lag (a ticker that
 asks to wake every 5 ms; p99 of how late it woke), and the requests that went to the gateway
-beyond the completions. Runs alternate with and without the session, ``rounds`` of each;
+beyond the completions. Each tool call waits ``tool_s`` on average (jittered +-50%): at the
+default 10 ms the calls come as fast as the process makes them, the loop is never idle and its
+lag is mostly the queue of ready work; ``tool_s=1`` paces the sessions as agents whose tools
+take a second, where the lag shows how long the session's work holds the loop. Runs alternate with and without the session, ``rounds`` of each;
 each figure is the median of its rounds. The session's share is what it adds over the same
 loop without it. Over the embedded default the gateway and the engine run in this process
 too, so its CPU includes theirs.
@@ -25,8 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
+import random
 import resource
 import signal
 import socket
@@ -116,19 +121,24 @@ def _hooks() -> Any:
     return Hooks()
 
 
-async def _one(backend: Any, sessions: int, calls: int, mode: str, tag: str) -> dict[str, float]:
+async def _one(
+    backend: Any, sessions: int, calls: int, mode: str, tag: str, tool_s: float
+) -> dict[str, float]:
     """One run: ``sessions`` agent loops at once (``mode``: ``without`` middleware, the
-    no-op ``hooks``, ``with`` the session); CPU per LLM call, loop lag, requests."""
+    no-op ``hooks``, ``with`` the session; each tool waits ``tool_s`` on average); CPU per
+    LLM call, loop lag, requests."""
     from langchain.agents import create_agent
     from langchain_core.messages import HumanMessage
     from langchain_core.tools import tool
 
     import agentclaims
 
+    jitter = random.Random(f"{sessions}/{calls}")  # the same waits in every mode
+
     @tool
     async def search(query: str) -> str:
         """Search the sources."""
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(tool_s * jitter.uniform(0.5, 1.5))
         return f"results for {query}: " + "kv cache prefix block claim " * 6
 
     middleware: list[Any] = []
@@ -141,6 +151,10 @@ async def _one(backend: Any, sessions: int, calls: int, mode: str, tag: str) -> 
         await agent.ainvoke({"messages": [HumanMessage(task)]}, {"recursion_limit": 4 * calls})
 
     await workflow(-1)  # warm: imports, caches, the descriptor read once
+    # what is alive now (modules, the warm run's leftovers) is never scanned again: a full
+    # collection costs about a millisecond a call, and where it lands is chance, not the mode
+    gc.collect()
+    gc.freeze()
     before = await _requests(backend)
     lag: list[float] = []
     stop = asyncio.Event()
@@ -148,6 +162,7 @@ async def _one(backend: Any, sessions: int, calls: int, mode: str, tag: str) -> 
     cpu = _cpu_s()
     await asyncio.gather(*(workflow(i) for i in range(sessions)))
     cpu = _cpu_s() - cpu
+    gc.unfreeze()
     stop.set()
     await ticker
     after = await _requests(backend)
@@ -174,7 +189,12 @@ async def _requests(backend: Any) -> dict[str, int]:
 
 
 async def _bench(
-    backends: Sequence[str], sessions: Sequence[int], calls: int, rounds: int, url: str
+    backends: Sequence[str],
+    sessions: Sequence[int],
+    calls: int,
+    rounds: int,
+    tool_s: float,
+    url: str,
 ) -> dict[str, Any]:
     import agentclaims
     from agentclaims.gateway.text import load_script
@@ -198,7 +218,7 @@ async def _bench(
                     )
                     try:
                         runs[mode].append(
-                            await _one(backend, n, calls, mode, f"{kind}{n}{r}{mode}")
+                            await _one(backend, n, calls, mode, f"{kind}{n}{r}{mode}", tool_s)
                         )
                     finally:
                         await backend.aclose()
@@ -224,7 +244,7 @@ async def _bench(
                     "rounds": runs,
                 }
             )
-    return {"calls_per_workflow": calls, "rounds": rounds, "rows": rows}
+    return {"calls_per_workflow": calls, "rounds": rounds, "tool_s": tool_s, "rows": rows}
 
 
 def bench_path(
@@ -233,6 +253,7 @@ def bench_path(
     sessions: Sequence[int] = (6, 50),
     calls: int = 19,
     rounds: int = 3,
+    tool_s: float = 0.01,
 ) -> dict[str, Any]:
     """The whole path's figures (see the module), one row per backend x session count."""
     for name in backends:
@@ -245,20 +266,25 @@ def bench_path(
     for field, value, least in (("calls", calls, 2), ("rounds", rounds, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise UsageError(field, f"must be an integer >= {least}, got {value!r}")
+    if isinstance(tool_s, bool) or not isinstance(tool_s, int | float) or not 0 <= tool_s <= 60:
+        raise UsageError("tool_s", f"must be a number of seconds in [0, 60], got {tool_s!r}")
     with contextlib.ExitStack() as stack:
         url = ""
         if "http" in backends:
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
             (folder / "script.json").write_text(json.dumps(_script(calls)))
             url = stack.enter_context(_gateway(folder / "script.json"))
-        return asyncio.run(_bench(tuple(backends), tuple(sessions), calls, rounds, url))
+        return asyncio.run(
+            _bench(tuple(backends), tuple(sessions), calls, rounds, float(tool_s), url)
+        )
 
 
 def table(result: dict[str, Any]) -> str:
     """The figures as a table."""
     lines = [
         f"whole path: a create_agent tool loop, {result['calls_per_workflow']} model calls per "
-        f"workflow, medians of {result['rounds']} alternating rounds",
+        f"workflow, tools waiting {result['tool_s'] * 1000:g} ms on average, medians of "
+        f"{result['rounds']} alternating rounds",
         f"  {'backend':<9}{'sessions':>9}{'cpu/call w/o':>14}{'with':>8}{'session':>9}"
         f"{'share':>7}{'hooks':>9}{'own':>9}{'lag p99 w/o':>13}{'with':>8}"
         f"{'extra req/call':>16}",

@@ -231,6 +231,7 @@ def run(args: argparse.Namespace) -> int:
             "backends": getattr(args, "backends", ("embedded", "http")),
             "sessions": getattr(args, "sessions", (6, 50)),
             "rounds": getattr(args, "rounds", 3),
+            "tool_s": getattr(args, "tool_s", 0.01),
         }
     try:
         result = bench_sdk(runs=getattr(args, "runs", 5))

@@ -223,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     sdk.add_argument(
         "--rounds", type=int, default=3, help="alternating rounds with and without (3)"
     )
+    sdk.add_argument(
+        "--tool-s",
+        type=float,
+        default=0.01,
+        help="each tool call's mean wait, jittered +-50%% (0.01; 1 paces the loop as agents do)",
+    )
     sdk.set_defaults(module="bench_sdk")
     replay = bench_sub.add_parser("replay", help="replay agentic traces under each policy")
     replay.add_argument("--traces", required=True, help="folder of trace_*.json[.gz] files")

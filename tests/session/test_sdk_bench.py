@@ -64,5 +64,9 @@ def test_the_whole_path_runs_a_real_agent_loop_with_and_without_the_session() ->
     assert row["with"]["cpu_ms_per_call"] > 0
     assert "embedded" in table(result)
     assert "hooks" in table(result)
+    assert "tools waiting 10 ms" in table(result)
     with pytest.raises(UsageError, match="sessions"):
         bench_path(sessions=(0,))
+    for tool_s in (-1.0, float("nan"), True, "1"):
+        with pytest.raises(UsageError, match="tool_s"):
+            bench_path(sessions=(1,), tool_s=tool_s)  # type: ignore[arg-type]
