@@ -14,6 +14,7 @@ use ``SyncClaimsTransport``, which runs the same steps on the session's event lo
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -80,12 +81,21 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             if completion and response.status_code in (409, 503):
                 raise _refusal(await response.aread(), response.status_code)
             return _relayed(response, request, response.stream)
-        body = fast_json.loads(content or b"{}")
         # the client's bytes are sent as they are, the extension spliced in (re-encoding the
-        # whole conversation on every call would cost in proportion to the context)
-        base = content if EXTENSION_KEY not in body and content.rstrip().endswith(b"}") else None
-        streaming = body.get("stream") is True
-        model = body.get("model")
+        # whole conversation on every call would cost in proportion to the context); most
+        # calls are not even parsed (``_glance``): ``body`` then holds the extension alone
+        glanced = _glance(content)
+        model: Any
+        if glanced is not None:
+            body: dict[str, Any] = {}
+            base: bytes | None = content
+            streaming, model = False, glanced
+        else:
+            body = fast_json.loads(content or b"{}")
+            whole = EXTENSION_KEY not in body and content.rstrip().endswith(b"}")
+            base = content if whole else None
+            streaming = body.get("stream") is True
+            model = body.get("model")
         node = session.current_node(metadata)
         step = None if metadata is None else metadata.get("langgraph_step")
         await session.settle()
@@ -189,6 +199,8 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             if "release" in ext and not session.riding_to(ext.get("request_id"), backend):
                 del ext["release"]  # planned for an instance this call no longer goes to
             key = getattr(backend, "key", None)  # a fleet's routing key: also the body's user
+            if isinstance(key, str) and base is not None and len(body) == 1:
+                body = {**fast_json.loads(base), **body}  # glanced at: the client's user is needed
             if isinstance(key, str) and str(body.get("user", key)).startswith(session.session_id):
                 body["user"] = key
                 base = None  # the body changed beyond its extension
@@ -253,6 +265,28 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             return await client.send(outgoing, stream=stream)
         except httpx2.TransportError as exc:
             raise BackendUnavailable(f"backend {backend.name!r} unreachable: {exc!r}") from exc
+
+
+_STREAM_KEY = re.compile(rb'"stream"\s*:\s*(false\b)?')
+_MODEL = re.compile(rb'"model"\s*:\s*"([^"\\]*)"')
+_EXTENSION = b'"' + EXTENSION_KEY.encode() + b'"'
+
+
+def _glance(content: bytes) -> str | None:
+    """The ``model`` of a JSON object body asking for no stream, read without parsing its
+    conversation; ``None`` where that is not certain (the body is parsed then).
+
+    Inside a JSON string a quote is escaped, so ``"stream":`` matches only a key, at some
+    depth. No such key, or one only, set to ``false``: the call asks for no stream, whatever
+    the depth. A body with the ``agentclaims`` key, or without exactly one ``"model": "..."``
+    without escapes, is parsed."""
+    if not content.rstrip().endswith(b"}") or _EXTENSION in content:
+        return None
+    streams = _STREAM_KEY.findall(content)
+    if len(streams) > 1 or (streams and not streams[0]):
+        return None
+    models = _MODEL.findall(content)
+    return models[0].decode() if len(models) == 1 else None
 
 
 def _spliced(base: bytes, ext: Mapping[str, Any]) -> bytes:
