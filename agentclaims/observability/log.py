@@ -25,8 +25,10 @@ the first such failure per log emits a ``RuntimeWarning``; a listener that raise
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
+import queue
 import threading
 import time
 import warnings
@@ -154,15 +156,29 @@ class _Sink:
 
 class _LineWriter:
     """The structlog "logger" at the end of the chain: writes each rendered line to every sink
-    and flushes it. Not ``structlog.WriteLogger``: one line goes to up to two sinks under one
-    lock, and a failing sink is counted instead of raising into the agent."""
+    and flushes it, or hands it to the log thread (``background``). Not
+    ``structlog.WriteLogger``: one line goes to up to two sinks under one lock, and a failing
+    sink is counted instead of raising into the agent."""
 
-    def __init__(self, sinks: Sequence[_Sink], on_error: Callable[[_Sink, Exception], None]):
+    def __init__(
+        self,
+        sinks: Sequence[_Sink],
+        on_error: Callable[[_Sink, Exception], None],
+        background: bool = False,
+    ):
         self.sinks = tuple(sinks)
         self._on_error = on_error
+        self.background = background
 
     def msg(self, message: str) -> None:
-        line = message + "\n"
+        if self.background:
+            _BACKGROUND.put(self, message + "\n")
+        else:
+            self.write(message + "\n")
+
+    info = msg
+
+    def write(self, line: str) -> None:
         with _WRITE_LOCK:
             for sink in self.sinks:
                 try:
@@ -171,7 +187,56 @@ class _LineWriter:
                 except (OSError, ValueError) as exc:  # ValueError: the stream was closed
                     self._on_error(sink, exc)
 
-    info = msg
+
+class _Background:
+    """The one thread that writes the lines of background logs (a session's), in the order
+    they were handed over: the agents' event loop hands a line over and goes on, and a slow
+    disk or a full pipe holds up this thread, not the agents. Started on first use (again in
+    a forked child); what is pending at interpreter exit is written first (``atexit``)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[_LineWriter, str] | threading.Event] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+        self._starting = threading.Lock()
+
+    def put(self, writer: _LineWriter, line: str) -> None:
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            self._start()
+        self._queue.put((writer, line))
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until the lines handed over before this call are written (``False`` if
+        ``timeout`` seconds passed first)."""
+        thread = self._thread
+        if thread is None or not thread.is_alive() or thread is threading.current_thread():
+            return True
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout)
+
+    def _start(self) -> None:
+        with self._starting:
+            thread = self._thread
+            if thread is None or not thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="agentclaims-log", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if isinstance(item, threading.Event):
+                item.set()
+            else:
+                item[0].write(item[1])
+
+
+_BACKGROUND = _Background()
+atexit.register(_BACKGROUND.drain, 10.0)
 
 
 def _check_count(name: str, value: object) -> int:
@@ -212,7 +277,9 @@ class WorkflowLog:
     have listeners and no sink. A listener that raises is counted in ``listener_errors``.
 
     Safe to share between threads and tasks; each line is flushed as soon as it is written.
-    ``clock`` (wall ns) and ``monotonic`` (ns) are injectable.
+    ``background``: lines are handed to one writer thread instead, in order, so logging never
+    waits on a sink (a session's log: its event loop goes on); ``flush`` waits for them and
+    ``close`` writes them first. ``clock`` (wall ns) and ``monotonic`` (ns) are injectable.
     """
 
     def __init__(
@@ -226,6 +293,7 @@ class WorkflowLog:
         monotonic: Callable[[], int] = time.monotonic_ns,
         thread_id: str | None = None,
         listeners: Sequence[Listener] = (),
+        background: bool = False,
     ) -> None:
         _check_name("workflow_id", workflow_id)
         _check_name("session_id", session_id)
@@ -267,7 +335,9 @@ class WorkflowLog:
                 if sink.owned:
                     sink.stream.close()
             raise
-        self._writer = _LineWriter(sinks, self._write_failed)
+        if not isinstance(background, bool):
+            raise UsageError("background", f"must be True or False, got {background!r}")
+        self._writer = _LineWriter(sinks, self._write_failed, background)
         self._logger = structlog.wrap_logger(
             self._writer,
             processors=[
@@ -500,8 +570,16 @@ class WorkflowLog:
     def closed(self) -> bool:
         return self._closed
 
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every line logged so far is written (at once unless ``background``);
+        ``False`` if ``timeout`` seconds passed first. Call it from a thread to keep an event
+        loop going: ``await asyncio.to_thread(log.flush)``."""
+        return _BACKGROUND.drain(timeout) if self._writer.background else True
+
     def close(self) -> None:
-        """Close the files this log opened (streams given as objects stay open). Idempotent."""
+        """Close the files this log opened (streams given as objects stay open), after every
+        line logged before is written. Idempotent."""
+        self.flush()
         with _WRITE_LOCK:
             if self._closed:
                 return

@@ -88,6 +88,7 @@ class SessionLifecycle:
                     stream=self._log_stream,
                     thread_id=s.thread_id,
                     listeners=() if s.tracer is None else (s.tracer,),
+                    background=True,  # log writes never block the agents' loop
                 )
         except BaseException:
             s.tracer = None
@@ -161,12 +162,15 @@ class SessionLifecycle:
                 tool_calls=s.stats.tool_calls,
                 claims_submitted=s.stats.claims_submitted,
             )
-            if s.log is not None:
-                s.log.close()
             if s.tracer is not None:
                 s.tracer.close()  # ended with session_ended already; anything left now
                 s.tracer.deactivate(self._trace_token)
                 self._trace_token = None
+            if s.log is not None:
+                try:  # the log's lines are written by its thread: wait there, not on the loop
+                    await asyncio.shield(asyncio.to_thread(s.log.flush))
+                finally:
+                    s.log.close()  # cancelled meanwhile: it writes what is left first
         cause = _claim_error_in(exc)
         if cause is not None and cause is not exc:
             raise cause from exc

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import structlog
+from sinks import StalledSink
 
 from agentclaims.contract import ClaimEvent, ClaimSpec, EventName, ProtectionMode
 from agentclaims.engine import KVEngine
@@ -300,3 +301,40 @@ async def test_cancellation_loses_no_completed_line(tmp_path: Path) -> None:
     assert done
     assert [line["step"] for line in lines] == done
     log.close()
+
+
+def test_a_background_log_never_waits_on_its_sink_and_writes_every_line_in_order() -> None:
+    """``background=True``: logging returns while the sink is stalled (the lines wait in the
+    log thread, not in the caller); ``flush`` then sees every line written, in order, and
+    ``close`` writes the ones logged after it before it returns."""
+    sink = StalledSink()
+    log = WorkflowLog("wf-bg", "s-bg", stream=sink, background=True)
+    for i in range(50):
+        log.reaction("defer", attempt=i)
+    assert not sink.go.is_set()  # 50 calls returned with the sink stalled
+    assert not log.flush(timeout=0.05)  # still stalled: not all written
+    sink.go.set()
+    assert log.flush(timeout=10)
+    attempts = [json.loads(line)["attempt"] for line in sink.getvalue().splitlines()]
+    assert attempts == list(range(50))
+    assert sink.writer_threads == {"agentclaims-log"}
+    for i in range(50, 60):
+        log.reaction("defer", attempt=i)
+    log.close()
+    attempts = [json.loads(line)["attempt"] for line in sink.getvalue().splitlines()]
+    assert attempts == list(range(60))
+    with pytest.raises(UsageError, match="closed"):
+        log.reaction("defer")
+    with pytest.raises(UsageError, match="background"):
+        WorkflowLog("wf", "s", stream=io.StringIO(), background="yes")  # type: ignore[arg-type]
+
+
+def test_a_foreground_log_writes_in_the_callers_thread() -> None:
+    """Without ``background`` each line is written before the call returns, by its caller."""
+    sink = StalledSink()
+    sink.go.set()
+    log = WorkflowLog("wf-fg", "s-fg", stream=sink)
+    log.reaction("defer", attempt=1)
+    assert json.loads(sink.getvalue())["attempt"] == 1
+    assert sink.writer_threads == {threading.current_thread().name}
+    assert log.flush(timeout=0)

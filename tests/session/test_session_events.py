@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from planners import Always
+from sinks import StalledSink
 from test_session_reactions import FakeTime, ask, make_backend
 
 from agentclaims.contract import BlockHash, EventName, ProtectionMode
@@ -67,6 +68,8 @@ async def test_a_demoted_claim_is_replanned_at_the_next_call(tmp_path: Path) -> 
         assert session.claims["a"].claim_id != first.claim_id
         assert session.stats.claims_demoted == 1
         assert session.stats.claims_replanned == 1
+        assert session.log is not None
+        assert session.log.flush(timeout=5)
         written = lines(tmp_path, session)  # on disk before the session ends
     names = [d["event"] for d in written]
     assert EventName.RESIDENT_CLAIM_DEMOTED.value in names
@@ -272,3 +275,29 @@ def test_only_a_pin_with_time_left_is_released_on_its_own(
         assert at_once
     else:
         assert at_once == (ttl - held_for > PIN_RIDE_S)
+
+
+async def test_a_stalled_log_sink_holds_up_no_call(tmp_path: Path) -> None:
+    """The session's log is written by the log thread: with its stream stalled (a full pipe),
+    the calls and their claims go on and nothing is written yet; once the stream takes lines
+    again, the session's end writes every line, ``session_ended`` last."""
+    t = FakeTime()
+    backend = make_backend(t)
+    sink = StalledSink()
+    always = Always(ProtectionMode.DEMOTABLE, None)
+    async with ClaimedSession(
+        backend, planner=always, sleep=t.sleep, clock=t.clock_s, log_stream=sink
+    ) as session:
+        for node in ("a", "b", "a"):
+            with session.node(node):
+                await ask(backend, PROMPT)
+        await session.settle()
+        assert session.stats.llm_calls == 3
+        assert session.stats.claims_accepted >= 1
+        assert sink.getvalue() == ""  # every line still waits in the log thread
+        sink.go.set()
+    written = [json.loads(line) for line in sink.getvalue().splitlines()]
+    assert [d["event"] for d in written].count("llm_call") == 3
+    assert written[0]["event"] == "session_started"
+    assert written[-1]["event"] == "session_ended"
+    await backend.aclose()
