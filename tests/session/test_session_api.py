@@ -104,3 +104,26 @@ async def test_with_config_stays_claimed(claimed):
     assert claimed.last_session is None
     chunks = [chunk async for chunk in configured.astream({"steps": []})]
     assert chunks == [{"step": {"steps": ["step"]}}]
+
+
+def test_the_sessions_parts_share_its_state_not_the_facade(backend):
+    """Each part holds the session's state record, never the ``ClaimedSession`` facade (the
+    lifecycle keeps it only as what ``current_session()`` returns); the facade's shared
+    attributes read the state and cannot be set past it."""
+    session = ClaimedSession(backend, workflow_id="wf-parts")
+    parts = [session.lifecycle, session.calls, session.keeper, session.outcomes]
+    parts += [session.moves, session.tools]
+    for part in parts:
+        held = {name: value for name, value in vars(part).items() if value is session}
+        assert held == ({"_face": session} if part is session.lifecycle else {}), part
+        assert part._s is session.state
+    state = session.state
+    assert (state.calls, state.keeper, state.lifecycle) == (
+        session.calls,
+        session.keeper,
+        session.lifecycle,
+    )
+    assert session.workflow_id == state.workflow_id == "wf-parts"
+    assert session.claims is state.io.held
+    with pytest.raises(AttributeError, match="read-only"):
+        session.workflow_id = "other"  # type: ignore[misc]
