@@ -474,17 +474,19 @@ class AgentClaimsConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        """The admission hook, a pure query (vLLM asks it again each step a request waits):
-        0 (nothing to load) when the request may run, ``None`` (ask again next step) while
-        held blocks stand in its way. Such a request is remembered; at the top of the next
-        step ``settle_admissions`` sheds soft holds for it, or defers or refuses it, with the
-        events."""
+        """The admission hook (vLLM asks it again each step a request waits): 0 (nothing to
+        load) when the request may run, ``None`` (ask again next step) while hard holds stand
+        in its way. A query while nothing held is in its way; where soft holds are, it sheds
+        them now (``ClaimBook.admit``, each a demotion event) and the request runs in this
+        step: waiting a step for them would cost it a whole engine step of time to its first
+        token. A request hard holds keep out is remembered; at the top of the next step
+        ``settle_admissions`` defers or refuses it, with the events."""
         bs = self._block_size
         needed = -(-request.num_tokens // bs) - num_computed_tokens // bs
         book = self.book
         if book.holds:  # (with nothing held every request is served: no need to look)
             needed += self._free_hits(request, num_computed_tokens // bs)
-        if book.fits(needed):
+        if book.fits(needed) or book.admit(request.request_id, needed).action == "serve":
             return 0, False
         self._asks[request.request_id] = needed
         return None, False
