@@ -134,11 +134,12 @@ async def _one(
     import agentclaims
 
     jitter = random.Random(f"{sessions}/{calls}")  # the same waits in every mode
+    pace = [0.0]  # the warm run's tools answer at once
 
     @tool
     async def search(query: str) -> str:
         """Search the sources."""
-        await asyncio.sleep(tool_s * jitter.uniform(0.5, 1.5))
+        await asyncio.sleep(pace[0] * jitter.uniform(0.5, 1.5))
         return f"results for {query}: " + "kv cache prefix block claim " * 6
 
     middleware: list[Any] = []
@@ -151,6 +152,7 @@ async def _one(
         await agent.ainvoke({"messages": [HumanMessage(task)]}, {"recursion_limit": 4 * calls})
 
     await workflow(-1)  # warm: imports, caches, the descriptor read once
+    pace[0] = tool_s
     # what is alive now (modules, the warm run's leftovers) is never scanned again: a full
     # collection costs about a millisecond a call, and where it lands is chance, not the mode
     gc.collect()
