@@ -51,6 +51,7 @@ __all__ = [
     "Listener",
     "ReactionKind",
     "WorkflowLog",
+    "flush_background",
 ]
 
 ReactionKind = Literal[
@@ -237,6 +238,13 @@ class _Background:
 
 _BACKGROUND = _Background()
 atexit.register(_BACKGROUND.drain, 10.0)
+
+
+def flush_background(timeout: float | None = None) -> bool:
+    """Wait until every line a background log (a session's) was handed so far is written, in
+    every such log (``False`` if ``timeout`` seconds passed first): for a reader of a running
+    session's sink, as ``agentclaims.testing.OutcomeLog`` is."""
+    return _BACKGROUND.drain(timeout)
 
 
 def _check_count(name: str, value: object) -> int:
