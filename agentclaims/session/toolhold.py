@@ -51,9 +51,7 @@ async def hold_for_tool(
     if wanted is not None and (held is None or held.plan.mode is not wanted.plan.mode):
         problem, reason = "refused", wanted.refusal or io.last_refusal or "refused"
         del session.wanted[agent]  # reacted to once (parallel tool calls do not wait again)
-    elif held is not None and held.plan.ttl_s is not None and predicted_s > held.plan.ttl_s:
-        # renewed once the predicted time alone outlasts the claim: a prediction that grew
-        # within the margin the claim was planned with costs no request of its own
+    elif held is not None and held.plan.ttl_s is not None and want_ttl > held.plan.ttl_s:
         if await io.renew(session.route.named(held.backend), held, want_ttl):
             return held, None
         problem, reason = "renewal_refused", io.last_refusal or "renewal refused"

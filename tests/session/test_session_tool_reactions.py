@@ -280,34 +280,3 @@ async def test_a_claim_still_being_submitted_when_the_tool_ends_is_kept_not_lost
                 await deferral
         else:
             assert await deferral == landed
-
-
-@pytest.mark.parametrize(("predicted_s", "renewed"), [(0.4, 0), (0.6, 1)])
-async def test_a_claim_is_renewed_for_a_tool_only_once_the_prediction_outlasts_it(
-    predicted_s: float, renewed: int
-) -> None:
-    """A tool predicted to take longer than the claim was planned for, but within the claim's
-    TTL, costs no renewal (the margin it was planned with covers it); predicted past the TTL,
-    the claim is renewed to the prediction x margin before the tool runs."""
-    from planners import Always
-
-    from agentclaims.contract import ProtectionMode
-
-    backend = EmbeddedBackend(num_blocks=256, block_size=16)
-    client = agentclaims.openai_client(backend)
-    times = ToolTimeModel(prior_mean_s=predicted_s)
-    times.observe("search", predicted_s)
-    planner = Always(ProtectionMode.EXPIRING, 0.5)
-    async with agentclaims.ClaimedSession(backend, planner=planner, tool_times=times) as session:
-        with session.node("a"):
-            prompt = [{"role": "user", "content": "q " * 100}]
-            await client.chat.completions.create(model="m", messages=prompt)
-        await session.settle()
-        [held] = session.claims.values()
-        assert held.plan.ttl_s == 0.5
-        async with session.tool_call("search"):
-            pass
-        assert session.stats.claims_renewed == renewed
-        if renewed:
-            assert held.plan.ttl_s == pytest.approx(predicted_s * planner.policy.ttl_margin)
-    await backend.aclose()
