@@ -11,9 +11,10 @@ digits or more (such a number, or such text in a string) is read by the standard
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-__all__ = ["dumps", "loads"]
+__all__ = ["dumps", "loads", "may_stream"]
 
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"0" * 9)
 _LONG_RUN = b"0" * 19
@@ -48,3 +49,14 @@ def dumps(value: Any) -> bytes:
         except TypeError:
             pass  # what orjson will not write (a big integer, a non-string key): as stdlib does
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+_STREAM_KEYS = re.compile(rb'"stream"\s*:\s*(false\b)?')
+
+
+def may_stream(body: bytes) -> bool:
+    """Whether a request's JSON body may ask for a stream, read without parsing it. Inside a
+    JSON string a quote is escaped, so ``"stream":`` matches only a key, at some depth: a body
+    whose every such key is ``false``, or that has none, asks for no stream whatever their
+    depth; any other may (one nested deeper only makes its reader take the careful way)."""
+    return any(not value for value in _STREAM_KEYS.findall(body))

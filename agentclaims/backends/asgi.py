@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 import httpx2
+
+from agentclaims._json import may_stream
 
 __all__ = ["StreamingASGITransport"]
 
@@ -39,9 +40,9 @@ _LEFT_S = 1.0
 
 class StreamingASGITransport(httpx2.AsyncBaseTransport):
     """Requests to ``app`` in this process, each answer streamed as the app sends it (see the
-    module). ``client`` is the peer the app sees. A request that asks for no stream (a body
-    without ``"stream": true``) is answered as ``httpx2.ASGITransport`` answers it: the app
-    runs to its end in the caller's task, with no task or queue of its own."""
+    module). ``client`` is the peer the app sees. A request whose body asks for no stream
+    (``agentclaims._json.may_stream``) is answered as ``httpx2.ASGITransport`` answers it:
+    the app runs to its end in the caller's task, with no task or queue of its own."""
 
     def __init__(self, app: _App, client: tuple[str, int] = ("127.0.0.1", 123)) -> None:
         self.app = app
@@ -50,7 +51,7 @@ class StreamingASGITransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         body = await request.aread()
-        if not _asks_stream(body):
+        if not may_stream(body):
             return await self._whole.handle_async_request(request)
         url = request.url
         scope: dict[str, Any] = {
@@ -84,17 +85,6 @@ class StreamingASGITransport(httpx2.AsyncBaseTransport):
         return httpx2.Response(
             exchange.status, headers=exchange.headers, stream=_Body(exchange, task)
         )
-
-
-_STREAM = re.compile(rb'"stream"\s*:\s*true')
-
-
-def _asks_stream(body: bytes) -> bool:
-    """Whether a request's body asks for a stream (``"stream": true``), read without parsing
-    the conversation. Inside a JSON string a quote is escaped, so the pattern matches a key;
-    one nested deeper (a tool's schema) only sends the answer the streaming way, which gives
-    the same bytes."""
-    return _STREAM.search(body) is not None
 
 
 class _Exchange:

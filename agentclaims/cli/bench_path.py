@@ -11,10 +11,10 @@ asks to wake every 5 ms; p99 of how late it woke), and the requests that went to
 beyond the completions. Each tool call waits ``tool_s`` on average (jittered +-50%): at the
 default 10 ms the calls come as fast as the process makes them, the loop is never idle and its
 lag is mostly the queue of ready work; ``tool_s=1`` paces the sessions as agents whose tools
-take a second, where the lag shows how long the session's work holds the loop. Runs alternate with and without the session, ``rounds`` of each;
-each figure is the median of its rounds. The session's share is what it adds over the same
-loop without it. Over the embedded default the gateway and the engine run in this process
-too, so its CPU includes theirs.
+take a second, where the lag shows how long the session's work holds the loop. Runs alternate
+with and without the session, ``rounds`` of each; each figure is the median of its rounds.
+The session's share is what it adds over the same loop without it. Over the embedded default
+the gateway and the engine run in this process too, so its CPU includes theirs.
 
 A third loop in each round carries a middleware that does nothing in the same two hooks
 (``awrap_model_call``, ``awrap_tool_call``): what LangChain charges any middleware with them
@@ -134,12 +134,12 @@ async def _one(
     import agentclaims
 
     jitter = random.Random(f"{sessions}/{calls}")  # the same waits in every mode
-    pace = [0.0]  # the warm run's tools answer at once
+    pace = 0.0  # the warm run's tools answer at once
 
     @tool
     async def search(query: str) -> str:
         """Search the sources."""
-        await asyncio.sleep(pace[0] * jitter.uniform(0.5, 1.5))
+        await asyncio.sleep(pace * jitter.uniform(0.5, 1.5))
         return f"results for {query}: " + "kv cache prefix block claim " * 6
 
     middleware: list[Any] = []
@@ -152,7 +152,7 @@ async def _one(
         await agent.ainvoke({"messages": [HumanMessage(task)]}, {"recursion_limit": 4 * calls})
 
     await workflow(-1)  # warm: imports, caches, the descriptor read once
-    pace[0] = tool_s
+    pace = tool_s
     # what is alive now (modules, the warm run's leftovers) is never scanned again: a full
     # collection costs about a millisecond a call, and where it lands is chance, not the mode
     gc.collect()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import httpx2
 
 from agentclaims import _json as fast_json
+from agentclaims._json import may_stream
 from agentclaims.contract import ArbiterAction
 from agentclaims.errors import BackendUnavailable, ClaimRefused, DeadlineExceeded
 from agentclaims.protocol import EXTENSION_KEY, ActiveOutcome, outcome_from_error
@@ -199,7 +200,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             if "release" in ext and not session.riding_to(ext.get("request_id"), backend):
                 del ext["release"]  # planned for an instance this call no longer goes to
             key = getattr(backend, "key", None)  # a fleet's routing key: also the body's user
-            if isinstance(key, str) and base is not None and len(body) == 1:
+            if isinstance(key, str) and base is not None and body.keys() == {EXTENSION_KEY}:
                 body = {**fast_json.loads(base), **body}  # glanced at: the client's user is needed
             if isinstance(key, str) and str(body.get("user", key)).startswith(session.session_id):
                 body["user"] = key
@@ -267,23 +268,17 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             raise BackendUnavailable(f"backend {backend.name!r} unreachable: {exc!r}") from exc
 
 
-_STREAM_KEY = re.compile(rb'"stream"\s*:\s*(false\b)?')
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"\\]*)"')
 _EXTENSION = b'"' + EXTENSION_KEY.encode() + b'"'
 
 
 def _glance(content: bytes) -> str | None:
     """The ``model`` of a JSON object body asking for no stream, read without parsing its
-    conversation; ``None`` where that is not certain (the body is parsed then).
-
-    Inside a JSON string a quote is escaped, so ``"stream":`` matches only a key, at some
-    depth. No such key, or one only, set to ``false``: the call asks for no stream, whatever
-    the depth. A body with the ``agentclaims`` key, or without exactly one ``"model": "..."``
-    without escapes, is parsed."""
-    if not content.rstrip().endswith(b"}") or _EXTENSION in content:
-        return None
-    streams = _STREAM_KEY.findall(content)
-    if len(streams) > 1 or (streams and not streams[0]):
+    conversation; ``None`` where that is not certain (the body is parsed then): a body that
+    may ask for a stream (``may_stream``), has the ``agentclaims`` key, or has not exactly
+    one ``"model": "..."`` without escapes (a quote in a JSON string is escaped, so the
+    pattern matches a key)."""
+    if not content.rstrip().endswith(b"}") or _EXTENSION in content or may_stream(content):
         return None
     models = _MODEL.findall(content)
     return models[0].decode() if len(models) == 1 else None

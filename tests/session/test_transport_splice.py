@@ -9,6 +9,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agentclaims._json import may_stream
 from agentclaims.session.transport import _glance, _spliced
 
 JSON = st.recursive(
@@ -64,3 +65,16 @@ def test_what_a_chat_client_sends_is_glanced_and_what_streams_is_parsed() -> Non
     assert _glance(json.dumps({**call, "agentclaims": {}}).encode()) is None
     assert _glance(json.dumps({"messages": []}).encode()) is None  # no model: parsed
     assert _glance(b"[1, 2]") is None
+
+
+@given(body=BODIES, pretty=st.booleans())
+def test_a_body_read_as_asking_for_no_stream_never_asks_for_one(
+    body: dict[str, object], pretty: bool
+) -> None:
+    """``may_stream`` (the in-process transport's and the claims transport's one reading of a
+    body's ``stream``) says no only where the body, parsed, asks for no stream."""
+    raw = json.dumps(body, indent=2 if pretty else None).encode()
+    if not may_stream(raw):
+        assert body.get("stream") is not True
+    if body.get("stream") is True:
+        assert may_stream(raw)

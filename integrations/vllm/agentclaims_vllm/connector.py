@@ -499,9 +499,9 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             book.relieve(running + _WATERMARK_BLOCKS)
 
     def settle_admissions(self, waiting: Callable[[str], bool]) -> None:
-        """Before a step (``ClaimsScheduler``): each request the admission hook found blocked
-        by holds, if ``waiting`` still, is judged (``ClaimBook.admit``): soft holds shed for
-        it, or deferred, or refused (``take_refusals`` then aborts it)."""
+        """Before a step (``ClaimsScheduler``): each request the admission hook found kept out
+        by hard holds, if ``waiting`` still, is judged again (``ClaimBook.admit``): served
+        once they end, else deferred or refused (``take_refusals`` then aborts it)."""
         if not self._asks:
             return
         asks, self._asks = self._asks, {}
