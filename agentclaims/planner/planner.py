@@ -363,6 +363,11 @@ class PlannerPolicy:
     says how often its evictions are regretted (``PrefixContext.displaced_reuse_p``)."""
     renew_fraction: float = 0.2
     """Renew when less than this fraction of the TTL is left and reuse is still likely."""
+    renew_slack: float = 0.2
+    """A held pin is renewed to a longer wanted TTL (its tool now predicted longer, its reply
+    calling a slower tool) only when that is more than this fraction longer than its own: the
+    TTL's margin absorbs a prediction that moved a little, and a renewal that goes on its own
+    is a request (``needs_renewal``)."""
     ranked: bool = False
     """The backend ranks resident blocks by predicted next use from the claims' reuse hints
     (``NextUsePolicy``): every prefix is claimed ``soft_mode`` with its hint (ranked, never
@@ -380,9 +385,9 @@ class PlannerPolicy:
             value = getattr(self, f.name)
             if f.name.endswith("_p") and not 0.0 <= value <= 1.0:
                 raise UsageError(f"policy.{f.name}", f"must be within [0, 1], got {value}")
-            if f.name.endswith(("_s", "_ste", "_margin", "_fraction", "_factor")) and not (
-                value >= 0
-            ):
+            if f.name.endswith(
+                ("_s", "_ste", "_margin", "_fraction", "_factor", "_slack")
+            ) and not (value >= 0):
                 raise UsageError(f"policy.{f.name}", f"must be >= 0, got {value}")
         if self.min_ttl_s > self.max_ttl_s:
             raise UsageError("policy.min_ttl_s", "must not exceed max_ttl_s")
@@ -391,6 +396,14 @@ class PlannerPolicy:
                 "policy.soft_mode",
                 f"must be one of {', '.join(m.value for m in _SOFT_MODES)}, got {self.soft_mode!r}",
             )
+
+    def needs_renewal(self, held_ttl_s: float | None, wanted_ttl_s: float | None) -> bool:
+        """Whether a pin held for ``held_ttl_s`` is renewed to ``wanted_ttl_s``: only when that
+        is more than ``renew_slack`` longer (a TTL covers its wait ``ttl_margin`` times over,
+        so the pin still covers the wait ``ttl_margin / (1 + renew_slack)`` times)."""
+        if held_ttl_s is None or wanted_ttl_s is None:
+            return False
+        return wanted_ttl_s > held_ttl_s * (1.0 + self.renew_slack)
 
     @classmethod
     def preset_names(cls) -> list[str]:

@@ -158,17 +158,15 @@ class ClaimKeeper:
         made_with_call = getattr(backend, "claimed_with_call", None)
         if callable(made_with_call):  # a fleet: the claim lives where the call was answered
             made_with_call(held.claim_id)
-        _, plan = s.workflow.plan_after_call(node, held.prefix_id, tool_names)
+        ctx, plan = s.workflow.plan_after_call(node, held.prefix_id, tool_names)
         if plan.mode is None:  # its reuse became unlikely (the human is next, say)
             del io.held[node]  # or the pool keeps it anyway (its answer said so)
             why = _END_REASONS.get(plan.reason, "reuse_unlikely")
-            if release_at_once(held, io.clock()):
+            if release_at_once(held, io.clock(), room=ctx.pool_room):
                 await io.release(backend, held, why)  # a pin for a while yet: now
             else:
                 io.let_go(held, why)  # with the next call (a pin: unless its TTL ends first)
-        elif (
-            plan.ttl_s is not None and held.plan.ttl_s is not None and plan.ttl_s > held.plan.ttl_s
-        ):
+        elif plan.ttl_s is not None and s.planner.policy.needs_renewal(held.plan.ttl_s, plan.ttl_s):
             await io.renew(backend, held, plan.ttl_s)
 
     async def _riding_refused(

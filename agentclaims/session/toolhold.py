@@ -51,7 +51,7 @@ async def hold_for_tool(
     if wanted is not None and (held is None or held.plan.mode is not wanted.plan.mode):
         problem, reason = "refused", wanted.refusal or io.last_refusal or "refused"
         del session.wanted[agent]  # reacted to once (parallel tool calls do not wait again)
-    elif held is not None and held.plan.ttl_s is not None and want_ttl > held.plan.ttl_s:
+    elif held is not None and session.planner.policy.needs_renewal(held.plan.ttl_s, want_ttl):
         if await io.renew(session.route.named(held.backend), held, want_ttl):
             return held, None
         problem, reason = "renewal_refused", io.last_refusal or "renewal refused"
