@@ -104,11 +104,18 @@ class ReactionPolicy:
         return replace(self, **changes)
 
     def retrying(
-        self, sleep: Any, before_sleep: Any = None, clock: Callable[[], float] = time.monotonic
+        self,
+        sleep: Any,
+        before_sleep: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        started: float | None = None,
     ) -> tenacity.AsyncRetrying:
         """The tenacity loop that waits out deferrals (``RetryRequested`` exceptions); the
-        deadline is measured on ``clock`` (the session's, so tests inject it with ``sleep``)."""
-        started = clock()
+        deadline is measured on ``clock`` (the session's, so tests inject it with ``sleep``)
+        from ``started`` (default: now; a call whose first try went before the loop: then)."""
+        if started is None:
+            started = clock()
 
         def past_deadline(state: tenacity.RetryCallState) -> bool:
             """Stop at the deadline, or now when the server's Retry-After would cross it."""

@@ -159,19 +159,23 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                 "defer", outcome=outcome, delay_s=round(delay, 6), attempt=state.attempt_number
             )
 
+        # the first attempt goes outside the retry loop: most calls need none, and building
+        # one costs more than the rest of the session's work on a call
+        started = session.clock()
+        try:
+            return await self._attempt(session, request, suffix, body, streaming, base), False
+        except RetryRequested as exc:
+            first: RetryRequested | None = exc
         try:
             async for attempt in session.reaction.retrying(
-                session.sleep, before_sleep, session.clock
+                session.sleep, before_sleep, session.clock, started=started
             ):
                 with attempt:
-                    response = await self._forward_routed(
-                        session, request, suffix, body, streaming, base
-                    )
-                    if response.status_code in (409, 503):
-                        outcome = outcome_from_error(_json(await response.aread()))
-                        if outcome is not None:
-                            await self._react(session, outcome)
-                    return response, attempt.retry_state.attempt_number > 1
+                    if first is not None:  # the loop's first attempt is the one made above
+                        made, first = first, None
+                        raise made
+                    response = await self._attempt(session, request, suffix, body, streaming, base)
+                    return response, True
         except RetryRequested as exc:
             session.stats.fails += 1
             session.log_reaction("fail", outcome=exc.outcome.to_dict(), reason="deadline")
@@ -181,6 +185,24 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                 outcome=exc.outcome,
             ) from None
         raise AssertionError("unreachable: the retry loop returns or raises")
+
+    async def _attempt(
+        self,
+        session: ClaimedSession,
+        request: httpx2.Request,
+        suffix: str,
+        body: dict[str, Any],
+        streaming: bool,
+        base: bytes | None,
+    ) -> httpx2.Response:
+        """One try of a call: the answer, or ``RetryRequested`` where the session's reaction
+        to its claim-scoped refusal is to wait and try again (``_react``)."""
+        response = await self._forward_routed(session, request, suffix, body, streaming, base)
+        if response.status_code in (409, 503):
+            outcome = outcome_from_error(_json(await response.aread()))
+            if outcome is not None:
+                await self._react(session, outcome)
+        return response
 
     async def _forward_routed(
         self,
