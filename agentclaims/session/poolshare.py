@@ -146,6 +146,7 @@ class PoolShare:
         """Periods of calls in which the pool was seen thrashing."""
         self._holds: dict[tuple[str, str], _Hold] = {}
         self._footprints: dict[tuple[str, str], int] = {}
+        self._working = 0  # the footprints added up, kept as they change (``room`` per call)
         self._waits: deque[float] = deque(maxlen=64)
         self._hit_average: float | None = None
         self._period = [0, 0, 0]  # calls, prompt tokens, cached tokens
@@ -230,18 +231,19 @@ class PoolShare:
             return None
         now = self.clock()
         held = sum(h.blocks for k, h in self._holds.items() if k != key and h.until > now)
-        working = sum(b for k, b in self._footprints.items() if k != key) + blocks
+        working = self._working - self._footprints.get(key, 0) + blocks
         free = self.free_blocks
         return working <= budget and held + blocks <= budget and (free is None or blocks <= free)
 
     def note_footprint(self, key: tuple[str, str], blocks: int) -> None:
         """``key``'s agent now carries a context of ``blocks`` (its part of the working set)."""
+        self._working += blocks - self._footprints.get(key, 0)
         self._footprints[key] = blocks
 
     @property
     def working_set_blocks(self) -> int:
         """The live agents' contexts together, as their sessions last planned them."""
-        return sum(self._footprints.values())
+        return self._working
 
     def hold(self, key: tuple[str, str], blocks: int, density: float, seconds: float) -> None:
         """``key`` (a session and node) holds ``blocks`` for about ``seconds``."""
@@ -255,7 +257,7 @@ class PoolShare:
         for key in [k for k in self._holds if k[0] == session_id]:
             del self._holds[key]
         for key in [k for k in self._footprints if k[0] == session_id]:
-            del self._footprints[key]
+            self._working -= self._footprints.pop(key)
         self.window.cancel(session_id)
 
     @property

@@ -233,3 +233,39 @@ def test_the_engines_regretted_share_is_kept_until_an_answer_says_another():
     for bad in (1.5, -0.2, True, "0.3"):
         s.note_pool({"evicted_reused_p": bad})
         assert s.displaced_reuse_p == 0.65
+
+
+_KEYS = st.tuples(st.sampled_from(["s1", "s2", "s3"]), st.sampled_from(["a", "b"]))
+
+
+@given(
+    steps=st.lists(
+        st.one_of(
+            st.tuples(st.just("note"), _KEYS, st.integers(min_value=0, max_value=500)),
+            st.tuples(st.just("leave"), st.sampled_from(["s1", "s2", "s3"]), st.just(0)),
+        ),
+        max_size=40,
+    ),
+    key=_KEYS,
+    blocks=st.integers(min_value=0, max_value=500),
+)
+def test_the_working_set_is_its_agents_contexts_added_up_as_they_change(
+    steps: list[tuple[str, object, int]], key: tuple[str, str], blocks: int
+) -> None:
+    """Kept as the agents' contexts change and sessions leave (not summed again per call),
+    the working set is always every live agent's latest context added up; ``room`` judges a
+    pin against it with the asking agent's own context replaced by the pin's size."""
+    s = share(usable=1000)
+    latest: dict[tuple[str, str], int] = {}
+    for what, who, size in steps:
+        if what == "note":
+            assert isinstance(who, tuple)
+            s.note_footprint(who, size)
+            latest[who] = size
+        else:
+            s.leave(str(who))
+            latest = {k: v for k, v in latest.items() if k[0] != who}
+        assert s.working_set_blocks == sum(latest.values())
+    others = sum(v for k, v in latest.items() if k != key)
+    budget = int(1000 * s.hold_share)
+    assert s.room(key, blocks) == (others + blocks <= budget and blocks <= budget)
