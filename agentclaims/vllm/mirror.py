@@ -36,17 +36,22 @@ from agentclaims.protocol import ClaimDecision, ClaimView
 from agentclaims.vllm.client import ConnectorAnswer
 from agentclaims.vllm.observer import KVEventsObserver
 
-__all__ = ["ClaimMirror", "MirroredClaim"]
+__all__ = ["CLAIMS_KEPT", "ClaimMirror", "MirroredClaim"]
 
 log = logging.getLogger("agentclaims.vllm")
 
 _CONTRACT_EVENTS = {e.value for e in EventName}
 
+CLAIMS_KEPT = 65_536
+"""Claims a mirror keeps: past it, the oldest that ended are forgotten (never a live one), so
+that neither its memory nor the join with vLLM's KV events grows with every claim ever made.
+A forgotten claim reads as unknown (the ledger, where there is one, keeps its history)."""
+
 
 class MirroredClaim(Claim):
     """A claim as the gateway mirrors it from the connector's answers and events."""
 
-    __slots__ = ("expires_at_ns", "hashes", "held_blocks", "lost")
+    __slots__ = ("expires_at_ns", "hashes", "held_blocks", "lost", "made")
 
     def __init__(
         self,
@@ -65,6 +70,8 @@ class MirroredClaim(Claim):
         """The claimed blocks' hashes (the gateway's), head first: what the observer joins."""
         self.lost: set[BlockHash] = set()
         """Claimed blocks seen leaving vLLM's cache after the claim ended (each counted once)."""
+        self.made = 0
+        """Its place among the mirror's claims, in the order they were made (``ClaimMirror.put``)."""
 
     @property
     def held(self) -> bool:
@@ -85,6 +92,7 @@ class ClaimMirror:
         release: Callable[[str, str], Awaitable[object]],
         observer: KVEventsObserver | None = None,
         max_requests: int = 100_000,
+        max_claims: int = CLAIMS_KEPT,
     ) -> None:
         self._source = source
         self._lock = lock
@@ -93,6 +101,11 @@ class ClaimMirror:
         self._release = release
         """Hand back whatever the connector still holds for a claim (its id, its tenant)."""
         self.claims: dict[str, MirroredClaim] = {}
+        """Every claim kept, in the order made (``put``): the live ones and the last ended."""
+        self._covering: dict[BlockHash, dict[str, None]] = {}
+        """Block hash -> the kept claims on it (in the order made): the KV-events join's index."""
+        self._made = 0
+        self._max_claims = max_claims
         self.events = EventLog(source, EVENTS_KEPT)
         """The last ``EVENTS_KEPT`` events for readers (one further back reads as a gap)."""
         self.observer = observer
@@ -116,10 +129,54 @@ class ClaimMirror:
         while len(self._request_ids) > self._max_requests:
             self._request_ids.popitem(last=False)
 
+    def put(self, claim: MirroredClaim) -> MirroredClaim:
+        """Keep ``claim`` (one of the same id is replaced), indexed by its blocks; past
+        ``max_claims``, the oldest that ended are forgotten."""
+        cid = claim.spec.claim_id
+        old = self.claims.pop(cid, None)
+        if old is not None:
+            self._unindex(old)
+        self._made += 1
+        claim.made = self._made
+        self.claims[cid] = claim
+        for h in claim.hashes:
+            self._covering.setdefault(h, {})[cid] = None
+        if len(self.claims) > self._max_claims:
+            self._forget_ended()
+        return claim
+
+    def covering(self, hashes: set[BlockHash]) -> list[MirroredClaim]:
+        """The kept claims on any of ``hashes``, in the order they were made."""
+        covering = self._covering
+        ids = {cid for h in hashes for cid in covering.get(h, ())}
+        return sorted((self.claims[cid] for cid in ids), key=lambda c: c.made)
+
+    def _unindex(self, claim: MirroredClaim) -> None:
+        cid = claim.spec.claim_id
+        for h in claim.hashes:
+            ids = self._covering.get(h)
+            if ids is not None:
+                ids.pop(cid, None)
+                if not ids:
+                    del self._covering[h]
+
+    def _forget_ended(self) -> None:
+        """Forget the oldest ended claims until a tenth of ``max_claims`` is free again (so
+        that forgetting costs a claim's insertion O(1) on average); live ones stay."""
+        target = self._max_claims - max(1, self._max_claims // 10)
+        for cid in list(self.claims):
+            if len(self.claims) <= target:
+                return
+            claim = self.claims[cid]
+            if claim.state.terminal:
+                del self.claims[cid]
+                self._unindex(claim)
+
     def restart(self) -> None:
         """A fresh instance: no claim, no event kept; the numbers go on (the past reads as a
         gap)."""
         self.claims.clear()
+        self._covering.clear()
         self.events = EventLog(self._source, EVENTS_KEPT, first_seq=self.events.seq)
 
     def end_all(self, detail: str) -> None:
@@ -197,7 +254,7 @@ class ClaimMirror:
 
     def refuse(self, spec: ClaimSpec, reason: str, request_id: str | None) -> ClaimDecision:
         """A claim refused before it reached vLLM: its events and decision, as the engine's."""
-        claim = self.claims[spec.claim_id] = MirroredClaim(spec, ClaimState.SUBMITTED, 0)
+        claim = self.put(MirroredClaim(spec, ClaimState.SUBMITTED, 0))
         kernel.submitted(self.events, claim, request_id)
         return kernel.refuse(self.events, claim, reason, request_id)
 
@@ -220,7 +277,7 @@ class ClaimMirror:
             hashes=tuple(hashes[: spec.footprint_blocks]),
             end_reason=None if accepted else str(result.get("reason")),
         )
-        self.claims[spec.claim_id] = claim
+        self.put(claim)
         if claim.held and self.observer is not None:
             claim.state = ClaimState.ACCEPTED
             self._confirm(claim)
@@ -253,8 +310,8 @@ class ClaimMirror:
         )
 
     def blocks_stored(self, stored: set[BlockHash]) -> None:
-        for claim in self.claims.values():
-            if claim.state is ClaimState.ACCEPTED and stored.intersection(claim.hashes):
+        for claim in self.covering(stored):
+            if claim.state is ClaimState.ACCEPTED:
                 self._confirm(claim)
 
     def blocks_lost(self, lost: set[BlockHash], why: str) -> None:
@@ -262,12 +319,12 @@ class ClaimMirror:
         a claim the gateway still believes held is judged once the connector's latest events
         are in (it may have shed or expired it meanwhile), and is harmed if it still holds."""
         suspects = []
-        for cid, claim in self.claims.items():
+        for claim in self.covering(lost):
             hit = lost.intersection(claim.hashes) - claim.lost
             if not hit:
                 continue
             if claim.held:
-                suspects.append(cid)
+                suspects.append(claim.spec.claim_id)
             elif claim.state in (ClaimState.EXPIRED, ClaimState.DEMOTED):
                 self._count_lost(claim, hit, why)
         if suspects:

@@ -172,7 +172,7 @@ async def test_a_held_claims_block_removed_is_harm_and_the_side_fails_closed(
     ours = hash_token_blocks(TOKENS, BS, cache_salt="tenant-a")
     identity = CacheIdentity("vllm:test", "m", "t", "default", BS)
     spec = ClaimSpec("held-1", "wf", "p-1", identity, 4, ProtectionMode.HARD_PROTECTED)
-    kv.mirror.claims["held-1"] = MirroredClaim(spec, ClaimState.ACCEPTED, 4, hashes=tuple(ours))
+    kv.mirror.put(MirroredClaim(spec, ClaimState.ACCEPTED, 4, hashes=tuple(ours)))
     try:
         await kv.observer.start()
         await until(lambda: kv.mirror.claims["held-1"].state is ClaimState.MATERIALIZED)
