@@ -42,6 +42,7 @@ from agentclaims.kernel import (
     accepted,
     claim_blocks,
     counts_by_mode_and_state,
+    forget_ended,
     harm_fields,
     identity_problem,
     refuse,
@@ -54,6 +55,13 @@ ClaimGate = Callable[[ClaimSpec], "str | None"]
 reason (``refuse_residency_claim``)."""
 
 __all__ = ["ClaimArbiter"]
+
+_ENDED = (ClaimState.REFUSED, ClaimState.EXPIRED, ClaimState.HARMED)
+"""A claim in these states has ended (a demoted one has not: it may come back)."""
+
+
+def _has_ended(claim: ClaimRecord) -> bool:
+    return claim.state in _ENDED
 
 
 def _admission_problem(
@@ -90,8 +98,7 @@ class ClaimArbiter:
     """Claims: admission, deadlines, renew/release, demotion, offload, expiry and harm.
 
     ``KVEngine`` sets the configuration, the pool and the event log declared here; this class
-    owns the claims themselves (``__init__``).
-    """
+    owns the claims themselves (``__init__``)."""
 
     # Set by KVEngine.__init__ before it calls ClaimArbiter.__init__.
     _ranking: RankingPolicy | None
@@ -107,6 +114,7 @@ class ClaimArbiter:
     stats: EngineStats
     _pool: BlockPool
     _events: EventLog
+    max_claims: int  # claims kept for readers: past it the oldest ended go (forget_ended)
     claim_gate: ClaimGate | None = None
     """Asked first about every claim (the gateway's tenant quotas): a reason refuses it."""
 
@@ -265,6 +273,7 @@ class ClaimArbiter:
         self._expire_due(None)
         claim = ClaimRecord(spec, hashes)
         self._claims[spec.claim_id] = claim
+        forget_ended(self._claims, self.max_claims, _has_ended)
         submitted(self._events, claim)
         reason = refusal or _admission_problem(self, spec, hashes)
         if reason is not None:
@@ -337,8 +346,8 @@ class ClaimArbiter:
         ):
             while heap and heap[0][0] <= current:
                 due, cid = heapq.heappop(heap)
-                claim = self._claims[cid]
-                if claim.state.live and getattr(claim, attr) == due:
+                claim = self._claims.get(cid)  # ``None``: it ended, and was forgotten since
+                if claim is not None and claim.state.live and getattr(claim, attr) == due:
                     self._end(
                         claim,
                         ClaimState.EXPIRED,
@@ -410,8 +419,7 @@ class ClaimArbiter:
 
     def live_owners(self) -> set[str]:
         """Owner scopes with a claim that has not ended (accepted, materialized or demoted)."""
-        ended = (ClaimState.REFUSED, ClaimState.EXPIRED, ClaimState.HARMED)
-        return {c.spec.owner_scope for c in self._claims.values() if c.state not in ended}
+        return {c.spec.owner_scope for c in self._claims.values() if c.state not in _ENDED}
 
     def claim_counts(self) -> dict[str, int]:
         """Claims by ``mode/state`` (all the engine still tracks)."""

@@ -44,6 +44,7 @@ from agentclaims.engine.record import ClaimRecord
 from agentclaims.engine.stats import EngineStats
 from agentclaims.errors import UsageError
 from agentclaims.kernel.events import EVENTS_KEPT, EventLog
+from agentclaims.kernel.record import CLAIMS_KEPT
 from agentclaims.protocol.types import ActiveOutcome, EventPage
 
 __all__ = ["EngineStats", "KVEngine", "check_begin"]
@@ -142,6 +143,7 @@ class KVEngine(ClaimArbiter):
         self.owner_cap_blocks = owner_cap_blocks
         self.max_duration_steps = max_duration_steps
         self.max_ttl_s = max_ttl_s
+        self.max_claims = CLAIMS_KEPT
         self.protected_cap_blocks = (
             num_blocks if protected_cap_blocks is None else protected_cap_blocks
         )

@@ -15,7 +15,7 @@ serves. ``tests/kernel`` runs one property suite against all three.
 
 from agentclaims.kernel.decide import accepted, harm, harm_fields, refuse, submitted
 from agentclaims.kernel.events import EVENTS_KEPT, LOOSE_KEPT, EventLog, EventSource
-from agentclaims.kernel.record import Claim, counts_by_mode_and_state
+from agentclaims.kernel.record import CLAIMS_KEPT, Claim, counts_by_mode_and_state, forget_ended
 from agentclaims.kernel.resolve import (
     IDENTITY_MISMATCH,
     NO_FULL_BLOCK,
@@ -26,6 +26,7 @@ from agentclaims.kernel.resolve import (
 )
 
 __all__ = [
+    "CLAIMS_KEPT",
     "EVENTS_KEPT",
     "IDENTITY_MISMATCH",
     "LOOSE_KEPT",
@@ -37,6 +38,7 @@ __all__ = [
     "accepted",
     "claim_blocks",
     "counts_by_mode_and_state",
+    "forget_ended",
     "harm",
     "harm_fields",
     "identity_problem",

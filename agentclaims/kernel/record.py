@@ -7,7 +7,8 @@ the claim's own event count are the same on all three, and so is the view a read
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from agentclaims.contract import (
     ClaimId,
@@ -21,7 +22,13 @@ from agentclaims.contract import (
 from agentclaims.errors import UsageError
 from agentclaims.protocol.types import ClaimView
 
-__all__ = ["Claim", "counts_by_mode_and_state"]
+__all__ = ["CLAIMS_KEPT", "Claim", "counts_by_mode_and_state", "forget_ended"]
+
+CLAIMS_KEPT = 65_536
+"""Claims a KV side keeps for readers: every live one, and the last ended up to this many in
+all (``forget_ended``), so that its memory, and any scan of its claims, does not grow with
+every claim ever made. A claim forgotten reads as unknown (the ledger, where there is one,
+keeps the history)."""
 
 
 class Claim:
@@ -94,3 +101,28 @@ def counts_by_mode_and_state(claims: Iterable[Claim]) -> dict[str, int]:
         key = f"{claim.spec.protection_mode.value}/{claim.state.value}"
         out[key] = out.get(key, 0) + 1
     return dict(sorted(out.items()))
+
+
+C = TypeVar("C", bound=Claim)
+
+
+def forget_ended(
+    claims: dict[str, C],
+    keep: int,
+    ended: Callable[[C], bool],
+    forgotten: Callable[[C], None] | None = None,
+) -> None:
+    """Past ``keep`` claims, forget the oldest ``ended`` ones (``claims`` is in the order they
+    were made; a live one is never forgotten) until a tenth of ``keep`` is free again: a
+    claim's insertion pays O(1) for it on average. ``forgotten`` hears of each one."""
+    if len(claims) <= keep:
+        return
+    target = keep - max(1, keep // 10)
+    for cid in list(claims):
+        if len(claims) <= target:
+            return
+        claim = claims[cid]
+        if ended(claim):
+            del claims[cid]
+            if forgotten is not None:
+                forgotten(claim)

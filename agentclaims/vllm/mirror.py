@@ -31,21 +31,16 @@ from agentclaims.contract import (
     owned_claim,
 )
 from agentclaims.errors import BackendError, BackendUnavailable
-from agentclaims.kernel import EVENTS_KEPT, Claim, EventLog, EventSource
+from agentclaims.kernel import CLAIMS_KEPT, EVENTS_KEPT, Claim, EventLog, EventSource, forget_ended
 from agentclaims.protocol import ClaimDecision, ClaimView
 from agentclaims.vllm.client import ConnectorAnswer
 from agentclaims.vllm.observer import KVEventsObserver
 
-__all__ = ["CLAIMS_KEPT", "ClaimMirror", "MirroredClaim"]
+__all__ = ["ClaimMirror", "MirroredClaim"]
 
 log = logging.getLogger("agentclaims.vllm")
 
 _CONTRACT_EVENTS = {e.value for e in EventName}
-
-CLAIMS_KEPT = 65_536
-"""Claims a mirror keeps: past it, the oldest that ended are forgotten (never a live one), so
-that neither its memory nor the join with vLLM's KV events grows with every claim ever made.
-A forgotten claim reads as unknown (the ledger, where there is one, keeps its history)."""
 
 
 class MirroredClaim(Claim):
@@ -78,6 +73,10 @@ class MirroredClaim(Claim):
         """The connector holds its blocks (as far as the gateway has heard)."""
         live = self.state in (ClaimState.ACCEPTED, ClaimState.MATERIALIZED)
         return live and self.held_blocks > 0
+
+
+def _has_ended(claim: MirroredClaim) -> bool:
+    return claim.state.terminal
 
 
 class ClaimMirror:
@@ -141,8 +140,7 @@ class ClaimMirror:
         self.claims[cid] = claim
         for h in claim.hashes:
             self._covering.setdefault(h, {})[cid] = None
-        if len(self.claims) > self._max_claims:
-            self._forget_ended()
+        forget_ended(self.claims, self._max_claims, _has_ended, self._unindex)
         return claim
 
     def covering(self, hashes: set[BlockHash]) -> list[MirroredClaim]:
@@ -159,18 +157,6 @@ class ClaimMirror:
                 ids.pop(cid, None)
                 if not ids:
                     del self._covering[h]
-
-    def _forget_ended(self) -> None:
-        """Forget the oldest ended claims until a tenth of ``max_claims`` is free again (so
-        that forgetting costs a claim's insertion O(1) on average); live ones stay."""
-        target = self._max_claims - max(1, self._max_claims // 10)
-        for cid in list(self.claims):
-            if len(self.claims) <= target:
-                return
-            claim = self.claims[cid]
-            if claim.state.terminal:
-                del self.claims[cid]
-                self._unindex(claim)
 
     def restart(self) -> None:
         """A fresh instance: no claim, no event kept; the numbers go on (the past reads as a
