@@ -64,6 +64,16 @@ def _has_ended(claim: ClaimRecord) -> bool:
     return claim.state in _ENDED
 
 
+def _unaccount(used: dict[str, int], owner: str, blocks: int) -> None:
+    """``owner``'s claimed blocks less ``blocks``; an owner with none left is forgotten (every
+    session is an owner: they would add up for ever)."""
+    left = used[owner] - blocks
+    if left:
+        used[owner] = left
+    else:
+        del used[owner]
+
+
 def _admission_problem(
     arbiter: ClaimArbiter, spec: ClaimSpec, hashes: tuple[BlockHash, ...]
 ) -> str | None:
@@ -376,7 +386,7 @@ class ClaimArbiter:
         claim.end(target, reason)
         spec = claim.spec
         if spec.protection_mode is not ProtectionMode.BEST_EFFORT:
-            self._owner_blocks[spec.owner_scope] -= len(claim.hashes)
+            _unaccount(self._owner_blocks, spec.owner_scope, len(claim.hashes))
         protects = TIER_OF_MODE[spec.protection_mode] == PROTECTED
         refs = [self._pool.protect_ref]
         if spec.protection_mode is ProtectionMode.HARD_PROTECTED:

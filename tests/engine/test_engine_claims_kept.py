@@ -56,3 +56,18 @@ def test_the_oldest_ended_claims_are_forgotten_never_a_live_one(ends: list[str],
     for cid, end in made:
         if end == "ttl":
             assert engine.get_claim(cid, "wf").state is ClaimState.EXPIRED
+
+
+def test_an_owner_whose_claims_all_ended_is_not_kept() -> None:
+    """Every session is an owner scope: once its claims have ended, the engine keeps no count
+    for it (the counts would otherwise grow with every session ever run)."""
+    engine = KVEngine(64, 4)
+    for i in range(3):
+        hashes = make_chain(i + 1, 2)
+        warm(engine, f"w{i}", hashes)
+        engine.submit_claim(
+            make_spec(f"c{i}", hashes, ProtectionMode.DEMOTABLE, owner=f"s{i}"), hashes
+        )
+    assert engine._owner_blocks == {"s0": 2, "s1": 2, "s2": 2}
+    engine.release_claim("c1", "s1")
+    assert engine._owner_blocks == {"s0": 2, "s2": 2}
