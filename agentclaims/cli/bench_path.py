@@ -178,6 +178,11 @@ async def _one(
     }
 
 
+def _paired(a: Sequence[dict[str, float]], b: Sequence[dict[str, float]], key: str) -> float:
+    """The median over rounds of ``a``'s ``key`` less ``b``'s in the same round."""
+    return statistics.median(x[key] - y[key] for x, y in zip(a, b, strict=True))
+
+
 def _others(calls: dict[str, int]) -> int:
     """Requests beyond the completions (the bench's own reads of ``/v1/stats`` left out)."""
     return sum(v for k, v in calls.items() if "completions" not in k and "/v1/stats" not in k)
@@ -228,8 +233,12 @@ async def _bench(
                 mode: {k: statistics.median(x[k] for x in xs) for k in xs[0]}
                 for mode, xs in runs.items()
             }
-            added = med["with"]["cpu_ms_per_call"] - med["without"]["cpu_ms_per_call"]
-            hooks = med["hooks"]["cpu_ms_per_call"] - med["without"]["cpu_ms_per_call"]
+            # each round's modes ran one after the other: a difference within a round leaves
+            # out what drifts between rounds (the machine's other load), so the figures are
+            # the medians of the rounds' differences, not differences of the modes' medians
+            added = _paired(runs["with"], runs["without"], "cpu_ms_per_call")
+            hooks = _paired(runs["hooks"], runs["without"], "cpu_ms_per_call")
+            own = _paired(runs["with"], runs["hooks"], "cpu_ms_per_call")
             rows.append(
                 {
                     "backend": kind,
@@ -240,9 +249,9 @@ async def _bench(
                     "with": med["with"],
                     "session_cpu_ms_per_call": added,
                     "hooks_cpu_ms_per_call": hooks,
-                    "own_cpu_ms_per_call": added - hooks,
+                    "own_cpu_ms_per_call": own,
                     "session_share": added / med["with"]["cpu_ms_per_call"],
-                    "lag_p99_added_ms": med["with"]["lag_p99_ms"] - med["without"]["lag_p99_ms"],
+                    "lag_p99_added_ms": _paired(runs["with"], runs["without"], "lag_p99_ms"),
                     "rounds": runs,
                 }
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import pytest
 
@@ -57,9 +58,11 @@ def test_the_whole_path_runs_a_real_agent_loop_with_and_without_the_session() ->
     assert (row["backend"], row["sessions"], row["llm_calls"]) == ("embedded", 3, 12)
     assert row["without"]["extra_requests_per_call"] == 0
     assert row["hooks"]["extra_requests_per_call"] == 0  # a middleware doing nothing asks nothing
-    assert row["hooks_cpu_ms_per_call"] + row["own_cpu_ms_per_call"] == pytest.approx(
-        row["session_cpu_ms_per_call"]
-    )
+    [w], [h], [wo] = (row["rounds"][mode] for mode in ("with", "hooks", "without"))
+    cpu = "cpu_ms_per_call"  # one round: each figure is that round's difference
+    assert row["session_cpu_ms_per_call"] == pytest.approx(w[cpu] - wo[cpu])
+    assert row["hooks_cpu_ms_per_call"] == pytest.approx(h[cpu] - wo[cpu])
+    assert row["own_cpu_ms_per_call"] == pytest.approx(w[cpu] - h[cpu])
     assert 0 <= row["with"]["extra_requests_per_call"] <= 1 / calls
     assert row["with"]["cpu_ms_per_call"] > 0
     assert "embedded" in table(result)
@@ -70,3 +73,17 @@ def test_the_whole_path_runs_a_real_agent_loop_with_and_without_the_session() ->
     for tool_s in (-1.0, float("nan"), True, "1"):
         with pytest.raises(UsageError, match="tool_s"):
             bench_path(sessions=(1,), tool_s=tool_s)  # type: ignore[arg-type]
+
+
+def test_the_whole_path_figures_are_medians_of_each_rounds_differences() -> None:
+    """A round whose every mode ran slow (the machine busy) moves no figure: the bench takes
+    the difference within each round, then the median, where the difference of the modes'
+    medians would mix rounds."""
+    from agentclaims.cli.bench_path import _paired
+
+    with_ = [{"cpu": 1.0}, {"cpu": 10.0}, {"cpu": 5.0}]
+    without = [{"cpu": 0.0}, {"cpu": 2.0}, {"cpu": 6.0}]
+    assert _paired(with_, without, "cpu") == 1.0  # rounds' differences 1, 8, -1
+    assert statistics.median([5.0, 10.0, 1.0]) - statistics.median([0.0, 2.0, 6.0]) == 3.0
+    with pytest.raises(ValueError):
+        _paired(with_, without[:2], "cpu")  # rounds that do not pair up
