@@ -12,9 +12,10 @@ beyond the completions. Each tool call waits ``tool_s`` on average (jittered +-5
 default 10 ms the calls come as fast as the process makes them, the loop is never idle and its
 lag is mostly the queue of ready work; ``tool_s=1`` paces the sessions as agents whose tools
 take a second, where the lag shows how long the session's work holds the loop. Runs alternate
-with and without the session, ``rounds`` of each; each figure is the median of its rounds.
-The session's share is what it adds over the same loop without it. Over the embedded default
-the gateway and the engine run in this process too, so its CPU includes theirs.
+with and without the session, ``rounds`` of each; each mode's figure is the median of its
+rounds, and what the session adds is the median of each round's difference between the modes
+(load that drifts between rounds cancels). Over the embedded default the gateway and the
+engine run in this process too, so its CPU includes theirs.
 
 A third loop in each round carries a middleware that does nothing in the same two hooks
 (``awrap_model_call``, ``awrap_tool_call``): what LangChain charges any middleware with them
