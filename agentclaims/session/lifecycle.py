@@ -167,10 +167,10 @@ class SessionLifecycle:
                 s.tracer.deactivate(self._trace_token)
                 self._trace_token = None
             if s.log is not None:
-                try:  # the log's lines are written by its thread: wait there, not on the loop
-                    await asyncio.shield(asyncio.to_thread(s.log.flush))
-                finally:
-                    s.log.close()  # cancelled meanwhile: it writes what is left first
+                # closing writes the log's lines first, waiting on the log thread (behind every
+                # session's lines): in a thread, not on the loop; a cancellation here leaves it
+                # to finish there
+                await asyncio.shield(asyncio.to_thread(s.log.close))
         cause = _claim_error_in(exc)
         if cause is not None and cause is not exc:
             raise cause from exc
