@@ -15,12 +15,19 @@ Only the last ``capacity`` events are kept, in a ring: because numbers are conti
 handed out), so ``events_since(seq)`` slices out exactly the newer events in O(their number),
 and an emit costs O(1) whatever the bound. Readers either resume from a ``seq`` of their own
 (``events_since``) or drain what is new since their previous call (``take_events``).
+
+A session reads its own events in every answer (``page`` with its id as ``id_prefix``: the SDK
+names its claims and requests ``<session id>-c1``, ``<session id>-r1``). The kept events are
+also indexed by owner, the id up to its last ``-``, so such a page reads that session's events
+only, not every session's since its cursor (``_Owners``). A prefix the index cannot answer
+exactly (an owner that is a prefix of another, say) is scanned, as before.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -58,6 +65,7 @@ class EventLog:
         "_claimless_seq",
         "_loose",
         "_origin",
+        "_owners",
         "_ring",
         "_source",
         "_taken",
@@ -74,6 +82,7 @@ class EventLog:
         self._origin = first_seq + 1  # the seq of the first event, which goes to slot 0
         self._ring: list[ClaimEvent] = []  # grows to ``capacity``, then is overwritten in turn
         self._taken = first_seq  # seq of the last event handed out by take_events
+        self._owners = _Owners()
 
     def emit(
         self,
@@ -122,7 +131,10 @@ class EventLog:
         if len(ring) < self._capacity:
             ring.append(event)
         else:
-            ring[(self.seq - self._origin) % self._capacity] = event
+            slot = (self.seq - self._origin) % self._capacity
+            self._owners.drop(ring[slot])
+            ring[slot] = event
+        self._owners.add(event)
 
     def events_since(self, seq: int = 0, limit: int | None = None) -> list[ClaimEvent]:
         """Kept events with ``seq`` greater than the given one, oldest first (at most
@@ -145,10 +157,30 @@ class EventLog:
     def page(
         self, since: int = 0, *, limit: int | None = None, id_prefix: str | None = None
     ) -> EventPage:
-        """The claims protocol's ``events`` read (``EventPage.select`` over the kept events)."""
+        """The claims protocol's ``events`` read: ``EventPage.select`` over the kept events,
+        or the same page read from the owner index where ``id_prefix`` names one owner's."""
+        if id_prefix is not None and self._owners.answers(id_prefix):
+            return self._owner_page(since, limit, id_prefix)
         return EventPage.select(
             self.events_since(since, limit), since, self.seq, limit=limit, id_prefix=id_prefix
         )
+
+    def _owner_page(self, since: int, limit: int | None, owner: str) -> EventPage:
+        """``page`` for ``owner``'s events: the page ``select`` would give, its bounds (the
+        events it would scan, ``events_since``'s) worked out rather than read."""
+        last = self.seq
+        start, end = last + 1, last  # nothing to scan
+        if since < last:
+            oldest = last - len(self._ring) + 1
+            start = oldest if since < oldest else math.floor(since) + 1
+            if limit is not None:
+                end = min(last, start + max(0, limit) - 1)
+        if start <= end:
+            gap, next_since = start > since + 1, end
+        else:
+            gap, next_since = last > since, max(since, last)
+        events = self._owners.between(owner, start, end)
+        return EventPage(events, last, next_since, next_since < last, gap)
 
     def take_events(self) -> list[ClaimEvent]:
         """The kept events emitted since the previous call (all kept ones on the first)."""
@@ -156,3 +188,77 @@ class EventLog:
         if out:
             self._taken = out[-1].seq
         return out
+
+
+class _Owners:
+    """The kept events by owner (an event's claim id, else its request id, up to its last
+    ``-``), each owner's in order; the owners sorted, to tell whether an id prefix names
+    exactly one owner's events."""
+
+    __slots__ = ("_bare", "_by_owner", "_sorted")
+
+    def __init__(self) -> None:
+        self._by_owner: dict[str, deque[ClaimEvent]] = {}
+        self._sorted: list[str] = []
+        self._bare = 0  # kept events whose id has no ``-``
+
+    def add(self, event: ClaimEvent) -> None:
+        self._move(event, 1)
+
+    def drop(self, event: ClaimEvent) -> None:
+        """Forget ``event``, the oldest kept (the ring overwrites its slot)."""
+        self._move(event, -1)
+
+    def _move(self, event: ClaimEvent, step: int) -> None:
+        key = event.claim_id if event.claim_id is not None else event.request_id
+        if key is None:
+            return
+        cut = key.rfind("-")
+        if cut < 0:
+            self._bare += step
+            return
+        owner = key[:cut]
+        events = self._by_owner.get(owner)
+        if step > 0:
+            if events is None:
+                events = self._by_owner[owner] = deque()
+                bisect.insort(self._sorted, owner)
+            events.append(event)
+            return
+        assert events is not None
+        events.popleft()  # the owner's oldest: events leave the ring oldest first
+        if not events:
+            del self._by_owner[owner]
+            del self._sorted[bisect.bisect_left(self._sorted, owner)]
+
+    def answers(self, prefix: str) -> bool:
+        """Whether the kept events whose id starts with ``prefix`` are exactly the events
+        of the owner ``prefix``: no id without ``-`` could start with it, no owner is
+        ``prefix`` cut at its last ``-`` (``a`` for ``a-c``: ``a-c1`` starts with it), and
+        no other owner starts with it (``a-b`` for ``a``)."""
+        cut = prefix.rfind("-")
+        if cut < 0:
+            if self._bare:
+                return False
+        elif prefix[:cut] in self._by_owner:
+            return False
+        owners = self._sorted
+        i = bisect.bisect_left(owners, prefix)
+        if i < len(owners) and owners[i] == prefix:
+            i += 1
+        return not (i < len(owners) and owners[i].startswith(prefix))
+
+    def between(self, owner: str, start: int, end: int) -> tuple[ClaimEvent, ...]:
+        """``owner``'s kept events with ``start <= seq <= end``, in order: read from its
+        newest back, as a reader's cursor is near the end."""
+        events = self._by_owner.get(owner)
+        if not events or start > end:
+            return ()
+        out = []
+        for event in reversed(events):
+            if event.seq < start:
+                break
+            if event.seq <= end:
+                out.append(event)
+        out.reverse()
+        return tuple(out)
