@@ -1,8 +1,10 @@
 """What a session's page of its own events costs the KV side (``EventLog.page`` with the
 session's id as ``id_prefix``, as every SDK call's answer reads it), by how many other
 sessions' events came since the session's cursor: read from the log's owner index, beside the
-scan of every event since the cursor it replaced (``EventPage.select``). A script that prints
-figures; nothing else needed. Run::
+scan of every event since the cursor it replaced (``EventPage.select``). Then what reading
+such an answer costs its client (``agentclaims._json.loads``: orjson, its events' 19-digit
+nanosecond timestamps included), beside the standard library, which read every answer with
+events before. A script that prints figures; nothing else needed. Run::
 
     .venv/bin/python benchmarks/bench_events_page.py [--between 50 500 5000] [--reads 2000]
 """
@@ -10,10 +12,12 @@ figures; nothing else needed. Run::
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from typing import Any
 
+from agentclaims import _json
 from agentclaims.kernel.events import EVENTS_KEPT, EventLog
 from agentclaims.protocol.types import EventPage
 
@@ -66,6 +70,25 @@ def one(between: int, reads: int) -> dict[str, Any]:
     }
 
 
+def answer(events: int, content_chars: int) -> bytes:
+    """An SDK call's answer: a reply of ``content_chars`` and a page of ``events`` events."""
+
+    def event(i: int) -> dict[str, Any]:
+        return {
+            "event": "resident_claim_granted",
+            "seq": 100 + i,
+            "timestamp_ns": 1_796_489_291_123_456_789 + i,
+            "claim_id": f"s-42351f400762-c{i}",
+            "prefix_id": "pfx-51fc11aa714eeadf-7",
+            "data": {"mode": "soft", "ttl_s": 1.5},
+        }
+
+    reply = {"message": {"role": "assistant", "content": "word " * (content_chars // 5)}}
+    page = {"events": [event(i) for i in range(events)], "last_seq": 100 + events}
+    doc = {"choices": [reply], "agentclaims": {"events_seq": 100 + events, "events": page}}
+    return json.dumps(doc).encode()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--between", type=int, nargs="+", default=[50, 500, 5000])
@@ -78,6 +101,14 @@ def main() -> None:
     for between in args.between:
         row = one(between, args.reads)
         print(f"{row['between']:>20}{row['indexed_us']:>13}{row['scanned_us']:>10}")
+    print("\nreading an answer with its events (19-digit timestamps); us")
+    print(f"{'bytes':>8}{'events':>8}{'codec':>9}{'stdlib':>9}")
+    for events, chars in ((2, 200), (8, 2000), (30, 8000)):
+        raw = answer(events, chars)
+        assert _json.loads(raw) == json.loads(raw)
+        codec = _timed(lambda raw=raw: _json.loads(raw), args.reads)
+        stdlib = _timed(lambda raw=raw: json.loads(raw), args.reads)
+        print(f"{len(raw):>8}{events:>8}{codec:>9.2f}{stdlib:>9.2f}")
 
 
 if __name__ == "__main__":

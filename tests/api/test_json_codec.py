@@ -36,6 +36,39 @@ def test_it_reads_what_the_standard_library_writes(value: Any) -> None:
     assert _json.loads(json.dumps(value).encode()) == value
 
 
+@given(
+    st.integers(min_value=-(2**66), max_value=2**66)
+    | st.sampled_from([2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 10**18, 10**19, -(10**18)])
+)
+def test_integers_near_64_bits_read_back_as_the_same_integers(value: int) -> None:
+    for raw in (json.dumps({"n": value, "t": [value, 1.5]}), json.dumps(f"id-{value}")):
+        got = _json.loads(raw.encode())
+        assert got == json.loads(raw)
+        if isinstance(got, dict):
+            assert type(got["n"]) is int
+            assert got["n"] == value
+
+
+def test_events_with_nanosecond_timestamps_are_read_by_orjson(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page of events (19-digit ``timestamp_ns``, 20-digit block hashes within 64 bits)
+    takes orjson's way, not the standard library's."""
+    page = {
+        "events": [{"seq": i, "timestamp_ns": 1_796_489_291_000_000_000 + i} for i in range(3)],
+        "block_hashes": [2**64 - 1, 12_345_678_901_234_567_890],
+    }
+    raw = json.dumps(page).encode()
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the standard library read it")
+
+    monkeypatch.setattr(_json.json, "loads", refuse)
+    assert _json.loads(raw) == page
+    with pytest.raises(AssertionError, match="standard library"):
+        _json.loads(b"[18446744073709551616]")  # past 64 bits: the standard library's
+
+
 def test_what_orjson_refuses_the_standard_library_decides() -> None:
     """Integers past 64 bits and NaN parse as before; non-string keys are written as before."""
     assert _json.loads(b'{"h": 18446744073709551616}') == {"h": 2**64}
