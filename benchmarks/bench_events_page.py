@@ -1,7 +1,9 @@
 """What a session's page of its own events costs the KV side (``EventLog.page`` with the
 session's id as ``id_prefix``, as every SDK call's answer reads it), by how many other
 sessions' events came since the session's cursor: read from the log's owner index, beside the
-scan of every event since the cursor it replaced (``EventPage.select``). Then what reading
+scan of every event since the cursor it replaced (``EventPage.select``); the same page from a
+gateway's claim ledger (``Ledger.page``: only the rows it can keep parsed), beside the parse of
+every scanned row it replaced. Then what reading
 such an answer costs its client (``agentclaims._json.loads``: orjson, its events' 19-digit
 nanosecond timestamps included), beside the standard library, which read every answer with
 events before. A script that prints figures; nothing else needed. Run::
@@ -14,10 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from agentclaims import _json
+from agentclaims.contract import ClaimEvent
+from agentclaims.gateway.ledger import Ledger
 from agentclaims.kernel.events import EVENTS_KEPT, EventLog
 from agentclaims.protocol.types import EventPage
 
@@ -48,12 +54,12 @@ def one(between: int, reads: int) -> dict[str, Any]:
     with ``between`` others' after its cursor."""
     log = EventLog(_Source(), EVENTS_KEPT)
     for i in range(100_000):
-        log.emit("active_request_served", request_id=f"s-{i % 200:04x}-r{i}")
+        log.emit("active_request_deferred", request_id=f"s-{i % 200:04x}-r{i}")
     cursor = log.seq
-    log.emit("resident_claim_granted", claim_id="s-mine-c1")
+    log.emit("resident_claim_accepted", claim_id="s-mine-c1")
     for i in range(between):
-        log.emit("active_request_served", request_id=f"s-{i % 200:04x}-r{i}")
-    log.emit("resident_claim_released", claim_id="s-mine-c1")
+        log.emit("active_request_deferred", request_id=f"s-{i % 200:04x}-r{i}")
+    log.emit("resident_claim_expired", claim_id="s-mine-c1")
 
     def indexed() -> EventPage:
         return log.page(cursor, limit=LIMIT, id_prefix="s-mine")
@@ -70,12 +76,45 @@ def one(between: int, reads: int) -> dict[str, Any]:
     }
 
 
+def ledger_row(between: int, reads: int) -> dict[str, Any]:
+    """A ledger (a SQLite file) with the reader's event and ``between`` others' after its
+    cursor: its page read as ``Ledger.page`` reads it, and by parsing every scanned row."""
+    log = EventLog(_Source(), EVENTS_KEPT)
+    log.emit("resident_claim_accepted", claim_id="s-mine-c1")
+    for i in range(between):
+        log.emit("active_request_deferred", request_id=f"s-{i % 200:04x}-r{i}")
+    log.emit("resident_claim_expired", claim_id="s-mine-c1")
+    with tempfile.TemporaryDirectory() as folder:
+        book = Ledger(Path(folder) / "ledger.sqlite")
+        try:
+            book.ingest(log.events_since(0))
+
+            def parsed() -> EventPage:
+                rows = book._db.execute(
+                    "SELECT body FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (0, LIMIT)
+                ).fetchall()
+                events = [ClaimEvent.from_json(body) for (body,) in rows]
+                return EventPage.select(events, 0, book.last_seq, limit=LIMIT, id_prefix="s-mine")
+
+            def paged() -> EventPage:
+                return book.page(0, limit=LIMIT, id_prefix="s-mine")
+
+            assert paged() == parsed()
+            return {
+                "between": between,
+                "paged_us": round(_timed(paged, max(50, reads // 20)), 1),
+                "parsed_us": round(_timed(parsed, max(50, reads // 20)), 1),
+            }
+        finally:
+            book.close()
+
+
 def answer(events: int, content_chars: int) -> bytes:
     """An SDK call's answer: a reply of ``content_chars`` and a page of ``events`` events."""
 
     def event(i: int) -> dict[str, Any]:
         return {
-            "event": "resident_claim_granted",
+            "event": "resident_claim_accepted",
             "seq": 100 + i,
             "timestamp_ns": 1_796_489_291_123_456_789 + i,
             "claim_id": f"s-42351f400762-c{i}",
@@ -101,6 +140,11 @@ def main() -> None:
     for between in args.between:
         row = one(between, args.reads)
         print(f"{row['between']:>20}{row['indexed_us']:>13}{row['scanned_us']:>10}")
+    print("\nthe same page from a claim ledger (SQLite); us")
+    print(f"{'others since cursor':>20}{'kept rows parsed':>18}{'every row':>11}")
+    for between in args.between:
+        row = ledger_row(min(between, LIMIT), args.reads)
+        print(f"{row['between']:>20}{row['paged_us']:>18}{row['parsed_us']:>11}")
     print("\nreading an answer with its events (19-digit timestamps); us")
     print(f"{'bytes':>8}{'events':>8}{'codec':>9}{'stdlib':>9}")
     for events, chars in ((2, 200), (8, 2000), (30, 8000)):

@@ -11,6 +11,7 @@ and never sees a number twice.
 
 from __future__ import annotations
 
+import json
 import secrets
 import sqlite3
 import time
@@ -312,15 +313,24 @@ class Ledger:
         id_prefix: str | None = None,
     ) -> EventPage:
         """The served stream after ``since``: ``limit`` events scanned, then those the tenant
-        may see (all, for ``tenant=None``) and of ``id_prefix`` kept."""
+        may see (all, for ``tenant=None``) and of ``id_prefix`` kept (``EventPage.select``'s
+        page). Only a row that can be kept is parsed: one of the tenant's whose text holds the
+        prefix as the start of a JSON string (every session's answer reads its own events,
+        beside every other session's)."""
         rows = self._db.execute(
-            "SELECT tenant, body FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (since, limit)
+            "SELECT seq, tenant, body FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
+            (since, limit),
         ).fetchall()
-        scanned = [(t, ClaimEvent.from_json(body)) for t, body in rows]
-        page = EventPage.select(
-            (e for _, e in scanned), since, self.last_seq, limit=limit, id_prefix=id_prefix
-        )
-        if tenant is None:
+        needle = None if id_prefix is None else json.dumps(id_prefix)[:-1]  # as to_json writes
+        kept = [
+            ClaimEvent.from_json(body)
+            for _, t, body in rows
+            if (tenant is None or t == tenant) and (needle is None or needle in body)
+        ]
+        page = EventPage.select(kept, since, self.last_seq, limit=limit, id_prefix=id_prefix)
+        if not rows:
             return page
-        mine = {e.seq for t, e in scanned if t == tenant}
-        return replace(page, events=tuple(e for e in page.events if e.seq in mine))
+        first, last = rows[0][0], rows[-1][0]  # the scan's bounds, whatever was kept
+        return replace(
+            page, next_since=last, more=last < self.last_seq, gap=first > since + 1
+        )

@@ -60,7 +60,7 @@ def test_owner_pages_equal_the_scan(
     log = EventLog(_Source(), capacity, first_seq=first)
     for as_claim, claim_id, request_id in emits:
         log.emit(
-            "resident_claim_granted" if as_claim else "active_request_served",
+            "resident_claim_accepted" if as_claim else "active_request_deferred",
             claim_id=claim_id if as_claim else None,
             request_id=request_id,
         )
@@ -76,9 +76,9 @@ def test_a_session_page_reads_only_its_own_events() -> None:
     answers it (no scan of the others)."""
     log = EventLog(_Source(), 10_000)
     for i in range(500):
-        log.emit("active_request_served", request_id=f"s-{i}-r1")
+        log.emit("active_request_deferred", request_id=f"s-{i}-r1")
         if i == 250:
-            log.emit("resident_claim_granted", claim_id="s-mine-c1")
+            log.emit("resident_claim_accepted", claim_id="s-mine-c1")
     assert log._owners.answers("s-mine")
     page = log.page(0, id_prefix="s-mine")
     assert [e.claim_id for e in page.events] == ["s-mine-c1"]
