@@ -322,15 +322,10 @@ class Ledger:
             (since, limit),
         ).fetchall()
         needle = None if id_prefix is None else json.dumps(id_prefix)[:-1]  # as to_json writes
-        kept = [
+        candidates = [
             ClaimEvent.from_json(body)
             for _, t, body in rows
             if (tenant is None or t == tenant) and (needle is None or needle in body)
         ]
-        page = EventPage.select(kept, since, self.last_seq, limit=limit, id_prefix=id_prefix)
-        if not rows:
-            return page
-        first, last = rows[0][0], rows[-1][0]  # the scan's bounds, whatever was kept
-        return replace(
-            page, next_since=last, more=last < self.last_seq, gap=first > since + 1
-        )
+        bounds = (rows[0][0], rows[-1][0]) if rows else None
+        return EventPage.of_scan(candidates, since, self.last_seq, bounds, id_prefix=id_prefix)

@@ -139,20 +139,29 @@ class EventLog:
     def events_since(self, seq: int = 0, limit: int | None = None) -> list[ClaimEvent]:
         """Kept events with ``seq`` greater than the given one, oldest first (at most
         ``limit``: a page copies no more of the ring than it reads)."""
-        last = self.seq
-        if not seq < last:  # nothing newer (a NaN is below nothing either)
+        bounds = self._bounds(seq, limit)
+        if bounds is None:
             return []
+        start, last = bounds
         ring = self._ring
         kept = len(ring)
-        oldest = last - kept + 1
-        start = oldest if seq < oldest else math.floor(seq) + 1
-        if limit is not None:
-            last = min(last, start + max(0, limit) - 1)
         i = (start - self._origin) % self._capacity
         j = i + last - start + 1
         if j <= kept:
             return ring[i:j]
         return ring[i:] + ring[: j - kept]  # wrapped: only once the ring is full
+
+    def _bounds(self, seq: int, limit: int | None) -> tuple[int, int] | None:
+        """The numbers of the first and the last kept event after ``seq`` (at most ``limit``
+        of them); ``None`` for none."""
+        last = self.seq
+        if not seq < last:  # nothing newer (a NaN is below nothing either)
+            return None
+        oldest = last - len(self._ring) + 1
+        start = oldest if seq < oldest else math.floor(seq) + 1
+        if limit is not None:
+            last = min(last, start + max(0, limit) - 1)
+        return (start, last) if start <= last else None
 
     def page(
         self, since: int = 0, *, limit: int | None = None, id_prefix: str | None = None
@@ -166,21 +175,11 @@ class EventLog:
         )
 
     def _owner_page(self, since: int, limit: int | None, owner: str) -> EventPage:
-        """``page`` for ``owner``'s events: the page ``select`` would give, its bounds (the
-        events it would scan, ``events_since``'s) worked out rather than read."""
-        last = self.seq
-        start, end = last + 1, last  # nothing to scan
-        if since < last:
-            oldest = last - len(self._ring) + 1
-            start = oldest if since < oldest else math.floor(since) + 1
-            if limit is not None:
-                end = min(last, start + max(0, limit) - 1)
-        if start <= end:
-            gap, next_since = start > since + 1, end
-        else:
-            gap, next_since = last > since, max(since, last)
-        events = self._owners.between(owner, start, end)
-        return EventPage(events, last, next_since, next_since < last, gap)
+        """``page`` for ``owner``'s events: the page ``select`` would give, its scan's bounds
+        worked out rather than read."""
+        bounds = self._bounds(since, limit)
+        events = () if bounds is None else self._owners.between(owner, *bounds)
+        return EventPage.of_scan(events, since, self.seq, bounds)
 
     def take_events(self) -> list[ClaimEvent]:
         """The kept events emitted since the previous call (all kept ones on the first)."""
@@ -248,12 +247,12 @@ class _Owners:
             i += 1
         return not (i < len(owners) and owners[i].startswith(prefix))
 
-    def between(self, owner: str, start: int, end: int) -> tuple[ClaimEvent, ...]:
+    def between(self, owner: str, start: int, end: int) -> list[ClaimEvent]:
         """``owner``'s kept events with ``start <= seq <= end``, in order: read from its
         newest back, as a reader's cursor is near the end."""
         events = self._by_owner.get(owner)
-        if not events or start > end:
-            return ()
+        if not events:
+            return []
         out = []
         for event in reversed(events):
             if event.seq < start:
@@ -261,4 +260,4 @@ class _Owners:
             if event.seq <= end:
                 out.append(event)
         out.reverse()
-        return tuple(out)
+        return out

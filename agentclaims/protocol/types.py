@@ -238,11 +238,31 @@ class EventPage(Wire):
         """The page of ``after`` (the buffered events with ``seq > since``, in order): at most
         ``limit`` scanned, then those of ``id_prefix`` kept (its claim, else its request)."""
         scanned = list(after if limit is None else itertools.islice(after, limit))
-        gap = scanned[0].seq > since + 1 if scanned else last_seq > since
-        next_since = scanned[-1].seq if scanned else max(since, last_seq)
-        if id_prefix is not None:
-            scanned = [e for e in scanned if _owned_by(e, id_prefix)]
-        return cls(tuple(scanned), last_seq, next_since, next_since < last_seq, gap)
+        bounds = (scanned[0].seq, scanned[-1].seq) if scanned else None
+        return cls.of_scan(scanned, since, last_seq, bounds, id_prefix=id_prefix)
+
+    @classmethod
+    def of_scan(
+        cls,
+        candidates: Iterable[ClaimEvent],
+        since: int,
+        last_seq: int,
+        bounds: tuple[int, int] | None,
+        *,
+        id_prefix: str | None = None,
+    ) -> EventPage:
+        """The page of a scan of the events numbered ``bounds`` (the first and the last
+        scanned; ``None``: none was), given some of them, ``candidates`` (in order: every one
+        the reader could get, an index's or a filter's pick), of which those of ``id_prefix``
+        are kept."""
+        if bounds is None:
+            gap, next_since = last_seq > since, max(since, last_seq)
+        else:
+            gap, next_since = bounds[0] > since + 1, bounds[1]
+        kept = tuple(
+            candidates if id_prefix is None else (e for e in candidates if _owned_by(e, id_prefix))
+        )
+        return cls(kept, last_seq, next_since, next_since < last_seq, gap)
 
 
 def _owned_by(event: ClaimEvent, id_prefix: str) -> bool:
