@@ -311,16 +311,28 @@ class ClaimArbiter:
         protects = TIER_OF_MODE[spec.protection_mode] == PROTECTED
         hard = spec.protection_mode is ProtectionMode.HARD_PROTECTED
         ranked_hint = spec.protection_mode is ProtectionMode.BEST_EFFORT and self._pool.ranked
-        resident = [] if ranked_hint else self._pool.detach(hashes)
-        for h in hashes:
-            self._pool.cover.setdefault(h, []).append(claim)
+        pool = self._pool
+        resident = [] if ranked_hint else pool.detach(hashes)
+        cover, cached, host = pool.cover, pool.cached, pool.host
+        protect_ref, hard_ref = pool.protect_ref, pool.hard_ref
+        present, lo, hi = claim.present, claim.span_start, claim.span_end
+        found = 0  # ``claim.mark(h, True)`` for each present block, written out
+        for pos, h in enumerate(hashes):
+            covering = cover.get(h)
+            if covering is None:
+                cover[h] = [claim]
+            else:
+                covering.append(claim)
             if protects:
-                self._pool.protect_ref[h] = self._pool.protect_ref.get(h, 0) + 1
+                protect_ref[h] = protect_ref.get(h, 0) + 1
                 if hard:
-                    self._pool.hard_ref[h] = self._pool.hard_ref.get(h, 0) + 1
-            if h in self._pool.cached or h in self._pool.host:
-                claim.mark(h, True)
-        self._pool.attach(resident)
+                    hard_ref[h] = hard_ref.get(h, 0) + 1
+            if h in cached or h in host:
+                present[pos] = 1
+                if lo <= pos < hi:
+                    found += 1
+        claim.missing_in_span -= found
+        pool.attach(resident)
         self._events.emit(
             EventName.RESIDENT_CLAIM_ACCEPTED,
             claim=claim,
@@ -396,11 +408,14 @@ class ClaimArbiter:
         resident = [] if best_effort and self._pool.ranked else self._pool.detach(claim.hashes)
         # a best-effort claim never protected its blocks: their later losses are ordinary
         track = target is not ClaimState.HARMED and not best_effort
+        pool = self._pool
+        cover, cached, ended_cover = pool.cover, pool.cached, pool.ended_cover
         for h in claim.hashes:
-            cover = self._pool.cover[h]
-            cover.remove(claim)
-            if not cover:
-                del self._pool.cover[h]
+            covering = cover[h]
+            if len(covering) == 1:  # this claim's alone (the usual case)
+                del cover[h]
+            else:
+                covering.remove(claim)
             if protects:
                 for ref in refs:
                     left = ref[h] - 1
@@ -408,8 +423,12 @@ class ClaimArbiter:
                         ref[h] = left
                     else:
                         del ref[h]
-            if track and h in self._pool.cached:
-                self._pool.ended_cover.setdefault(h, []).append(claim)
+            if track and h in cached:
+                ended = ended_cover.get(h)
+                if ended is None:
+                    ended_cover[h] = [claim]
+                else:
+                    ended.append(claim)
         self._events.emit(
             name, claim=claim, request_id=request_id, state=target.value, reason=reason, **data
         )

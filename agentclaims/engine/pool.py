@@ -227,23 +227,60 @@ class BlockPool:
                     self.blockers[claim.claim_id] = claim
 
     def detach(self, hashes: Iterable[BlockHash]) -> list[Block]:
-        """Unpark the resident blocks of ``hashes`` before their claims change (see attach)."""
-        cached = self.cached
+        """Unpark the resident blocks of ``hashes`` before their claims change (see attach).
+
+        ``unpark`` for each, written out: a claim's prefix is tens of blocks, each claim and
+        release moves all of them twice, and the calls were most of the cost."""
+        cached_get = self.cached.get
+        remove = self.policy.remove
+        tiers = self.tiers
         out = []
         for h in hashes:
-            block = cached.get(h)
-            if block is not None and block.ref_cnt == 0:
-                self.unpark(block)
-                out.append(block)
+            block = cached_get(h)
+            if block is None or block.ref_cnt != 0:
+                continue
+            tier = block.tier
+            if tier == ORDINARY:
+                remove(block)
+            else:
+                del tiers[tier][block.block_id]
+                if tier >= EXPIRY_HELD:
+                    self._count_held(h, -1)
+            out.append(block)
         return out
 
     def attach(self, blocks: Sequence[Block]) -> None:
         """Park detached blocks again, in the tiers their claims now give them.
 
         Tail first, as ``finish`` does: under LRU the prefix's head becomes the most recently
-        used, so a released prefix loses its tail before its reusable leading run."""
+        used, so a released prefix loses its tail before its reusable leading run. ``park``
+        (and ``tier_for``) for each, written out as in ``detach``."""
+        protect_ref, hard_ref, cover = self.protect_ref, self.hard_ref, self.cover
+        insert = self.policy.insert
+        tiers, ranked = self.tiers, self.ranked
         for block in reversed(blocks):
-            self.park(block)
+            h = block.block_hash
+            assert h is not None
+            if h in protect_ref:
+                tier = PROTECTED if h in hard_ref else EXPIRY_HELD
+            else:
+                claims = cover.get(h)
+                if not claims:
+                    tier = ORDINARY
+                else:
+                    if len(claims) == 1:
+                        tier = TIER_OF_MODE[claims[0].mode]
+                    else:
+                        tier = max(TIER_OF_MODE[c.mode] for c in claims)
+                    if tier == BEST_EFFORT and ranked:
+                        tier = ORDINARY
+            block.tier = tier
+            if tier == ORDINARY:
+                insert(block)
+            else:
+                tiers[tier][block.block_id] = block
+                if tier >= EXPIRY_HELD:
+                    self._count_held(h, 1)
 
     # ------------------------------------------------------------------ allocation
     def _evict(self, block: Block, request_id: str) -> None:
