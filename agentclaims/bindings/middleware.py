@@ -92,13 +92,31 @@ class ClaimsMiddleware(AgentMiddleware[ClaimsState, Any, Any]):
     bad one raises ``UsageError`` here, not at the first run. The agent's model must send
     through ``backend``'s claims transport: ``agentclaims.chat_model(backend)``.
     ``last_session`` is the session of the run opened last.
+
+    ``inline_hooks`` (default ``True``): ``create_agent`` wraps the two hooks in LangSmith's
+    ``traceable``, which hands its own work to a worker thread twice per hook call even with
+    tracing off (about 0.25 ms of CPU each); the middleware has LangSmith run that work inline
+    while nothing is traced (``agentclaims.bindings.langsmith``; an override the application
+    installed is kept). ``False`` leaves LangSmith as it is.
     """
 
     state_schema = ClaimsState
 
-    def __init__(self, backend: Backend | BackendPool, **options: Unpack[SessionOptions]) -> None:
+    def __init__(
+        self,
+        backend: Backend | BackendPool,
+        *,
+        inline_hooks: bool = True,
+        **options: Unpack[SessionOptions],
+    ) -> None:
         super().__init__()
+        if not isinstance(inline_hooks, bool):
+            raise UsageError("inline_hooks", f"must be true or false, got {inline_hooks!r}")
         self.backend = checked_backend(backend, options)
+        if inline_hooks:
+            from agentclaims.bindings.langsmith import inline_untraced
+
+            inline_untraced()
         self.aeg: AgentExecutionGraph = options.pop("graph", None) or create_agent_aeg()
         self.tool_times: ToolTimeModel = options.pop("tool_times", None) or ToolTimeModel(
             prior_mean_s=0.1

@@ -19,8 +19,10 @@ engine run in this process too, so its CPU includes theirs.
 
 A third loop in each round carries a middleware that does nothing in the same two hooks
 (``awrap_model_call``, ``awrap_tool_call``): what LangChain charges any middleware with them
-(``create_agent`` wraps each hook in LangSmith's ``traceable``, which hands every call to a
-worker thread twice, tracing on or off). The session's own CPU is what it adds over that loop.
+(``create_agent`` wraps each hook in LangSmith's ``traceable``). The session's own CPU is what
+it adds over that loop. The session's middleware has LangSmith run ``traceable``'s own work
+inline while nothing is traced (``agentclaims.bindings.langsmith``); the bench does the same
+before any mode runs, so the no-op middleware is charged as the session's is.
 
 Figures are printed; nothing here asserts a speed.
 """
@@ -205,8 +207,12 @@ async def _bench(
     url: str,
 ) -> dict[str, Any]:
     import agentclaims
+    from agentclaims.bindings.langsmith import inline_untraced
     from agentclaims.gateway.text import load_script
 
+    # what the session's middleware does to LangSmith when it is made, done before any mode
+    # runs: the no-op middleware's rounds run under the same LangSmith as the session's
+    inline_untraced()
     script = _script(calls)
     rows: list[dict[str, Any]] = []
     for kind in backends:

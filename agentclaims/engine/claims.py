@@ -313,25 +313,7 @@ class ClaimArbiter:
         ranked_hint = spec.protection_mode is ProtectionMode.BEST_EFFORT and self._pool.ranked
         pool = self._pool
         resident = [] if ranked_hint else pool.detach(hashes)
-        cover, cached, host = pool.cover, pool.cached, pool.host
-        protect_ref, hard_ref = pool.protect_ref, pool.hard_ref
-        present, lo, hi = claim.present, claim.span_start, claim.span_end
-        found = 0  # ``claim.mark(h, True)`` for each present block, written out
-        for pos, h in enumerate(hashes):
-            covering = cover.get(h)
-            if covering is None:
-                cover[h] = [claim]
-            else:
-                covering.append(claim)
-            if protects:
-                protect_ref[h] = protect_ref.get(h, 0) + 1
-                if hard:
-                    hard_ref[h] = hard_ref.get(h, 0) + 1
-            if h in cached or h in host:
-                present[pos] = 1
-                if lo <= pos < hi:
-                    found += 1
-        claim.missing_in_span -= found
+        pool.cover_claim(claim, protects=protects, hard=hard)
         pool.attach(resident)
         self._events.emit(
             EventName.RESIDENT_CLAIM_ACCEPTED,
@@ -408,27 +390,7 @@ class ClaimArbiter:
         resident = [] if best_effort and self._pool.ranked else self._pool.detach(claim.hashes)
         # a best-effort claim never protected its blocks: their later losses are ordinary
         track = target is not ClaimState.HARMED and not best_effort
-        pool = self._pool
-        cover, cached, ended_cover = pool.cover, pool.cached, pool.ended_cover
-        for h in claim.hashes:
-            covering = cover[h]
-            if len(covering) == 1:  # this claim's alone (the usual case)
-                del cover[h]
-            else:
-                covering.remove(claim)
-            if protects:
-                for ref in refs:
-                    left = ref[h] - 1
-                    if left:
-                        ref[h] = left
-                    else:
-                        del ref[h]
-            if track and h in cached:
-                ended = ended_cover.get(h)
-                if ended is None:
-                    ended_cover[h] = [claim]
-                else:
-                    ended.append(claim)
+        self._pool.uncover_claim(claim, refs if protects else [], track=track)
         self._events.emit(
             name, claim=claim, request_id=request_id, state=target.value, reason=reason, **data
         )

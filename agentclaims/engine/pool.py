@@ -282,6 +282,56 @@ class BlockPool:
                 if tier >= EXPIRY_HELD:
                     self._count_held(h, 1)
 
+    def cover_claim(self, claim: ClaimRecord, *, protects: bool, hard: bool) -> None:
+        """Index a new claim on its blocks (``cover``, and ``protect_ref`` / ``hard_ref`` for
+        a protecting / hard one) and mark which are cached or on the host now. Between
+        ``detach`` and ``attach``: the tiers follow from this index."""
+        cover, cached, host = self.cover, self.cached, self.host
+        protect_ref, hard_ref = self.protect_ref, self.hard_ref
+        present, lo, hi = claim.present, claim.span_start, claim.span_end
+        found = 0  # ``claim.mark(h, True)`` for each present block, written out
+        for pos, h in enumerate(claim.hashes):
+            covering = cover.get(h)
+            if covering is None:
+                cover[h] = [claim]
+            else:
+                covering.append(claim)
+            if protects:
+                protect_ref[h] = protect_ref.get(h, 0) + 1
+                if hard:
+                    hard_ref[h] = hard_ref.get(h, 0) + 1
+            if h in cached or h in host:
+                present[pos] = 1
+                if lo <= pos < hi:
+                    found += 1
+        claim.missing_in_span -= found
+
+    def uncover_claim(
+        self, claim: ClaimRecord, refs: Sequence[dict[BlockHash, int]], *, track: bool
+    ) -> None:
+        """Drop an ended claim from the index (``refs``: the counts it was in) and, with
+        ``track``, remember it on its cached blocks (``ended_cover``: a later loss of one is
+        ``lost_after_release``). Between ``detach`` and ``attach``, as ``cover_claim``."""
+        cover, cached, ended_cover = self.cover, self.cached, self.ended_cover
+        for h in claim.hashes:
+            covering = cover[h]
+            if len(covering) == 1:  # this claim's alone (the usual case)
+                del cover[h]
+            else:
+                covering.remove(claim)
+            for ref in refs:
+                left = ref[h] - 1
+                if left:
+                    ref[h] = left
+                else:
+                    del ref[h]
+            if track and h in cached:
+                ended = ended_cover.get(h)
+                if ended is None:
+                    ended_cover[h] = [claim]
+                else:
+                    ended.append(claim)
+
     # ------------------------------------------------------------------ allocation
     def _evict(self, block: Block, request_id: str) -> None:
         """Drop a resident block's hash from the prefix cache; the arbiter hears of claimed ones."""
