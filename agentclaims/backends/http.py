@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx2
 
+from agentclaims.backends.releases import ReleaseQueue
 from agentclaims.contract import (
     BlockHash,
     CacheIdentity,
@@ -29,7 +30,7 @@ from agentclaims.contract import (
     PrefixId,
 )
 from agentclaims.contract.wire import Wire
-from agentclaims.errors import BackendError, BackendUnavailable, UsageError
+from agentclaims.errors import AgentClaimsError, BackendError, BackendUnavailable, UsageError
 from agentclaims.protocol import (
     RENEW_AS_IS,
     ActiveRequest,
@@ -96,6 +97,8 @@ class HTTPBackend:
         )
         self._closed = False
         self._descriptor: Descriptor | None = None
+        self._releases = ReleaseQueue(self._release_one, self._release_many)
+        """Releases asked for while one is out go together (``ReleaseQueue``)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, base_url={self.base_url!r})"
@@ -195,9 +198,34 @@ class HTTPBackend:
             body["events_since"] = events_since
             if id_prefix is not None:
                 body["id_prefix"] = id_prefix
-        data = await self._call("POST", f"/claims/{claim_id}/release", json=body)
+        data = await self._releases.release({"claim_id": claim_id, **body})
         page = data.pop("events", None) if isinstance(data, dict) else None
         return self._parse(ClaimView, data), page if isinstance(page, dict) else None
+
+    async def _release_one(self, item: dict[str, Any]) -> dict[str, Any]:
+        body = {k: v for k, v in item.items() if k != "claim_id"}
+        return await self._call("POST", f"/claims/{item['claim_id']}/release", json=body)
+
+    async def _release_many(
+        self, items: Sequence[dict[str, Any]]
+    ) -> list[dict[str, Any] | AgentClaimsError]:
+        """Several releases in one ``POST /v1/releases``: per item its data, or its error."""
+        data = await self._call("POST", "/releases", json={"releases": list(items)})
+        answers = data.get("released")
+        if not isinstance(answers, list):
+            raise BackendError(f"backend {self.name!r}: POST /releases answered no list")
+        out: list[dict[str, Any] | AgentClaimsError] = []
+        for answer in answers:
+            if not isinstance(answer, dict):
+                out.append(BackendError(f"backend {self.name!r}: a release answered {answer!r}"))
+            elif "error" in answer:
+                try:
+                    raise_for_error(int(answer.get("status") or 500), answer)
+                except AgentClaimsError as exc:
+                    out.append(exc)
+            else:
+                out.append(answer)
+        return out
 
     async def events(
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None
@@ -262,6 +290,7 @@ class HTTPBackend:
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
+            self._releases.close(f"backend {self.name!r} is closed")
             if self._owns_client:
                 await self._client.aclose()
 

@@ -338,6 +338,7 @@ def create_app(
         ("/v1/claims/{claim_id}", claims.release_claim, ["DELETE"]),
         ("/v1/claims/{claim_id}/renew", claims.renew_claim, ["POST"]),
         ("/v1/claims/{claim_id}/release", claims.release_claim, ["POST"]),
+        ("/v1/releases", claims.release_claims, ["POST"]),
         ("/v1/events", claims.events, ["GET"]),
         ("/v1/residency", claims.residency, ["POST"]),
         ("/v1/active", claims.active, ["POST"]),

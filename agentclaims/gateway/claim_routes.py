@@ -11,7 +11,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from agentclaims.contract import ClaimId, ClaimSpec, OwnerScope, RequestId
-from agentclaims.errors import OperationNotExposed, UsageError
+from agentclaims.errors import (
+    IllegalTransition,
+    OperationNotExposed,
+    ScopeViolation,
+    UnknownClaim,
+    UsageError,
+)
 from agentclaims.gateway.extension import event_cursor
 from agentclaims.gateway.limits import EVENTS_PER_ANSWER
 from agentclaims.gateway.params import (
@@ -28,6 +34,7 @@ from agentclaims.gateway.sides import KVSide
 from agentclaims.gateway.streaming import JSONResponse
 from agentclaims.gateway.tenants import TenantKeys
 from agentclaims.protocol import ActiveRequest, ClaimView, InstanceControl, Renewal
+from agentclaims.protocol.codec import exception_error
 
 __all__ = ["ClaimRoutes"]
 
@@ -98,6 +105,40 @@ class ClaimRoutes:
             shown["events"] = page.to_dict()
         return JSONResponse(shown)
 
+    async def release_claims(self, request: Request) -> Response:
+        """Release several claims in one request (``releases``: 1 to ``MAX_RELEASES`` items,
+        each a single release's body with its ``claim_id``). Every item is checked before
+        any is released (a malformed one: 400, nothing changes); then each is released, or
+        answered with the error its own request would have got (``status`` and ``error``), in
+        order; one item's fate changes no other's. An item with ``events_since`` gets its
+        page of events, read after every release of the request."""
+        body = await json_object(request)
+        items = body.get("releases")
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_RELEASES:
+            raise UsageError("releases", f"must be a list of 1 to {MAX_RELEASES} releases")
+        tenant = tenant_of(request)
+        ns = self.service.namespace
+        checked = [_release_item(request, i, item) for i, item in enumerate(items)]
+        out: list[dict[str, Any]] = []
+        for claim_id, owner, done, _, _ in checked:
+            try:
+                view = await self.kv.release_claim(
+                    ClaimId(ns.inner(claim_id, tenant)), owner, done=done
+                )
+            except (UsageError, ScopeViolation, UnknownClaim, IllegalTransition) as exc:
+                status, error = exception_error(exc)
+                out.append({"status": status, **ns.shown_body(error, tenant)})
+                continue
+            out.append(ns.shown_view(view, tenant).to_dict())
+        await self.service.sync()
+        for shown, (_, _, _, since, id_prefix) in zip(out, checked, strict=True):
+            if since is not None and "error" not in shown:
+                page = await self.service.events(
+                    since, limit=EVENTS_PER_ANSWER, id_prefix=id_prefix, tenant=tenant
+                )
+                shown["events"] = page.to_dict()
+        return JSONResponse({"released": out})
+
     async def events(self, request: Request) -> Response:
         since = int_param(request, "since", 0, 0, 2**62)
         limit = int_param(request, "limit", 10_000, 1, 100_000)
@@ -167,3 +208,36 @@ class ClaimRoutes:
         if not isinstance(self.kv, InstanceControl):
             raise OperationNotExposed(self.kv.name, operation)
         return self.kv
+
+
+MAX_RELEASES = 64
+"""Most releases one ``POST /v1/releases`` carries."""
+_RELEASE_FIELDS = frozenset({"claim_id", "owner_scope", "done", "events_since", "id_prefix"})
+
+
+def _release_item(
+    request: Request, index: int, item: Any
+) -> tuple[str, OwnerScope, bool, int | None, str | None]:
+    """One item of ``POST /v1/releases``, checked: its claim id, owner (the caller's tenant's),
+    ``done``, events cursor and id prefix. A problem names the item (``releases[i].field``)."""
+    where = f"releases[{index}]"
+    if not isinstance(item, dict):
+        raise UsageError(where, f"must be an object, got {type(item).__name__}")
+    unknown = sorted(set(item) - _RELEASE_FIELDS)
+    if unknown:
+        raise UsageError(where, f"unknown fields {unknown}")
+    claim_id = item.get("claim_id")
+    if not isinstance(claim_id, str) or not claim_id:
+        raise UsageError(f"{where}.claim_id", "must be a non-empty string")
+    if not isinstance(item.get("owner_scope"), str) or not item["owner_scope"]:
+        raise UsageError(f"{where}.owner_scope", "missing: name the claim's owner scope")
+    done = item.get("done", False)
+    if not isinstance(done, bool):
+        raise UsageError(f"{where}.done", f"must be true or false, got {done!r}")
+    try:
+        owner = owner_of(request, item)
+        since = event_cursor(item.get("events_since"), "events_since")
+        id_prefix = optional_str(item, "id_prefix")
+    except UsageError as exc:
+        raise UsageError(f"{where}.{exc.field}", exc.message) from None
+    return claim_id, owner, done, since, id_prefix

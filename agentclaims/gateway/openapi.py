@@ -31,6 +31,7 @@ _SUMMARIES = {
     "DELETE /v1/claims/{claim_id}": "Release a claim",
     "POST /v1/claims/{claim_id}/renew": "Renew a claim (new duration_steps and/or ttl_s)",
     "POST /v1/claims/{claim_id}/release": "Release a claim",
+    "POST /v1/releases": "Release several claims in one request; each item answered as its own request would be",
     "GET /v1/events": "The ordered claim event stream after a sequence number (since, limit, id_prefix)",
     "POST /v1/residency": "Leading resident blocks per prefix id, or residency per block hash",
     "POST /v1/active": "Serve one active request without text (the claims protocol's serve)",
@@ -126,6 +127,39 @@ def _bodies(defs: dict[str, Any], extension: type) -> dict[str, tuple[Any, Any]]
         "POST /v1/claims/{claim_id}/release": (
             _object({"owner_scope": _STR, "done": {"type": "boolean"}}, ["owner_scope"]),
             view,
+        ),
+        "POST /v1/releases": (
+            _object(
+                {
+                    "releases": {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": 64,
+                        "items": _object(
+                            {
+                                "claim_id": _STR,
+                                "owner_scope": _STR,
+                                "done": {"type": "boolean"},
+                                "events_since": _INT,
+                                "id_prefix": _STR,
+                            },
+                            ["claim_id", "owner_scope"],
+                        ),
+                    }
+                },
+                ["releases"],
+            ),
+            _object(
+                {
+                    "released": {
+                        "type": "array",
+                        "description": "per item, in order: its claim view (with events where "
+                        "asked), or status and error as its own request would have got",
+                        "items": {"type": "object"},
+                    }
+                },
+                ["released"],
+            ),
         ),
         "GET /v1/events": (None, ref(EventPage)),
         "POST /v1/residency": (

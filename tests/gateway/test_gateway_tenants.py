@@ -155,6 +155,15 @@ def test_a_tenant_never_sees_or_touches_another_tenants_claims(gateway: tuple[st
             assert r.json()["error"]["type"] == "unknown_claim"
             assert r.text == never.text.replace("never-c1", "iso-c1")  # not one byte more
         assert beta.get("/v1/claims/iso-c1?owner_scope=iso-b").status_code == 404
+        # and in a batch of releases: that item unknown, the same bytes as an id never issued
+        r, never = (
+            beta.post("/v1/releases", json={"releases": [{"claim_id": c, "owner_scope": "iso-a"}]})
+            for c in ("iso-c1", "never-c1")
+        )
+        assert r.status_code == never.status_code == 200, r.text
+        (item,) = r.json()["released"]
+        assert (item["status"], item["error"]["type"]) == (404, "unknown_claim")
+        assert r.text == never.text.replace("never-c1", "iso-c1")
         assert ledger_rows(ledger) == before
         # the same owner scope, claim id and request id, used by beta: beta's own, apart
         r = chat(beta, "iso-a", claims=[prompt_claim("iso-c1")], request_id="iso-r1")
