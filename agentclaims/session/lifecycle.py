@@ -200,15 +200,20 @@ class SessionLifecycle:
             except BackendUnavailable:
                 pass  # a backend gone away tells no events; its claims are still let go below
             finally:
-                held = list(io.held.values())
+                ends = [(claim, reason) for claim in io.held.values()]
                 io.held.clear()
-                for claim in held:
-                    await io.release(s.route.named(claim.backend), claim, reason)
                 waiting, io.releasing = io.releasing, []
-                for claim in waiting:  # no call of this session will carry them now
-                    await io.release(
-                        s.route.named(claim.backend), claim, claim.end_reason or reason
-                    )
+                # no call of this session will carry them now
+                ends += [(claim, claim.end_reason or reason) for claim in waiting]
+                # asked for at once: a backend sends them in one or two requests, not one each
+                # (``ReleaseQueue``); each still logs its own end, in this order
+                results = await asyncio.gather(
+                    *(io.release(s.route.named(c.backend), c, why) for c, why in ends),
+                    return_exceptions=True,
+                )
+                for result in results:
+                    if isinstance(result, BaseException):
+                        raise result
                 if releasing:  # what they bring, polled only where a release brought nothing
                     try:
                         taken = await io.events.take(backends)
