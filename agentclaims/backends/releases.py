@@ -75,8 +75,11 @@ class ReleaseQueue:
         results: list[dict[str, Any] | BaseException] = []
         try:
             results = await self._answers([item for item, _ in batch])
-        except (Exception, asyncio.CancelledError) as exc:
+        except Exception as exc:
             results = [exc] * len(batch)
+        except asyncio.CancelledError:  # the loop is closing: the callers hear an outage
+            results = [BackendUnavailable("the release was cancelled")] * len(batch)
+            raise
         finally:
             for (_, future), result in zip(batch, results or [], strict=False):
                 if future.done():
