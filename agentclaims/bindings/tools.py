@@ -44,6 +44,34 @@ class ToolCallRecorder(BaseCallbackHandler):
     """A refusal the session's reaction turns into an error (``fail``) stops the tool before
     it starts, as the reaction promises; LangChain would otherwise swallow it."""
 
+    # Tool events only (LangChain files them under ``ignore_agent``). Every other event of a
+    # run (each chain's start and end, each model call's) would be handed to a worker thread
+    # for a method that does nothing: about nine thread hand-offs per LLM call in a claimed
+    # graph, now none.
+    @property
+    def ignore_chain(self) -> bool:
+        return True
+
+    @property
+    def ignore_llm(self) -> bool:
+        return True
+
+    @property
+    def ignore_chat_model(self) -> bool:
+        return True
+
+    @property
+    def ignore_retriever(self) -> bool:
+        return True
+
+    @property
+    def ignore_retry(self) -> bool:
+        return True
+
+    @property
+    def ignore_custom_event(self) -> bool:
+        return True
+
     def __init__(self) -> None:
         self._runs: dict[UUID, tuple[ClaimedSession, ToolRun]] = {}
 
