@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ToolCallRecorder", "with_tool_recorder"]
 
+_IGNORED = property(lambda self: True, doc="This handler takes no such event.")
+
 
 class ToolCallRecorder(BaseCallbackHandler):
     """Reports each LangChain tool run to the current session (see the module).
@@ -48,29 +50,8 @@ class ToolCallRecorder(BaseCallbackHandler):
     # run (each chain's start and end, each model call's) would be handed to a worker thread
     # for a method that does nothing: about nine thread hand-offs per LLM call in a claimed
     # graph, now none.
-    @property
-    def ignore_chain(self) -> bool:
-        return True
-
-    @property
-    def ignore_llm(self) -> bool:
-        return True
-
-    @property
-    def ignore_chat_model(self) -> bool:
-        return True
-
-    @property
-    def ignore_retriever(self) -> bool:
-        return True
-
-    @property
-    def ignore_retry(self) -> bool:
-        return True
-
-    @property
-    def ignore_custom_event(self) -> bool:
-        return True
+    ignore_chain = ignore_llm = ignore_chat_model = _IGNORED
+    ignore_retriever = ignore_retry = ignore_custom_event = _IGNORED
 
     def __init__(self) -> None:
         self._runs: dict[UUID, tuple[ClaimedSession, ToolRun]] = {}
