@@ -293,9 +293,11 @@ class CompletionRoutes:
             except UnknownClaim:
                 continue
             known.append(cid)
+        done = {ClaimId(self.service.namespace.inner(c, tenant)) for c in ext.release_done}
         states: dict[str, str] = {}
         for cid in known:
-            states[cid] = (await self.kv.release_claim(cid, scope)).state.value
+            view = await self.kv.release_claim(cid, scope, done=cid in done)
+            states[cid] = view.state.value
         await self.service.sync()
         return [
             {

@@ -60,6 +60,9 @@ class Extension:
     claims: tuple[Mapping[str, Any], ...] = ()
     release: tuple[str, ...] = ()
     """Claims of this request's owner to let go before it runs: they ride on it."""
+    release_done: tuple[str, ...] = ()
+    """Of ``release``, those whose prefix nothing is expected to use again: their blocks are
+    handed back as the next victims (``done``), not as the freshest."""
     events_since: int | None = None
     """The caller's event cursor: the answer then carries the events after it (those of the
     ``session_id``'s claims and requests, as ``GET /v1/events?id_prefix=`` pages them), so a
@@ -73,7 +76,7 @@ class Extension:
         if not isinstance(raw, Mapping):
             raise UsageError(EXTENSION_KEY, f"expected an object, got {raw!r}")
         known = {"session_id", "workflow_id", "owner_scope", "node", "step", "admit"}
-        known |= {"request_id", "claims", "release", "events_since"}
+        known |= {"request_id", "claims", "release", "release_done", "events_since"}
         extra = set(raw) - known
         if extra:
             raise UsageError(EXTENSION_KEY, f"unknown fields {sorted(extra)}")
@@ -109,12 +112,20 @@ class Extension:
                 f"{EXTENSION_KEY}.release",
                 f"must be a list of at most {_MAX_RELEASES} distinct claim ids, got {release!r}",
             )
+        done = raw.get("release_done")
+        done = [] if done is None else done
+        if not isinstance(done, list) or not all(isinstance(c, str) and c in release for c in done):
+            raise UsageError(
+                f"{EXTENSION_KEY}.release_done",
+                f"must be a list of claim ids named in release, got {done!r}",
+            )
         since = event_cursor(raw.get("events_since"), f"{EXTENSION_KEY}.events_since")
         return cls(
             step=step,
             admit=admit,
             claims=tuple(claims),
             release=tuple(release),
+            release_done=tuple(done),
             events_since=since,
             **strings,
         )

@@ -63,7 +63,10 @@ __all__ = [
 
 _log = structlog.get_logger("agentclaims.session")
 
-_DONE_REASONS = frozenset({"session_end", "rerouted"})
+DONE_REASONS = frozenset({"session_end", "rerouted", "reuse_unlikely"})
+"""End reasons after which nothing is expected to use the prefix again: released ``done``
+(on vLLM its blocks go to the head of the free queue, the next victims; released without
+``done`` they would join its tail, as the freshest, and outlive prefixes used since)."""
 """Releases after which nothing here uses the prefix again (the run ended, or it moved to
 another instance): sent as ``done``, so the KV side may evict those blocks first."""
 PIN_MODES = (ProtectionMode.EXPIRING, ProtectionMode.HARD_PROTECTED)
@@ -473,7 +476,7 @@ class ClaimIO:
     async def release(self, backend: ClaimsProtocol, held: HeldClaim, reason: str) -> None:
         """Release ``held`` (its end reason recorded); a backend gone away is logged."""
         held.end_reason = reason
-        done = reason in _DONE_REASONS
+        done = reason in DONE_REASONS
         extra: dict[str, Any] = {}
         try:
             with_events = await self.release_with_events(backend)

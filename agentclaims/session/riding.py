@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from agentclaims.contract import prefix_blocks
 from agentclaims.planner import POOL_KEEPS, SAVES_LESS, ClaimPlan, PrefixContext
 from agentclaims.protocol import SEQUENCE_OBJECT
-from agentclaims.session.claims import ClaimIO, HeldClaim
+from agentclaims.session.claims import DONE_REASONS, ClaimIO, HeldClaim
 from agentclaims.session.workflow import WorkflowModel, wait_key
 
 if TYPE_CHECKING:
@@ -103,6 +103,9 @@ class RidingCalls:
                     riding.superseded = old
         if riding.releases:
             ext["release"] = [h.claim_id for h in riding.releases]
+            done = [h.claim_id for h in riding.releases if h.end_reason in DONE_REASONS]
+            if done:  # nothing will use their prefixes again: the next victims, not the freshest
+                ext["release_done"] = done
         self._calls[ext["request_id"]] = riding
 
     def covering(self, request_id: str | None) -> HeldClaim | None:

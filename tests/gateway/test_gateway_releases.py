@@ -210,3 +210,32 @@ async def test_a_gateway_without_the_route_gets_them_one_by_one() -> None:
         await b.aclose()
         await client.aclose()
         await inner.aclose()
+
+
+@pytest.mark.parametrize("done", [["c9"], "c1", [5]])
+async def test_release_done_names_only_claims_the_call_releases(
+    backend: EmbeddedBackend, done: Any
+) -> None:
+    """``agentclaims.release_done`` is a list of ids of ``release``: anything else is a 400
+    naming it, and the claim it would have let go is still held."""
+    await claim(backend, "c1")
+    body = {
+        "model": "scripted",
+        "messages": [{"role": "user", "content": "hi"}],
+        "agentclaims": {"owner_scope": "o", "release": ["c1"], "release_done": done},
+    }
+    with pytest.raises(UsageError) as err:
+        await backend._call("POST", "/chat/completions", json=body)
+    assert err.value.field == "agentclaims.release_done"
+    assert (await backend.get_claim("c1", "o")).state.live
+
+
+async def test_a_release_done_rides_and_ends_the_claim(backend: EmbeddedBackend) -> None:
+    await claim(backend, "c1")
+    body = {
+        "model": "scripted",
+        "messages": [{"role": "user", "content": "hi"}],
+        "agentclaims": {"owner_scope": "o", "release": ["c1"], "release_done": ["c1"]},
+    }
+    answer = await backend._call("POST", "/chat/completions", json=body)
+    assert answer["agentclaims"]["released"] == [{"claim_id": "c1", "state": "expired"}]

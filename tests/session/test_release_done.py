@@ -1,0 +1,71 @@
+"""A claim let go because its reuse became unlikely rides on the next call as ``done``
+(``agentclaims.release_done``): its blocks are handed back as the next victims, not as the
+freshest. One superseded by the node's next call is not: that call reuses its blocks."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx2
+
+import agentclaims
+from agentclaims.backends.asgi import StreamingASGITransport
+from agentclaims.backends.embedded import EmbeddedBackend
+from agentclaims.backends.http import HTTPBackend
+from agentclaims.session import ClaimedSession
+
+
+async def test_a_claim_whose_reuse_became_unlikely_rides_as_done() -> None:
+    inner = EmbeddedBackend(num_blocks=2048, block_size=16)
+    sent: list[dict[str, Any]] = []
+
+    async def recording(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/v1/chat/completions":
+            body = b""
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            sent.append(json.loads(body).get("agentclaims") or {})
+            replayed = False
+
+            async def receive() -> Any:  # the body again, for the app
+                nonlocal replayed
+                if replayed:
+                    return {"type": "http.disconnect"}
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+        await inner.app(scope, receive, send)
+
+    client = httpx2.AsyncClient(transport=StreamingASGITransport(recording), base_url="http://gw")
+    backend = HTTPBackend("http://gw", client=client)
+    try:
+        openai = agentclaims.openai_client(backend)
+        session = ClaimedSession(backend)
+        async with session:
+            for node in ("a", "b"):  # a's turns, then b's: a is not coming back
+                with session.node(node):
+                    messages = [{"role": "system", "content": f"you are {node}. " * 60}]
+                    for _ in range(3):
+                        messages.append({"role": "user", "content": "next " * 10})
+                        reply = await openai.chat.completions.create(
+                            model="scripted", messages=messages
+                        )
+                        messages.append(
+                            {"role": "assistant", "content": reply.choices[0].message.content}
+                        )
+                        async with session.tool_call("search"):
+                            pass
+    finally:
+        await backend.aclose()
+        await client.aclose()
+        await inner.aclose()
+    rode = [(ext.get("release", []), ext.get("release_done", [])) for ext in sent]
+    done = [c for _, d in rode for c in d]
+    superseded = [c for r, d in rode for c in r if c not in d]
+    assert done, f"no release rode as done: {rode}"
+    assert superseded, "a node's own next call superseded its claim, not done"
+    assert all(set(d) <= set(r) for r, d in rode)
