@@ -20,27 +20,15 @@ async def test_a_claim_whose_reuse_became_unlikely_rides_as_done() -> None:
     inner = EmbeddedBackend(num_blocks=2048, block_size=16)
     sent: list[dict[str, Any]] = []
 
-    async def recording(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] == "/v1/chat/completions":
-            body = b""
-            while True:
-                message = await receive()
-                body += message.get("body", b"")
-                if not message.get("more_body"):
-                    break
-            sent.append(json.loads(body).get("agentclaims") or {})
-            replayed = False
+    async def record(request: httpx2.Request) -> None:
+        if request.url.path.endswith("/chat/completions"):
+            sent.append(json.loads(request.content).get("agentclaims") or {})
 
-            async def receive() -> Any:  # the body again, for the app
-                nonlocal replayed
-                if replayed:
-                    return {"type": "http.disconnect"}
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-
-        await inner.app(scope, receive, send)
-
-    client = httpx2.AsyncClient(transport=StreamingASGITransport(recording), base_url="http://gw")
+    client = httpx2.AsyncClient(
+        transport=StreamingASGITransport(inner.app),
+        base_url="http://gw",
+        event_hooks={"request": [record]},
+    )
     backend = HTTPBackend("http://gw", client=client)
     try:
         openai = agentclaims.openai_client(backend)
