@@ -374,9 +374,11 @@ class ClaimArbiter:
         *,
         request_id: str | None = None,
         reason: str,
+        first: bool = False,
         **data: Any,
     ) -> None:
-        """End a live claim: the transition is checked first, then its blocks are let go."""
+        """End a live claim: the transition is checked first, then its blocks are let go
+        (``first``: as the next victims, ``BlockPool.attach``)."""
         claim.end(target, reason)
         spec = claim.spec
         if spec.protection_mode is not ProtectionMode.BEST_EFFORT:
@@ -394,7 +396,7 @@ class ClaimArbiter:
         self._events.emit(
             name, claim=claim, request_id=request_id, state=target.value, reason=reason, **data
         )
-        self._pool.attach(resident)
+        self._pool.attach(resident, first=first)
 
     def _owned(self, claim_id: str, owner_scope: str) -> ClaimRecord:
         return owned_claim(self._claims, claim_id, owner_scope)
@@ -461,13 +463,19 @@ class ClaimArbiter:
         self._set_deadline(claim, duration_steps, ttl_s)
         return self._view(claim)
 
-    def release_claim(self, claim_id: str, owner_scope: str) -> ClaimView:
-        """End a live claim now (it ends as ``expired``, reason ``released``)."""
+    def release_claim(self, claim_id: str, owner_scope: str, *, done: bool = False) -> ClaimView:
+        """End a live claim now (it ends as ``expired``, reason ``released``). ``done``: nothing
+        will use the prefix again; its unclaimed blocks wait as the next victims, not as the
+        most recently used (as vLLM's connector puts a done release at the head of its queue)."""
         claim = self._owned(claim_id, owner_scope)
         self._expire_due(None)
         if claim.state.live:
             self._end(
-                claim, ClaimState.EXPIRED, EventName.RESIDENT_CLAIM_EXPIRED, reason="released"
+                claim,
+                ClaimState.EXPIRED,
+                EventName.RESIDENT_CLAIM_EXPIRED,
+                reason="released",
+                first=done,
             )
         return self._view(claim)
 

@@ -78,6 +78,11 @@ class LRUPolicy:
     def insert(self, block: Block) -> None:
         self._queue[block.block_id] = block
 
+    def insert_first(self, block: Block) -> None:
+        """``block`` as the next victim (a prefix nothing will use again)."""
+        self._queue[block.block_id] = block
+        self._queue.move_to_end(block.block_id, last=False)
+
     def remove(self, block: Block) -> None:
         del self._queue[block.block_id]
 

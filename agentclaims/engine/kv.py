@@ -372,7 +372,7 @@ class ReferenceKV:
         self, claim_id: ClaimId, owner_scope: OwnerScope, *, done: bool = False
     ) -> ClaimView:
         async with self._lock:
-            return self.engine.release_claim(claim_id, owner_scope)
+            return self.engine.release_claim(claim_id, owner_scope, done=done)
 
     async def events(
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None

@@ -249,14 +249,19 @@ class BlockPool:
             out.append(block)
         return out
 
-    def attach(self, blocks: Sequence[Block]) -> None:
+    def attach(self, blocks: Sequence[Block], *, first: bool = False) -> None:
         """Park detached blocks again, in the tiers their claims now give them.
 
         Tail first, as ``finish`` does: under LRU the prefix's head becomes the most recently
         used, so a released prefix loses its tail before its reusable leading run. ``park``
-        (and ``tier_for``) for each, written out as in ``detach``."""
+        (and ``tier_for``) for each, written out as in ``detach``. ``first``: those that wait
+        in the policy go ahead of every other (a policy's ``insert_first``, where it has one),
+        tail first still: a prefix nothing will use again."""
         protect_ref, hard_ref, cover = self.protect_ref, self.hard_ref, self.cover
         insert = self.policy.insert
+        if first:
+            insert = getattr(self.policy, "insert_first", insert)
+            blocks = list(reversed(blocks))  # each goes in front: the tail ends up first
         tiers, ranked = self.tiers, self.ranked
         for block in reversed(blocks):
             h = block.block_hash

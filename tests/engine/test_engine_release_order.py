@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agentclaims.contract import ProtectionMode
 from agentclaims.engine import KVEngine
 
@@ -32,3 +34,18 @@ def test_claim_submission_keeps_the_lru_order_of_its_blocks(chain, spec, warmup)
     engine.release_claim("c1", "wf")
     engine.begin("r2", chain(2, 5))  # 4 free + 1 eviction
     assert engine.resident_run(prompt) == 3
+
+
+@pytest.mark.parametrize("done", [False, True])
+def test_a_done_release_hands_its_blocks_back_as_the_next_victims(chain, spec, warmup, done):
+    """Released ``done`` (nothing will use the prefix again), a claim's blocks go before an
+    older unclaimed prefix, tail first; released otherwise, they are the most recently used."""
+    engine = KVEngine(12, 4)
+    old, prompt = chain(1, 4), chain(2, 4)
+    warmup(engine, "r0", old)
+    warmup(engine, "r1", prompt)
+    engine.submit_claim(spec("c1", prompt, ProtectionMode.SOFT_PRIORITY), prompt)
+    engine.release_claim("c1", "wf", done=done)
+    engine.begin("r2", chain(3, 6))  # 4 free + 2 evictions
+    kept = (engine.resident_run(old), engine.resident_run(prompt))
+    assert kept == ((4, 2) if done else (2, 4))
