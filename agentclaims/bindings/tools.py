@@ -48,7 +48,7 @@ class ToolCallRecorder(BaseCallbackHandler):
 
     # Tool events only (LangChain files them under ``ignore_agent``). Every other event of a
     # run (each chain's start and end, each model call's) would be handed to a worker thread
-    # for a method that does nothing: about nine thread hand-offs per LLM call in a claimed
+    # for a method that does nothing: about seven thread hand-offs per LLM call in a claimed
     # graph, now none.
     ignore_chain = ignore_llm = ignore_chat_model = _IGNORED
     ignore_retriever = ignore_retry = ignore_custom_event = _IGNORED
