@@ -37,6 +37,9 @@ class EvictionPolicy(Protocol):
 
     def __len__(self) -> int: ...
 
+    # Optional: ``insert_first(block)``, ``insert`` as the next victim (the blocks of a prefix
+    # nothing will use again, a ``done`` release's). A policy without it takes them as any.
+
 
 @runtime_checkable
 class RankingPolicy(EvictionPolicy, Protocol):
@@ -123,6 +126,11 @@ class PriorityPolicy:
             queue = self._levels[level] = OrderedDict()
         queue[block.block_id] = block
         self._where[block.block_id] = level
+
+    def insert_first(self, block: Block) -> None:
+        """``block`` as its level's next victim."""
+        self.insert(block)
+        self._levels[self._where[block.block_id]].move_to_end(block.block_id, last=False)
 
     def remove(self, block: Block) -> None:
         level = self._where.pop(block.block_id)

@@ -193,13 +193,14 @@ class BlockPool:
             tier = max(TIER_OF_MODE[c.mode] for c in claims)
         return ORDINARY if tier == BEST_EFFORT and self.ranked else tier
 
-    def park(self, block: Block) -> None:
-        """A hashed block lost its last active user: it becomes resident in its tier."""
+    def park(self, block: Block, insert: Callable[[Block], None] | None = None) -> None:
+        """A hashed block lost its last active user: it becomes resident in its tier
+        (``insert``: how one that waits in the policy goes in; default its ``insert``)."""
         assert block.block_hash is not None
         tier = self.tier_for(block.block_hash)
         block.tier = tier
         if tier == ORDINARY:
-            self.policy.insert(block)
+            (insert or self.policy.insert)(block)
         else:
             self.tiers[tier][block.block_id] = block
             if tier >= EXPIRY_HELD:
@@ -227,65 +228,30 @@ class BlockPool:
                     self.blockers[claim.claim_id] = claim
 
     def detach(self, hashes: Iterable[BlockHash]) -> list[Block]:
-        """Unpark the resident blocks of ``hashes`` before their claims change (see attach).
-
-        ``unpark`` for each, written out: a claim's prefix is tens of blocks, each claim and
-        release moves all of them twice, and the calls were most of the cost."""
-        cached_get = self.cached.get
-        remove = self.policy.remove
-        tiers = self.tiers
+        """Unpark the resident blocks of ``hashes`` before their claims change (see attach)."""
+        cached = self.cached
         out = []
         for h in hashes:
-            block = cached_get(h)
-            if block is None or block.ref_cnt != 0:
-                continue
-            tier = block.tier
-            if tier == ORDINARY:
-                remove(block)
-            else:
-                del tiers[tier][block.block_id]
-                if tier >= EXPIRY_HELD:
-                    self._count_held(h, -1)
-            out.append(block)
+            block = cached.get(h)
+            if block is not None and block.ref_cnt == 0:
+                self.unpark(block)
+                out.append(block)
         return out
 
     def attach(self, blocks: Sequence[Block], *, first: bool = False) -> None:
         """Park detached blocks again, in the tiers their claims now give them.
 
         Tail first, as ``finish`` does: under LRU the prefix's head becomes the most recently
-        used, so a released prefix loses its tail before its reusable leading run. ``park``
-        (and ``tier_for``) for each, written out as in ``detach``. ``first``: those that wait
-        in the policy go ahead of every other (a policy's ``insert_first``, where it has one),
-        tail first still: a prefix nothing will use again."""
-        protect_ref, hard_ref, cover = self.protect_ref, self.hard_ref, self.cover
-        insert = self.policy.insert
-        if first:
-            insert = getattr(self.policy, "insert_first", insert)
-            blocks = list(reversed(blocks))  # each goes in front: the tail ends up first
-        tiers, ranked = self.tiers, self.ranked
-        for block in reversed(blocks):
-            h = block.block_hash
-            assert h is not None
-            if h in protect_ref:
-                tier = PROTECTED if h in hard_ref else EXPIRY_HELD
-            else:
-                claims = cover.get(h)
-                if not claims:
-                    tier = ORDINARY
-                else:
-                    if len(claims) == 1:
-                        tier = TIER_OF_MODE[claims[0].mode]
-                    else:
-                        tier = max(TIER_OF_MODE[c.mode] for c in claims)
-                    if tier == BEST_EFFORT and ranked:
-                        tier = ORDINARY
-            block.tier = tier
-            if tier == ORDINARY:
-                insert(block)
-            else:
-                tiers[tier][block.block_id] = block
-                if tier >= EXPIRY_HELD:
-                    self._count_held(h, 1)
+        used, so a released prefix loses its tail before its reusable leading run. ``first``:
+        those that wait in the policy go ahead of every other (its ``insert_first``, where it
+        has one), tail first still: a prefix nothing will use again."""
+        insert_first = getattr(self.policy, "insert_first", None) if first else None
+        if insert_first is None:
+            for block in reversed(blocks):
+                self.park(block)
+        else:
+            for block in blocks:  # each goes in front: the tail ends up first
+                self.park(block, insert_first)
 
     def cover_claim(self, claim: ClaimRecord, *, protects: bool, hard: bool) -> None:
         """Index a new claim on its blocks (``cover``, and ``protect_ref`` / ``hard_ref`` for

@@ -4,6 +4,7 @@ ledger) to the KV side."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -32,7 +33,7 @@ from agentclaims.gateway.params import (
 from agentclaims.gateway.service import Service
 from agentclaims.gateway.sides import KVSide
 from agentclaims.gateway.streaming import JSONResponse
-from agentclaims.gateway.tenants import TenantKeys
+from agentclaims.gateway.tenants import Tenant, TenantKeys
 from agentclaims.protocol import ActiveRequest, ClaimView, InstanceControl, Renewal
 from agentclaims.protocol.codec import exception_error
 
@@ -87,23 +88,23 @@ class ClaimRoutes:
         carries the events after that cursor, the release's own included (``events``, the
         page ``GET /v1/events`` would give), so a session that ends needs no poll after it."""
         body = await json_object(request) if request.method == "POST" else {}
-        done = body.get("done", False)
-        if not isinstance(done, bool):
-            raise UsageError("done", f"must be true or false, got {done!r}")
-        since = event_cursor(body.get("events_since"), "events_since")
-        id_prefix = optional_str(body, "id_prefix")
-        view = await self.kv.release_claim(
-            self._claim_id(request), owner_of(request, body), done=done
-        )
+        done, since, id_prefix, owner = _release_terms(request, body)
+        view = await self.kv.release_claim(self._claim_id(request), owner, done=done)
         await self.service.sync()
         tenant = tenant_of(request)
         shown = self.service.namespace.shown_view(view, tenant).to_dict()
+        await self._add_events(shown, since, id_prefix, tenant)
+        return JSONResponse(shown)
+
+    async def _add_events(
+        self, shown: dict[str, Any], since: int | None, id_prefix: str | None, tenant: Tenant | None
+    ) -> None:
+        """Into a release's answer: the events after ``since`` (``id_prefix``'s), if asked."""
         if since is not None:
             page = await self.service.events(
                 since, limit=EVENTS_PER_ANSWER, id_prefix=id_prefix, tenant=tenant
             )
             shown["events"] = page.to_dict()
-        return JSONResponse(shown)
 
     async def release_claims(self, request: Request) -> Response:
         """Release several claims in one request (``releases``: 1 to ``MAX_RELEASES`` items,
@@ -120,7 +121,7 @@ class ClaimRoutes:
         ns = self.service.namespace
         checked = [_release_item(request, i, item) for i, item in enumerate(items)]
         out: list[dict[str, Any]] = []
-        for claim_id, owner, done, _, _ in checked:
+        for claim_id, (done, _, _, owner) in checked:
             try:
                 view = await self.kv.release_claim(
                     ClaimId(ns.inner(claim_id, tenant)), owner, done=done
@@ -131,12 +132,9 @@ class ClaimRoutes:
                 continue
             out.append(ns.shown_view(view, tenant).to_dict())
         await self.service.sync()
-        for shown, (_, _, _, since, id_prefix) in zip(out, checked, strict=True):
-            if since is not None and "error" not in shown:
-                page = await self.service.events(
-                    since, limit=EVENTS_PER_ANSWER, id_prefix=id_prefix, tenant=tenant
-                )
-                shown["events"] = page.to_dict()
+        for shown, (_, (_, since, id_prefix, _)) in zip(out, checked, strict=True):
+            if "error" not in shown:
+                await self._add_events(shown, since, id_prefix, tenant)
         return JSONResponse({"released": out})
 
     async def events(self, request: Request) -> Response:
@@ -215,11 +213,24 @@ MAX_RELEASES = 64
 _RELEASE_FIELDS = frozenset({"claim_id", "owner_scope", "done", "events_since", "id_prefix"})
 
 
+def _release_terms(
+    request: Request, body: Mapping[str, Any]
+) -> tuple[bool, int | None, str | None, OwnerScope]:
+    """A release's terms, checked in this order: ``done``, the events cursor, the id prefix,
+    the owner (the caller's tenant's)."""
+    done = body.get("done", False)
+    if not isinstance(done, bool):
+        raise UsageError("done", f"must be true or false, got {done!r}")
+    since = event_cursor(body.get("events_since"), "events_since")
+    id_prefix = optional_str(body, "id_prefix")
+    return done, since, id_prefix, owner_of(request, body)
+
+
 def _release_item(
     request: Request, index: int, item: Any
-) -> tuple[str, OwnerScope, bool, int | None, str | None]:
-    """One item of ``POST /v1/releases``, checked: its claim id, owner (the caller's tenant's),
-    ``done``, events cursor and id prefix. A problem names the item (``releases[i].field``)."""
+) -> tuple[str, tuple[bool, int | None, str | None, OwnerScope]]:
+    """One item of ``POST /v1/releases``: its claim id and ``_release_terms``. A problem names
+    the item (``releases[i].field``)."""
     where = f"releases[{index}]"
     if not isinstance(item, dict):
         raise UsageError(where, f"must be an object, got {type(item).__name__}")
@@ -231,13 +242,7 @@ def _release_item(
         raise UsageError(f"{where}.claim_id", "must be a non-empty string")
     if not isinstance(item.get("owner_scope"), str) or not item["owner_scope"]:
         raise UsageError(f"{where}.owner_scope", "missing: name the claim's owner scope")
-    done = item.get("done", False)
-    if not isinstance(done, bool):
-        raise UsageError(f"{where}.done", f"must be true or false, got {done!r}")
     try:
-        owner = owner_of(request, item)
-        since = event_cursor(item.get("events_since"), "events_since")
-        id_prefix = optional_str(item, "id_prefix")
+        return claim_id, _release_terms(request, item)
     except UsageError as exc:
         raise UsageError(f"{where}.{exc.field}", exc.message) from None
-    return claim_id, owner, done, since, id_prefix

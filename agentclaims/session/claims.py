@@ -64,11 +64,10 @@ __all__ = [
 _log = structlog.get_logger("agentclaims.session")
 
 DONE_REASONS = frozenset({"session_end", "rerouted", "reuse_unlikely"})
-"""End reasons after which nothing is expected to use the prefix again: released ``done``
-(on vLLM its blocks go to the head of the free queue, the next victims; released without
-``done`` they would join its tail, as the freshest, and outlive prefixes used since)."""
-"""Releases after which nothing here uses the prefix again (the run ended, or it moved to
-another instance): sent as ``done``, so the KV side may evict those blocks first."""
+"""End reasons after which nothing here uses the prefix again (the run ended, it moved to
+another instance, its reuse became unlikely): released ``done``, so the KV side evicts those
+blocks first (released without it they would wait as the freshest and outlive prefixes used
+since)."""
 PIN_MODES = (ProtectionMode.EXPIRING, ProtectionMode.HARD_PROTECTED)
 """The modes that pin with a TTL (a release of one is sent at once, unless its TTL is about to
 end: ``PIN_RIDE_S``)."""

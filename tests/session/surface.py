@@ -68,3 +68,14 @@ def log_lines(directory: Path) -> Iterator[dict[str, Any]]:
     for path in sorted(directory.glob("*.jsonl")):
         for line in path.read_text().splitlines():
             yield json.loads(line)
+
+
+async def tool_turn(session: Any, client: Any, node: str, messages: list[dict[str, Any]]) -> None:
+    """One turn of ``node`` in ``session``: a model call with ``messages`` and a new user line,
+    its answer appended, then a tool call (the node's prefix held across it)."""
+    with session.node(node):
+        messages.append({"role": "user", "content": "next step " * 10})
+        reply = await client.chat.completions.create(model="scripted", messages=messages)
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+        async with session.tool_call("search"):
+            pass

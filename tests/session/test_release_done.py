@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import httpx2
+from surface import tool_turn
 
 import agentclaims
 from agentclaims.backends.asgi import StreamingASGITransport
@@ -35,18 +36,9 @@ async def test_a_claim_whose_reuse_became_unlikely_rides_as_done() -> None:
         session = ClaimedSession(backend)
         async with session:
             for node in ("a", "b"):  # a's turns, then b's: a is not coming back
-                with session.node(node):
-                    messages = [{"role": "system", "content": f"you are {node}. " * 60}]
-                    for _ in range(3):
-                        messages.append({"role": "user", "content": "next " * 10})
-                        reply = await openai.chat.completions.create(
-                            model="scripted", messages=messages
-                        )
-                        messages.append(
-                            {"role": "assistant", "content": reply.choices[0].message.content}
-                        )
-                        async with session.tool_call("search"):
-                            pass
+                messages = [{"role": "system", "content": f"you are {node}. " * 60}]
+                for _ in range(3):
+                    await tool_turn(session, openai, node, messages)
     finally:
         await backend.aclose()
         await client.aclose()

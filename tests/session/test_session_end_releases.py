@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from surface import tool_turn
+
 import agentclaims
 from agentclaims.backends.http import HTTPBackend
 from agentclaims.session import ClaimedSession
@@ -33,17 +35,7 @@ async def test_a_sessions_held_claims_go_together_at_its_end(
             }
             for _ in range(3):
                 for node in NODES:
-                    with session.node(node):
-                        messages = history[node]
-                        messages.append({"role": "user", "content": "next step " * 10})
-                        reply = await client.chat.completions.create(
-                            model="scripted", messages=messages
-                        )
-                        messages.append(
-                            {"role": "assistant", "content": reply.choices[0].message.content}
-                        )
-                        async with session.tool_call("search"):
-                            pass
+                    await tool_turn(session, client, node, history[node])
             await session.calls.settle()
             held = [claim.claim_id for claim in session.io.held.values()]
             assert len(held) >= 3
