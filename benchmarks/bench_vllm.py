@@ -314,6 +314,7 @@ class Timings:
                     "llm_time_s": round(sum(self.latency), 3),
                     "ttft_p50_ms": round(pct(self.ttft, 0.5) * ms, 1) if self.ttft else None,
                     "ttft_p99_ms": round(pct(self.ttft, 0.99) * ms, 1) if self.ttft else None,
+                    "ttfts_ms": [round(x * ms, 2) for x in self.ttft],
                 }
 
         return _Timings()
@@ -529,6 +530,8 @@ async def churn(
         "requests": sent,
         "p50_ms": round(statistics.median(latency) * 1e3, 1) if latency else None,
         "p99_ms": round(pct(latency, 0.99) * 1e3, 1) if latency else None,
+        # each answered prompt's time to its one token: a summary pools several runs'
+        "ttfts_ms": [round(x * 1e3, 2) for x in latency],
     }
 
 
