@@ -1,6 +1,7 @@
 """The claim planner: which prefixes to claim, in which mode, for how long."""
 
 from agentclaims.planner.planner import (
+    HOLDS_KEPT_LEAST,
     POOL_KEEPS,
     RELAX_ORDER,
     SAVES_LESS,
@@ -17,6 +18,7 @@ from agentclaims.planner.planner import (
 )
 
 __all__ = [
+    "HOLDS_KEPT_LEAST",
     "POOL_KEEPS",
     "RELAX_ORDER",
     "SAVES_LESS",

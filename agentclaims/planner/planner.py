@@ -62,6 +62,10 @@ as the pool evicts during the wait, up to its own size (all of them where the ev
 unknown), each of which another call would have reused with ``displaced_reuse_p``: the share
 of its evicted blocks the engine stored again lately, as its answers say it
 (``PrefixContext.displaced_reuse_p``: vLLM's KV events), else the policy's prior.
+A soft hold (``demotable``, ``soft_priority``) saves nothing where the engine sheds nearly
+every one it accepts (fewer than ``HOLDS_KEPT_LEAST`` of this process's soft holds kept
+lately, ``PrefixContext.hold_kept_p``): a pool whose active work sheds each hold before its
+agent comes back has no room for them, and none is made.
 A claim that saves no more than it costs is not made (``SAVES_LESS``); every plan carries its
 ``saving_s`` and ``cost_s`` into the outcome log. A hint alone (``best_effort``) displaces
 nothing. Which of the claims worth making the pool has room for is the sessions' shared
@@ -90,6 +94,7 @@ times the chance the prefix is otherwise gone) do not exceed what it costs (its 
 the others' blocks it displaces): :meth:`ClaimPlanner.value`."""
 
 __all__ = [
+    "HOLDS_KEPT_LEAST",
     "POOL_KEEPS",
     "RELAX_ORDER",
     "SAVES_LESS",
@@ -238,6 +243,10 @@ class PrefixContext:
     """Of the blocks the engine evicted lately, the share it stored again (its answers'
     ``pool.evicted_reused_p``, from vLLM's KV events): the chance that a block a hold
     displaces would have been reused. ``None``: unknown, the policy's prior stands."""
+    hold_kept_p: float | None = None
+    """Of the soft holds (``demotable``, ``soft_priority``) the engine accepted lately for
+    this process, the share it did not shed for memory (``PoolShare.hold_kept_p``); under
+    ``HOLDS_KEPT_LEAST`` a soft hold saves nothing. ``None``: too few seen yet."""
 
     def __post_init__(self) -> None:
         if not self.prefix_id:
@@ -256,9 +265,10 @@ class PrefixContext:
             value = getattr(self, name)
             if value is not None and not (value >= 0 and math.isfinite(value)):
                 raise UsageError(name, f"must be a finite number >= 0, got {value}")
-        p = self.displaced_reuse_p
-        if p is not None and not 0.0 <= p <= 1.0:
-            raise UsageError("displaced_reuse_p", f"must be within [0, 1], got {p}")
+        for name in ("displaced_reuse_p", "hold_kept_p"):
+            p = getattr(self, name)
+            if p is not None and not 0.0 <= p <= 1.0:
+                raise UsageError(name, f"must be within [0, 1], got {p}")
         survival = self.pool_survival_s
         if survival is not None and not survival >= 0:
             raise UsageError("pool_survival_s", f"must be >= 0 (inf allowed), got {survival}")
@@ -443,6 +453,15 @@ _PRESETS: dict[str, PlannerPolicy] = {
 }
 
 
+HOLDS_KEPT_LEAST = 0.2
+"""Below this share of soft holds kept (``PrefixContext.hold_kept_p``) a soft hold saves
+nothing: the engine's active work sheds nearly every one before its agent comes back. A hold
+shed late still kept its prefix for part of the wait, so a pool that sheds some of them is
+not judged by the share."""
+_SHED_MODES = frozenset((ProtectionMode.DEMOTABLE, ProtectionMode.SOFT_PRIORITY))
+"""The modes an engine sheds under memory pressure (a ``resident_claim_demoted`` each)."""
+
+
 @dataclass(slots=True)
 class ClaimPlanner:
     """Maps a ``PrefixContext`` to a ``ClaimPlan`` (pure, cheap: called on every LLM call)."""
@@ -478,6 +497,9 @@ class ClaimPlanner:
         else:
             gone = 1.0 - math.exp(-reach / survival) if survival > 0 else 1.0
         saving = ctx.reuse_probability * gone * reload_s
+        kept = ctx.hold_kept_p
+        if mode in _SHED_MODES and kept is not None and kept < HOLDS_KEPT_LEAST:
+            saving = 0.0  # the engine sheds nearly every soft hold: it has no room for them
         cost = pol.claim_overhead_s
         blocks = ctx.footprint_blocks
         if mode is not ProtectionMode.BEST_EFFORT and blocks:

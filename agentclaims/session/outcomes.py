@@ -39,6 +39,9 @@ class ClaimOutcomes:
         """End the harmed claims (raising ``ClaimHarmed`` under ``fail``); with ``lapses``,
         react to the lapsed ones."""
         s, io = self._s, self._s.io
+        share = s.workflow.share
+        if share is not None:  # how many of the process's soft holds the engine sheds
+            share.note_holds(taken.events)
         for held, ev in taken.harmed:
             s.route.observe_harm()
             if io.held.get(held.node) is held:

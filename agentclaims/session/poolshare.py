@@ -38,11 +38,12 @@ import statistics
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 from agentclaims.backends.admission import AdmissionWindow
+from agentclaims.contract import ClaimEvent, EventName, ProtectionMode
 from agentclaims.errors import UsageError
 from agentclaims.graph.costs import EngineCosts
 
@@ -74,6 +75,13 @@ def pool_survival(pool: object) -> float | None:
         return None  # quiet for a moment only: no evidence it keeps blocks
     return survival
 
+
+HOLDS_FADE = 0.95
+"""How much less each soft hold counts toward ``PoolShare.hold_kept_p`` than the next one
+(the last fifty or so decide it)."""
+HOLDS_SEEN = 8
+"""Soft holds accepted before ``PoolShare.hold_kept_p`` says anything."""
+_SOFT = frozenset((ProtectionMode.DEMOTABLE.value, ProtectionMode.SOFT_PRIORITY.value))
 
 DENSER_HOLDS = "the pool's room for holds goes to prefixes that save more per block"
 """The reason of a plan without a claim because holds worth more seconds per block-second
@@ -139,6 +147,9 @@ class PoolShare:
         self.displaced_reuse_p: float | None = None
         """Of the blocks the engine evicted lately, the share it stored again (its answers'
         ``evicted_reused_p``; ``None`` until one says it)."""
+        self._soft_made = 0.0  # soft holds the engine accepted, lately (decayed counts)
+        self._soft_shed = 0.0  # ... and the demotions it made of this process's holds
+        self._soft_seen = 0  # soft holds accepted in all
         self.pool_survival_s: float | None = None
         """What a session's plan takes the pool's survival to be (``pool_survival``), as the
         last answer on this engine said: a new session's first call plans with it."""
@@ -198,6 +209,29 @@ class PoolShare:
             self.survival_s = (
                 float(said) if isinstance(said, int | float) and rate > 0 else math.inf
             )
+
+    def note_holds(self, events: Iterable[ClaimEvent]) -> None:
+        """A session's events, as it took them: each soft hold the engine accepted, and each
+        one it demoted (shed for memory), counted toward ``hold_kept_p``. Older counts fade
+        (each event weighs ``HOLDS_FADE`` less than the one after it)."""
+        for ev in events:
+            if ev.event is EventName.RESIDENT_CLAIM_ACCEPTED:
+                mode = ev.data.get("mode", ev.data.get("protection_mode"))
+                if mode not in _SOFT:
+                    continue
+                self._soft_made = self._soft_made * HOLDS_FADE + 1.0
+                self._soft_seen += 1
+                self._soft_shed *= HOLDS_FADE
+            elif ev.event is EventName.RESIDENT_CLAIM_DEMOTED:
+                self._soft_shed += 1.0
+
+    @property
+    def hold_kept_p(self) -> float | None:
+        """The share of this process's soft holds the engine did not shed, lately; ``None``
+        until ``HOLDS_SEEN`` were accepted (a hold is then taken as kept)."""
+        if self._soft_seen < HOLDS_SEEN:
+            return None
+        return max(0.0, 1.0 - self._soft_shed / self._soft_made)
 
     @property
     def budget_blocks(self) -> int | None:

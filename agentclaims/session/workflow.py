@@ -331,6 +331,7 @@ class WorkflowModel:
             evicted_per_s=None if share is None else share.evicted_per_s,
             pool_room=None if share is None else share.room((self.owner, node), footprint),
             displaced_reuse_p=None if share is None else share.displaced_reuse_p,
+            hold_kept_p=None if share is None else share.hold_kept_p,
         )
 
     def _after_reply(self, node: str) -> tuple[tuple[str, ...], str]:

@@ -9,7 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentclaims.contract import ProtectionMode as M
-from agentclaims.planner import SAVES_LESS, ClaimPlanner, PlannerPolicy, PrefixContext
+from agentclaims.planner import (
+    HOLDS_KEPT_LEAST,
+    SAVES_LESS,
+    ClaimPlanner,
+    PlannerPolicy,
+    PrefixContext,
+)
 
 held = ClaimPlanner(PlannerPolicy.named("held"))
 default = ClaimPlanner()
@@ -177,3 +183,49 @@ def test_a_regretted_share_outside_zero_and_one_is_refused():
     for bad in (-0.1, 1.5, math.nan):
         with pytest.raises(UsageError, match="displaced_reuse_p"):
             tool_wait(displaced_reuse_p=bad)
+
+
+def test_a_soft_hold_the_engine_sheds_saves_nothing():
+    """Where the engine sheds nearly every soft hold of the process for memory before its
+    agent comes back (``hold_kept_p`` under ``HOLDS_KEPT_LEAST``), a ``demotable`` hold saves
+    nothing and is not made (``SAVES_LESS``); where it keeps a fair share, the hold is weighed
+    as before; a pin is not shed, and is weighed as before."""
+    churning = {"pool_survival_s": 1.0, "evicted_per_s": 100.0, "displaced_reuse_p": 0.0}
+    kept = default.value(tool_wait(**churning), M.DEMOTABLE)
+    some = default.value(tool_wait(**churning, hold_kept_p=HOLDS_KEPT_LEAST), M.DEMOTABLE)
+    none = default.value(tool_wait(**churning, hold_kept_p=0.05), M.DEMOTABLE)
+    assert kept is not None
+    assert kept[0] > 0
+    assert some == kept
+    assert none == (0.0, kept[1])
+    assert default.value(tool_wait(**churning, hold_kept_p=0.0), M.HARD_PROTECTED) == (
+        default.value(tool_wait(**churning), M.HARD_PROTECTED)
+    )
+    shed = held.plan(tool_wait(**churning, hold_kept_p=0.0, waiting_on="llm"))
+    assert shed.mode is None
+    assert shed.reason == SAVES_LESS
+    assert held.plan(tool_wait(**churning, waiting_on="llm", hold_kept_p=0.5)).mode is M.DEMOTABLE
+
+
+@given(st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.sampled_from(list(M)))
+def test_a_hold_saves_no_more_the_more_the_engine_sheds(p: float, q: float, mode: M):
+    """The saving of a claim never rises as the share of soft holds kept falls, in any mode;
+    its cost does not move."""
+    low, high = sorted((p, q))
+    ctx = {"pool_survival_s": 1.0, "evicted_per_s": 100.0}
+    shed = default.value(tool_wait(**ctx, hold_kept_p=low), mode)
+    kept = default.value(tool_wait(**ctx, hold_kept_p=high), mode)
+    assert shed is not None
+    assert kept is not None
+    assert shed[0] <= kept[0]
+    assert shed[1] == kept[1]
+
+
+def test_a_kept_share_outside_zero_and_one_is_refused():
+    import pytest
+
+    from agentclaims.errors import UsageError
+
+    for bad in (-0.1, 1.5, math.nan):
+        with pytest.raises(UsageError, match="hold_kept_p"):
+            tool_wait(hold_kept_p=bad)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from agentclaims.backends.embedded import EmbeddedBackend
 from agentclaims.backends.http import HTTPBackend
+from agentclaims.contract import ClaimEvent, EventName
 from agentclaims.errors import UsageError
 from agentclaims.session.poolshare import OPEN_WINDOW, PoolShare
 
@@ -269,3 +270,47 @@ def test_the_working_set_is_its_agents_contexts_added_up_as_they_change(
     others = sum(v for k, v in latest.items() if k != key)
     budget = int(1000 * s.hold_share)
     assert s.room(key, blocks) == (others + blocks <= budget and blocks <= budget)
+
+
+def _event(name: str, seq: int, **data: object) -> ClaimEvent:
+    return ClaimEvent(
+        EventName(name), seq, 0, seq, "run", "lru", 100, None, f"c{seq}", None, dict(data)
+    )
+
+
+def test_the_share_of_soft_holds_the_engine_keeps():
+    """Accepted soft holds (vLLM's ``mode``, the reference engine's ``protection_mode``) and
+    demotions of them: nothing is said before ``HOLDS_SEEN`` holds; then the share not shed.
+    Pins and best-effort hints do not count."""
+    s = share()
+    accepted = [_event("resident_claim_accepted", i, mode="demotable") for i in range(7)]
+    s.note_holds(accepted)
+    s.note_holds([_event("resident_claim_accepted", 50, mode="hard_protected")])
+    s.note_holds([_event("resident_claim_accepted", 51, protection_mode="best_effort")])
+    assert s.hold_kept_p is None
+    s.note_holds([_event("resident_claim_accepted", 60, protection_mode="soft_priority")])
+    assert s.hold_kept_p == pytest.approx(1.0)
+    s.note_holds(
+        [_event("resident_claim_demoted", 70 + i, reason="memory_pressure") for i in range(4)]
+    )
+    p = s.hold_kept_p
+    assert p is not None
+    assert 0.4 < p < 0.7
+
+
+@given(st.lists(st.sampled_from(["held", "shed", "pin"]), max_size=200))
+def test_the_kept_share_is_a_share(steps: list[str]):
+    """Whatever the engine does, ``hold_kept_p`` is None or within [0, 1]; with no demotion
+    at all it is 1 once enough holds were seen."""
+    s = share()
+    for i, step in enumerate(steps):
+        if step == "held":
+            s.note_holds([_event("resident_claim_accepted", i, mode="demotable")])
+        elif step == "shed":
+            s.note_holds([_event("resident_claim_demoted", i, reason="memory_pressure")])
+        else:
+            s.note_holds([_event("resident_claim_accepted", i, mode="hard_protected")])
+        p = s.hold_kept_p
+        assert p is None or 0.0 <= p <= 1.0
+    if "shed" not in steps and steps.count("held") >= 8:
+        assert s.hold_kept_p == pytest.approx(1.0)
