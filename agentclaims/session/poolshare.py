@@ -79,8 +79,11 @@ def pool_survival(pool: object) -> float | None:
 HOLDS_FADE = 0.95
 """How much less each soft hold counts toward ``PoolShare.hold_kept_p`` than the next one
 (the last fifty or so decide it)."""
-HOLDS_SEEN = 8
-"""Soft holds accepted before ``PoolShare.hold_kept_p`` says anything."""
+HOLDS_HALF_LIFE_S = 120.0
+"""The counts behind ``PoolShare.hold_kept_p`` also halve every this many seconds: a pool
+that shed every hold while a tenant flooded it is tried again once that is old news."""
+HOLDS_SEEN = 5.0
+"""Soft holds accepted (faded) before ``PoolShare.hold_kept_p`` says anything."""
 _SOFT = frozenset((ProtectionMode.DEMOTABLE.value, ProtectionMode.SOFT_PRIORITY.value))
 
 DENSER_HOLDS = "the pool's room for holds goes to prefixes that save more per block"
@@ -149,7 +152,7 @@ class PoolShare:
         ``evicted_reused_p``; ``None`` until one says it)."""
         self._soft_made = 0.0  # soft holds the engine accepted, lately (decayed counts)
         self._soft_shed = 0.0  # ... and the demotions it made of this process's holds
-        self._soft_seen = 0  # soft holds accepted in all
+        self._soft_at = 0.0  # when the counts were last faded by time
         self.pool_survival_s: float | None = None
         """What a session's plan takes the pool's survival to be (``pool_survival``), as the
         last answer on this engine said: a new session's first call plans with it."""
@@ -219,8 +222,8 @@ class PoolShare:
                 mode = ev.data.get("mode", ev.data.get("protection_mode"))
                 if mode not in _SOFT:
                     continue
+                self._fade_holds()
                 self._soft_made = self._soft_made * HOLDS_FADE + 1.0
-                self._soft_seen += 1
                 self._soft_shed *= HOLDS_FADE
             elif ev.event is EventName.RESIDENT_CLAIM_DEMOTED:
                 self._soft_shed += 1.0
@@ -228,10 +231,19 @@ class PoolShare:
     @property
     def hold_kept_p(self) -> float | None:
         """The share of this process's soft holds the engine did not shed, lately; ``None``
-        until ``HOLDS_SEEN`` were accepted (a hold is then taken as kept)."""
-        if self._soft_seen < HOLDS_SEEN:
+        while fewer than ``HOLDS_SEEN`` were accepted lately (a hold is then taken as kept)."""
+        self._fade_holds()
+        if self._soft_made < HOLDS_SEEN:
             return None
         return max(0.0, 1.0 - self._soft_shed / self._soft_made)
+
+    def _fade_holds(self) -> None:
+        now = self.clock()
+        if now > self._soft_at:
+            fade = 0.5 ** ((now - self._soft_at) / HOLDS_HALF_LIFE_S)
+            self._soft_made *= fade
+            self._soft_shed *= fade
+        self._soft_at = now
 
     @property
     def budget_blocks(self) -> int | None:
