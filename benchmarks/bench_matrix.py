@@ -228,16 +228,16 @@ def pooled_p99(rows: list[dict[str, Any]], key: str, sub: str | None = None) -> 
     """The other tenant's (``churn``) or the agents' TTFT p99 over every run's samples
     pooled (a run of 30 prompts has no p99 of its own: its slowest decides it); runs written
     before the samples were kept give the median of their own p99s."""
-    samples: list[float] = []
-    for r in rows:
-        where = r.get(key) if sub else r
-        got = (where or {}).get("ttfts_ms")
-        if got is None:
-            values = [(x.get(key) or {}).get(sub) if sub else x.get(key) for x in rows]
-            values = [v for v in values if v is not None]
-            return round(statistics.median(values), 4) if values else None
-        samples.extend(got)
-    return round(bv.pct(samples, 0.99), 1) if samples else None
+
+    def of(r: dict[str, Any]) -> dict[str, Any]:
+        return (r.get(key) if sub else r) or {}
+
+    samples = [of(r).get("ttfts_ms") for r in rows]
+    if any(s is None for s in samples):  # runs written before the samples were kept
+        values = [v for r in rows if (v := of(r).get(sub or key)) is not None]
+        return round(statistics.median(values), 4) if values else None
+    pooled = [x for s in samples for x in s or ()]
+    return round(bv.pct(pooled, 0.99), 1) if pooled else None
 
 
 def paired(rows: dict[str, list[dict[str, Any]]]) -> dict[str, float] | None:

@@ -458,7 +458,7 @@ HOLDS_KEPT_LEAST = 0.2
 nothing: the engine's active work sheds nearly every one before its agent comes back. A hold
 shed late still kept its prefix for part of the wait, so a pool that sheds some of them is
 not judged by the share."""
-_SHED_MODES = frozenset((ProtectionMode.DEMOTABLE, ProtectionMode.SOFT_PRIORITY))
+SHED_MODES = frozenset((ProtectionMode.DEMOTABLE, ProtectionMode.SOFT_PRIORITY))
 """The modes an engine sheds under memory pressure (a ``resident_claim_demoted`` each)."""
 
 
@@ -498,7 +498,7 @@ class ClaimPlanner:
             gone = 1.0 - math.exp(-reach / survival) if survival > 0 else 1.0
         saving = ctx.reuse_probability * gone * reload_s
         kept = ctx.hold_kept_p
-        if mode in _SHED_MODES and kept is not None and kept < HOLDS_KEPT_LEAST:
+        if mode in SHED_MODES and kept is not None and kept < HOLDS_KEPT_LEAST:
             saving = 0.0  # the engine sheds nearly every soft hold: it has no room for them
         cost = pol.claim_overhead_s
         blocks = ctx.footprint_blocks

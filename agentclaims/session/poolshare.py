@@ -43,9 +43,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from agentclaims.backends.admission import AdmissionWindow
-from agentclaims.contract import ClaimEvent, EventName, ProtectionMode
+from agentclaims.contract import ClaimEvent, EventName
 from agentclaims.errors import UsageError
 from agentclaims.graph.costs import EngineCosts
+from agentclaims.planner.planner import SHED_MODES
 
 __all__ = ["DENSER_HOLDS", "QUIET_WINDOW_S", "PoolShare", "pool_survival"]
 
@@ -84,7 +85,7 @@ HOLDS_HALF_LIFE_S = 120.0
 that shed every hold while a tenant flooded it is tried again once that is old news."""
 HOLDS_SEEN = 5.0
 """Soft holds accepted (faded) before ``PoolShare.hold_kept_p`` says anything."""
-_SOFT = frozenset((ProtectionMode.DEMOTABLE.value, ProtectionMode.SOFT_PRIORITY.value))
+_SHED = frozenset(mode.value for mode in SHED_MODES)
 
 DENSER_HOLDS = "the pool's room for holds goes to prefixes that save more per block"
 """The reason of a plan without a claim because holds worth more seconds per block-second
@@ -152,7 +153,7 @@ class PoolShare:
         ``evicted_reused_p``; ``None`` until one says it)."""
         self._soft_made = 0.0  # soft holds the engine accepted, lately (decayed counts)
         self._soft_shed = 0.0  # ... and the demotions it made of this process's holds
-        self._soft_at = 0.0  # when the counts were last faded by time
+        self._soft_at = 0.0  # the counts are as of this time
         self.pool_survival_s: float | None = None
         """What a session's plan takes the pool's survival to be (``pool_survival``), as the
         last answer on this engine said: a new session's first call plans with it."""
@@ -220,29 +221,33 @@ class PoolShare:
         for ev in events:
             if ev.event is EventName.RESIDENT_CLAIM_ACCEPTED:
                 mode = ev.data.get("mode", ev.data.get("protection_mode"))
-                if mode not in _SOFT:
+                if mode not in _SHED:
                     continue
-                self._fade_holds()
-                self._soft_made = self._soft_made * HOLDS_FADE + 1.0
-                self._soft_shed *= HOLDS_FADE
+                self._fade_to(self.clock(), HOLDS_FADE)
+                self._soft_made += 1.0
             elif ev.event is EventName.RESIDENT_CLAIM_DEMOTED:
+                self._fade_to(self.clock())
                 self._soft_shed += 1.0
 
     @property
     def hold_kept_p(self) -> float | None:
         """The share of this process's soft holds the engine did not shed, lately; ``None``
         while fewer than ``HOLDS_SEEN`` were accepted lately (a hold is then taken as kept)."""
-        self._fade_holds()
-        if self._soft_made < HOLDS_SEEN:
+        if self._soft_made * self._time_fade(self.clock()) < HOLDS_SEEN:
             return None
+        # both counts fade alike with time: their ratio as of their last event is today's
         return max(0.0, 1.0 - self._soft_shed / self._soft_made)
 
-    def _fade_holds(self) -> None:
-        now = self.clock()
-        if now > self._soft_at:
-            fade = 0.5 ** ((now - self._soft_at) / HOLDS_HALF_LIFE_S)
-            self._soft_made *= fade
-            self._soft_shed *= fade
+    def _time_fade(self, now: float) -> float:
+        """What the counts as of their last event weigh at ``now`` (they halve every
+        ``HOLDS_HALF_LIFE_S``)."""
+        return float(0.5 ** (max(0.0, now - self._soft_at) / HOLDS_HALF_LIFE_S))
+
+    def _fade_to(self, now: float, more: float = 1.0) -> None:
+        """The counts as of ``now`` (times ``more``: an older hold weighs less)."""
+        fade = self._time_fade(now) * more
+        self._soft_made *= fade
+        self._soft_shed *= fade
         self._soft_at = now
 
     @property
