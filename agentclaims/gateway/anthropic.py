@@ -349,10 +349,8 @@ class MessagesRoute:
         except AgentClaimsError as exc:
             status, err = exception_error(exc)
             shown = self.completions.service.namespace.shown_body(err, tenant_of(request))
-            error = shown["error"]
-            named = error.get("field")
-            message = f"{named}: {error['message']}" if named else error["message"]
-            return error_response(status, message, {"error": error})
+            error = shown["error"]  # a usage error's message names its field already
+            return error_response(status, error["message"], {"error": error})
         if response.status_code != 200:
             return _error_from(response)
         claim_id = None if claim is None else claim["claim_id"]

@@ -49,7 +49,10 @@ def error_body(error_type: str, message: str, **fields: Any) -> dict[str, Any]:
 def exception_error(exc: AgentClaimsError) -> tuple[int, dict[str, Any]]:
     """HTTP status and body for an exception raised while serving a request."""
     if isinstance(exc, UsageError):
-        return 400, error_body("usage_error", exc.message, field=exc.field)
+        # the message names the field: a client that shows only the message (the OpenAI
+        # client's exception text) still says what was wrong; ``param`` is OpenAI's name for it
+        message = f"{exc.field}: {exc.message}"
+        return 400, error_body("usage_error", message, field=exc.field, param=exc.field)
     if isinstance(exc, ScopeViolation):
         return 403, error_body(
             "scope_violation", str(exc), claim_id=exc.claim_id, owner_scope=exc.owner_scope
@@ -127,7 +130,8 @@ def raise_for_error(status: int, body: object) -> NoReturn:
         raise BackendError(f"HTTP {status} without an agentclaims error body: {body!r}")
     kind, message = err.get("type"), str(err.get("message", ""))
     if kind == "usage_error":
-        raise UsageError(str(err.get("field", "?")), message)
+        field = str(err.get("field", "?"))
+        raise UsageError(field, message.removeprefix(f"{field}: "))
     if kind == "scope_violation":
         raise ScopeViolation(str(err.get("claim_id")), str(err.get("owner_scope")))
     if kind == "unknown_claim":

@@ -101,6 +101,21 @@ async def test_bad_values_are_a_400_naming_the_field_and_change_nothing(
     assert backend.engine.stats.requests_served == 0
 
 
+async def test_the_openai_clients_error_names_the_field(backend: EmbeddedBackend) -> None:
+    """The OpenAI client shows only the error's message in its exception text: the message
+    names the field, and ``param`` (OpenAI's own key for it) carries it too."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client(backend).chat.completions.create(
+            model="m",
+            messages=messages("hello"),
+            prompt_cache_key="k",
+            extra_body={"prompt_cache_retention": "forever"},
+        )
+    assert "prompt_cache_retention: must be one of" in str(caught.value)
+    assert caught.value.param == "prompt_cache_retention"
+    assert backend.engine.stats.requests_served == 0
+
+
 async def test_what_cannot_be_honoured_is_refused_explicitly(backend: EmbeddedBackend) -> None:
     """A retention without a key has no owner to hold for; a prompt too short for a block has
     nothing to hold: the call is served, the header and the answer say why not."""
