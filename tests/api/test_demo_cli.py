@@ -47,3 +47,31 @@ def test_bad_demo_arguments_are_refused_by_name(tmp_path: Path, flag: str, value
     assert done.returncode == 2
     assert flag.removeprefix("--") in done.stderr
     assert not (tmp_path / "agentclaims-logs").exists()
+
+
+def test_each_timed_run_starts_on_a_settled_heap_and_leaves_it_unfrozen(tmp_path: Path) -> None:
+    """Every mode's run starts after the earlier runs' garbage is collected, with what lives
+    then frozen (the collector charges neither mode for the other's garbage); after the demo
+    nothing stays frozen."""
+    import asyncio
+    import gc
+
+    from agentclaims.cli import demo
+
+    frozen_during: list[int] = []
+    one_mode = demo._one_mode
+
+    async def watched(*args: object) -> dict[str, object]:
+        frozen_during.append(gc.get_freeze_count())
+        return await one_mode(*args)  # type: ignore[arg-type]
+
+    before = gc.get_freeze_count()
+    demo._one_mode = watched  # type: ignore[assignment]
+    try:
+        asyncio.run(demo.run_demo(workflows=2, rounds=1, logs=tmp_path / "logs"))
+    finally:
+        demo._one_mode = one_mode  # type: ignore[assignment]
+    assert gc.get_freeze_count() == before
+    _warmup, *timed = frozen_during
+    assert len(timed) == 2
+    assert all(n > before for n in timed)
