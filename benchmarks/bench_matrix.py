@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import math
+import random
 import signal
 import statistics
 import subprocess
@@ -240,6 +241,30 @@ def pooled_p99(rows: list[dict[str, Any]], key: str, sub: str | None = None) -> 
     return round(bv.pct(pooled, 0.99), 1) if pooled else None
 
 
+def p99_ratio_interval(
+    rows: dict[str, list[dict[str, Any]]], resamples: int = 2000
+) -> tuple[float, float] | None:
+    """How far chance alone moves the other tenant's pooled TTFT p99 ratio (claims over
+    stock): the 5th and 95th percentiles of the ratio over bootstrap resamples of each
+    set-up's runs (whole runs: an engine-wide pause stalls every prompt of its run at once,
+    so a run's samples are not independent), their samples pooled as ``pooled_p99`` pools
+    them. Seeded: the same file gives the same interval. ``None`` where a set-up kept no
+    samples."""
+    runs = []
+    for name in ("claims", "stock"):
+        samples = [(r.get("churn") or {}).get("ttfts_ms") for r in rows.get(name, [])]
+        if not samples or any(not s for s in samples):
+            return None
+        runs.append(samples)
+    rng = random.Random(0)
+    ratios = []
+    for _ in range(resamples):
+        claims, stock = ([x for s in rng.choices(each, k=len(each)) for x in s] for each in runs)
+        ratios.append(bv.pct(claims, 0.99) / max(bv.pct(stock, 0.99), 1e-9))
+    ratios.sort()
+    return ratios[int(0.05 * len(ratios))], ratios[int(0.95 * len(ratios)) - 1]
+
+
 def paired(rows: dict[str, list[dict[str, Any]]]) -> dict[str, float] | None:
     """Each repeat's claims run over the stock run beside it (completion): the median of
     those ratios and their range. Runs side by side share the machine's drift; the median of
@@ -313,9 +338,12 @@ def summarize(path: str) -> None:
         pair = paired(both)
         spread = f"{pair['median']:.3f}x ({pair['low']:.3f}-{pair['high']:.3f})" if pair else "none"
         llm = k["llm_time_s"] / c["llm_time_s"] if c["llm_time_s"] else float("nan")
+        chance = p99_ratio_interval(both)
         other = (
             f"{c['other_ttft_p99_ms']} / {k['other_ttft_p99_ms']} "
-            f"({c['other_ttft_p99_ms'] / k['other_ttft_p99_ms']:.2f}x)"
+            f"({c['other_ttft_p99_ms'] / k['other_ttft_p99_ms']:.2f}x"
+            + (f"; 90% {chance[0]:.2f}-{chance[1]:.2f}x" if chance else "")
+            + ")"
             if c["other_ttft_p99_ms"] and k["other_ttft_p99_ms"]
             else "none"
         )
