@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import os
 import random
@@ -47,6 +46,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentclaims.cli.heap import settled_heap
 from agentclaims.errors import UsageError
 
 __all__ = ["bench_path"]
@@ -158,16 +158,14 @@ async def _one(
     pace = tool_s
     # what is alive now (modules, the warm run's leftovers) is never scanned again: a full
     # collection costs about a millisecond a call, and where it lands is chance, not the mode
-    gc.collect()
-    gc.freeze()
-    before = await _requests(backend)
-    lag: list[float] = []
-    stop = asyncio.Event()
-    ticker = asyncio.ensure_future(_lag(lag, stop))
-    cpu = _cpu_s()
-    await asyncio.gather(*(workflow(i) for i in range(sessions)))
-    cpu = _cpu_s() - cpu
-    gc.unfreeze()
+    with settled_heap():
+        before = await _requests(backend)
+        lag: list[float] = []
+        stop = asyncio.Event()
+        ticker = asyncio.ensure_future(_lag(lag, stop))
+        cpu = _cpu_s()
+        await asyncio.gather(*(workflow(i) for i in range(sessions)))
+        cpu = _cpu_s() - cpu
     stop.set()
     await ticker
     after = await _requests(backend)

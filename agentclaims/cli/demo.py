@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import statistics
 import sys
 import time
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from agentclaims.cli.heap import settled_heap
 from agentclaims.errors import UsageError
 
 __all__ = ["run", "run_demo"]
@@ -110,7 +109,8 @@ async def run_demo(
         where = logs if i == 0 else logs / ".rounds" / str(i + 1)
         order = ("claims", "lru") if i % 2 == 0 else ("lru", "claims")
         for mode in order:
-            runs[mode].append(await _settled(_one_mode(mode, workflows, blocks, seed, where)))
+            with settled_heap():  # neither mode pays for the other's garbage
+                runs[mode].append(await _one_mode(mode, workflows, blocks, seed, where))
     return {
         "claims": _medians(runs["claims"]),
         "lru": _medians(runs["lru"]),
@@ -118,19 +118,6 @@ async def run_demo(
         "logs": str(logs.resolve()),
         "kv_blocks": blocks,
     }
-
-
-async def _settled(run: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
-    """``run``, timed on a settled heap: the garbage the runs before it left (their engines,
-    sessions and logs) collected first, and what lives on frozen, so the collector neither
-    charges this mode for the other's garbage nor scans what neither mode made (a full
-    collection here takes tens of milliseconds, a few percent of a run)."""
-    gc.collect()
-    gc.freeze()
-    try:
-        return await run
-    finally:
-        gc.unfreeze()
 
 
 def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
