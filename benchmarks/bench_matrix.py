@@ -229,16 +229,24 @@ def pooled_p99(rows: list[dict[str, Any]], key: str, sub: str | None = None) -> 
     """The other tenant's (``churn``) or the agents' TTFT p99 over every run's samples
     pooled (a run of 30 prompts has no p99 of its own: its slowest decides it); runs written
     before the samples were kept give the median of their own p99s."""
-
-    def of(r: dict[str, Any]) -> dict[str, Any]:
-        return (r.get(key) if sub else r) or {}
-
-    samples = [of(r).get("ttfts_ms") for r in rows]
-    if any(s is None for s in samples):  # runs written before the samples were kept
-        values = [v for r in rows if (v := of(r).get(sub or key)) is not None]
+    pooled = _pooled(rows, key, sub)
+    if pooled is None:  # runs written before the samples were kept
+        values = [v for r in rows if (v := _of(r, key, sub).get(sub or key)) is not None]
         return round(statistics.median(values), 4) if values else None
-    pooled = [x for s in samples for x in s or ()]
     return round(bv.pct(pooled, 0.99), 1) if pooled else None
+
+
+def _of(run: dict[str, Any], key: str, sub: str | None) -> dict[str, Any]:
+    """Where ``run`` keeps the figures ``pooled_p99`` reads (``run[key]`` with ``sub``)."""
+    return (run.get(key) if sub else run) or {}
+
+
+def _pooled(rows: list[dict[str, Any]], key: str, sub: str | None) -> list[float] | None:
+    """Every run's TTFT samples together; ``None`` where a run kept none."""
+    samples = [_of(r, key, sub).get("ttfts_ms") for r in rows]
+    if any(s is None for s in samples):
+        return None
+    return [x for s in samples for x in s or ()]
 
 
 def p99_ratio_interval(
@@ -250,17 +258,19 @@ def p99_ratio_interval(
     so a run's samples are not independent), their samples pooled as ``pooled_p99`` pools
     them. Seeded: the same file gives the same interval. ``None`` where a set-up kept no
     samples."""
-    runs = []
-    for name in ("claims", "stock"):
-        samples = [(r.get("churn") or {}).get("ttfts_ms") for r in rows.get(name, [])]
-        if not samples or any(not s for s in samples):
-            return None
-        runs.append(samples)
+    claims, stock = rows.get("claims", []), rows.get("stock", [])
+    if not claims or not stock:
+        return None
+    if not all(_of(r, "churn", "p99_ms").get("ttfts_ms") for r in (*claims, *stock)):
+        return None
     rng = random.Random(0)
     ratios = []
     for _ in range(resamples):
-        claims, stock = ([x for s in rng.choices(each, k=len(each)) for x in s] for each in runs)
-        ratios.append(bv.pct(claims, 0.99) / max(bv.pct(stock, 0.99), 1e-9))
+        c, k = (
+            bv.pct(_pooled(rng.choices(runs, k=len(runs)), "churn", "p99_ms") or [0.0], 0.99)
+            for runs in (claims, stock)
+        )
+        ratios.append(c / max(k, 1e-9))
     ratios.sort()
     return ratios[int(0.05 * len(ratios))], ratios[int(0.95 * len(ratios)) - 1]
 
