@@ -218,15 +218,16 @@ class PoolShare:
         """A session's events, as it took them: each soft hold the engine accepted, and each
         one it demoted (shed for memory), counted toward ``hold_kept_p``. Older counts fade
         (each event weighs ``HOLDS_FADE`` less than the one after it)."""
+        now = self.clock()  # one read per answer's events, not one per event
         for ev in events:
             if ev.event is EventName.RESIDENT_CLAIM_ACCEPTED:
                 mode = ev.data.get("mode", ev.data.get("protection_mode"))
                 if mode not in _SHED:
                     continue
-                self._fade_to(self.clock(), HOLDS_FADE)
+                self._fade_to(now, HOLDS_FADE)
                 self._soft_made += 1.0
             elif ev.event is EventName.RESIDENT_CLAIM_DEMOTED:
-                self._fade_to(self.clock())
+                self._fade_to(now)
                 self._soft_shed += 1.0
 
     @property
