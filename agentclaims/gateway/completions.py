@@ -103,11 +103,11 @@ class CompletionRoutes:
         reply written with its KV life, the claims' decisions in its ``agentclaims`` object;
         streamed as the engine produces it where it can."""
         tenant = tenant_of(request)
-        if self._plain is not None and _plain_call(body):
-            lean = await self._lean(request, kind, body, tenant)
+        ext = Extension.parse(body)
+        if self._plain is not None and ext.carries_nothing and _plain_call(body):
+            lean = await self._lean(request, kind, body, tenant, ext)
             if lean is not None:
                 return lean
-        ext = Extension.parse(body)
         cache = PromptCache.parse(body)  # OpenAI's fields, checked as OpenAI checks them
         owner = self.service.owner(ext.default_owner, tenant)
         cached = await self._cache_claim(cache, tenant)
@@ -149,25 +149,33 @@ class CompletionRoutes:
         kind: CompletionKind,
         body: dict[str, Any],
         tenant: Tenant | None,
+        ext: Extension,
     ) -> Response | None:
-        """A call that carries nothing but OpenAI's fields, written by the writer's plain way
-        (``CompletionForwarder.plain``: vLLM's answer booked without the objects a claim's
-        outcome needs) and answered as ``answer`` answers a served call with no claims, its
-        tenant's books kept; ``None`` where an operation waits to ride on it (``write``
-        carries it: this call is then answered the general way)."""
+        """A call that carries nothing but OpenAI's fields, or the SDK's ``agentclaims``
+        object with nothing in it to carry (``Extension.carries_nothing``), written by the
+        writer's plain way (``CompletionForwarder.plain``: vLLM's answer booked without the
+        objects a claim's outcome needs) and answered as ``answer`` answers a served call
+        with no claims, its tenant's books kept; ``None`` where an operation waits to ride on
+        it, or where the SDK's call would be answered with pool figures older than
+        ``LEAN_POOL_FRESH_S`` (``write`` carries it: this call is then answered the general
+        way)."""
         assert self._plain is not None
         self.writer.prepare(CompletionCall(kind, body))  # nothing sent on a bad body
         ns = self.service.namespace
+        sdk = ext is not _PLAIN
+        owner = self.service.owner(ext.default_owner, tenant)
         reply = await self._plain(
             kind,
             body,
             cache_salt=ns.salt(None, tenant),
-            request_id=ns.request_id(None, tenant, ID_PREFIX[kind]),
+            request_id=ns.request_id(ext.request_id, tenant, ID_PREFIX[kind]),
+            **({"fresh_pool_s": LEAN_POOL_FRESH_S} if sdk else {}),
         )
         if reply is None:
             return None
         if isinstance(reply, Written):  # the connector spoke to it: booked the general way
-            return await self.answer(request, body, reply, {}, tenant, None, [], False)
+            return await self.answer(request, body, reply, {}, tenant, owner, [], False, ext)
+        self.service.bind([owner], tenant)
         prefix_ids: dict[str, Any] = {
             "prompt": reply.prompt,
             "sequence": reply.sequence,
@@ -185,7 +193,10 @@ class CompletionRoutes:
         payload = reply.payload
         if tenant is not None and isinstance(payload.get("id"), str):
             payload["id"] = ns.shown_text(payload["id"], tenant)
-        payload[EXTENSION_KEY] = self.extension_of(outcome, prefix_ids, [], events_seq)
+        extension = self.extension_of(outcome, prefix_ids, [], events_seq, pool=reply.pool)
+        if sdk:  # its events, from what the gateway heard (the connector's within a second)
+            await self._add_to_answer(extension, ext, None, tenant)
+        payload[EXTENSION_KEY] = extension
         return JSONResponse(payload)
 
     async def _cache_claim(
@@ -457,14 +468,17 @@ _SERVED = ActiveOutcome(
 and block counts."""
 
 
+LEAN_POOL_FRESH_S = 1.0
+"""How old the pool figures a lean call of the SDK's is answered with may be: older, the call
+goes with an envelope, so its answer brings new ones (the SDK plans with them)."""
+_PLAIN = Extension.parse({})
+
+
 def _plain_call(body: Mapping[str, Any]) -> bool:
-    """Whether a body carries nothing but OpenAI's fields: no ``agentclaims`` object, no
-    prompt-cache field, not streamed (a bad ``stream`` field is refused here, as always)."""
-    return (
-        EXTENSION_KEY not in body
-        and _PROMPT_CACHE_FIELDS.isdisjoint(body)
-        and not stream_requested(body)
-    )
+    """Whether a body asks for nothing beyond OpenAI's completion: no prompt-cache field, not
+    streamed (a bad ``stream`` field is refused here, as always); its ``agentclaims`` object,
+    if any, is judged by ``Extension.carries_nothing``."""
+    return _PROMPT_CACHE_FIELDS.isdisjoint(body) and not stream_requested(body)
 
 
 def _may_end(chunk: Mapping[str, Any]) -> bool:

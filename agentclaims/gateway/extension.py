@@ -131,6 +131,14 @@ class Extension:
         )
 
     @property
+    def carries_nothing(self) -> bool:
+        """Nothing in it asks the engine's side for work: no claim, no release, admission as
+        by default (a plain call's, or the SDK's when its plan declines a claim and nothing
+        waits to be let go). Such a call may take the pipeline's lean way; an event cursor it
+        names is answered from the events the gateway has heard."""
+        return not (self.claims or self.release) and self.admit
+
+    @property
     def default_owner(self) -> str | None:
         return self.owner_scope or self.session_id or self.workflow_id
 

@@ -75,13 +75,18 @@ class PlainReply:
     prompt: str | None
     sequence: str | None
     events_seq: int
+    pool: dict[str, Any] | None = None
+    """The engine's pool figures as its last answer that carried them gave them (a call of
+    the SDK's with nothing to carry is answered with them: ``fresh_pool_s``)."""
 
 
 PlainWrite = Callable[..., Awaitable["PlainReply | Written | None"]]
 """A writer's lean way (``CompletionForwarder.plain``), taken by the completion pipeline for a
-call that carries nothing but OpenAI's fields: called with the call's kind and body (and its
-tenant's ``cache_salt`` and ``request_id``); ``None`` when it will not take the call (an
-operation waits to ride), a ``Written`` to answer the general way, else a ``PlainReply``."""
+call that carries nothing but OpenAI's fields or an ``agentclaims`` object with nothing to
+carry: called with the call's kind and body (and its tenant's ``cache_salt`` and
+``request_id``; for the SDK's call, ``fresh_pool_s``: how old the pool figures it answers with
+may be); ``None`` when it will not take the call (an operation waits to ride, or the figures
+are older), a ``Written`` to answer the general way, else a ``PlainReply``."""
 
 
 class ReplyStream(Protocol):

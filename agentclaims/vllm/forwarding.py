@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from agentclaims_vllm.ops import Op
@@ -20,6 +21,7 @@ from agentclaims_vllm.ops import Op
 from agentclaims.contract import (
     ArbiterAction,
     BlockHash,
+    CacheIdentity,
     ClaimId,
     ClaimSpec,
     Feasibility,
@@ -160,6 +162,41 @@ def book(
     return prompt_pid, seq_pid
 
 
+def resolve(
+    claims: Sequence[Mapping[str, Any]],
+    owner: str | None,
+    prompt_pid: str | None,
+    prompt: Sequence[BlockHash],
+    *,
+    identity: CacheIdentity,
+    exists: Callable[[str], bool],
+) -> list[ClaimSpec]:
+    """Each claim of a request (``owner``'s; its prompt's prefix id and hashes), checked
+    before anything is sent (fail closed). On vLLM a claim names the request's own prompt
+    (``@prompt``, or its prefix id) or its prompt and reply (``@sequence``: its blocks are
+    known when the request ends); ``exists``: whether a claim id is taken already."""
+
+    def known(prefix_id: str) -> Sequence[BlockHash] | None:
+        if prefix_id == prompt_pid:
+            return prompt
+        raise UsageError(
+            "object_id",
+            "on vLLM a claim sent with a request names that request's prompt "
+            "(@prompt) or its prompt and reply (@sequence)",
+        )
+
+    resolved = resolve_request_claims(
+        claims,
+        identity=identity,
+        owner_scope=owner,
+        prompt=prompt,
+        sequence=None,
+        known=known,
+        exists=exists,
+    )
+    return [r.spec for r in resolved]  # a refusal there: the connector says it too
+
+
 class CompletionForwarder:
     """The completions ``kv`` forwards to vLLM over ``http`` (``lock``: the mirror's and the
     prompt book's), and how many went."""
@@ -189,6 +226,8 @@ class CompletionForwarder:
         """Prompt tokens of the completions vLLM served (its usage)."""
         self.cached_tokens = 0
         """Of them, those vLLM's prefix cache served (its ``cached_tokens``)."""
+        self._pool: tuple[float, dict[str, Any]] | None = None
+        """The pool's figures the connector last gave, and when (``monotonic``)."""
 
     def prepare(self, call: CompletionCall) -> CompletionCall:
         """The body's shape checked here, before anything changes (a release it carries
@@ -237,17 +276,22 @@ class CompletionForwarder:
         *,
         cache_salt: str | None = None,
         request_id: str | None = None,
+        fresh_pool_s: float | None = None,
     ) -> PlainReply | Written | None:
-        """A plain OpenAI call (no ``agentclaims`` object, not streamed, no prompt-cache
-        fields; ``prepare`` checked it; ``cache_salt`` and ``request_id``: its tenant's, as
-        ``write`` takes them), written with the least work that books it: ``None`` while an
-        operation waits to ride (``write`` carries it). The request goes as ``write`` sends
-        one without claims or envelope; an answer the connector spoke to (a refusal, a
-        deferral, events) or that vLLM aborted is booked as ``write`` books it (``Written``),
-        and any other is a ``PlainReply``: the same prompt and sequence named in the prompt
-        book, the same served outcome, without its objects."""
+        """A plain OpenAI call (not streamed, no prompt-cache fields, no ``agentclaims``
+        object or one that carries nothing: ``fresh_pool_s`` given, the pool's figures its
+        answer gives may be that old; ``prepare`` checked it; ``cache_salt`` and
+        ``request_id``: its tenant's), written with the least work that books it: ``None``
+        while an operation waits to ride or the figures are older (``write`` carries it, its
+        answer brings new ones). The request goes as ``write`` sends one without claims or
+        envelope; an answer the connector spoke to (a refusal, a deferral, events) or that
+        vLLM aborted is booked as ``write`` books it (``Written``), any other is a
+        ``PlainReply``: the same prompt and sequence named, the same served outcome."""
         client = await self._ready()
         if self._riding:  # after the start's waits: what was queued meanwhile rides too
+            return None
+        pool = self._pool
+        if fresh_pool_s is not None and (pool is None or monotonic() - pool[0] > fresh_pool_s):
             return None
         outgoing = forwarded(body, client.model)
         outgoing["return_token_ids"] = True  # the prompt's and the reply's token ids
@@ -286,6 +330,7 @@ class CompletionForwarder:
                 prompt=prompt_pid,
                 sequence=seq_pid,
                 events_seq=self._mirror.events.seq,
+                pool=None if fresh_pool_s is None or self._pool is None else self._pool[1],
             )
 
     async def _ready(self) -> ConnectorClient:
@@ -393,7 +438,14 @@ class CompletionForwarder:
         async with self._lock:
             if tokens is not None:
                 hashes, prompt_pid = self._prompts.register(tokens, cache_salt)
-            specs = self._resolve(claims, owner, prompt_pid, hashes)
+            specs = resolve(
+                claims,
+                owner,
+                prompt_pid,
+                hashes,
+                identity=self._kv.identity(),
+                exists=self._mirror.claims.__contains__,
+            )
         return tokens, hashes, prompt_pid, specs
 
     def _envelope(
@@ -441,6 +493,8 @@ class CompletionForwarder:
         """The KV life of vLLM's answer ``data`` (read whole, or put together from a stream):
         the prompt and sequence named, the claims decided from the connector's answer."""
         answer = client._answer(data)
+        if answer.pool is not None:
+            self._pool = (monotonic(), dict(answer.pool))
         if tokens is None:
             tokens = prompt_ids(data)
         sequence = sequence_ids(data, tokens, self.block_size)
@@ -481,37 +535,6 @@ class CompletionForwarder:
         """A served completion's prompt, for the prefix hit ratio (``/metrics``)."""
         self.prompt_tokens += max(0, prompt_tokens)
         self.cached_tokens += max(0, min(cached_tokens, prompt_tokens))
-
-    def _resolve(
-        self,
-        claims: Sequence[Mapping[str, Any]],
-        owner: str | None,
-        prompt_pid: str | None,
-        prompt: Sequence[BlockHash],
-    ) -> list[ClaimSpec]:
-        """Each claim of the request, checked before anything is sent (fail closed). On vLLM
-        a claim names the request's own prompt (``@prompt``, or its prefix id) or its prompt
-        and reply (``@sequence``: its blocks are known when the request ends)."""
-
-        def known(prefix_id: str) -> Sequence[BlockHash] | None:
-            if prefix_id == prompt_pid:
-                return prompt
-            raise UsageError(
-                "object_id",
-                "on vLLM a claim sent with a request names that request's prompt "
-                "(@prompt) or its prompt and reply (@sequence)",
-            )
-
-        resolved = resolve_request_claims(
-            claims,
-            identity=self._kv.identity(),
-            owner_scope=owner,
-            prompt=prompt,
-            sequence=None,
-            known=known,
-            exists=self._mirror.claims.__contains__,
-        )
-        return [r.spec for r in resolved]  # a refusal there: the connector says it too
 
     def _result(
         self,

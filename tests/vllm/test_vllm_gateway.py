@@ -986,37 +986,47 @@ async def test_the_prefix_hit_ratio_behind_vllm_is_what_vllm_served_from_its_cac
 
 
 async def test_a_plain_call_is_answered_as_a_call_with_the_sdks_object_is(
-    vllm_server: VllmServer,
+    vllm_server: VllmServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One completion pipeline: a call with nothing but OpenAI's fields takes the writer's
-    lean way (``CompletionForwarder.plain``), and its answer is, byte for byte but for the
-    request's own names and the server's timing, the one the same call gets with an empty
-    ``agentclaims`` object (written the general way): the same gateway takes both in turn,
-    its prefix cached by the calls before, so both see the same hits."""
+    lean way (``CompletionForwarder.plain``), and so does the SDK's call whose
+    ``agentclaims`` object carries nothing (no claim, no release) while the connector's pool
+    figures are fresh (``LEAN_POOL_FRESH_S``); older, it goes the general way, with an
+    envelope. The answers are, byte for byte but for the request's own names and the
+    server's timing, the same: the lean SDK call's with the figures the last envelope
+    brought and its events page, the plain call's without the pool's figures. The same
+    gateway takes them in turn, its prefix cached by the calls before, so all see the same
+    hits."""
+    from agentclaims.gateway import completions
     from agentclaims.gateway.app import create_app
     from agentclaims.vllm.kv import VllmKV
 
     kv = VllmKV(vllm_server.url, vllm_server.key)
     lean = kv.plain
-    taken: list[dict[str, Any]] = []
+    taken: list[tuple[dict[str, Any], bool]] = []
 
     async def seen(kind: str, body: dict[str, Any], **names: Any) -> Any:
-        taken.append(body)
-        return await lean(kind, body, **names)  # type: ignore[arg-type]
+        reply = await lean(kind, body, **names)  # type: ignore[arg-type]
+        taken.append((body, reply is not None))
+        return reply
 
     kv.plain = seen  # type: ignore[method-assign]
     app = create_app(kv)
     body = {**chat(words("same", 60)), "max_tokens": 40}
-    answers: dict[str, list[httpx2.Response]] = {"plain": [], "general": []}
+    sdk = {**body, "agentclaims": {"session_id": "lean-s", "events_since": 0}}
+    answers: dict[str, list[httpx2.Response]] = {"plain": [], "general": [], "sdk": []}
     try:
         transport = httpx2.ASGITransport(app=app)
         async with httpx2.AsyncClient(transport=transport, base_url="http://gw") as http:
             for _ in range(2):
-                answers["general"].append(
-                    await http.post("/v1/chat/completions", json={**body, "agentclaims": {}})
-                )
+                # figures that are never fresh enough: the SDK's call goes with an envelope
+                monkeypatch.setattr(completions, "LEAN_POOL_FRESH_S", -1.0)
+                answers["general"].append(await http.post("/v1/chat/completions", json=sdk))
+                monkeypatch.setattr(completions, "LEAN_POOL_FRESH_S", 60.0)
+                answers["sdk"].append(await http.post("/v1/chat/completions", json=sdk))
                 answers["plain"].append(await http.post("/v1/chat/completions", json=body))
-        assert taken == [body, body]  # the lean way wrote the plain calls, and only them
+        # the lean way was asked for all three, and took the SDK's call only when fresh
+        assert taken == [(sdk, False), (sdk, True), (body, True)] * 2
     finally:
         await kv.aclose()
 
@@ -1030,20 +1040,24 @@ async def test_a_plain_call_is_answered_as_a_call_with_the_sdks_object_is(
         out.pop("created")
         return out
 
-    general, plain = answers["general"][1], answers["plain"][1]
+    general, lean_sdk, plain = (answers[k][1] for k in ("general", "sdk", "plain"))
     asked = comparable(general)
-    assert "pool" in asked["agentclaims"]  # the SDK's object asks for the pool's figures
-    asked["agentclaims"].pop("pool")
+    assert asked["agentclaims"]["pool"]  # the SDK's object asks for the pool's figures
+    assert asked["agentclaims"]["events"]["events"] == []  # and its session's events
+    assert comparable(lean_sdk) == asked  # the figures the last envelope brought
+    assert list(lean_sdk.json()["agentclaims"]) == list(general.json()["agentclaims"])
+    asked["agentclaims"].pop("pool"), asked["agentclaims"].pop("events")
     assert comparable(plain) == asked
-    order = [key for key in general.json()["agentclaims"] if key != "pool"]
+    order = [key for key in general.json()["agentclaims"] if key not in ("pool", "events")]
     assert list(plain.json()["agentclaims"]) == order  # its order
     assert plain.json()["agentclaims"]["outcome"]["hit_blocks"] > 0  # the prefix was cached
     assert plain.json()["agentclaims"]["prefix_ids"]["sequence"]
     heads = ("content-type", "x-agentclaims-instance", "server-timing")
-    assert [plain.headers.get(h) is not None for h in heads] == [True, True, True]
-    assert plain.headers["content-type"] == general.headers["content-type"]
+    for lean_answer in (plain, lean_sdk):
+        assert [lean_answer.headers.get(h) is not None for h in heads] == [True, True, True]
+        assert lean_answer.headers["content-type"] == general.headers["content-type"]
     stats = app.state.gateway.stats()["gateway"]["calls"]
-    assert stats["POST /v1/chat/completions"] == 4
+    assert stats["POST /v1/chat/completions"] == 6
 
 
 async def test_what_the_lean_way_does_not_take_is_answered_as_always(gateway: str) -> None:
