@@ -14,9 +14,11 @@ request of the same round (p50, p99) and, for the gateway, its own time (its
 fronts' CPU, per run and its median. With ``--layout pinned`` (the default with two or more
 cores) vLLM runs on the last core and the fronts and this client on the others, as
 docs/operations.md deploys them. Every call takes the gateway's one completion pipeline
-(``CompletionRoutes``): a plain call its lean way, a call with the SDK's ``agentclaims``
-object (``--sdk``: an owner scope and an events cursor, as a session sends them; the floor
-and vLLM get the same call without it) the general way. ``--ledger`` makes the gateway keep
+(``CompletionRoutes``): a plain call its lean way, and so does a call with the SDK's
+``agentclaims`` object (``--sdk``: an owner scope and an events cursor, as a session sends
+them when it carries no claim; the floor and vLLM get the same call without it) while the
+pool's figures are under a second old; about one a second goes the general way, with an
+envelope. ``--ledger`` makes the gateway keep
 a ledger, ``--tenants`` serve tenants' keys (the calls carry one). Run::
 
     .venv/bin/python benchmarks/bench_gateway_latency.py [--probes 300] [--runs 3] [--sdk] [--tenants] [--ledger] [--json]
