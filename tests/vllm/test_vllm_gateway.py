@@ -1025,6 +1025,11 @@ async def test_a_plain_call_is_answered_as_a_call_with_the_sdks_object_is(
                 monkeypatch.setattr(completions, "LEAN_POOL_FRESH_S", 60.0)
                 answers["sdk"].append(await http.post("/v1/chat/completions", json=sdk))
                 answers["plain"].append(await http.post("/v1/chat/completions", json=body))
+            # a call that carries a release is never asked for: it goes with an envelope
+            releasing = {**sdk, "agentclaims": {**sdk["agentclaims"], "release": ["c-gone"]}}
+            carried = await http.post("/v1/chat/completions", json=releasing)
+            assert carried.status_code == 200, carried.text
+            assert "pool" in carried.json()["agentclaims"]  # the connector's answer: new figures
         # the lean way was asked for all three, and took the SDK's call only when fresh
         assert taken == [(sdk, False), (sdk, True), (body, True)] * 2
     finally:
@@ -1057,7 +1062,7 @@ async def test_a_plain_call_is_answered_as_a_call_with_the_sdks_object_is(
         assert [lean_answer.headers.get(h) is not None for h in heads] == [True, True, True]
         assert lean_answer.headers["content-type"] == general.headers["content-type"]
     stats = app.state.gateway.stats()["gateway"]["calls"]
-    assert stats["POST /v1/chat/completions"] == 6
+    assert stats["POST /v1/chat/completions"] == 7
 
 
 async def test_what_the_lean_way_does_not_take_is_answered_as_always(gateway: str) -> None:
