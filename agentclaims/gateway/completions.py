@@ -162,7 +162,7 @@ class CompletionRoutes:
         assert self._plain is not None
         self.writer.prepare(CompletionCall(kind, body))  # nothing sent on a bad body
         ns = self.service.namespace
-        sdk = ext is not _PLAIN
+        sdk = body.get(EXTENSION_KEY) is not None  # the SDK's object: figures and events
         owner = self.service.owner(ext.default_owner, tenant)
         reply = await self._plain(
             kind,
@@ -471,7 +471,6 @@ and block counts."""
 LEAN_POOL_FRESH_S = 1.0
 """How old the pool figures a lean call of the SDK's is answered with may be: older, the call
 goes with an envelope, so its answer brings new ones (the SDK plans with them)."""
-_PLAIN = Extension.parse({})
 
 
 def _plain_call(body: Mapping[str, Any]) -> bool:

@@ -462,8 +462,9 @@ class CompletionForwarder:
         A plain OpenAI call (no ``agentclaims`` object) that carries no operation goes without
         an envelope, as vLLM's own: nothing is signed, and vLLM's answer tells the gateway what
         it needs (the token ids, the cached tokens; the connector answers a refusal or a
-        deferral of any request). A call with the object always carries one, so its answer
-        brings the connector's events and the pool's figures (the SDK plans with them)."""
+        deferral of any request). A call with the object that comes this way carries one, so
+        its answer brings the connector's events and new pool figures (the SDK plans with
+        them); one that carries nothing while the figures are fresh takes ``plain``."""
         on_reply = {s.claim_id for s in specs if s.object_id == SEQUENCE_OBJECT}
         gated = {spec.claim_id: reason for spec in specs if (reason := self._gate(spec))}
         holds = [
