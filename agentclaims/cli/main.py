@@ -112,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="where clients reach this gateway directly (default http://host:port)",
     )
     serve.add_argument(
+        "--promote",
+        type=int,
+        default=4,
+        metavar="N",
+        help="workflow calls (the SDK's) that go ahead in vLLM's queue at once, at most "
+        "(0: none; docs/vllm-connector.md)",
+    )
+    serve.add_argument(
         "--behind-router",
         action="store_true",
         help="answer deferrals 409, never a status a router retries (docs/fleet.md)",

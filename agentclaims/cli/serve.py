@@ -85,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
             args.advertise_url or f"http://{args.host}:{args.port}",
             args.behind_router,
         )
-        app = create_app(kv, text, keys=keys, ledger=ledger, instance=instance)
+        app = create_app(
+            kv, text, keys=keys, ledger=ledger, instance=instance, promote=args.promote
+        )
     except AgentClaimsError as exc:
         print(f"agentclaims serve: {exc}", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ from agentclaims.gateway.limits import BodyTooLarge, Limits
 from agentclaims.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from agentclaims.gateway.openapi import openapi
 from agentclaims.gateway.params import TENANT_SCOPE_KEY, header, json_object, tenant_of
+from agentclaims.gateway.queueing import DEFAULT_PROMOTED, Promotions
 from agentclaims.gateway.responses import ResponsesRoute
 from agentclaims.gateway.service import Service
 from agentclaims.gateway.sides import KVSide
@@ -83,6 +84,7 @@ class _Gateway:
         lowering: LoweringSource | None,
         service: Service,
         instance: Instance,
+        promotions: Promotions,
     ) -> None:
         self.kv = kv
         self.writer = writer
@@ -94,7 +96,9 @@ class _Gateway:
         self.calls: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self.prometheus = GatewayMetrics(self.stats)
-        self.completion_routes = CompletionRoutes(kv, writer, service, instance, self.errors)
+        self.completion_routes = CompletionRoutes(
+            kv, writer, service, instance, self.errors, promotions
+        )
         self.claim_routes = ClaimRoutes(kv, service)
 
     # ------------------------------------------------------------------ introspection
@@ -174,6 +178,7 @@ class _Gateway:
         gateway = {
             "calls": dict(sorted(self.calls.items())),
             "errors": dict(sorted(self.errors.items())),
+            "promotions": self.completion_routes.promotions.stats(),
         }
         metrics = getattr(self.kv, "metrics", None)
         return {
@@ -303,6 +308,7 @@ def create_app(
     keys: TenantKeys | None = None,
     ledger: Ledger | None = None,
     instance: Instance | None = None,
+    promote: int = DEFAULT_PROMOTED,
 ) -> Starlette:
     """The gateway app over a KV side (e.g. ``ReferenceKV``) and a text side (``ScriptedModel``)
     that writes the replies; without ``text`` the KV side writes its own (``VllmKV``: a
@@ -313,8 +319,11 @@ def create_app(
     default the KV side's own ``lowering`` attribute, the shipped one for the reference engine,
     and else none: every mode ``unknown``. ``keys`` makes it serve tenants (``TenantKeys``),
     ``ledger`` keeps claims and events across restarts (``Ledger``); docs/operations.md.
-    ``instance`` names it in a fleet behind a router (docs/fleet.md)."""
+    ``instance`` names it in a fleet behind a router (docs/fleet.md). ``promote``: how many
+    workflow calls at most go ahead in the engine's queue at once (0: none;
+    ``agentclaims.gateway.queueing``)."""
     limits = limits or Limits()
+    promotions = Promotions(promote)  # a bad bound refused before anything is built
     writer: ReplyWriter
     if text is not None:
         writer = ScriptedWriter(cast(TokenizingKV, kv), text, limits)
@@ -325,7 +334,7 @@ def create_app(
             "text", f"the KV side {type(kv).__name__} writes no replies: give a text side"
         )
     service = Service(kv, keys, ledger)
-    gw = _Gateway(kv, writer, name, lowering, service, instance or Instance())
+    gw = _Gateway(kv, writer, name, lowering, service, instance or Instance(), promotions)
     comp, claims = gw.completion_routes, gw.claim_routes
     messages, responses = MessagesRoute(comp), ResponsesRoute(comp)
     table: list[tuple[str, Handler, list[str]]] = [

@@ -32,6 +32,7 @@ from agentclaims.gateway.hosted import PromptCache, PromptCacheClaims, header_va
 from agentclaims.gateway.hosted import outcome as hosted_outcome
 from agentclaims.gateway.limits import EVENTS_PER_ANSWER
 from agentclaims.gateway.params import claim_owners, json_object, optional_str, tenant_of
+from agentclaims.gateway.queueing import Promotions
 from agentclaims.gateway.service import Service
 from agentclaims.gateway.sides import KVSide
 from agentclaims.gateway.streaming import (
@@ -74,6 +75,7 @@ class CompletionRoutes:
         service: Service,
         instance: Instance,
         errors: Counter[str],
+        promotions: Promotions | None = None,
     ) -> None:
         self.kv = kv
         self.writer = writer
@@ -83,6 +85,10 @@ class CompletionRoutes:
         self._fields = instance.fields  # in every answer: read once
         self._plain: PlainWrite | None = getattr(writer, "plain", None)
         """The writer's lean way for a call that carries nothing but OpenAI's fields."""
+        self._queues: bool = getattr(writer, "orders_by_priority", False)
+        """Whether the writer's engine takes a call's place in its queue (vLLM's)."""
+        self.promotions = promotions or Promotions()
+        """Which calls go ahead in the engine's queue (``agentclaims.gateway.queueing``)."""
         self.cache_claims = PromptCacheClaims()
         """Each ``prompt_cache_key``'s latest claim (``agentclaims.gateway.hosted``)."""
 
@@ -101,11 +107,22 @@ class CompletionRoutes:
         """Both completion endpoints (and the APIs translated into them, ``/v1/messages``):
         the call checked (nothing changes on bad input), the claims it releases let go, the
         reply written with its KV life, the claims' decisions in its ``agentclaims`` object;
-        streamed as the engine produces it where it can."""
+        streamed as the engine produces it where it can. A workflow's call (the SDK's) goes
+        ahead in the engine's queue while the gateway's bound allows (``promotions``)."""
+        workflow = self._queues and body.get(EXTENSION_KEY) is not None
+        priority = self.promotions.take(workflow)
+        try:
+            return await self._completion_of(request, kind, body, priority)
+        finally:
+            self.promotions.give_back(priority)  # answered, or its stream's first token came
+
+    async def _completion_of(
+        self, request: Request, kind: CompletionKind, body: dict[str, Any], priority: int | None
+    ) -> Response:
         tenant = tenant_of(request)
         ext = Extension.parse(body)
         if self._plain is not None and ext.carries_nothing and _plain_call(body):
-            lean = await self._lean(request, kind, body, tenant, ext)
+            lean = await self._lean(request, kind, body, tenant, ext, priority)
             if lean is not None:
                 return lean
         cache = PromptCache.parse(body)  # OpenAI's fields, checked as OpenAI checks them
@@ -125,6 +142,7 @@ class CompletionRoutes:
                 ),
                 admit=ext.admit,
                 node=ext.node,
+                priority=priority,
             )
         )
         streamed = stream_requested(body)  # (#13) a bad stream field is refused up front
@@ -150,6 +168,7 @@ class CompletionRoutes:
         body: dict[str, Any],
         tenant: Tenant | None,
         ext: Extension,
+        priority: int | None = None,
     ) -> Response | None:
         """A call that carries nothing but OpenAI's fields, or the SDK's ``agentclaims``
         object with nothing in it to carry (``Extension.carries_nothing``), written by the
@@ -169,6 +188,7 @@ class CompletionRoutes:
             body,
             cache_salt=ns.salt(None, tenant),
             request_id=ns.request_id(ext.request_id, tenant, ID_PREFIX[kind]),
+            priority=priority,
             **({"fresh_pool_s": LEAN_POOL_FRESH_S} if sdk else {}),
         )
         if reply is None:

@@ -52,6 +52,10 @@ class CompletionCall:
     node: str | None = None
     segments: tuple[tuple[int, ...], ...] | None = None
     """The prompt's token ids, one segment per message, when ``prepare`` tokenized it."""
+    priority: int | None = None
+    """Its place in the engine's queue, where the engine orders by it (lower goes first;
+    ``None``: the engine's default): the gateway's, never the caller's
+    (``agentclaims.gateway.queueing``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -251,7 +251,7 @@ class CompletionForwarder:
             kind, body, claims, owner, cache_salt
         )
         tenant = owner or "default"
-        outgoing = forwarded(body, client.model)
+        outgoing = forwarded(body, client.model, call.priority)
         named(outgoing, self._mirror, kind, request_id, cache_salt)
         wants_ids = bool(body.get("return_token_ids"))
         on_reply, gated, riding, envelope = self._envelope(client, specs, tenant, body)
@@ -277,13 +277,14 @@ class CompletionForwarder:
         cache_salt: str | None = None,
         request_id: str | None = None,
         fresh_pool_s: float | None = None,
+        priority: int | None = None,
     ) -> PlainReply | Written | None:
         """A plain OpenAI call (not streamed, no prompt-cache fields, no ``agentclaims``
         object or one that carries nothing: ``fresh_pool_s`` given, the pool's figures its
         answer gives may be that old; ``prepare`` checked it; ``cache_salt`` and
-        ``request_id``: its tenant's), written with the least work that books it: ``None``
-        while an operation waits to ride or the figures are older (``write`` carries it, its
-        answer brings new ones). The request goes as ``write`` sends one without claims or
+        ``request_id``: its tenant's; ``priority``: its place in vLLM's queue), written with
+        the least work that books it: ``None`` while an operation waits to ride or the
+        figures are older (``write`` carries it, its answer brings new ones). The request goes as ``write`` sends one without claims or
         envelope; an answer the connector spoke to (a refusal, a deferral, events) or that
         vLLM aborted is booked as ``write`` books it (``Written``), any other is a
         ``PlainReply``: the same prompt and sequence named, the same served outcome."""
@@ -293,7 +294,7 @@ class CompletionForwarder:
         pool = self._pool
         if fresh_pool_s is not None and (pool is None or monotonic() - pool[0] > fresh_pool_s):
             return None
-        outgoing = forwarded(body, client.model)
+        outgoing = forwarded(body, client.model, priority)
         outgoing["return_token_ids"] = True  # the prompt's and the reply's token ids
         named(outgoing, self._mirror, kind, request_id, cache_salt)
         self.completions += 1
@@ -374,7 +375,7 @@ class CompletionForwarder:
         tokens, hashes, prompt_pid, specs = await self._claims_of(
             kind, body, claims, owner, cache_salt
         )
-        outgoing = forwarded(body, client.model)
+        outgoing = forwarded(body, client.model, call.priority)
         outgoing["stream"] = True
         outgoing["return_token_ids"] = True  # the prompt's and the reply's, to name them
         options = dict(body.get("stream_options") or {})

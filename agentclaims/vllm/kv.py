@@ -171,6 +171,9 @@ class VllmKV:
     are ``CompletionForwarder``'s, ``ClaimsApi``'s and ``InstanceReset``'s."""
 
     name = "vllm"
+    orders_by_priority = True
+    """A call's ``priority`` goes to vLLM, which orders its queue by it under
+    ``--scheduling-policy priority`` (``agentclaims vllm serve`` sets it with the connector)."""
 
     def __init__(
         self,

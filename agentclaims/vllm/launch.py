@@ -208,6 +208,9 @@ def serve_argv(
             raise UsageError("claims_key", "the connector needs a key to authenticate claims")
         config = connector_config(claims_key, max_ttl_s=max_ttl_s, max_defer_s=max_defer_s)
         argv += ["--kv-transfer-config", json.dumps(config), "--scheduler-cls", SCHEDULER]
+        # the gateway's workflow calls go ahead of one-shot ones (agentclaims.gateway.queueing);
+        # with every priority equal, vLLM's order is arrival's, as without the policy
+        argv += ["--scheduling-policy", "priority"]
     return [*argv, *extra]
 
 

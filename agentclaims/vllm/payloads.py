@@ -43,14 +43,17 @@ def sequence_ids(
     return tokens[:full] if full else None
 
 
-def forwarded(body: Mapping[str, Any], model: str) -> dict[str, Any]:
+def forwarded(body: Mapping[str, Any], model: str, priority: int | None = None) -> dict[str, Any]:
     """The client's body as it goes to vLLM: never a client's ``kv_transfer_params`` (the
-    gateway signs its own), the ``agentclaims`` object or its ``cache_salt`` (the tenant's is
-    set instead); the model is vLLM's own."""
+    gateway signs its own), the ``agentclaims`` object, its ``cache_salt`` (the tenant's is
+    set instead) or its ``priority`` (its place in vLLM's queue is the gateway's to give:
+    ``priority``, ``agentclaims.gateway.queueing``); the model is vLLM's own."""
     out = dict(body)
-    for key in ("kv_transfer_params", "agentclaims", "cache_salt"):
+    for key in ("kv_transfer_params", "agentclaims", "cache_salt", "priority"):
         out.pop(key, None)
     out["model"] = model
+    if priority is not None:
+        out["priority"] = priority
     return out
 
 

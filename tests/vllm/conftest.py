@@ -95,13 +95,14 @@ def serve_vllm(
     env: dict[str, str] | None = None,
     ready: bool = True,
     extra: Sequence[str] = (),
+    flags: Sequence[str] = (),
 ) -> Iterator[VllmServer]:
     """`agentclaims vllm serve --dev-mode` (``/reset_prefix_cache`` for fresh conformance
     instances), with the connector (41 blocks x 32 tokens, max length 256) or stock
     (``connector=False``), its KV events on an ipc:// endpoint of its own, on a free loopback
     port, once it says it is ready (``ready=False``: as soon as it started; ``env``: more
-    environment for it; ``extra``: more of vLLM's own arguments); stopped (its whole
-    process group) at the end."""
+    environment for it; ``extra``: more of vLLM's own arguments, ``flags``: more of
+    ``agentclaims vllm serve``'s); stopped (its whole process group) at the end."""
     python = _vllm_python()
     port = free_port()
     where = tmp_path_factory.mktemp(f"vllm-{name}")
@@ -116,7 +117,7 @@ def serve_vllm(
         proc = subprocess.Popen(
             [
                 *_cli("vllm", "serve", "--model", tiny_model, "--port", str(port)),
-                *("--python", python, "--kv-events", events, "--dev-mode", *claims),
+                *("--python", python, "--kv-events", events, "--dev-mode", *claims, *flags),
                 # tool-using agents (create_agent sends tool_choice "auto"): the tiny model
                 # writes the tool calls its chat template scripts, vLLM's hermes parser reads
                 *("--", *TOOL_ARGS, *extra),
