@@ -383,6 +383,12 @@ def main() -> None:
     )
     parser.add_argument("--max-repeats", type=int, default=12, help="with --min-seconds")
     parser.add_argument("--layout", choices=("pinned", "shared"), default="pinned")
+    parser.add_argument(
+        "--promote",
+        type=int,
+        default=None,
+        help="the gateways' --promote: workflow calls ahead in vLLM's queue at once (theirs)",
+    )
     parser.add_argument("--out", default="bench-matrix.jsonl", help="every run's figures")
     parser.add_argument("--list", action="store_true", help="print the cells and exit")
     parser.add_argument(
@@ -396,6 +402,7 @@ def main() -> None:
         summarize(args.summarize)
         return
     chosen = cells(args.cells)
+    bv.PROMOTE = args.promote
     if args.list:
         for cell in chosen:
             print(f"{cell.label()} | {cell.blocks()} blocks (ws {cell.working_set_blocks()})")

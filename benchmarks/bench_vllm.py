@@ -72,6 +72,7 @@ SERVER = server_args()
 TURNS = 3  # worker LLM calls per assignment (a tool call between each)
 TOOL_S = 0.5
 LOG_DIR: str | None = None  # outcome logs of the workflows, when set
+PROMOTE: int | None = None  # the gateways' --promote (their default when None)
 SETUPS = ("direct", "claims", "in_process", "learned", "held", "no_claims", "stock")
 WORKLOAD = "supervisor"  # or "plain": an agent and a plain I/O node (--workload)
 PLAIN_TURNS = 6
@@ -997,6 +998,8 @@ def start_servers(
     for name, upstream in (("gateway", "vllm"), ("stock_gateway", "stock_vllm")):
         argv = cli("serve", "--port", str(ports[name]), "--kv", "vllm")
         argv += ["--upstream", urls[upstream], "--claims-key", KEY]
+        if PROMOTE is not None:  # stock vLLM orders its queue by arrival alone: moot there
+            argv += ["--promote", str(PROMOTE)]
         procs.append(start([*on_gateway, *argv], urls[name]))
         sessions[name] = procs[-1].pid
     return urls, sessions

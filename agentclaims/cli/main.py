@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--promote",
         type=int,
-        default=4,
+        default=1,
         metavar="N",
         help="workflow calls (the SDK's) that go ahead in vLLM's queue at once, at most "
         "(0: none; docs/vllm-connector.md)",

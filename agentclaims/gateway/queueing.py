@@ -24,9 +24,11 @@ __all__ = ["DEFAULT_PROMOTED", "PROMOTED", "Promotions"]
 
 PROMOTED = -1
 """vLLM's ``priority`` for a promoted call (lower goes first; every other call has 0)."""
-DEFAULT_PROMOTED = 4
-"""Promoted calls in flight at most, by default: half of the batch ``agentclaims vllm
-serve`` gives vLLM (``--max-num-seqs 8``), so one-shot calls always find the other half."""
+DEFAULT_PROMOTED = 1
+"""Promoted calls in flight at most, by default: one, so a one-shot call waiting in vLLM's
+queue is overtaken by at most one workflow call at a time. With four (every agent of a
+four-agent cell) the matrix's heavy other tenant waited 2.7x longer at its p99; with one,
+1.08x (benchmarks/results/2026-12-06-matrix-promotions.md)."""
 
 
 class Promotions:

@@ -99,7 +99,7 @@ async def test_a_workflows_call_goes_ahead_of_one_shot_calls_queued_before_it(
             stats = (await http.get(f"{gateway}/v1/stats")).json()["gateway"]["promotions"]
     # the first place freed (seconds after it came) went to it
     assert overtaken >= QUEUED - 1, overtaken
-    assert stats["promoted"] == 1 and stats["in_flight"] == 0 and stats["most"] == 4
+    assert stats["promoted"] == 1 and stats["in_flight"] == 0 and stats["most"] == 1
 
     with gateway_process(*args, "--promote", "0") as gateway:
         overtaken = await _overtaken(two_seqs, gateway, "prio-off")
