@@ -114,7 +114,7 @@ class CompletionRoutes:
         try:
             return await self._completion_of(request, kind, body, priority)
         finally:
-            self.promotions.give_back(priority)  # answered, or its stream's first token came
+            self.promotions.give_back(workflow, priority)  # answered, or its first token came
 
     async def _completion_of(
         self, request: Request, kind: CompletionKind, body: dict[str, Any], priority: int | None

@@ -8,8 +8,10 @@ calls (those with an ``agentclaims`` object: a claimed session's steps) to vLLM 
 higher scheduling priority (``PROMOTED``; vLLM orders its waiting queue by priority, then
 arrival, under ``--scheduling-policy priority``, which ``agentclaims vllm serve`` sets with
 the connector). At most ``most`` promoted calls are in flight at once (until a whole answer
-is written, or a stream's first token): the rest go in arrival order, as every call does on
-an engine without the policy, so one-shot callers keep their share of the engine. What the
+is written, or a stream's first token), and none while more than ``crowd`` workflow calls
+are: a crowd of agents would fill the engine's batch by itself, and promoted it would leave
+one-shot callers only what it does not want. The rest go in arrival order, as every call
+does on an engine without the policy, so one-shot callers keep their share of the engine. What the
 other callers pay is measured, not assumed: the matrix benchmark reports the other tenant's
 TTFT p99 beside every cell (docs/benchmarks.md).
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from agentclaims.errors import UsageError
 
-__all__ = ["DEFAULT_PROMOTED", "PROMOTED", "Promotions"]
+__all__ = ["CROWD", "DEFAULT_PROMOTED", "PROMOTED", "Promotions"]
 
 PROMOTED = -1
 """vLLM's ``priority`` for a promoted call (lower goes first; every other call has 0)."""
@@ -29,37 +31,49 @@ DEFAULT_PROMOTED = 1
 queue is overtaken by at most one workflow call at a time. With four (every agent of a
 four-agent cell) the matrix's heavy other tenant waited 2.7x longer at its p99; with one,
 1.08x (benchmarks/results/2026-12-06-matrix-promotions.md)."""
+CROWD = 4
+"""Workflow calls in flight above which none is promoted: half of the batch ``agentclaims
+vllm serve`` gives vLLM (``--max-num-seqs 8``). Twelve agents promoted one at a time kept
+the matrix's heavy other tenant waiting 1.37x longer at its p99 (cell 15)."""
 
 
 class Promotions:
     """The gateway's promoted calls: ``take`` one for a call, ``give_back`` it when the call
     is answered (or its stream has begun); ``most`` 0 promotes none."""
 
-    def __init__(self, most: int = DEFAULT_PROMOTED) -> None:
+    def __init__(self, most: int = DEFAULT_PROMOTED, crowd: int = CROWD) -> None:
         if isinstance(most, bool) or not isinstance(most, int) or most < 0:
             raise UsageError("promote", f"must be a non-negative integer, got {most!r}")
         self.most = most
+        self.crowd = crowd
         self.in_flight = 0
+        self.workflows = 0
+        """Workflow calls in flight, promoted or not."""
         self.promoted = 0
         """Calls promoted so far."""
         self.passed_over = 0
-        """Workflow calls that went in arrival order: ``most`` were in flight."""
+        """Workflow calls that went in arrival order: ``most`` promoted ones, or more than
+        ``crowd`` workflow calls, were in flight."""
 
     def take(self, workflow: bool) -> int | None:
         """The priority a call goes with: ``PROMOTED`` for a workflow's call while fewer than
-        ``most`` are in flight (it then counts as one until ``give_back``), else ``None``
-        (vLLM's default)."""
+        ``most`` promoted ones and at most ``crowd`` workflow calls (itself included) are in
+        flight, else ``None`` (vLLM's default). A workflow's call counts until
+        ``give_back``."""
         if not workflow or self.most == 0:
             return None
-        if self.in_flight >= self.most:
+        self.workflows += 1
+        if self.in_flight >= self.most or self.workflows > self.crowd:
             self.passed_over += 1
             return None
         self.in_flight += 1
         self.promoted += 1
         return PROMOTED
 
-    def give_back(self, priority: int | None) -> None:
-        """The call ``take`` gave ``priority`` to is answered (or streaming)."""
+    def give_back(self, workflow: bool, priority: int | None) -> None:
+        """The call ``take(workflow)`` gave ``priority`` to is answered (or streaming)."""
+        if workflow and self.most:
+            self.workflows -= 1
         if priority is not None:
             self.in_flight -= 1
 
@@ -67,6 +81,8 @@ class Promotions:
         return {
             "most": self.most,
             "in_flight": self.in_flight,
+            "crowd": self.crowd,
+            "workflows_in_flight": self.workflows,
             "promoted": self.promoted,
             "passed_over": self.passed_over,
         }

@@ -1,8 +1,9 @@
 """The gateway's promotions (``agentclaims.gateway.queueing``): which calls go ahead in the
 engine's queue. Any interleaving of calls taking and giving back their place (hypothesis)
-never has more than ``most`` promoted in flight, promotes only workflows' calls, promotes
-one whenever fewer than ``most`` are in flight, and counts every call it passed over. The
-reference engine has no queue to order: its calls take no promotion."""
+never has more than ``most`` promoted in flight, promotes only workflows' calls, and none
+while more than ``crowd`` workflow calls are in flight, promotes one whenever both bounds
+allow, and counts every call it passed over. The reference engine has no queue to order:
+its calls take no promotion."""
 
 from __future__ import annotations
 
@@ -19,32 +20,37 @@ from agentclaims.gateway.queueing import PROMOTED, Promotions
 steps = st.lists(st.tuples(st.booleans(), st.booleans()), max_size=60)
 
 
-@given(st.integers(0, 5), steps)
-def test_promotions_never_exceed_their_bound(most: int, plan: list[tuple[bool, bool]]) -> None:
+@given(st.integers(0, 5), st.integers(1, 6), steps)
+def test_promotions_never_exceed_their_bounds(
+    most: int, crowd: int, plan: list[tuple[bool, bool]]
+) -> None:
     """Each step a call arrives (a workflow's or not) or, the second flag set, the oldest
     call in flight is answered."""
-    promotions = Promotions(most)
-    flying: list[int | None] = []
+    promotions = Promotions(most, crowd)
+    flying: list[tuple[bool, int | None]] = []
     promoted = passed = 0
     for workflow, answer in plan:
         if answer and flying:
-            promotions.give_back(flying.pop(0))
+            promotions.give_back(*flying.pop(0))
             continue
-        held = sum(p is not None for p in flying)
+        held = sum(p is not None for _, p in flying)
+        workflows = sum(w for w, _ in flying) + 1
         priority = promotions.take(workflow)
         if not workflow or most == 0:
             assert priority is None
-        elif held < most:
+        elif held < most and workflows <= crowd:
             assert priority == PROMOTED
             promoted += 1
         else:
             assert priority is None
             passed += 1
-        flying.append(priority)
-        assert promotions.in_flight == sum(p is not None for p in flying) <= most
+        flying.append((workflow, priority))
+        assert promotions.in_flight == sum(p is not None for _, p in flying) <= most
     assert promotions.stats() == {
         "most": most,
-        "in_flight": sum(p is not None for p in flying),
+        "in_flight": sum(p is not None for _, p in flying),
+        "crowd": crowd,
+        "workflows_in_flight": sum(w for w, _ in flying) if most else 0,
         "promoted": promoted,
         "passed_over": passed,
     }
@@ -70,4 +76,4 @@ async def test_the_reference_engine_promotes_no_call() -> None:
     ) as http:
         assert (await http.post("/v1/chat/completions", json=body)).status_code == 200
         stats = (await http.get("/v1/stats")).json()["gateway"]["promotions"]
-    assert stats == {"most": 1, "in_flight": 0, "promoted": 0, "passed_over": 0}
+    assert stats["promoted"] == stats["passed_over"] == stats["workflows_in_flight"] == 0
