@@ -11,9 +11,9 @@ the connector). At most ``most`` promoted calls are in flight at once (until a w
 is written, or a stream's first token), and none while more than ``crowd`` workflow calls
 are: a crowd of agents would fill the engine's batch by itself, and promoted it would leave
 one-shot callers only what it does not want. The rest go in arrival order, as every call
-does on an engine without the policy, so one-shot callers keep their share of the engine. What the
-other callers pay is measured, not assumed: the matrix benchmark reports the other tenant's
-TTFT p99 beside every cell (docs/benchmarks.md).
+does on an engine without the policy. What the other callers pay is measured, not assumed:
+the matrix benchmark reports the other tenant's TTFT p99 beside every cell (docs/vllm.md,
+"Benchmarks").
 
 A caller never sets its own place: the gateway drops a body's ``priority`` field.
 """
@@ -44,6 +44,8 @@ class Promotions:
     def __init__(self, most: int = DEFAULT_PROMOTED, crowd: int = CROWD) -> None:
         if isinstance(most, bool) or not isinstance(most, int) or most < 0:
             raise UsageError("promote", f"must be a non-negative integer, got {most!r}")
+        if isinstance(crowd, bool) or not isinstance(crowd, int) or crowd < 1:
+            raise UsageError("crowd", f"must be a positive integer, got {crowd!r}")
         self.most = most
         self.crowd = crowd
         self.in_flight = 0

@@ -171,9 +171,7 @@ class VllmKV:
     are ``CompletionForwarder``'s, ``ClaimsApi``'s and ``InstanceReset``'s."""
 
     name = "vllm"
-    orders_by_priority = True
-    """A call's ``priority`` goes to vLLM, which orders its queue by it under
-    ``--scheduling-policy priority`` (``agentclaims vllm serve`` sets it with the connector)."""
+    orders_by_priority = True  # as `agentclaims vllm serve` starts vLLM (gateway.queueing)
 
     def __init__(
         self,
@@ -382,8 +380,7 @@ class VllmKV:
 
     # ------------------------------------------------------------------ riding operations
     async def _send(self, ops: Sequence[Op]) -> ConnectorAnswer:
-        """``ops`` (each naming its tenant) to the connector now, over its channel where
-        there is one."""
+        """``ops`` (each naming its tenant) to the connector now (its channel where it has one)."""
         return await (await self.connector_ready()).operate(ops)
 
     async def _absorb_locked(self, answer: ConnectorAnswer) -> None:

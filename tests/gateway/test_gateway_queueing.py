@@ -62,6 +62,8 @@ def test_a_bad_bound_is_refused_before_anything_is_built(most: object) -> None:
         Promotions(most)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="promote"):
         create_app(ReferenceKV.create(64, 16), ScriptedModel(), promote=most)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="crowd"):
+        Promotions(1, crowd=0)
 
 
 async def test_the_reference_engine_promotes_no_call() -> None:
