@@ -75,7 +75,7 @@ class CompletionRoutes:
         service: Service,
         instance: Instance,
         errors: Counter[str],
-        promotions: Promotions | None = None,
+        promotions: Promotions,
     ) -> None:
         self.kv = kv
         self.writer = writer
@@ -87,7 +87,7 @@ class CompletionRoutes:
         """The writer's lean way for a call that carries nothing but OpenAI's fields."""
         self._queues: bool = getattr(writer, "orders_by_priority", False)
         """Whether the writer's engine takes a call's place in its queue (vLLM's)."""
-        self.promotions = promotions or Promotions()
+        self.promotions = promotions
         """Which calls go ahead in the engine's queue (``agentclaims.gateway.queueing``)."""
         self.cache_claims = PromptCacheClaims()
         """Each ``prompt_cache_key``'s latest claim (``agentclaims.gateway.hosted``)."""
@@ -168,7 +168,7 @@ class CompletionRoutes:
         body: dict[str, Any],
         tenant: Tenant | None,
         ext: Extension,
-        priority: int | None = None,
+        priority: int | None,
     ) -> Response | None:
         """A call that carries nothing but OpenAI's fields, or the SDK's ``agentclaims``
         object with nothing in it to carry (``Extension.carries_nothing``), written by the

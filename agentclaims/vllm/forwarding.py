@@ -284,10 +284,11 @@ class CompletionForwarder:
         answer gives may be that old; ``prepare`` checked it; ``cache_salt`` and
         ``request_id``: its tenant's; ``priority``: its place in vLLM's queue), written with
         the least work that books it: ``None`` while an operation waits to ride or the
-        figures are older (``write`` carries it, its answer brings new ones). The request goes as ``write`` sends one without claims or
-        envelope; an answer the connector spoke to (a refusal, a deferral, events) or that
-        vLLM aborted is booked as ``write`` books it (``Written``), any other is a
-        ``PlainReply``: the same prompt and sequence named, the same served outcome."""
+        figures are older (``write`` carries it, its answer brings new ones). The request
+        goes as ``write`` sends one without claims or envelope; an answer the connector
+        spoke to (a refusal, a deferral, events) or that vLLM aborted is booked as ``write``
+        books it (``Written``), any other is a ``PlainReply``: the same prompt and sequence
+        named, the same served outcome."""
         client = await self._ready()
         if self._riding:  # after the start's waits: what was queued meanwhile rides too
             return None
