@@ -24,8 +24,8 @@ pytestmark = pytest.mark.vllm
 
 FILLERS = 2  # the server's --max-num-seqs
 QUEUED = 3
-RUN = 100  # tokens each queued call and the SDK's decode: one after another, they end about
-# half a second apart (answers may reach this client in bursts: the order is judged loosely)
+RUN = 400  # tokens each queued call and the SDK's decode: one after another, they end about
+# two seconds apart (vLLM's API server hands answers on in bursts of up to a second here)
 
 
 @pytest.fixture(scope="module")
