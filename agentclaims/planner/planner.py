@@ -32,16 +32,17 @@ predicted next use from the claims' reuse hints, e.g. the reference engine with
 ``NextUsePolicy``), the ``ranked`` preset: soft by default (every prefix ``best_effort`` with its
 hint: ranked, never harmed), no pins (``ranked-hard`` adds ``hard_protected`` where the agent is
 sure of a short wait, on a tool or another node, and the pool has room; measured in the replay
-it cost hits, so it is opt-in). On any other backend, the ``default`` mapping above: without a ranking, a
-best-effort hint is only a hint, and the pins are what keeps a prefix.
+it cost hits, so it is opt-in). On any other backend, the ``default`` mapping above: without a
+ranking, a best-effort hint is only a hint, and the pins are what keeps a prefix.
 
 The ``held`` preset is for a backend whose descriptor states ``sheds_by_hints`` (vLLM with the
 agentclaims connector: it ranks no unclaimed block, its free queue is LRU, but it holds claimed
 blocks and sheds soft holds farthest expected next use first): the ``ranked`` mapping with
 ``soft_mode=demotable``, so every prefix likely reused is held with its hint instead of only
 watched, ``hard_protected`` where the agent is sure of a short wait (a tool, another node) and
-the pool has room, and a refused ``expiring`` relaxed to ``demotable``. ``auto`` picks it where claims also ride on the
-backend's requests (``claims_ride_on_requests``: a hold then costs no engine request).
+the pool has room, and a refused ``expiring`` relaxed to ``demotable``. ``auto`` picks it where
+claims also ride on the backend's requests (``claims_ride_on_requests``: a hold then costs no
+engine request).
 ``soft_mode`` is what the mapping's ``best_effort`` rows give (``best_effort`` by default).
 
 Every preset claims nothing where the engine says its pool would keep the prefix unheld
