@@ -31,18 +31,17 @@ backend: where the descriptor states ``ranks_by_hints`` (the backend ranks resid
 predicted next use from the claims' reuse hints, e.g. the reference engine with
 ``NextUsePolicy``), the ``ranked`` preset: soft by default (every prefix ``best_effort`` with its
 hint: ranked, never harmed), no pins (``ranked-hard`` adds ``hard_protected`` where the agent is
-sure of a short wait, on a tool or another node, and the pool has room; measured in the replay
-it cost hits, so it is opt-in). On any other backend, the ``default`` mapping above: without a
-ranking, a best-effort hint is only a hint, and the pins are what keeps a prefix.
+sure of a short tool wait and the pool has room; measured in the replay it cost hits, so it is
+opt-in). On any other backend, the ``default`` mapping above: without a ranking, a
+best-effort hint is only a hint, and the pins are what keeps a prefix.
 
 The ``held`` preset is for a backend whose descriptor states ``sheds_by_hints`` (vLLM with the
 agentclaims connector: it ranks no unclaimed block, its free queue is LRU, but it holds claimed
 blocks and sheds soft holds farthest expected next use first): the ``ranked`` mapping with
 ``soft_mode=demotable``, so every prefix likely reused is held with its hint instead of only
-watched, ``hard_protected`` where the agent is sure of a short wait (a tool, another node) and
-the pool has room, and a refused ``expiring`` relaxed to ``demotable``. ``auto`` picks it where
-claims also ride on the backend's requests (``claims_ride_on_requests``: a hold then costs no
-engine request).
+watched, ``hard_protected`` where the agent is sure of a short tool wait and the pool has room,
+and a refused ``expiring`` relaxed to ``demotable``. ``auto`` picks it where claims also ride on the
+backend's requests (``claims_ride_on_requests``: a hold then costs no engine request).
 ``soft_mode`` is what the mapping's ``best_effort`` rows give (``best_effort`` by default).
 
 Every preset claims nothing where the engine says its pool would keep the prefix unheld
@@ -382,9 +381,8 @@ class PlannerPolicy:
     ranked: bool = False
     """The backend ranks resident blocks by predicted next use from the claims' reuse hints
     (``NextUsePolicy``): every prefix is claimed ``soft_mode`` with its hint (ranked, never
-    harmed), and ``hard_protected`` only where the agent is sure of a short wait (on a tool or
-    another node, never the human) and the pool has room (pressure at most
-    ``pin_max_pressure``)."""
+    harmed), and ``hard_protected`` only where the agent is sure of a short tool wait and the
+    pool has room (pressure at most ``pin_max_pressure``)."""
     soft_mode: ProtectionMode = ProtectionMode.BEST_EFFORT
     """What a claim without a pin is: ``best_effort`` (a hint the backend may rank), or
     ``demotable`` on a backend that ranks nothing unclaimed but holds claimed blocks and sheds
@@ -579,7 +577,7 @@ class ClaimPlanner:
             return ClaimPlan(None, reason="reuse unlikely")
         if (
             pol.allow_hard
-            and ctx.waiting_on in ("tool", "llm")
+            and ctx.waiting_on == "tool"
             and ctx.reuse_probability >= pol.hard_min_p
             and ctx.ste <= pol.hard_max_ste
             and wait is not None

@@ -544,9 +544,8 @@ def _harm_of(page: EventPage, claim_id: ClaimId) -> ClaimEvent | None:
 def release_at_once(held: HeldClaim, now: float, *, room: bool | None = None) -> bool:
     """Whether letting ``held`` go at ``now`` needs a release of its own: a pin whose TTL does
     not end within ``PIN_RIDE_S`` (a soft hold never: the engine sheds it as it needs), unless
-    the pool has ``room`` for it within the share of holds (``PoolShare.room``): a pin left to
-    its TTL there takes nothing the calls that run need, and its release rides on the next
-    call."""
+    the pool has ``room`` for it beside the agents' working set (``PoolShare.room``): a pin
+    left to its TTL there displaces nothing, and its release rides on the next call."""
     if held.plan.mode not in PIN_MODES or room is True:
         return False
     ttl = held.plan.ttl_s

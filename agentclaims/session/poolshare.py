@@ -14,13 +14,10 @@ three decisions follow from them, the same for every session of the process:
   node's next call). So when the agents' working set exceeds the pool, the prefixes that save
   the most per block held keep theirs, instead of every prefix held softly and shed under
   pressure.
-* **Whether a pin has room** (``room``): a ``hard_protected`` claim only where it fits in the
-  share beside the live holds, and beside the live pins under the engine's cap on pinned
-  blocks (``hard_cap_blocks``: vLLM's connector keeps one longest request's room). The rest
-  of the pool stays for the calls that run, so when the agents' working set exceeds the pool
-  the holds that fit are kept through their waits rather than shed by the next call that
-  needs a block; the deferrals they cause raise the planner's ``pressure``, past
-  ``pin_max_pressure`` no pin is planned.
+* **Whether a pin has room** (``room``): a ``hard_protected`` claim only where the agents'
+  working set (every live agent's latest context) fits in the share, the holds made and this
+  one too, and the pool has that many free blocks: a pin in a pool the agents over-subscribe
+  makes their own calls wait for it.
 * **Admission.** An AIMD window on the sessions running model calls (Concur's agent-level
   admission), engaged only while the pool thrashes because the agents' own contexts
   over-subscribe it and the engine is the bottleneck: a period of calls whose hit ratio fell
@@ -111,7 +108,6 @@ class _Hold:
     blocks: int
     density: float
     until: float
-    pinned: bool = False
 
 
 class PoolShare:
@@ -150,9 +146,6 @@ class PoolShare:
         """Sessions running model calls; ``OPEN_WINDOW`` (everyone) until the pool thrashes."""
         self.usable_blocks: int | None = None
         self.free_blocks: int | None = None
-        self.hard_cap_blocks: int | None = None
-        """The most blocks the engine lets pins take (vLLM's connector: its pool less one
-        longest request); ``None`` where the answers do not say."""
         self.evicted_per_s: float | None = None
         self.survival_s: float | None = None
         self.displaced_reuse_p: float | None = None
@@ -206,7 +199,7 @@ class PoolShare:
         if not isinstance(pool, Mapping):
             return
         self.pool_survival_s = pool_survival(pool)
-        for name in ("usable_blocks", "free_blocks", "hard_cap_blocks"):
+        for name in ("usable_blocks", "free_blocks"):
             value = pool.get(name)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
                 setattr(self, name, value)
@@ -281,18 +274,18 @@ class PoolShare:
         return denser + blocks <= budget
 
     def room(self, key: tuple[str, str], blocks: int) -> bool | None:
-        """Whether a pin of ``blocks`` has room: it fits in the share beside the live holds,
-        and beside the live pins under the engine's cap on pinned blocks. The rest of the
-        pool stays for the calls that run. ``None``: the pool's size is unknown."""
+        """Whether a pin of ``blocks`` has room: the agents' working set (every live agent's
+        latest context, ``note_footprint``) fits in the share, the live holds and it too, and
+        that many blocks are free. A pin where the agents' contexts do not all fit would make
+        their own calls wait for it. ``None``: the pool's size is unknown."""
         budget = self.budget_blocks
         if budget is None:
             return None
         now = self.clock()
-        live = [h for k, h in self._holds.items() if k != key and h.until > now]
-        if sum(h.blocks for h in live) + blocks > budget:
-            return False
-        cap = self.hard_cap_blocks
-        return cap is None or sum(h.blocks for h in live if h.pinned) + blocks <= cap
+        held = sum(h.blocks for k, h in self._holds.items() if k != key and h.until > now)
+        working = self._working - self._footprints.get(key, 0) + blocks
+        free = self.free_blocks
+        return working <= budget and held + blocks <= budget and (free is None or blocks <= free)
 
     def note_footprint(self, key: tuple[str, str], blocks: int) -> None:
         """``key``'s agent now carries a context of ``blocks`` (its part of the working set)."""
@@ -304,19 +297,9 @@ class PoolShare:
         """The live agents' contexts together, as their sessions last planned them."""
         return self._working
 
-    def hold(
-        self,
-        key: tuple[str, str],
-        blocks: int,
-        density: float,
-        seconds: float,
-        *,
-        pinned: bool = False,
-    ) -> None:
-        """``key`` (a session and node) holds ``blocks`` for about ``seconds`` (``pinned``:
-        in a mode the engine does not shed)."""
-        until = self.clock() + max(1.0, 2.0 * seconds)
-        self._holds[key] = _Hold(blocks, density, until, pinned)
+    def hold(self, key: tuple[str, str], blocks: int, density: float, seconds: float) -> None:
+        """``key`` (a session and node) holds ``blocks`` for about ``seconds``."""
+        self._holds[key] = _Hold(blocks, density, self.clock() + max(1.0, 2.0 * seconds))
 
     def drop(self, key: tuple[str, str]) -> None:
         self._holds.pop(key, None)

@@ -377,8 +377,7 @@ class WorkflowModel:
         saved = (plan.saving_s or 0.0) - (plan.cost_s or 0.0)
         density = saved / (blocks * held_s) if plan.saving_s is not None else math.inf
         if share.fits(key, blocks, density):
-            pinned = plan.mode in (ProtectionMode.EXPIRING, ProtectionMode.HARD_PROTECTED)
-            share.hold(key, blocks, density, held_s, pinned=pinned)
+            share.hold(key, blocks, density, held_s)
             return ctx, plan
         share.drop(key)
         return ctx, ClaimPlan(None, reason=DENSER_HOLDS, saving_s=plan.saving_s, cost_s=plan.cost_s)

@@ -497,7 +497,7 @@ class CompletionForwarder:
         the prompt and sequence named, the claims decided from the connector's answer."""
         answer = client._answer(data)
         if answer.pool is not None:
-            self._pool = (monotonic(), self._figures(answer.pool))
+            self._pool = (monotonic(), dict(answer.pool))
         if tokens is None:
             tokens = prompt_ids(data)
         sequence = sequence_ids(data, tokens, self.block_size)
@@ -579,18 +579,5 @@ class CompletionForwarder:
             cached_tokens=answer.cached_tokens,
             block_hashes=tuple(hashes),
             deferred_s=answer.deferred_s,
-            pool=None if answer.pool is None else self._figures(answer.pool),
+            pool=None if answer.pool is None else dict(answer.pool),
         )
-
-    def _figures(self, said: Mapping[str, Any]) -> dict[str, Any]:
-        """The connector's pool figures with the pool's size (read from vLLM at start) and
-        the cap on pinned blocks (the connector's, from its answers): what the sessions size
-        their holds and their pins by."""
-        out = dict(said)
-        usable = self._kv.usable_blocks
-        if usable and "usable_blocks" not in out:
-            out["usable_blocks"] = int(usable)
-        cap = self._mirror.limits.get("cap_blocks")
-        if isinstance(cap, int) and not isinstance(cap, bool) and "hard_cap_blocks" not in out:
-            out["hard_cap_blocks"] = cap
-        return out

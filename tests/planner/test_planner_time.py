@@ -201,26 +201,10 @@ def test_a_soft_hold_the_engine_sheds_saves_nothing():
     assert default.value(tool_wait(**churning, hold_kept_p=0.0), M.HARD_PROTECTED) == (
         default.value(tool_wait(**churning), M.HARD_PROTECTED)
     )
-    unsure = {**churning, "waiting_on": "llm", "reuse_probability": 0.8}  # no pin: soft
-    shed = held.plan(tool_wait(**unsure, hold_kept_p=0.0))
+    shed = held.plan(tool_wait(**churning, hold_kept_p=0.0, waiting_on="llm"))
     assert shed.mode is None
     assert shed.reason == SAVES_LESS
-    assert held.plan(tool_wait(**unsure, hold_kept_p=0.5)).mode is M.DEMOTABLE
-
-
-def test_a_sure_and_soon_return_after_another_node_is_pinned_as_a_tool_wait_is():
-    """Where claims ride and holds are shed by their hints (``held``), an agent whose next
-    call comes after other nodes' work (a plain I/O node, a supervisor's turn), with a learned
-    return probability of at least ``hard_min_p`` and a short learned wait, is pinned as one
-    waiting on its tool is; not where the return is less sure, the wait is not learned, the
-    pool has no room, or the human is next."""
-    sure = {"waiting_on": "llm", "reuse_probability": 0.95, "expected_wait_s": 1.5}
-    assert held.plan(tool_wait(**sure)).mode is M.HARD_PROTECTED
-    assert held.plan(tool_wait(**sure)).mode is held.plan(tool_wait()).mode
-    assert held.plan(tool_wait(**{**sure, "reuse_probability": 0.85})).mode is M.DEMOTABLE
-    assert held.plan(tool_wait(**sure, wait_learned=False)).mode is M.DEMOTABLE
-    assert held.plan(tool_wait(**sure, pool_room=False)).mode is M.DEMOTABLE
-    assert held.plan(tool_wait(**{**sure, "waiting_on": "human"})).mode is not M.HARD_PROTECTED
+    assert held.plan(tool_wait(**churning, waiting_on="llm", hold_kept_p=0.5)).mode is M.DEMOTABLE
 
 
 @given(st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.sampled_from(list(M)))

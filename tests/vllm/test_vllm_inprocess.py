@@ -24,8 +24,7 @@ async def test_a_claimed_agent_in_process_holds_its_prefix_on_vllm(
 ) -> None:
     """Three calls of one agent through the app in this process: the descriptor is the
     connector's (claims ride on requests), each call carries its claim (none goes to the
-    claims API on its own), the connector holds the last one (``demotable``, or pinned once
-    the agent's quick return is learned and the pool has room for it), each call after
+    claims API on its own), the connector holds the last one ``demotable``, each call after
     the first is served its prefix from vLLM's cache, and closing the backend closes the
     app's connections to vLLM."""
     backend = agentclaims.InProcessGateway.over_vllm(vllm_server.url, vllm_server.key)
@@ -56,8 +55,7 @@ async def _three_turns(backend: agentclaims.InProcessGateway, vllm_server: VllmS
             await session.settle()
             [held] = list(session.claims.values())
             view = await backend.get_claim(held.claim_id, session.owner_scope)
-            pinned_or_held = (ProtectionMode.HARD_PROTECTED, ProtectionMode.DEMOTABLE)
-            assert view.protection_mode in pinned_or_held, view
+            assert view.protection_mode is ProtectionMode.DEMOTABLE
             assert view.state in (ClaimState.ACCEPTED, ClaimState.MATERIALIZED), view
     assert session.stats.llm_calls == 3
     assert session.stats.claims_accepted == 3, log.getvalue()[-3000:]
