@@ -138,6 +138,7 @@ class ClaimedGraph(Generic[G_co]):
             **overrides,
         }
         session = ClaimedSession(self.backend if backend is None else backend, **options)
+        session.workflow.run_ends_when_done = True  # one run of the graph
         self.last_session = session
         return session
 

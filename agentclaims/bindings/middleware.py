@@ -148,6 +148,7 @@ class ClaimsMiddleware(AgentMiddleware[ClaimsState, Any, Any]):
         if thread not in (None, "") and options.get("thread_id") is None:
             options["thread_id"] = str(thread)
         session = ClaimedSession(self.backend, **options)
+        session.workflow.run_ends_when_done = True  # the agent's run is the session
         await session.__aenter__()
         self._runs[key] = session
         self.last_session = session

@@ -293,6 +293,8 @@ class CompletionRoutes:
         payload = dict(written.payload)
         if isinstance(payload.get("id"), str):  # it names the request: as the caller named it
             payload["id"] = self.service.namespace.shown_text(payload["id"], tenant)
+        if ext is not None and ext.release_when_done and not calls_tools(payload):
+            released = [*released, *await released_when_done(self, result, owners, tenant)]
         extension = self._extension(result, released)
         report = await self._add_to_answer(extension, ext, hosted, tenant)
         payload[EXTENSION_KEY] = extension
@@ -377,9 +379,11 @@ class CompletionRoutes:
                 # the next: the last one carries the ``agentclaims`` object, so the stream is
                 # chunk for chunk the engine's, as OpenAI shapes it
                 last: dict[str, Any] | None = None
+                tools = False
                 async for chunk in streamed.chunks():
                     if shown_id is not None and "id" in chunk:
                         chunk["id"] = shown_id
+                    tools = tools or calls_tools(chunk)
                     if last is not None:
                         yield event(last)
                         last = None
@@ -390,7 +394,10 @@ class CompletionRoutes:
                 result = early or await self.service.served(
                     _settled(streamed), owners, tenant, owner
                 )
-                extension = {**self._extension(result, released), "usage": streamed.usage}
+                done: Sequence[Mapping[str, Any]] = released
+                if ext is not None and ext.release_when_done and not tools:
+                    done = [*released, *await released_when_done(self, result, owners, tenant)]
+                extension = {**self._extension(result, done), "usage": streamed.usage}
                 await self._add_to_answer(extension, ext, hosted, tenant)
                 if last is None:  # no finishing chunk came (never from vLLM): one of its own
                     last = {**streamed.shape, "choices": []}
@@ -498,6 +505,46 @@ def _plain_call(body: Mapping[str, Any]) -> bool:
     streamed (a bad ``stream`` field is refused here, as always); its ``agentclaims`` object,
     if any, is judged by ``Extension.carries_nothing``."""
     return _PROMPT_CACHE_FIELDS.isdisjoint(body) and not stream_requested(body)
+
+
+def calls_tools(answer: Mapping[str, Any]) -> bool:
+    """Whether a chat completion (or a streamed chunk of one) calls a tool: a choice's message
+    (or delta) with tool calls, or finished for them. A text completion calls none."""
+    for choice in answer.get("choices") or ():
+        if not isinstance(choice, Mapping):
+            continue
+        said = choice.get("message") or choice.get("delta")
+        if choice.get("finish_reason") == "tool_calls" or (
+            isinstance(said, Mapping) and said.get("tool_calls")
+        ):
+            return True
+    return False
+
+
+async def released_when_done(
+    routes: CompletionRoutes,
+    result: ServeResult,
+    owners: Mapping[str, str],
+    tenant: Tenant | None,
+) -> list[dict[str, Any]]:
+    """The claims a call carried that it held, let go as it is answered without a tool call
+    (``Extension.release_when_done``: the agent is done): released ``done``, their ids (as the
+    caller named them) and states for the answer's ``released``. One gone meanwhile is
+    skipped."""
+    ns, out = routes.service.namespace, []
+    for decision in result.decisions:
+        inner = ns.inner(decision.claim_id, tenant)
+        owner = owners.get(inner)
+        if not decision.accepted or owner is None:
+            continue
+        try:
+            view = await routes.kv.release_claim(ClaimId(inner), OwnerScope(owner), done=True)
+        except UnknownClaim:
+            continue
+        out.append({"claim_id": decision.claim_id, "state": view.state.value})
+    if out:
+        await routes.service.sync()
+    return out
 
 
 def _may_end(chunk: Mapping[str, Any]) -> bool:

@@ -63,6 +63,11 @@ class Extension:
     release_done: tuple[str, ...] = ()
     """Of ``release``, those whose prefix nothing is expected to use again: their blocks are
     handed back as the next victims (``done``), not as the freshest."""
+    release_when_done: bool = False
+    """Where the answer calls no tool (the agent is done: its run ends, or nothing will use
+    its prefix again), the claims this call carries are released as it is answered (``done``:
+    their blocks the next victims), and the answer's ``released`` says so: no release of their
+    own follows the run's last call."""
     events_since: int | None = None
     """The caller's event cursor: the answer then carries the events after it (those of the
     ``session_id``'s claims and requests, as ``GET /v1/events?id_prefix=`` pages them), so a
@@ -77,6 +82,7 @@ class Extension:
             raise UsageError(EXTENSION_KEY, f"expected an object, got {raw!r}")
         known = {"session_id", "workflow_id", "owner_scope", "node", "step", "admit"}
         known |= {"request_id", "claims", "release", "release_done", "events_since"}
+        known.add("release_when_done")
         extra = set(raw) - known
         if extra:
             raise UsageError(EXTENSION_KEY, f"unknown fields {sorted(extra)}")
@@ -94,8 +100,10 @@ class Extension:
                 f"{EXTENSION_KEY}.step", f"must be a non-negative integer, got {step!r}"
             )
         admit = raw.get("admit", True)
-        if not isinstance(admit, bool):
-            raise UsageError(f"{EXTENSION_KEY}.admit", f"must be true or false, got {admit!r}")
+        when_done = raw.get("release_when_done", False)
+        for name, value in (("admit", admit), ("release_when_done", when_done)):
+            if not isinstance(value, bool):
+                raise UsageError(f"{EXTENSION_KEY}.{name}", f"must be true or false, got {value!r}")
         claims = raw.get("claims")
         claims = [] if claims is None else claims
         if not isinstance(claims, list):
@@ -126,6 +134,7 @@ class Extension:
             claims=tuple(claims),
             release=tuple(release),
             release_done=tuple(done),
+            release_when_done=when_done,
             events_since=since,
             **strings,
         )

@@ -25,7 +25,7 @@ from agentclaims.planner import (
     relax_mode,
 )
 from agentclaims.protocol import SEQUENCE_OBJECT
-from agentclaims.session.claims import release_at_once
+from agentclaims.session.claims import ClaimIO, release_at_once
 from agentclaims.session.held import Wanted
 from agentclaims.session.options import UNRANKED
 from agentclaims.session.poolshare import DENSER_HOLDS
@@ -153,6 +153,14 @@ class ClaimKeeper:
         if held is None:
             await self._riding_refused(node, riding, prefix_id, tool_names)
             return
+        if riding.when_done and not tool_names:
+            # the agent is done: the gateway let the claim go as it answered
+            why = "session_end" if s.workflow.run_ends_when_done else "reuse_unlikely"
+            if _ended_with_call(io, held, extension, why):
+                share = s.workflow.share
+                if share is not None:
+                    share.drop((s.workflow.owner, node))
+                return
         io.held[node] = held
         s.wanted.pop(node, None)
         made_with_call = getattr(backend, "claimed_with_call", None)
@@ -271,3 +279,24 @@ class ClaimKeeper:
         ctx = PrefixContext(held.prefix_id, prefix_blocks(held.prefix_id))
         await self.hold(node, held.prefix_id, ClaimPlan(weaker, ttl_s, why), ctx)
         return io.held.get(node)
+
+
+def _ended_with_call(
+    io: ClaimIO, held: HeldClaim, extension: Mapping[str, Any], reason: str
+) -> bool:
+    """Whether the answer that made ``held`` also released it (``release_when_done``): then
+    it ended there, for ``reason``, with the state the answer gave."""
+    state = next(
+        (
+            r.get("state")
+            for r in extension.get("released") or ()
+            if isinstance(r, Mapping) and r.get("claim_id") == held.claim_id
+        ),
+        None,
+    )
+    if not isinstance(state, str):
+        return False
+    held.state, held.end_reason = state, reason
+    io.ended.append(held)
+    io.log_end(held, reason)
+    return True

@@ -46,6 +46,9 @@ class Riding:
     to carry."""
     tools: tuple[str, ...] = ()
     """The tools the node was expected to call next when the call was planned."""
+    when_done: bool = False
+    """The call asked that its claim be released as it is answered, where the answer calls
+    no tool (``release_when_done``: nothing uses the prefix after such a reply)."""
 
     def declined_for(self, tool_names: Sequence[str]) -> bool:
         """Whether the call's choice to carry no claim stands after an answer that called
@@ -77,12 +80,9 @@ class RidingCalls:
         riding.releases = [h for h in io.releasing if h.backend == backend.name]
         tools = workflow.expected_tools(node)
         last = self._sequences.get(node)
+        footprint, sized = (prefix_blocks(last), True) if last else (1, False)  # a first call
         ctx, plan = workflow.plan_after_call(
-            node,
-            SEQUENCE_OBJECT,
-            tools,
-            footprint=prefix_blocks(last) if last else 1,
-            sized=last is not None,  # a first call: its size is not known yet
+            node, SEQUENCE_OBJECT, tools, footprint=footprint, sized=sized
         )
         if plan.reason in (POOL_KEEPS, SAVES_LESS):
             riding.declined, riding.tools = plan.reason, tuple(tools)
@@ -93,6 +93,10 @@ class RidingCalls:
                 wire, riding.plan = found
                 riding.claim_id, riding.ctx = wire["claim_id"], ctx
                 ext["claims"] = [wire]
+                if workflow.done_after_reply(
+                    node, SEQUENCE_OBJECT, tools, footprint=footprint, sized=sized
+                ):
+                    ext["release_when_done"] = riding.when_done = True
                 old = io.held.get(node)
                 if old is not None and old.backend == backend.name:
                     # superseded by this call's claim: let go as it arrives (the call reuses

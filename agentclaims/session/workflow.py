@@ -80,6 +80,9 @@ class WorkflowModel:
         made, the room left), set by the session before each call; ``None``: planned alone."""
         self.owner = ""
         """The session the holds recorded in ``share`` are under."""
+        self.run_ends_when_done = False
+        """The session is one run of a graph (``ClaimedGraph``, ``ClaimsMiddleware``): a reply
+        after which nothing but the human may follow ends it (``done_after_reply``)."""
         self.last_node: str = START
         self._tracker: SteTracker | None = None
         self._step_base: dict[str, int] = {}  # graph level -> first LangGraph step seen
@@ -333,6 +336,23 @@ class WorkflowModel:
             displaced_reuse_p=None if share is None else share.displaced_reuse_p,
             hold_kept_p=None if share is None else share.hold_kept_p,
         )
+
+    def done_after_reply(
+        self, node: str, prefix_id: str, tools: Sequence[str], *, footprint: int, sized: bool
+    ) -> bool:
+        """Whether nothing uses ``node``'s prefix (``prefix_id``, ``footprint`` blocks) after a
+        reply of it that calls no tool, where its call carries a claim planned with ``tools``
+        expected: nothing but the human may follow it, and either the run ends there
+        (``run_ends_when_done``) or the planner would claim nothing for that wait (asked only
+        where ``tools`` were expected: else the claim carried is that plan). A call of
+        ``node`` may then ask its claim be released as it is answered without a tool call
+        (``release_when_done``), not by a request of its own."""
+        if self._after_reply(node)[1] != "human":
+            return False
+        if self.run_ends_when_done or not tools:
+            return self.run_ends_when_done
+        ctx = self.context(node, prefix_id, (), footprint=footprint, sized=sized)
+        return self.planner.plan(ctx).mode is None
 
     def _after_reply(self, node: str) -> tuple[tuple[str, ...], str]:
         """After a reply of ``node`` that called no tool: the tool steps that cannot come next

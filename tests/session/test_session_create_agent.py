@@ -73,7 +73,9 @@ async def test_create_agent_under_claimed_session(backend, tmp_path):
 
 async def test_a_middleware_run_is_one_claimed_session(backend, tmp_path):
     agent, claims = agent_with(backend, log_dir=tmp_path)
+    before = (await backend.metrics())["gateway"]["calls"]
     result = await agent.ainvoke(ask())
+    after = (await backend.metrics())["gateway"]["calls"]
     assert result["messages"][-1].content == "found three papers on it"
     assert RUN_KEY not in result  # the session's key stays out of the agent's output
     session = claims.last_session
@@ -90,8 +92,10 @@ async def test_a_middleware_run_is_one_claimed_session(backend, tmp_path):
     assert held["claim_ids"]
     ends = {line["claim_id"]: line["reason"] for line in events(tmp_path, "claim_ended")}
     assert ends[held["claim_ids"][0]] == "superseded"  # held across the tool, then superseded
-    # the answer's claim rode on it; its reply calls no tool (the human is next): let go
-    assert sorted(ends.values()) == ["reuse_unlikely", "superseded"]
+    # the answer's claim rode on it, asking to be let go if its reply calls no tool (the run
+    # ends there): the gateway released it as it answered, so the run's end sends no release
+    assert sorted(ends.values()) == ["session_end", "superseded"]
+    assert {k: after[k] - before.get(k, 0) for k in after if "release" in k and after[k]} == {}
     assert [line["reason"] for line in events(tmp_path, "session_ended")] == ["completed"]
     assert {line["node"] for line in events(tmp_path, "llm_call")} == {"model"}
 

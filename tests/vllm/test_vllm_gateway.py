@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from conftest import VllmServer
+from conftest import ALWAYS_HELD, VllmServer
 from servers import gateway_process, start_gateway, stop
 
 from agentclaims.backends import HTTPBackend
@@ -1405,7 +1405,9 @@ async def test_a_create_agent_agent_holds_its_claim_across_a_real_tool_call_on_v
     vLLM: the model asks for the tool (vLLM's parser, the tiny model's script), the tool runs
     while the claim planned for the call before it holds the conversation's prefix in vLLM's
     pool (accepted and materialized by the connector), and the call after the tool finds that
-    prefix in vLLM's cache and answers with the tool's result."""
+    prefix in vLLM's cache and answers with the tool's result. That answer calls no tool, so
+    the claim its call carried ends with it (``release_when_done``): the run's end sends the
+    gateway nothing (claims held whatever the pool's churn, ``ALWAYS_HELD``)."""
     import json
 
     from langchain.agents import create_agent
@@ -1426,10 +1428,13 @@ async def test_a_create_agent_agent_holds_its_claim_across_a_real_tool_call_on_v
     backend = agentclaims.HTTPBackend(gateway, timeout_s=120)
     served = await agentclaims.openai_client(backend).models.list()
     model = agentclaims.chat_model(backend, model=served.data[0].id, max_tokens=80)  # of 256
-    claims = agentclaims.ClaimsMiddleware(backend, log_dir=tmp_path)
+    claims = agentclaims.ClaimsMiddleware(backend, log_dir=tmp_path, planner=ALWAYS_HELD)
     agent = create_agent(model, [search], system_prompt=words("system", 16), middleware=[claims])
-    result = await agent.ainvoke({"messages": [HumanMessage(words("ask", 6))]})
-    await backend.aclose()
+    async with httpx2.AsyncClient(base_url=gateway, timeout=30) as http:
+        calls = (await http.get("/v1/stats")).json()["gateway"]["calls"]
+        result = await agent.ainvoke({"messages": [HumanMessage(words("ask", 6))]})
+        await backend.aclose()
+        after = (await http.get("/v1/stats")).json()["gateway"]["calls"]
     assert ran == [("x", 1)]
     assert str(result["messages"][-1].content).startswith("result: notes on kv0 kv1")
     session = claims.last_session
@@ -1447,6 +1452,13 @@ async def test_a_create_agent_agent_holds_its_claim_across_a_real_tool_call_on_v
         assert ("resident_claim_materialized", claim) in before, before
         assert ("claim_ended", claim) not in before, before
     assert claims.open_sessions == 0
+    # the answer calls no tool: the claim its call carried (``release_when_done``) was let go
+    # as vLLM's answer came back, so the run's end sent nothing of its own to the gateway
+    ends = [(d["reason"], d["state"]) for d in lines if d["event"] == "claim_ended"]
+    assert ends[-1] == ("session_end", "expired"), ends
+    sent = {k: n - calls.get(k, 0) for k, n in after.items() if n != calls.get(k, 0)}
+    assert sent.pop("POST /v1/chat/completions") == 2, sent
+    assert not [k for k in sent if "/v1/claims" in k or "release" in k or "events" in k], sent
 
 
 def test_chat_anthropic_agent_with_prompt_caching_calls_its_tool_on_vllm(gateway: str) -> None:
