@@ -96,6 +96,10 @@ class HTTPBackend:
             timeout=httpx2.Timeout(timeout_s, connect=connect_timeout_s), headers=self._auth
         )
         self._closed = False
+        self.events_seen = 0
+        """The highest event sequence number this process's sessions have read from this
+        gateway: a session starting now has no event at or before it (its first read starts
+        there)."""
         self._descriptor: Descriptor | None = None
         self._releases = ReleaseQueue(self._release_one, self._release_many)
         """Releases asked for while one is out go together (``ReleaseQueue``)."""

@@ -122,7 +122,7 @@ class SessionCalls:
             return ext  # the call itself meets the outage (and fails over)
         await s.riding.plan(ext, node, backend)
         if await s.io.facts.events_ride(backend):  # its answer brings the events: no poll
-            ext["events_since"] = s.io.events.cursor(backend.name)
+            ext["events_since"] = s.io.events.cursor(backend)
         return ext
 
     def answered(self, call: AnsweredCall) -> None:

@@ -485,7 +485,7 @@ class ClaimIO:
                     held.claim_id,
                     self.owner_scope,
                     done=done,
-                    events_since=self.events.cursor(backend.name),
+                    events_since=self.events.cursor(backend),
                     id_prefix=self.session_id,
                 )
                 carried = self.events.carried(backend.name, page)

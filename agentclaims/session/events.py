@@ -72,10 +72,16 @@ class ClaimEvents:
         self._quiet_at: int | None = None
         """How many claims had ended when a ``take`` last read every event with none held."""
 
-    def cursor(self, backend_name: str) -> int:
-        """Where the next read of ``backend_name``'s events starts (a call's
-        ``events_since``)."""
-        return self._cursor.get(backend_name, 0)
+    def cursor(self, backend: ClaimsProtocol) -> int:
+        """Where the next read of ``backend``'s events starts (a call's ``events_since``). A
+        session's first read starts where this process last read that backend's events
+        (``events_seen``): every event up to there was written before the session's first
+        request, so none is its own, and its answers need not page through them."""
+        since = self._cursor.get(backend.name)
+        if since is None:
+            seen = getattr(backend, "events_seen", 0)
+            since = self._cursor[backend.name] = seen if isinstance(seen, int) else 0
+        return since
 
     def quiet(self) -> bool:
         """No claim has been held or let go since a ``take`` read every event: none can have
@@ -113,8 +119,10 @@ class ClaimEvents:
         carried, self._carried = self._carried, {}
         read_all = True  # every backend's events up to now are read
         for backend in backends:
-            since = self._cursor.get(backend.name, 0)
+            since = start = self.cursor(backend)
             pages = carried.get(backend.name) or []
+            if any(p.last_seq < start for p in pages):
+                since, pages = 0, []  # its numbering started again (a restart): read it anew
             for page in sorted(pages, key=lambda p: p.next_since):
                 since = self._read(page, since, backend.name, by_id, out)
             covered = bool(pages) and not any(p.more or p.gap for p in pages)
@@ -132,9 +140,14 @@ class ClaimEvents:
                     read_all = False
                     break
                 before = since
+                if page.last_seq < before:  # its numbering started again: from the start
+                    since, covered = 0, False
+                    continue
                 since = self._read(page, since, backend.name, by_id, out)
                 covered = since <= before or not page.more
             self._cursor[backend.name] = since
+            if hasattr(backend, "events_seen") and (since > backend.events_seen or since < start):
+                backend.events_seen = since
         quiet = read_all and not io.held and not io.releasing
         self._quiet_at = len(io.ended) if quiet else None
         return out
