@@ -509,13 +509,14 @@ def _plain_call(body: Mapping[str, Any]) -> bool:
 
 def calls_tools(answer: Mapping[str, Any]) -> bool:
     """Whether a chat completion (or a streamed chunk of one) calls a tool: a choice's message
-    (or delta) with tool calls, or finished for them. A text completion calls none."""
+    (or delta) with tool calls (or the older ``function_call``), or finished for them. A text
+    completion calls none."""
     for choice in answer.get("choices") or ():
         if not isinstance(choice, Mapping):
             continue
         said = choice.get("message") or choice.get("delta")
-        if choice.get("finish_reason") == "tool_calls" or (
-            isinstance(said, Mapping) and said.get("tool_calls")
+        if choice.get("finish_reason") in ("tool_calls", "function_call") or (
+            isinstance(said, Mapping) and (said.get("tool_calls") or said.get("function_call"))
         ):
             return True
     return False

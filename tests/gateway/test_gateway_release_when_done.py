@@ -109,3 +109,23 @@ async def test_a_bad_flag_is_refused_and_changes_nothing(
     assert "agentclaims.release_when_done" in resp.text
     with pytest.raises(UnknownClaim):
         await backend.get_claim("s1-c9", OWNER)
+
+
+@pytest.mark.parametrize(
+    ("answer", "calls"),
+    [
+        ({"choices": [{"message": {"content": "done"}, "finish_reason": "stop"}]}, False),
+        ({"choices": [{"message": {"tool_calls": [{"id": "t"}]}}]}, True),
+        ({"choices": [{"message": {"function_call": {"name": "f"}}}]}, True),
+        ({"choices": [{"delta": {"tool_calls": [{"index": 0}]}}]}, True),
+        ({"choices": [{"delta": {}, "finish_reason": "tool_calls"}]}, True),
+        ({"choices": [{"text": "a text completion", "finish_reason": "length"}]}, False),
+        ({"choices": []}, False),
+    ],
+)
+def test_what_counts_as_an_answer_that_calls_a_tool(answer: dict[str, Any], calls: bool) -> None:
+    """Whole answers and streamed chunks alike; the older ``function_call`` too (when unsure
+    whether the agent is done, its claim is kept)."""
+    from agentclaims.gateway.completions import calls_tools
+
+    assert calls_tools(answer) is calls
