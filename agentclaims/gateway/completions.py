@@ -379,11 +379,12 @@ class CompletionRoutes:
                 # the next: the last one carries the ``agentclaims`` object, so the stream is
                 # chunk for chunk the engine's, as OpenAI shapes it
                 last: dict[str, Any] | None = None
-                tools = False
+                when_done, tools = ext is not None and ext.release_when_done, False
                 async for chunk in streamed.chunks():
                     if shown_id is not None and "id" in chunk:
                         chunk["id"] = shown_id
-                    tools = tools or calls_tools(chunk)
+                    if when_done and not tools:
+                        tools = calls_tools(chunk)
                     if last is not None:
                         yield event(last)
                         last = None
@@ -395,7 +396,7 @@ class CompletionRoutes:
                     _settled(streamed), owners, tenant, owner
                 )
                 done: Sequence[Mapping[str, Any]] = released
-                if ext is not None and ext.release_when_done and not tools:
+                if when_done and not tools:
                     done = [*released, *await released_when_done(self, result, owners, tenant)]
                 extension = {**self._extension(result, done), "usage": streamed.usage}
                 await self._add_to_answer(extension, ext, hosted, tenant)

@@ -289,17 +289,12 @@ class ClaimIO:
 
     def released_with_call(self, claims: Sequence[HeldClaim], extension: Mapping[str, Any]) -> None:
         """Claims that rode on a call as releases: ended, with the states its answer gave."""
-        states = {
-            r.get("claim_id"): r.get("state")
-            for r in extension.get("released") or ()
-            if isinstance(r, Mapping)
-        }
+        states = released_states(extension)
         for held in claims:
             if held not in self.releasing:
                 continue  # ended meanwhile (lost with its instance)
             self.releasing.remove(held)
-            state = states.get(held.claim_id)
-            held.state = state if isinstance(state, str) else "unknown"
+            held.state = states.get(held.claim_id, "unknown")
             self.ended.append(held)
             self.log_end(held, held.end_reason or "superseded")
 
@@ -539,6 +534,17 @@ def _harm_of(page: EventPage, claim_id: ClaimId) -> ClaimEvent | None:
         ),
         None,
     )
+
+
+def released_states(extension: Mapping[str, Any]) -> dict[str, str]:
+    """The claims an answer says it released (its ``agentclaims.released``): id -> state."""
+    return {
+        r["claim_id"]: r["state"]
+        for r in extension.get("released") or ()
+        if isinstance(r, Mapping)
+        and isinstance(r.get("claim_id"), str)
+        and isinstance(r.get("state"), str)
+    }
 
 
 def release_at_once(held: HeldClaim, now: float, *, room: bool | None = None) -> bool:

@@ -25,7 +25,7 @@ from agentclaims.planner import (
     relax_mode,
 )
 from agentclaims.protocol import SEQUENCE_OBJECT
-from agentclaims.session.claims import ClaimIO, release_at_once
+from agentclaims.session.claims import ClaimIO, release_at_once, released_states
 from agentclaims.session.held import Wanted
 from agentclaims.session.options import UNRANKED
 from agentclaims.session.poolshare import DENSER_HOLDS
@@ -286,15 +286,8 @@ def _ended_with_call(
 ) -> bool:
     """Whether the answer that made ``held`` also released it (``release_when_done``): then
     it ended there, for ``reason``, with the state the answer gave."""
-    state = next(
-        (
-            r.get("state")
-            for r in extension.get("released") or ()
-            if isinstance(r, Mapping) and r.get("claim_id") == held.claim_id
-        ),
-        None,
-    )
-    if not isinstance(state, str):
+    state = released_states(extension).get(held.claim_id)
+    if state is None:
         return False
     held.state, held.end_reason = state, reason
     io.ended.append(held)

@@ -341,16 +341,15 @@ class WorkflowModel:
         self, node: str, prefix_id: str, tools: Sequence[str], *, footprint: int, sized: bool
     ) -> bool:
         """Whether nothing uses ``node``'s prefix (``prefix_id``, ``footprint`` blocks) after a
-        reply of it that calls no tool, where its call carries a claim planned with ``tools``
-        expected: nothing but the human may follow it, and either the run ends there
-        (``run_ends_when_done``) or the planner would claim nothing for that wait (asked only
-        where ``tools`` were expected: else the claim carried is that plan). A call of
-        ``node`` may then ask its claim be released as it is answered without a tool call
-        (``release_when_done``), not by a request of its own."""
+        reply of it that calls no tool, its call's claim planned with ``tools`` expected: only
+        the human may follow it, and the run ends there (``run_ends_when_done``) or the planner
+        would claim nothing for that wait. The call then asks ``release_when_done``."""
         if self._after_reply(node)[1] != "human":
             return False
-        if self.run_ends_when_done or not tools:
-            return self.run_ends_when_done
+        if self.run_ends_when_done:
+            return True
+        if not tools:
+            return False  # the claim the call carries is the plan for such a reply
         ctx = self.context(node, prefix_id, (), footprint=footprint, sized=sized)
         return self.planner.plan(ctx).mode is None
 
