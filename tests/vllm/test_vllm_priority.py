@@ -58,6 +58,24 @@ def _call(model: str | None, tag: str, max_tokens: int, **extra: Any) -> dict[st
     return body
 
 
+async def _until(http: httpx2.AsyncClient, vllm: VllmServer, running: int, waiting: int) -> None:
+    """Wait (10 s at most) until vLLM's own gauges say so: the queue is built as the test says,
+    not guessed from sleeps (a loaded machine can take longer to hand a call on)."""
+    want = {"vllm:num_requests_running": running, "vllm:num_requests_waiting": waiting}
+    seen: dict[str, float] = {}
+    for _ in range(200):
+        text = (await http.get(f"{vllm.url}/metrics")).text
+        seen = {
+            line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.split("{")[0] in want
+        }
+        if seen == want:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"vLLM's queue never reached {want}: {seen}")
+
+
 async def _overtaken(vllm: VllmServer, gateway: str, tag: str) -> int:
     """How many of the calls queued before it the SDK's call finished ahead of."""
     direct = f"{vllm.url}/v1/chat/completions"
@@ -72,15 +90,19 @@ async def _overtaken(vllm: VllmServer, gateway: str, tag: str) -> int:
             )
             for i in range(FILLERS)
         ]
-        await asyncio.sleep(0.3)  # both running
+        await _until(http, vllm, running=FILLERS, waiting=0)
         queued = [
             asyncio.ensure_future(_done_at(http, direct, _call(vllm.model, f"{tag}q{i}", RUN)))
             for i in range(QUEUED)
         ]
-        await asyncio.sleep(0.2)  # queued behind them, in arrival order
+        await _until(http, vllm, running=FILLERS, waiting=QUEUED)  # in arrival order
         # the SDK's call, asking for the head of the queue itself as well (dropped)
         body = _call(None, f"{tag}sdk", RUN, priority=-100, agentclaims={"owner_scope": tag})
-        mine = await _done_at(http, f"{gateway}/v1/chat/completions", body)
+        sdk = asyncio.ensure_future(_done_at(http, f"{gateway}/v1/chat/completions", body))
+        await _until(http, vllm, running=FILLERS, waiting=QUEUED + 1)
+        # queued while both fillers still ran: the first place freed is the one it may take
+        assert not any(f.done() for f in fill), "a filler ended before the SDK's call queued"
+        mine = await sdk
         theirs = await asyncio.gather(*queued)
         await asyncio.gather(*fill)
     return sum(mine < t for t in theirs)
@@ -95,8 +117,8 @@ async def test_a_workflows_call_goes_ahead_of_one_shot_calls_queued_before_it(
         async with httpx2.AsyncClient(timeout=30) as http:
             stats = (await http.get(f"{gateway}/v1/stats")).json()["gateway"]["promotions"]
     # the first place freed (seconds after it came) went to it
-    assert overtaken >= QUEUED - 1, overtaken
-    assert stats["promoted"] == 1
+    assert stats["promoted"] == 1, stats
+    assert overtaken >= QUEUED - 1, (overtaken, stats)
     assert stats["in_flight"] == stats["workflows_in_flight"] == 0
 
     with gateway_process(*args, "--promote", "0") as gateway:
