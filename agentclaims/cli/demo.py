@@ -90,7 +90,7 @@ async def _one_mode(
 
 
 async def run_demo(
-    workflows: int = 6, seed: int = 7, logs: str | Path = "agentclaims-logs", rounds: int = 3
+    workflows: int = 6, seed: int = 7, logs: str | Path = "agentclaims-logs", rounds: int = 5
 ) -> dict[str, Any]:
     """Run both modes ``rounds`` times, interleaved, on fresh engines of the same size; the
     median of each figure per mode (``rounds``: every round's figures). The first round's

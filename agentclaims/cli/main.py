@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--logs", default="agentclaims-logs", help="where the outcome logs go")
     demo.add_argument("--seed", type=int, default=7)
     demo.add_argument(
-        "--rounds", type=int, default=3, help="interleaved rounds of both modes (medians; 3)"
+        "--rounds", type=int, default=5, help="interleaved rounds of both modes (medians; 5)"
     )
     demo.set_defaults(module="demo")
 
