@@ -249,6 +249,11 @@ class HTTPBackend:
         """The gateway's descriptor, read once per backend and kept."""
         if self._descriptor is None:
             self._descriptor = await self._call("GET", "/descriptor")
+            # every event up to the gateway's last one now was written before this process
+            # asked (a session's claims and calls come after the descriptor is read)
+            seq = self._descriptor.get("events_seq")
+            if type(seq) is int and seq > self.events_seen:
+                self.events_seen = seq
         return self._descriptor
 
     async def cache_identity(self) -> CacheIdentity:

@@ -115,6 +115,9 @@ class _Gateway:
                 "text_side": self.writer.model_name,
                 **await self.kv.descriptor(),
                 EVENTS_RIDE_ON_ANSWERS: True,  # every KV side's, through the gateway
+                # none of a reader's own events is at or before it (a process's first
+                # session starts its reads there, not at 0)
+                "events_seq": await self.service.last_seq(),
                 "lowering": lowering.section,
                 "modes": lowering.modes,
             }

@@ -48,6 +48,8 @@ from agentclaims.protocol import (
 __all__ = ["Service"]
 
 _PAGE = 10_000
+_LATEST = 2**62
+"""A ``since`` past every event: its page is empty and names the last one."""
 _REMEMBERED = 100_000
 
 
@@ -373,6 +375,14 @@ class Service:
         if i == 0:
             return self.ledger.last_seq if not self._inner else self._outer[0] - 1
         return self._outer[i - 1]
+
+    async def last_seq(self) -> int:
+        """The event stream's last number now (the ledger's, where there is one): a reader
+        that starts after it hears only what is written from now on."""
+        if self.ledger is None:
+            return (await self.kv.events(_LATEST, limit=1)).last_seq
+        await self.sync()
+        return self.ledger.last_seq
 
     async def events(
         self, since: int, *, limit: int, id_prefix: str | None, tenant: Tenant | None

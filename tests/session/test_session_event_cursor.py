@@ -92,3 +92,40 @@ async def test_a_numbering_that_started_again_is_read_from_its_start(
     heard = _claim_events(tmp_path)
     assert {(c, "resident_claim_accepted") for c in ids} <= heard, heard
     assert backend.events_seen < 10**9
+
+
+async def test_a_processs_first_session_starts_at_the_gateways_last_event(
+    gateway_url: str, tmp_path: Path
+) -> None:
+    """A new process (a new backend object) on a gateway that served others: its descriptor
+    names the last event then, and the first session's first call reads from there, not from
+    0 (its answers do not page through the old events); it hears its own claims' events."""
+    earlier = agentclaims.HTTPBackend(gateway_url)
+    try:
+        await _run(earlier, tmp_path / "earlier", [])
+    finally:
+        await earlier.aclose()
+    fresh = agentclaims.HTTPBackend(gateway_url)
+    try:
+        last = (await fresh.events(0, limit=1)).last_seq
+        assert last > 0  # the earlier process's claims wrote events
+        sent: list[int | None] = []
+        session = await _run(fresh, tmp_path / "fresh", sent)
+    finally:
+        await fresh.aclose()
+    assert (await _descriptor_seq(gateway_url)) >= last
+    assert sent[0] == last, (sent, last)
+    ids = {c.claim_id for c in session.ended_claims}
+    assert len(ids) == 2
+    heard = _claim_events(tmp_path / "fresh")
+    assert {(c, "resident_claim_accepted") for c in ids} <= heard, heard
+
+
+async def _descriptor_seq(url: str) -> int:
+    backend = agentclaims.HTTPBackend(url)
+    try:
+        seq = (await backend.descriptor())["events_seq"]
+    finally:
+        await backend.aclose()
+    assert isinstance(seq, int)
+    return seq
