@@ -7,17 +7,10 @@ its claims hold meanwhile. A one-shot call is a single wait. So the gateway send
 calls (those with an ``agentclaims`` object: a claimed session's steps) to vLLM with a
 higher scheduling priority (``PROMOTED``; vLLM orders its waiting queue by priority, then
 arrival, under ``--scheduling-policy priority``, which ``agentclaims vllm serve`` sets with
-the connector). Only a call whose prefix a claim held up to it goes ahead (the call carries
-the release of a claim the gateway still holds, as the SDK's call does when its claim
-supersedes the one held across the wait): its prefill is short, so the one-shot calls it
-overtakes wait little for it, and the blocks held for it are used sooner. A call whose prefix
-nothing held would make them wait a whole prefill for nothing the claims kept (a tiny model,
-a pool a third of the agents' working set, ten-second waits: the other tenant's TTFT p99
-1.50x promoted that way, 0.98x unpromoted, the agents as soon;
-benchmarks/results/2026-12-06-promote-held-only.md). At most ``most`` promoted calls are in
-flight at once (until a whole answer is written, or a stream's first token), and none while
-more than ``crowd`` workflow calls are: a crowd of agents would fill the engine's batch by
-itself, and promoted it would leave one-shot callers only what it does not want. The rest go in arrival order, as every call
+the connector). At most ``most`` promoted calls are in flight at once (until a whole answer
+is written, or a stream's first token), and none while more than ``crowd`` workflow calls
+are: a crowd of agents would fill the engine's batch by itself, and promoted it would leave
+one-shot callers only what it does not want. The rest go in arrival order, as every call
 does on an engine without the policy. What the other callers pay is measured, not assumed:
 the matrix benchmark reports the other tenant's TTFT p99 beside every cell (docs/vllm.md,
 "Benchmarks").
@@ -63,21 +56,15 @@ class Promotions:
         self.passed_over = 0
         """Workflow calls that went in arrival order: ``most`` promoted ones, or more than
         ``crowd`` workflow calls, were in flight."""
-        self.not_held = 0
-        """Workflow calls that went in arrival order because no held claim covered their
-        prefix."""
 
-    def take(self, workflow: bool, held: bool = True) -> int | None:
-        """The priority a call goes with: ``PROMOTED`` for a workflow's call whose prefix was
-        ``held`` while fewer than ``most`` promoted ones and at most ``crowd`` workflow calls
-        (itself included) are in flight, else ``None`` (vLLM's default). A workflow's call
-        counts until ``give_back``."""
+    def take(self, workflow: bool) -> int | None:
+        """The priority a call goes with: ``PROMOTED`` for a workflow's call while fewer than
+        ``most`` promoted ones and at most ``crowd`` workflow calls (itself included) are in
+        flight, else ``None`` (vLLM's default). A workflow's call counts until
+        ``give_back``."""
         if not workflow or self.most == 0:
             return None
         self.workflows += 1
-        if not held:
-            self.not_held += 1
-            return None
         if self.in_flight >= self.most or self.workflows > self.crowd:
             self.passed_over += 1
             return None
@@ -100,5 +87,4 @@ class Promotions:
             "workflows_in_flight": self.workflows,
             "promoted": self.promoted,
             "passed_over": self.passed_over,
-            "not_held": self.not_held,
         }

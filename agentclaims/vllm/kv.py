@@ -36,7 +36,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -320,8 +320,10 @@ class VllmKV:
         try:
             status, _ = await self._http.request("GET", "/health", timeout_s=5.0)
         except BackendUnavailable as exc:
-            detail = self.liveness.reason() if self.liveness.dead else str(exc)
-            return {"usable": False, "detail": detail}
+            return {
+                "usable": False,
+                "detail": self.liveness.reason() if self.liveness.dead else str(exc),
+            }
         if status == 503:  # vLLM's answer for a dead engine (EngineDeadError)
             self._engine_died(f"vLLM at {self.upstream} /health: HTTP 503")
         if self.liveness.dead is not None:
@@ -402,9 +404,6 @@ class VllmKV:
         return None if self.claim_gate is None else self.claim_gate(spec)
 
     # ------------------------------------------------------------------ claims protocol
-    def holds_any(self, claim_ids: Iterable[str]) -> bool:  # a pure query (ClaimMirror's)
-        return self.mirror.holds_any(claim_ids)
-
     def identity(self) -> CacheIdentity:
         return CacheIdentity(
             cache_key_domain=f"vllm:{self.upstream}",
@@ -528,8 +527,10 @@ class VllmKV:
         }
 
     async def serve(self, request: ActiveRequest) -> ServeResult:
-        if request.block_hashes is not None:  # vLLM hashes its own tokens
-            raise OperationNotExposed(self.name, "serve by block hashes")
+        if request.block_hashes is not None:
+            raise OperationNotExposed(
+                self.name, "serve by block hashes (vLLM hashes its own tokens)"
+            )
         tokens = [t for seg in request.segments for t in seg]
         body = {
             "prompt": tokens,

@@ -1,8 +1,8 @@
 """The gateway's promotions (``agentclaims.gateway.queueing``): which calls go ahead in the
 engine's queue. Any interleaving of calls taking and giving back their place (hypothesis)
-never has more than ``most`` promoted in flight, promotes only workflows' calls whose prefix
-a claim held, and none while more than ``crowd`` workflow calls are in flight, promotes one
-whenever both bounds allow, and counts every call it passed over. The reference engine has no queue to order:
+never has more than ``most`` promoted in flight, promotes only workflows' calls, and none
+while more than ``crowd`` workflow calls are in flight, promotes one whenever both bounds
+allow, and counts every call it passed over. The reference engine has no queue to order:
 its calls take no promotion."""
 
 from __future__ import annotations
@@ -17,30 +17,27 @@ from agentclaims.errors import UsageError
 from agentclaims.gateway import ScriptedModel, create_app
 from agentclaims.gateway.queueing import PROMOTED, Promotions
 
-steps = st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans()), max_size=60)
+steps = st.lists(st.tuples(st.booleans(), st.booleans()), max_size=60)
 
 
 @given(st.integers(0, 5), st.integers(1, 6), steps)
 def test_promotions_never_exceed_their_bounds(
-    most: int, crowd: int, plan: list[tuple[bool, bool, bool]]
+    most: int, crowd: int, plan: list[tuple[bool, bool]]
 ) -> None:
-    """Each step a call arrives (a workflow's or not, its prefix held or not) or, the third
-    flag set, the oldest call in flight is answered."""
+    """Each step a call arrives (a workflow's or not) or, the second flag set, the oldest
+    call in flight is answered."""
     promotions = Promotions(most, crowd)
     flying: list[tuple[bool, int | None]] = []
-    promoted = passed = not_held = 0
-    for workflow, prefix_held, answer in plan:
+    promoted = passed = 0
+    for workflow, answer in plan:
         if answer and flying:
             promotions.give_back(*flying.pop(0))
             continue
         held = sum(p is not None for _, p in flying)
         workflows = sum(w for w, _ in flying) + 1
-        priority = promotions.take(workflow, prefix_held)
+        priority = promotions.take(workflow)
         if not workflow or most == 0:
             assert priority is None
-        elif not prefix_held:
-            assert priority is None
-            not_held += 1
         elif held < most and workflows <= crowd:
             assert priority == PROMOTED
             promoted += 1
@@ -56,7 +53,6 @@ def test_promotions_never_exceed_their_bounds(
         "workflows_in_flight": sum(w for w, _ in flying) if most else 0,
         "promoted": promoted,
         "passed_over": passed,
-        "not_held": not_held,
     }
 
 

@@ -4,10 +4,9 @@
 
 A vLLM of its own runs two sequences at once (``--max-num-seqs 2``). Two long one-shot calls
 straight to vLLM fill it, one ending seconds before the other; three more queue behind them;
-then a call of the SDK's comes through the gateway, releasing the claim its workflow held
-across the wait before it (its prefix is cached). The order the answers come in says who got
-the freed place first: the SDK's call overtakes the calls queued before it; with
-``--promote 0``, or where no claim held its prefix, it waits its turn behind them."""
+then a call of the SDK's comes through the gateway. The order the answers come in says who
+got the freed place first: the SDK's call overtakes the calls queued before it, and with
+``--promote 0`` it waits its turn behind them."""
 
 from __future__ import annotations
 
@@ -77,22 +76,14 @@ async def _until(http: httpx2.AsyncClient, vllm: VllmServer, running: int, waiti
     raise AssertionError(f"vLLM's queue never reached {want}: {seen}")
 
 
-async def _overtaken(vllm: VllmServer, gateway: str, tag: str, *, held: bool = True) -> int:
-    """How many of the calls queued before it the SDK's call finished ahead of (``held``:
-    it releases a claim its workflow holds, made by the call before it)."""
+async def _overtaken(vllm: VllmServer, gateway: str, tag: str) -> int:
+    """How many of the calls queued before it the SDK's call finished ahead of."""
     direct = f"{vllm.url}/v1/chat/completions"
     async with httpx2.AsyncClient(timeout=120) as http:
         # the gateway's first call starts its side (the connector's handshake) and takes no
-        # promotion (nothing held its prefix): the one measured below is the second
-        claim = {"claim_id": f"{tag}-held", "object_id": "@sequence", "ttl_s": 60}
-        claim["protection_mode"] = "hard_protected"
-        first = _call(None, f"{tag} context " * 40, 1)
-        first["agentclaims"] = {"owner_scope": tag, "claims": [claim] if held else []}
-        warm = await http.post(f"{gateway}/v1/chat/completions", json=first)
+        # promotion: the one measured below is the second
+        warm = await http.post(f"{gateway}/v1/chat/completions", json=_call(None, tag, 1))
         assert warm.status_code == 200, warm.text
-        if held:
-            [decision] = warm.json()["agentclaims"]["decisions"]
-            assert decision["state"] in ("accepted", "materialized"), decision
         fill = [
             asyncio.ensure_future(
                 _done_at(http, direct, _call(vllm.model, f"{tag}f{i}", 1000 * (i + 1)))
@@ -106,10 +97,7 @@ async def _overtaken(vllm: VllmServer, gateway: str, tag: str, *, held: bool = T
         ]
         await _until(http, vllm, running=FILLERS, waiting=QUEUED)  # in arrival order
         # the SDK's call, asking for the head of the queue itself as well (dropped)
-        ext: dict[str, Any] = {"owner_scope": tag}
-        if held:
-            ext["release"] = [claim["claim_id"]]
-        body = _call(None, f"{tag}sdk", RUN, priority=-100, agentclaims=ext)
+        body = _call(None, f"{tag}sdk", RUN, priority=-100, agentclaims={"owner_scope": tag})
         sdk = asyncio.ensure_future(_done_at(http, f"{gateway}/v1/chat/completions", body))
         await _until(http, vllm, running=FILLERS, waiting=QUEUED + 1)
         # queued while both fillers still ran: the first place freed is the one it may take
@@ -132,15 +120,6 @@ async def test_a_workflows_call_goes_ahead_of_one_shot_calls_queued_before_it(
     assert stats["promoted"] == 1, stats
     assert overtaken >= QUEUED - 1, (overtaken, stats)
     assert stats["in_flight"] == stats["workflows_in_flight"] == 0
-    assert stats["not_held"] == 1  # the first call: nothing held its prefix
-
-    with gateway_process(*args) as gateway:
-        overtaken = await _overtaken(two_seqs, gateway, "prio-unheld", held=False)
-        async with httpx2.AsyncClient(timeout=30) as http:
-            stats = (await http.get(f"{gateway}/v1/stats")).json()["gateway"]["promotions"]
-    # no claim held its prefix: a whole prefill would make the queued calls wait for nothing
-    assert (stats["promoted"], stats["not_held"]) == (0, 2), stats
-    assert overtaken <= 1, overtaken
 
     with gateway_process(*args, "--promote", "0") as gateway:
         overtaken = await _overtaken(two_seqs, gateway, "prio-off")
