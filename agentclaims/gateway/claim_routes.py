@@ -20,7 +20,7 @@ from agentclaims.errors import (
     UsageError,
 )
 from agentclaims.gateway.extension import event_cursor
-from agentclaims.gateway.limits import EVENTS_PER_ANSWER
+from agentclaims.gateway.limits import EVENTS_PER_ANSWER, SEQ_LIMIT
 from agentclaims.gateway.params import (
     block_hashes_of,
     claim_owners,
@@ -138,7 +138,7 @@ class ClaimRoutes:
         return JSONResponse({"released": out})
 
     async def events(self, request: Request) -> Response:
-        since = int_param(request, "since", 0, 0, 2**62)
+        since = int_param(request, "since", 0, 0, SEQ_LIMIT)
         limit = int_param(request, "limit", 10_000, 1, 100_000)
         id_prefix = request.query_params.get("id_prefix") or None
         page = await self.service.events(

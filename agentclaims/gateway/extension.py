@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentclaims.errors import UsageError
+from agentclaims.gateway.limits import SEQ_LIMIT
 from agentclaims.protocol import EXTENSION_KEY, INSTANCE_HEADER, INSTANCE_URL_HEADER
 
 __all__ = ["Extension", "Instance", "event_cursor"]
@@ -160,7 +161,7 @@ def event_cursor(value: Any, field: str) -> int | None:
     a release's body): ``None``, or an event sequence number; else ``UsageError`` naming
     ``field``."""
     if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62
+        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEQ_LIMIT
     ):
         raise UsageError(
             field, f"must be a non-negative integer (an event sequence number), got {value!r}"

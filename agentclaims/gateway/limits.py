@@ -16,8 +16,11 @@ from typing import Any
 from agentclaims import _json
 from agentclaims.errors import UsageError
 
-__all__ = ["EVENTS_PER_ANSWER", "BodyTooLarge", "Limits", "parse_body"]
+__all__ = ["EVENTS_PER_ANSWER", "SEQ_LIMIT", "BodyTooLarge", "Limits", "parse_body"]
 
+SEQ_LIMIT = 2**62
+"""Event sequence numbers stay below it (the bound on a caller's ``since``); a read from it is
+past every event, its page empty and naming the last one."""
 EVENTS_PER_ANSWER = 4096
 """At most this many events are scanned for one answer that carries a session's events (a
 completion's, a release's; its session's are kept; ``more`` says when others wait: the session

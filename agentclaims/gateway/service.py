@@ -35,6 +35,7 @@ from agentclaims.contract import (
 )
 from agentclaims.errors import ServiceUnavailable, UsageError
 from agentclaims.gateway.ledger import Ledger, LedgerClaim
+from agentclaims.gateway.limits import SEQ_LIMIT
 from agentclaims.gateway.namespace import TenantNamespace
 from agentclaims.gateway.prefixes import TenantPrefixes
 from agentclaims.gateway.tenants import Tenant, TenantKeys
@@ -48,8 +49,6 @@ from agentclaims.protocol import (
 __all__ = ["Service"]
 
 _PAGE = 10_000
-_LATEST = 2**62
-"""A ``since`` past every event: its page is empty and names the last one."""
 _REMEMBERED = 100_000
 
 
@@ -380,7 +379,7 @@ class Service:
         """The event stream's last number now (the ledger's, where there is one): a reader
         that starts after it hears only what is written from now on."""
         if self.ledger is None:
-            return (await self.kv.events(_LATEST, limit=1)).last_seq
+            return (await self.kv.events(SEQ_LIMIT, limit=1)).last_seq
         await self.sync()
         return self.ledger.last_seq
 

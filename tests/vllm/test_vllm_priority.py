@@ -18,6 +18,7 @@ from typing import Any
 import httpx2
 import pytest
 from conftest import VllmServer, serve_vllm
+from prometheus_client.parser import text_string_to_metric_families
 from servers import gateway_process
 
 pytestmark = pytest.mark.vllm
@@ -66,9 +67,9 @@ async def _until(http: httpx2.AsyncClient, vllm: VllmServer, running: int, waiti
     for _ in range(200):
         text = (await http.get(f"{vllm.url}/metrics")).text
         seen = {
-            line.split("{")[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.split("{")[0] in want
+            family.name: sum(sample.value for sample in family.samples)
+            for family in text_string_to_metric_families(text)
+            if family.name in want
         }
         if seen == want:
             return
