@@ -336,6 +336,7 @@ def create_app(
         raise UsageError(
             "text", f"the KV side {type(kv).__name__} writes no replies: give a text side"
         )
+    promotions.queue = getattr(writer, "engine_queue", None)  # vLLM's queue times
     service = Service(kv, keys, ledger)
     gw = _Gateway(kv, writer, name, lowering, service, instance or Instance(), promotions)
     comp, claims = gw.completion_routes, gw.claim_routes
@@ -384,6 +385,7 @@ def create_app(
         if isinstance(kv, ReferenceKV) and lowering is None:
             await gw.lowering()  # its self-test evidence now, not on a request
         yield
+        await promotions.aclose()
         await service.close()
 
     app = _GatewayApp(

@@ -106,11 +106,11 @@ class CompletionRoutes:
     ) -> Response:
         """Both completion endpoints (and the APIs translated into them, ``/v1/messages``):
         the call checked (nothing changes on bad input), the claims it releases let go, the
-        reply written with its KV life, the claims' decisions in its ``agentclaims`` object;
-        streamed as the engine produces it where it can. A workflow's call (the SDK's) goes
-        ahead in the engine's queue while the gateway's bound allows (``promotions``)."""
-        workflow = self._queues and body.get(EXTENSION_KEY) is not None
-        priority = self.promotions.take(workflow)
+        reply with its KV life and claims' decisions, streamed where it can; a workflow's call
+        goes ahead in the engine's queue where it is worth it (``promotions``)."""
+        workflow = self._queues and (raw := body.get(EXTENSION_KEY)) is not None
+        held = workflow and releases_held(self.writer, self.service, raw, tenant_of(request))
+        priority = self.promotions.take(workflow, held)
         try:
             return await self._completion_of(request, kind, body, priority)
         finally:
@@ -506,6 +506,18 @@ def _plain_call(body: Mapping[str, Any]) -> bool:
     streamed (a bad ``stream`` field is refused here, as always); its ``agentclaims`` object,
     if any, is judged by ``Extension.carries_nothing``."""
     return _PROMPT_CACHE_FIELDS.isdisjoint(body) and not stream_requested(body)
+
+
+def releases_held(writer: object, service: Service, raw: Any, tenant: Tenant | None) -> bool:
+    """Whether a call's ``agentclaims`` object ``raw`` releases a claim ``writer``'s engine
+    still holds (its ``mirror``): it superseded the claim held across the wait before it, so
+    its prefix is cached. Read before the object is checked: anything unreadable is ``False``."""
+    release = raw.get("release") if isinstance(raw, Mapping) else None
+    mirror = getattr(writer, "mirror", None)
+    if not isinstance(release, list) or not release or mirror is None:
+        return False
+    ns = service.namespace
+    return bool(mirror.holds_any(ns.inner(cid, tenant) for cid in release if isinstance(cid, str)))
 
 
 def calls_tools(answer: Mapping[str, Any]) -> bool:

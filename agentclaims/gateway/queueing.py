@@ -7,7 +7,16 @@ its claims hold meanwhile. A one-shot call is a single wait. So the gateway send
 calls (those with an ``agentclaims`` object: a claimed session's steps) to vLLM with a
 higher scheduling priority (``PROMOTED``; vLLM orders its waiting queue by priority, then
 arrival, under ``--scheduling-policy priority``, which ``agentclaims vllm serve`` sets with
-the connector). At most ``most`` promoted calls are in flight at once (until a whole answer
+the connector). A call whose prefix a claim held up to it (it releases a claim the engine
+still holds, as the SDK's call does when its claim supersedes the one held across the wait)
+has a short prefill: the callers it overtakes wait little for it. A call whose prefix nothing
+held makes each of them wait a whole prefill: it goes ahead only where the wait it skips is at
+least ``margin`` times a prefill, as vLLM's own histograms say of the requests it scheduled
+lately (``agentclaims.vllm.engine_queue``; until they say, it goes ahead). On a tiny model
+with ten-second waits and a pool a third of the agents' working set, the queue was ~90 ms and
+a prefill of their long contexts as long: promoted, the other tenant's TTFT p99 was 1.50x;
+behind a heavy tenant's 2.9 s queue, promotion made the agents 1.4x sooner
+(benchmarks/results/2026-12-06-promote-held-only.md). At most ``most`` promoted calls are in flight at once (until a whole answer
 is written, or a stream's first token), and none while more than ``crowd`` workflow calls
 are: a crowd of agents would fill the engine's batch by itself, and promoted it would leave
 one-shot callers only what it does not want. The rest go in arrival order, as every call
@@ -20,9 +29,11 @@ A caller never sets its own place: the gateway drops a body's ``priority`` field
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from agentclaims.errors import UsageError
 
-__all__ = ["CROWD", "DEFAULT_PROMOTED", "PROMOTED", "Promotions"]
+__all__ = ["CROWD", "DEFAULT_PROMOTED", "MARGIN", "PROMOTED", "Promotions"]
 
 PROMOTED = -1
 """vLLM's ``priority`` for a promoted call (lower goes first; every other call has 0)."""
@@ -36,18 +47,53 @@ CROWD = 4
 vllm serve`` gives vLLM (``--max-num-seqs 8``). Twelve agents promoted one at a time kept
 the matrix's heavy other tenant waiting 1.37x longer at its p99 (cell 15)."""
 
+MARGIN = 2.0
+"""An unheld call goes ahead where the queue's wait is at least this many prefills."""
+
+
+class QueueFigures(Protocol):
+    """Means over the requests the engine scheduled lately (``EngineQueue``'s)."""
+
+    @property
+    def wait_s(self) -> float: ...
+
+    @property
+    def prefill_s(self) -> float: ...
+
+
+class QueueTimes(Protocol):
+    """The engine's queue wait and prefill time lately (``EngineQueue``), ``None`` unknown."""
+
+    @property
+    def latest(self) -> QueueFigures | None: ...
+
+    def figures(self) -> QueueFigures | None: ...
+
+    async def aclose(self) -> None: ...
+
 
 class Promotions:
     """The gateway's promoted calls: ``take`` one for a call, ``give_back`` it when the call
     is answered (or its stream has begun); ``most`` 0 promotes none."""
 
-    def __init__(self, most: int = DEFAULT_PROMOTED, crowd: int = CROWD) -> None:
+    def __init__(
+        self,
+        most: int = DEFAULT_PROMOTED,
+        crowd: int = CROWD,
+        queue: QueueTimes | None = None,
+        margin: float = MARGIN,
+    ) -> None:
         if isinstance(most, bool) or not isinstance(most, int) or most < 0:
             raise UsageError("promote", f"must be a non-negative integer, got {most!r}")
         if isinstance(crowd, bool) or not isinstance(crowd, int) or crowd < 1:
             raise UsageError("crowd", f"must be a positive integer, got {crowd!r}")
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin >= 0:
+            raise UsageError("margin", f"must be a non-negative number, got {margin!r}")
         self.most = most
         self.crowd = crowd
+        self.queue = queue
+        """The engine's queue times lately (``None``: unknown, an unheld call goes ahead)."""
+        self.margin = margin
         self.in_flight = 0
         self.workflows = 0
         """Workflow calls in flight, promoted or not."""
@@ -56,21 +102,33 @@ class Promotions:
         self.passed_over = 0
         """Workflow calls that went in arrival order: ``most`` promoted ones, or more than
         ``crowd`` workflow calls, were in flight."""
+        self.short_wait = 0
+        """Unheld workflow calls that went in arrival order: the queue's wait was under
+        ``margin`` prefills."""
 
-    def take(self, workflow: bool) -> int | None:
+    def take(self, workflow: bool, held: bool = True) -> int | None:
         """The priority a call goes with: ``PROMOTED`` for a workflow's call while fewer than
         ``most`` promoted ones and at most ``crowd`` workflow calls (itself included) are in
-        flight, else ``None`` (vLLM's default). A workflow's call counts until
-        ``give_back``."""
+        flight, and, its prefix not ``held``, the engine's queue worth skipping; else
+        ``None`` (vLLM's default). A workflow's call counts until ``give_back``."""
         if not workflow or self.most == 0:
             return None
         self.workflows += 1
+        if not held and not self.worth_skipping():
+            self.short_wait += 1
+            return None
         if self.in_flight >= self.most or self.workflows > self.crowd:
             self.passed_over += 1
             return None
         self.in_flight += 1
         self.promoted += 1
         return PROMOTED
+
+    def worth_skipping(self) -> bool:
+        """Whether the engine's queue lately kept calls at least ``margin`` prefills: unknown
+        counts as yes (the figures come with the first calls)."""
+        figures = None if self.queue is None else self.queue.figures()
+        return figures is None or figures.wait_s >= self.margin * figures.prefill_s
 
     def give_back(self, workflow: bool, priority: int | None) -> None:
         """The call ``take(workflow)`` gave ``priority`` to is answered (or streaming)."""
@@ -79,7 +137,8 @@ class Promotions:
         if priority is not None:
             self.in_flight -= 1
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float | None]:
+        figures = None if self.queue is None else self.queue.latest
         return {
             "most": self.most,
             "in_flight": self.in_flight,
@@ -87,4 +146,12 @@ class Promotions:
             "workflows_in_flight": self.workflows,
             "promoted": self.promoted,
             "passed_over": self.passed_over,
+            "short_wait": self.short_wait,
+            "margin": self.margin,
+            "queue_wait_s": None if figures is None else round(figures.wait_s, 4),
+            "prefill_s": None if figures is None else round(figures.prefill_s, 4),
         }
+
+    async def aclose(self) -> None:
+        if self.queue is not None:
+            await self.queue.aclose()

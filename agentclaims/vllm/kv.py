@@ -76,6 +76,7 @@ from agentclaims.protocol import (
 )
 from agentclaims.vllm.claims_api import ClaimsApi
 from agentclaims.vllm.client import ConnectorAnswer, ConnectorClient
+from agentclaims.vllm.engine_queue import EngineQueue
 from agentclaims.vllm.forwarding import CompletionForwarder
 from agentclaims.vllm.instance import InstanceReset
 from agentclaims.vllm.liveness import EngineLiveness
@@ -190,8 +191,8 @@ class VllmKV:
         ride_bound_s = _ride_bound(ride_bound_s)
         self._http = Upstream(upstream, timeout_s=timeout_s)  # checks the URL
         self.upstream = self._http.base_url
-        self.block_size = block_size
-        self._model = model
+        self.block_size, self._model = block_size, model
+        self.engine_queue = EngineQueue(self._http.get_text)  # vLLM's queue and prefill times
         self._key = claims_key
         self._connector = ConnectorClient(self.upstream, claims_key, model="", client=self._http)
         """One client, one cursor on the connector's event stream, whatever the tenant."""

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from agentclaims import kernel
@@ -121,6 +121,12 @@ class ClaimMirror:
         self._request_ids: OrderedDict[str, str] = OrderedDict()
         """vLLM's request id (``cmpl-<ours>``) -> the gateway's, for the connector's events."""
         self._max_requests = max_requests
+
+    def holds_any(self, claim_ids: Iterable[str]) -> bool:
+        """Whether the connector holds the blocks of any of these claims, as far as the
+        gateway has heard (``MirroredClaim.held``); an unknown id holds nothing. A pure query."""
+        claims = self.claims
+        return any(c is not None and c.held for c in map(claims.get, claim_ids))
 
     def name_request(self, vllm_id: str, ours: str) -> None:
         """vLLM calls the gateway's request ``ours`` ``vllm_id`` in its events."""

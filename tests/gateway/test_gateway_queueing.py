@@ -1,8 +1,9 @@
 """The gateway's promotions (``agentclaims.gateway.queueing``): which calls go ahead in the
 engine's queue. Any interleaving of calls taking and giving back their place (hypothesis)
 never has more than ``most`` promoted in flight, promotes only workflows' calls, and none
-while more than ``crowd`` workflow calls are in flight, promotes one whenever both bounds
-allow, and counts every call it passed over. The reference engine has no queue to order:
+while more than ``crowd`` workflow calls are in flight, an unheld one only where the engine's
+queue lately waited at least ``margin`` prefills, promotes one whenever that allows, and counts
+every call it passed over. The reference engine has no queue to order:
 its calls take no promotion."""
 
 from __future__ import annotations
@@ -15,29 +16,47 @@ from hypothesis import strategies as st
 from agentclaims.engine import ReferenceKV
 from agentclaims.errors import UsageError
 from agentclaims.gateway import ScriptedModel, create_app
-from agentclaims.gateway.queueing import PROMOTED, Promotions
+from agentclaims.gateway.queueing import MARGIN, PROMOTED, Promotions
+from agentclaims.vllm.engine_queue import QueueFigures
 
-steps = st.lists(st.tuples(st.booleans(), st.booleans()), max_size=60)
+steps = st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans()), max_size=60)
+waits = st.none() | st.builds(QueueFigures, st.floats(0, 10), st.floats(0, 10))
 
 
-@given(st.integers(0, 5), st.integers(1, 6), steps)
+class _Queue:
+    """Queue times as an ``EngineQueue`` reports them, fixed."""
+
+    def __init__(self, figures: QueueFigures | None) -> None:
+        self.latest = figures
+        self.figures = lambda: figures
+
+    async def aclose(self) -> None:
+        pass
+
+
+@given(st.integers(0, 5), st.integers(1, 6), waits, steps)
 def test_promotions_never_exceed_their_bounds(
-    most: int, crowd: int, plan: list[tuple[bool, bool]]
+    most: int, crowd: int, figures: QueueFigures | None, plan: list[tuple[bool, bool, bool]]
 ) -> None:
-    """Each step a call arrives (a workflow's or not) or, the second flag set, the oldest
-    call in flight is answered."""
-    promotions = Promotions(most, crowd)
+    """Each step a call arrives (a workflow's or not, its prefix held or not) or, the third
+    flag set, the oldest call in flight is answered; the engine's queue times are
+    ``figures`` (``None``: not known yet)."""
+    promotions = Promotions(most, crowd, _Queue(figures))
+    worth = figures is None or figures.wait_s >= MARGIN * figures.prefill_s
     flying: list[tuple[bool, int | None]] = []
-    promoted = passed = 0
-    for workflow, answer in plan:
+    promoted = passed = short = 0
+    for workflow, prefix_held, answer in plan:
         if answer and flying:
             promotions.give_back(*flying.pop(0))
             continue
         held = sum(p is not None for _, p in flying)
         workflows = sum(w for w, _ in flying) + 1
-        priority = promotions.take(workflow)
+        priority = promotions.take(workflow, prefix_held)
         if not workflow or most == 0:
             assert priority is None
+        elif not prefix_held and not worth:
+            assert priority is None
+            short += 1
         elif held < most and workflows <= crowd:
             assert priority == PROMOTED
             promoted += 1
@@ -53,6 +72,10 @@ def test_promotions_never_exceed_their_bounds(
         "workflows_in_flight": sum(w for w, _ in flying) if most else 0,
         "promoted": promoted,
         "passed_over": passed,
+        "short_wait": short,
+        "margin": MARGIN,
+        "queue_wait_s": None if figures is None else round(figures.wait_s, 4),
+        "prefill_s": None if figures is None else round(figures.prefill_s, 4),
     }
 
 
@@ -64,6 +87,8 @@ def test_a_bad_bound_is_refused_before_anything_is_built(most: object) -> None:
         create_app(ReferenceKV.create(64, 16), ScriptedModel(), promote=most)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="crowd"):
         Promotions(1, crowd=0)
+    with pytest.raises(UsageError, match="margin"):
+        Promotions(1, margin=float("nan"))
 
 
 async def test_the_reference_engine_promotes_no_call() -> None:

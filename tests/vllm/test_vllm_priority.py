@@ -173,6 +173,9 @@ async def test_a_workflows_call_goes_ahead_of_one_shot_calls_queued_before_it(
             stats = (await http.get(f"{gateway}/v1/stats")).json()["gateway"]["promotions"]
     # the first place freed went to it
     assert stats["promoted"] == sent, (stats, sent)
+    # and vLLM's own queue and prefill times were read (from its /metrics) for the next ones
+    assert stats["queue_wait_s"] is not None, stats
+    assert stats["prefill_s"] is not None, stats
     assert overtaken >= QUEUED - 1, (overtaken, stats)
     assert stats["in_flight"] == stats["workflows_in_flight"] == 0
 

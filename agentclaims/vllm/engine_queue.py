@@ -1,0 +1,129 @@
+"""``EngineQueue``: how long calls have lately waited in vLLM's queue, and how long a prefill
+took, from vLLM's own histograms.
+
+vLLM times every request it schedules: ``vllm:request_queue_time_seconds`` (arrival to
+first scheduled) and ``vllm:request_prefill_time_seconds`` (first scheduled to first token).
+Between two reads of its ``/metrics``, the change of a histogram's sum over the change of its
+count is the mean over the requests scheduled in between (at the first read, since vLLM
+began), whoever sent them (the gateway's
+calls and every other caller's). The gateway's promotions weigh one against the other
+(``agentclaims.gateway.queueing``): the wait a workflow's call skips against the prefill the
+callers it overtakes then wait for.
+
+Reads are made only while calls come (``figures`` starts one when the last is older than
+``every_s``) and never two at once; a read that fails, or a vLLM that began its counts again
+(a restart), leaves the figures as they were or starts them afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = ["EngineQueue", "QueueFigures"]
+
+log = logging.getLogger(__name__)
+
+QUEUE = "vllm:request_queue_time_seconds"
+PREFILL = "vllm:request_prefill_time_seconds"
+_READ = tuple(f"{name}_{part}" for name in (QUEUE, PREFILL) for part in ("sum", "count"))
+WEIGHT = 0.5
+"""How much one read's means count against what came before (an exponential average)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFigures:
+    """Means over the requests vLLM scheduled lately (an exponential average of reads)."""
+
+    wait_s: float
+    """Arrival to first scheduled."""
+    prefill_s: float
+    """First scheduled to first token."""
+
+
+class EngineQueue:
+    """vLLM's queue and prefill times lately; ``figures()`` is ``None`` until a read saw
+    requests scheduled."""
+
+    def __init__(
+        self,
+        get_text: Callable[..., Awaitable[tuple[int, str]]],
+        every_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._get_text = get_text
+        self.every_s = every_s
+        self._clock = clock
+        self._last_read = -float("inf")
+        self._reading: asyncio.Task[None] | None = None
+        self._totals: dict[str, float] | None = None
+        self._figures: QueueFigures | None = None
+        self.reads = 0
+
+    @property
+    def latest(self) -> QueueFigures | None:
+        """The figures as the last read left them (reads nothing)."""
+        return self._figures
+
+    def figures(self) -> QueueFigures | None:
+        """The latest figures; starts a read (in the background) when the last is stale."""
+        now = self._clock()
+        if now - self._last_read >= self.every_s and self._reading is None:
+            self._last_read = now
+            self._reading = asyncio.get_running_loop().create_task(self._read())
+        return self._figures
+
+    async def _read(self) -> None:
+        try:
+            status, text = await self._get_text("/metrics", timeout_s=5.0)
+            if status == 200:
+                self.absorb(text)
+        except Exception as exc:  # a figure missed: the next read tries again
+            log.debug("vLLM's /metrics not read: %s", exc)
+        finally:
+            self._reading = None
+
+    def absorb(self, text: str) -> None:
+        """Take in one ``/metrics`` page (Prometheus text)."""
+        self.reads += 1
+        wanted = "\n".join(line for line in text.splitlines() if line.startswith(_READ))
+        totals = dict.fromkeys(_READ, 0.0)
+        for family in text_string_to_metric_families(wanted + "\n"):
+            for sample in family.samples:
+                if sample.name in totals:  # every engine's, summed
+                    totals[sample.name] += sample.value
+        before, self._totals = self._totals, totals
+        if before is None:  # the first read: the means since vLLM began
+            before = dict.fromkeys(_READ, 0.0)
+        waited = totals[f"{QUEUE}_count"] - before[f"{QUEUE}_count"]
+        filled = totals[f"{PREFILL}_count"] - before[f"{PREFILL}_count"]
+        if waited < 0 or filled < 0:  # vLLM counts from zero again: figures afresh
+            self._figures = None
+            return
+        if waited == 0 or filled == 0:
+            return
+        fresh = QueueFigures(
+            (totals[f"{QUEUE}_sum"] - before[f"{QUEUE}_sum"]) / waited,
+            (totals[f"{PREFILL}_sum"] - before[f"{PREFILL}_sum"]) / filled,
+        )
+        old = self._figures
+        self._figures = (
+            fresh
+            if old is None
+            else QueueFigures(
+                WEIGHT * fresh.wait_s + (1 - WEIGHT) * old.wait_s,
+                WEIGHT * fresh.prefill_s + (1 - WEIGHT) * old.prefill_s,
+            )
+        )
+
+    async def aclose(self) -> None:
+        if self._reading is not None:
+            self._reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reading
