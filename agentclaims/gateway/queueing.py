@@ -11,15 +11,14 @@ the connector). A call whose prefix a claim held up to it (it releases a claim t
 still holds, as the SDK's call does when its claim supersedes the one held across the wait)
 has a short prefill: the callers it overtakes wait little for it. A call whose prefix nothing
 held makes each of them wait a whole prefill: it goes ahead only where the wait it skips is at
-least ``margin`` times a prefill, as vLLM's own histograms say of the requests it scheduled
-lately (``agentclaims.vllm.engine_queue``; until they say, it goes ahead). On a tiny model
-with ten-second waits and a pool a third of the agents' working set, the queue was ~90 ms and
-a prefill of their long contexts as long: promoted, the other tenant's TTFT p99 was 1.50x;
-behind a heavy tenant's 2.9 s queue, promotion made the agents 1.4x sooner
-(benchmarks/results/2026-12-06-promote-held-only.md). At most ``most`` promoted calls are in flight at once (until a whole answer
-is written, or a stream's first token), and none while more than ``crowd`` workflow calls
-are: a crowd of agents would fill the engine's batch by itself, and promoted it would leave
-one-shot callers only what it does not want. The rest go in arrival order, as every call
+least ``margin`` prefills, as vLLM's own histograms say of the requests it scheduled lately
+(``agentclaims.vllm.engine_queue``; until they say, it goes ahead). Promoting every workflow
+call kept the matrix's heavy other tenant waiting 1.50x longer at its TTFT p99 in cell 3
+(a ~90 ms queue, prefills as long); by this rule 0.93x, while cell 8 (a 3 s queue) kept its
+gain (benchmarks/results/2026-12-06-promote-by-time.md). At most ``most`` promoted calls are
+in flight at once (until a whole answer is written, or a stream's first token), and none
+while more than ``crowd`` workflow calls are: a crowd of agents would fill the engine's batch
+by itself, and promoted it would leave one-shot callers only what it does not want. The rest go in arrival order, as every call
 does on an engine without the policy. What the other callers pay is measured, not assumed:
 the matrix benchmark reports the other tenant's TTFT p99 beside every cell (docs/vllm.md,
 "Benchmarks").

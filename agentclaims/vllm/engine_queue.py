@@ -5,8 +5,7 @@ vLLM times every request it schedules: ``vllm:request_queue_time_seconds`` (arri
 first scheduled) and ``vllm:request_prefill_time_seconds`` (first scheduled to first token).
 Between two reads of its ``/metrics``, the change of a histogram's sum over the change of its
 count is the mean over the requests scheduled in between (at the first read, since vLLM
-began), whoever sent them (the gateway's
-calls and every other caller's). The gateway's promotions weigh one against the other
+began), whoever sent them. The gateway's promotions weigh one against the other
 (``agentclaims.gateway.queueing``): the wait a workflow's call skips against the prefill the
 callers it overtakes then wait for.
 
