@@ -28,9 +28,8 @@ A caller never sets its own place: the gateway drops a body's ``priority`` field
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from agentclaims.errors import UsageError
+from agentclaims.protocol.writer import QueueTimes
 
 __all__ = ["CROWD", "DEFAULT_PROMOTED", "MARGIN", "PROMOTED", "Promotions"]
 
@@ -48,27 +47,6 @@ the matrix's heavy other tenant waiting 1.37x longer at its p99 (cell 15)."""
 
 MARGIN = 2.0
 """An unheld call goes ahead where the queue's wait is at least this many prefills."""
-
-
-class QueueFigures(Protocol):
-    """Means over the requests the engine scheduled lately (``EngineQueue``'s)."""
-
-    @property
-    def wait_s(self) -> float: ...
-
-    @property
-    def prefill_s(self) -> float: ...
-
-
-class QueueTimes(Protocol):
-    """The engine's queue wait and prefill time lately (``EngineQueue``), ``None`` unknown."""
-
-    @property
-    def latest(self) -> QueueFigures | None: ...
-
-    def figures(self) -> QueueFigures | None: ...
-
-    async def aclose(self) -> None: ...
 
 
 class Promotions:

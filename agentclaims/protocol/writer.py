@@ -22,6 +22,8 @@ __all__ = [
     "CompletionCall",
     "PlainReply",
     "PlainWrite",
+    "QueueFigures",
+    "QueueTimes",
     "ReplyStream",
     "ReplyWriter",
     "Written",
@@ -183,3 +185,29 @@ def check_body(kind: str, body: Mapping[str, Any]) -> None:
             )
     else:
         raise UsageError("kind", f"unknown completion kind {kind!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFigures:
+    """Means over the requests an engine scheduled lately (``QueueTimes``)."""
+
+    wait_s: float
+    """Arrival to first scheduled."""
+    prefill_s: float
+    """First scheduled to first token."""
+
+
+class QueueTimes(Protocol):
+    """How long an engine's queue and prefills lately took, where a writer's engine orders
+    calls by priority (``VllmKV.engine_queue``; the gateway's promotions weigh them)."""
+
+    @property
+    def latest(self) -> QueueFigures | None:
+        """The figures as the last read left them (``None``: none yet); reads nothing."""
+        ...
+
+    def figures(self) -> QueueFigures | None:
+        """The latest figures; may start a read of fresher ones."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -21,9 +21,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from agentclaims.protocol.writer import QueueFigures
 
 __all__ = ["EngineQueue", "QueueFigures"]
 
@@ -34,16 +35,6 @@ PREFILL = "vllm:request_prefill_time_seconds"
 _READ = tuple(f"{name}_{part}" for name in (QUEUE, PREFILL) for part in ("sum", "count"))
 WEIGHT = 0.5
 """How much one read's means count against what came before (an exponential average)."""
-
-
-@dataclass(frozen=True, slots=True)
-class QueueFigures:
-    """Means over the requests vLLM scheduled lately (an exponential average of reads)."""
-
-    wait_s: float
-    """Arrival to first scheduled."""
-    prefill_s: float
-    """First scheduled to first token."""
 
 
 class EngineQueue:
@@ -61,9 +52,10 @@ class EngineQueue:
         self._clock = clock
         self._last_read = -float("inf")
         self._reading: asyncio.Task[None] | None = None
-        self._totals: dict[str, float] | None = None
+        self._totals = dict.fromkeys(_READ, 0.0)
+        """The histograms' sums and counts at the last read (zeros before the first: its
+        means are since vLLM began)."""
         self._figures: QueueFigures | None = None
-        self.reads = 0
 
     @property
     def latest(self) -> QueueFigures | None:
@@ -90,7 +82,6 @@ class EngineQueue:
 
     def absorb(self, text: str) -> None:
         """Take in one ``/metrics`` page (Prometheus text)."""
-        self.reads += 1
         wanted = "\n".join(line for line in text.splitlines() if line.startswith(_READ))
         totals = dict.fromkeys(_READ, 0.0)
         for family in text_string_to_metric_families(wanted + "\n"):
@@ -98,8 +89,6 @@ class EngineQueue:
                 if sample.name in totals:  # every engine's, summed
                     totals[sample.name] += sample.value
         before, self._totals = self._totals, totals
-        if before is None:  # the first read: the means since vLLM began
-            before = dict.fromkeys(_READ, 0.0)
         waited = totals[f"{QUEUE}_count"] - before[f"{QUEUE}_count"]
         filled = totals[f"{PREFILL}_count"] - before[f"{PREFILL}_count"]
         if waited < 0 or filled < 0:  # vLLM counts from zero again: figures afresh

@@ -153,14 +153,12 @@ async def _overtaken(vllm: VllmServer, gateway: str, tag: str) -> tuple[int, int
         direct = f"{vllm.url}/v1/chat/completions"
         await asyncio.gather(*(_done_at(http, direct, _call(vllm.model, tag, 8)) for _ in "ab"))
         sent = 0
-        for attempt in range(TRIES):
+        for attempt in range(TRIES - 1):
             try:
                 return await _round(http, vllm, gateway, f"{tag}{attempt}"), sent + 1
             except QueueNotBuilt as failed:
-                if attempt == TRIES - 1:
-                    raise
                 sent += failed.sdk_sent
-    raise AssertionError("unreachable")
+        return await _round(http, vllm, gateway, f"{tag}{TRIES - 1}"), sent + 1
 
 
 async def test_a_workflows_call_goes_ahead_of_one_shot_calls_queued_before_it(
