@@ -21,6 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from urllib.parse import urlencode
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -33,6 +34,12 @@ log = logging.getLogger(__name__)
 QUEUE = "vllm:request_queue_time_seconds"
 PREFILL = "vllm:request_prefill_time_seconds"
 _READ = tuple(f"{name}_{part}" for name in (QUEUE, PREFILL) for part in ("sum", "count"))
+PAGE = "/metrics"
+PATH = "/metrics/?" + urlencode([("name[]", name) for name in _READ])
+"""vLLM's metrics asked for the four series only (prometheus_client's ``name[]`` filter): vLLM
+0.32 answers ``/metrics`` with its whole page (58 KB, about 5-8 ms of its API server's CPU on
+the tiny model) whatever the query, and ``/metrics/`` from prometheus_client's own app, which
+filters (under 1 KB, about 0.5 ms). A vLLM that answers it 404 is read at ``PAGE`` after."""
 WEIGHT = 0.5
 """How much one read's means count against what came before (an exponential average)."""
 
@@ -51,6 +58,7 @@ class EngineQueue:
         self.every_s = every_s
         self._clock = clock
         self._last_read = -float("inf")
+        self._path = PATH
         self._reading: asyncio.Task[None] | None = None
         self._totals = dict.fromkeys(_READ, 0.0)
         """The histograms' sums and counts at the last read (zeros before the first: its
@@ -72,9 +80,11 @@ class EngineQueue:
 
     async def _read(self) -> None:
         try:
-            status, text = await self._get_text("/metrics", timeout_s=5.0)
+            status, text = await self._get_text(self._path, timeout_s=5.0)
             if status == 200:
                 self.absorb(text)
+            elif status == 404 and self._path != PAGE:
+                self._path = PAGE  # no filtered page here: the whole one from now on
         except Exception as exc:  # a figure missed: the next read tries again
             log.debug("vLLM's /metrics not read: %s", exc)
         finally:
@@ -82,7 +92,7 @@ class EngineQueue:
 
     def absorb(self, text: str) -> None:
         """Take in one ``/metrics`` page (Prometheus text)."""
-        wanted = "\n".join(line for line in text.splitlines() if line.startswith(_READ))
+        wanted = "\n".join(_lines(text))
         totals = dict.fromkeys(_READ, 0.0)
         for family in text_string_to_metric_families(wanted + "\n"):
             for sample in family.samples:
@@ -115,3 +125,18 @@ class EngineQueue:
             self._reading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reading
+
+
+def _lines(text: str) -> list[str]:
+    """The page's lines of the four series read, found by searching for their names (the page
+    has thousands of lines; splitting it all took most of a read's time)."""
+    out = []
+    for name in _READ:
+        at = text.find(name)
+        while at >= 0:
+            end = text.find("\n", at)
+            end = len(text) if end < 0 else end
+            if (at == 0 or text[at - 1] == "\n") and text.startswith(("{", " "), at + len(name)):
+                out.append(text[at:end])
+            at = text.find(name, end)
+    return out

@@ -3,16 +3,30 @@
 over the requests scheduled in between, an average over reads (the first: since vLLM
 began), nothing from a read that saw no request, figures afresh after a restart (counts
 lower), reads started only when stale and one at a time, a failed read changing nothing.
-The real vLLM's own page is read in tests/vllm/test_vllm_priority.py."""
+A read asks for the four series only (prometheus_client's ``name[]`` filter, which vLLM's
+``/metrics`` serves); a whole page is read as well. The real vLLM's own answer is read in
+tests/vllm/test_vllm_priority.py."""
 
 from __future__ import annotations
 
 import asyncio
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from agentclaims.vllm.engine_queue import WEIGHT, EngineQueue, QueueFigures
+from agentclaims.vllm.engine_queue import (
+    PAGE,
+    PATH,
+    PREFILL,
+    QUEUE,
+    WEIGHT,
+    EngineQueue,
+    QueueFigures,
+    _lines,
+)
 
 
 def _near(wait_s: float, prefill_s: float) -> object:
@@ -44,6 +58,7 @@ class _Vllm:
             "vllm:request_prefill_time_seconds", "", labels, registry=self.registry
         )
         self.pages = 0
+        self.paths: list[str] = []
 
     def schedule(self, wait_s: float, prefill_s: float, engine: str = "0") -> None:
         self.queue.labels(engine, "m").observe(wait_s)
@@ -53,9 +68,20 @@ class _Vllm:
         return generate_latest(self.registry).decode()
 
     async def get_text(self, path: str, *, timeout_s: float) -> tuple[int, str]:
-        assert path == "/metrics"
+        """``/metrics/`` as vLLM's prometheus_client app answers it: only the samples its
+        ``name[]`` parameters name (``/metrics``: the whole page)."""
+        self.paths.append(path)
+        url = urlsplit(path)
+        if url.path == "/metrics":
+            self.pages += 1
+            return 200, self.page()
+        assert url.path == "/metrics/"
+        names = parse_qs(url.query)["name[]"]
+        assert sorted(names) == sorted(
+            f"{h}_{part}" for h in (QUEUE, PREFILL) for part in ("sum", "count")
+        )
         self.pages += 1
-        return 200, self.page()
+        return 200, generate_latest(self.registry.restricted_registry(names)).decode()
 
 
 def test_the_means_between_reads_averaged_over_reads() -> None:
@@ -112,6 +138,7 @@ async def test_reads_start_when_stale_one_at_a_time_and_a_failed_one_changes_not
     queue.figures()
     await asyncio.sleep(0)
     assert vllm.pages == 2
+    assert vllm.paths == [PATH, PATH]  # the four series only
     assert queue.figures() == _near(0.4, 0.1)
 
     async def broken(path: str, *, timeout_s: float) -> tuple[int, str]:
@@ -123,3 +150,53 @@ async def test_reads_start_when_stale_one_at_a_time_and_a_failed_one_changes_not
     await asyncio.sleep(0)
     assert queue.latest == _near(0.4, 0.1)
     await queue.aclose()
+
+
+async def test_a_vllm_without_the_filtered_page_is_read_whole() -> None:
+    vllm = _Vllm()
+    answers: list[str] = []
+
+    async def no_filter(path: str, *, timeout_s: float) -> tuple[int, str]:
+        answers.append(path)
+        if path != PAGE:
+            return 404, "Not Found"
+        return await vllm.get_text(path, timeout_s=timeout_s)
+
+    now = [0.0]
+    queue = EngineQueue(no_filter, clock=lambda: now[0])
+    queue.figures()
+    await asyncio.sleep(0)
+    vllm.schedule(0.3, 0.1)
+    now[0] = 1.0
+    queue.figures()
+    await asyncio.sleep(0)
+    assert answers == [PATH, PAGE]
+    assert queue.latest == _near(0.3, 0.1)
+    await queue.aclose()
+
+
+_NAMES = [f"{h}_{part}" for h in (QUEUE, PREFILL) for part in ("sum", "count")]
+_LINE = st.one_of(
+    st.builds(
+        '{}{{engine="{}"}} {}'.format,
+        st.sampled_from(_NAMES),
+        st.integers(0, 3),
+        st.integers(0, 99),
+    ),
+    st.builds("{} {}".format, st.sampled_from(_NAMES), st.integers(0, 99)),
+    st.builds(  # near misses: other series, other names that begin or end alike, comments
+        "{}{}{} 1".format,
+        st.sampled_from(["", "x_", "# HELP ", "# TYPE "]),
+        st.sampled_from([*_NAMES, f"{QUEUE}_bucket", "vllm:num_requests_waiting"]),
+        st.sampled_from(["", "_total", "_created", '{le="1.0"}']),
+    ),
+)
+
+
+@given(st.lists(_LINE, max_size=30), st.booleans())
+def test_a_page_s_lines_of_the_four_series_are_found_and_only_those(
+    lines: list[str], newline_at_end: bool
+) -> None:
+    page = "\n".join(lines) + ("\n" if newline_at_end else "")
+    ours = [line for line in page.splitlines() if line.split("{")[0].split(" ")[0] in _NAMES]
+    assert sorted(_lines(page)) == sorted(ours)
