@@ -220,6 +220,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "cached_ratio": med("cached_ratio"),
         "deferrals": med("deferrals"),
         "claims_accepted": med("claims_accepted"),
+        "preemptions": med("preemptions"),
+        "promoted": med("promoted"),
         "other_ttft_p99_ms": pooled_p99(rows, "churn", "p99_ms"),
         "runs": len(rows),
     }
@@ -318,6 +320,8 @@ def report(cell: Cell, blocks: int, result: dict[str, Any]) -> str:
         f"{s['cached_ratio']} | deferrals {c['deferrals']} | other TTFT p99 "
         f"{c['other_ttft_p99_ms']} vs {s['other_ttft_p99_ms']} ms"
         + (f" ({other:.2f}x)" if other else "")
+        + f" | vLLM preempted {c['preemptions']} vs {s['preemptions']} | promoted "
+        f"{c['promoted']}"
     )
 
 

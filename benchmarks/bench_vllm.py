@@ -546,6 +546,7 @@ async def under_pressure(
     direct = planner == "direct"
     counted = not direct and isinstance(gateway, str)  # a gateway process's /v1/stats
     before = _gateway_stats(gateway) if counted else {}
+    preempted = preemptions(vurl)
     pressure = asyncio.create_task(churn(vurl, model, stop, args.churn_rate, args.churn_tokens))
     try:
         prompts: list[list[dict[str, Any]]] = []
@@ -555,6 +556,7 @@ async def under_pressure(
     finally:
         stop.set()
     out["churn"] = await pressure
+    out["preemptions"] = preemptions(vurl) - preempted
     out["cacheable_ratio"] = await cacheable(vurl, model, prompts)
     if direct:
         out.update(engine_requests_per_llm_call=1.0, ops_rode=0, ops_standalone=0)
@@ -576,7 +578,28 @@ async def under_pressure(
     waited = after.get("claim_operation_wait_s") or {}
     p50 = waited.get("p50")
     out["ride_wait_p50_ms"] = None if p50 is None else round(p50 * 1e3, 2)
+    promotions = (after.get("gateway") or {}).get("promotions") or {}
+    out["promoted"] = int(promotions.get("promoted") or 0) - int(
+        ((before.get("gateway") or {}).get("promotions") or {}).get("promoted") or 0
+    )
     return out
+
+
+def preemptions(vurl: str) -> int:
+    """The requests vLLM has preempted so far (``vllm:num_preemptions_total``, every engine's;
+    read from its filtered metrics page, as the gateway reads its queue times)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    name = "vllm:num_preemptions_total"
+    text = httpx2.get(f"{vurl}/metrics/", params={"name[]": name}, timeout=30).text
+    return int(
+        sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name
+        )
+    )
 
 
 async def cacheable(vurl: str, model: str, prompts: list[list[dict[str, Any]]]) -> float:
