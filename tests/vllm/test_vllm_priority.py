@@ -5,7 +5,7 @@
 A vLLM of its own runs two sequences at once (``--max-num-seqs 2``). Two long one-shot calls
 straight to vLLM fill it; three more queue behind them; then a call of the SDK's comes
 through the gateway, and the test ends the first filler (its client goes away and vLLM aborts
-it), freeing one place. The order the answers come in says who got it: the SDK's call overtakes the calls queued before it, and with
+it), freeing one place. The order their first chunks come in (the order vLLM scheduled them) says who got it: the SDK's call overtakes the calls queued before it, and with
 ``--promote 0`` it waits its turn behind them."""
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ pytestmark = pytest.mark.vllm
 
 FILLERS = 2  # the server's --max-num-seqs
 QUEUED = 3
-RUN = 400  # tokens each queued call and the SDK's decode: one after another, they end about
-# two seconds apart (vLLM's API server hands answers on in bursts of up to a second here)
+RUN = 400  # tokens each queued call and the SDK's decode: each holds its place for a second
+# or more, so a call that waits for a place starts well after the one that took it
 FILL = 2000  # a filler's tokens at most (the model's 2,048 positions): the test ends it itself
 TRIES = 3
 
@@ -55,6 +55,21 @@ async def _done_at(http: httpx2.AsyncClient, url: str, body: dict[str, Any]) -> 
     r = await http.post(url, json=body)
     assert r.status_code == 200, r.text
     return time.perf_counter()
+
+
+async def _started_at(http: httpx2.AsyncClient, url: str, body: dict[str, Any]) -> float:
+    """When a streamed completion's first chunk came (perf_counter): vLLM sends it after the
+    request's first step, so the order of first chunks is the order vLLM scheduled the calls
+    in. (The order answers end in is not: two calls running at once end in the same step,
+    and which answer is handed on first is chance.) The stream is read to its end."""
+    started = None
+    async with http.stream("POST", url, json={**body, "stream": True}) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if started is None and line.startswith("data:"):
+                started = time.perf_counter()
+    assert started is not None, "no chunk came"
+    return started
 
 
 async def _filler(url: str, body: dict[str, Any]) -> float:
@@ -109,7 +124,7 @@ async def _until(
 async def _round(http: httpx2.AsyncClient, vllm: VllmServer, gateway: str, tag: str) -> int:
     """Two fillers hold vLLM's two places, three one-shot calls queue behind them, then the
     SDK's call; the test ends the first filler, freeing one place. Returns how many of the
-    calls queued before it the SDK's call finished ahead of."""
+    calls queued before it the SDK's call started ahead of (its first chunk came first)."""
     direct = f"{vllm.url}/v1/chat/completions"
     fill = [
         asyncio.ensure_future(_filler(direct, _call(vllm.model, f"{tag}f{i}", FILL)))
@@ -120,13 +135,13 @@ async def _round(http: httpx2.AsyncClient, vllm: VllmServer, gateway: str, tag: 
     try:
         await _until(http, vllm, fill, running=FILLERS, waiting=0)
         queued = [
-            asyncio.ensure_future(_done_at(http, direct, _call(vllm.model, f"{tag}q{i}", RUN)))
+            asyncio.ensure_future(_started_at(http, direct, _call(vllm.model, f"{tag}q{i}", RUN)))
             for i in range(QUEUED)
         ]
         await _until(http, vllm, [*fill, *queued], running=FILLERS, waiting=QUEUED)
         # the SDK's call, asking for the head of the queue itself as well (dropped)
         body = _call(None, f"{tag}sdk", RUN, priority=-100, agentclaims={"owner_scope": tag})
-        sdk = asyncio.ensure_future(_done_at(http, f"{gateway}/v1/chat/completions", body))
+        sdk = asyncio.ensure_future(_started_at(http, f"{gateway}/v1/chat/completions", body))
         # queued while both fillers still ran: the first place freed is the one it may take
         await _until(http, vllm, [*fill, *queued, sdk], running=FILLERS, waiting=QUEUED + 1)
         fill[0].cancel()
