@@ -91,8 +91,9 @@ class EngineQueue:
             self._reading = None
 
     def absorb(self, text: str) -> None:
-        """Take in one ``/metrics`` page (Prometheus text)."""
-        wanted = "\n".join(_lines(text))
+        """Take in one ``/metrics`` page (Prometheus text): the four series' answer, or a
+        whole page, whose other lines are left out before parsing."""
+        wanted = "\n".join(line for line in text.splitlines() if line.startswith(_READ))
         totals = dict.fromkeys(_READ, 0.0)
         for family in text_string_to_metric_families(wanted + "\n"):
             for sample in family.samples:
@@ -125,19 +126,3 @@ class EngineQueue:
             self._reading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reading
-
-
-def _lines(text: str) -> list[str]:
-    """The page's lines of the four series read, found by searching for their names: a whole
-    page (a vLLM without the filtered one) has about a thousand lines, and splitting it all
-    cost six times the search."""
-    out = []
-    for name in _READ:
-        at = text.find(name)
-        while at >= 0:
-            end = text.find("\n", at)
-            end = len(text) if end < 0 else end
-            if (at == 0 or text[at - 1] == "\n") and text.startswith(("{", " "), at + len(name)):
-                out.append(text[at:end])
-            at = text.find(name, end)
-    return out

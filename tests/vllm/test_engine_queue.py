@@ -13,8 +13,6 @@ import asyncio
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from agentclaims.vllm.engine_queue import (
@@ -25,7 +23,6 @@ from agentclaims.vllm.engine_queue import (
     WEIGHT,
     EngineQueue,
     QueueFigures,
-    _lines,
 )
 
 
@@ -173,30 +170,3 @@ async def test_a_vllm_without_the_filtered_page_is_read_whole() -> None:
     assert answers == [PATH, PAGE]
     assert queue.latest == _near(0.3, 0.1)
     await queue.aclose()
-
-
-_NAMES = [f"{h}_{part}" for h in (QUEUE, PREFILL) for part in ("sum", "count")]
-_LINE = st.one_of(
-    st.builds(
-        '{}{{engine="{}"}} {}'.format,
-        st.sampled_from(_NAMES),
-        st.integers(0, 3),
-        st.integers(0, 99),
-    ),
-    st.builds("{} {}".format, st.sampled_from(_NAMES), st.integers(0, 99)),
-    st.builds(  # near misses: other series, other names that begin or end alike, comments
-        "{}{}{} 1".format,
-        st.sampled_from(["", "x_", "# HELP ", "# TYPE "]),
-        st.sampled_from([*_NAMES, f"{QUEUE}_bucket", "vllm:num_requests_waiting"]),
-        st.sampled_from(["", "_total", "_created", '{le="1.0"}']),
-    ),
-)
-
-
-@given(st.lists(_LINE, max_size=30), st.booleans())
-def test_a_page_s_lines_of_the_four_series_are_found_and_only_those(
-    lines: list[str], newline_at_end: bool
-) -> None:
-    page = "\n".join(lines) + ("\n" if newline_at_end else "")
-    ours = [line for line in page.splitlines() if line.split("{")[0].split(" ")[0] in _NAMES]
-    assert sorted(_lines(page)) == sorted(ours)
