@@ -92,6 +92,16 @@ def _call(model: str | None, tag: str, max_tokens: int, **extra: Any) -> dict[st
     return body
 
 
+def _outcome(index: int, call: asyncio.Future[float]) -> str:
+    """How the ``index``-th call of ``_until``'s list ended: when, or what it raised."""
+    if call.cancelled():
+        return f"#{index} cancelled"
+    failed = call.exception()
+    if failed is not None:
+        return f"#{index} {failed!r}"
+    return f"#{index} answered {time.perf_counter() - call.result():.2f} s ago"
+
+
 async def _until(
     http: httpx2.AsyncClient,
     vllm: VllmServer,
@@ -112,8 +122,9 @@ async def _until(
             for family in text_string_to_metric_families(text)
             if family.name in want
         }
-        if any(call.done() for call in calls):
-            raise QueueNotBuilt(f"a call ended before vLLM's queue reached {want}: {seen}")
+        ended = [_outcome(i, call) for i, call in enumerate(calls) if call.done()]
+        if ended:
+            raise QueueNotBuilt(f"call {ended} ended before vLLM's queue reached {want}: {seen}")
         if seen == want:
             return
         await asyncio.sleep(0.05)
