@@ -181,12 +181,16 @@ async def _overtaken(vllm: VllmServer, gateway: str, tag: str) -> tuple[int, int
         direct = f"{vllm.url}/v1/chat/completions"
         await asyncio.gather(*(_done_at(http, direct, _call(vllm.model, tag, 8)) for _ in "ab"))
         sent = 0
-        for attempt in range(TRIES - 1):
+        failures: list[str] = []
+        for attempt in range(TRIES):
             try:
                 return await _round(http, vllm, gateway, f"{tag}{attempt}"), sent + 1
             except QueueNotBuilt as failed:
                 sent += failed.sdk_sent
-        return await _round(http, vllm, gateway, f"{tag}{TRIES - 1}"), sent + 1
+                failures.append(str(failed))
+        # (every try: what ended each, and vLLM's log tail, its engine's death included)
+        tail = vllm.log.read_text(errors="replace")[-4000:]
+        raise AssertionError("\n".join([*failures, tail]))
 
 
 async def test_a_workflows_call_goes_ahead_of_one_shot_calls_queued_before_it(
