@@ -31,7 +31,7 @@ from agentclaims.gateway.limits import BodyTooLarge, Limits
 from agentclaims.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from agentclaims.gateway.openapi import openapi
 from agentclaims.gateway.params import TENANT_SCOPE_KEY, header, json_object, tenant_of
-from agentclaims.gateway.queueing import DEFAULT_PROMOTED, Promotions
+from agentclaims.gateway.queueing import DEFAULT_PROMOTED, Promotions, engine_orders
 from agentclaims.gateway.responses import ResponsesRoute
 from agentclaims.gateway.service import Service
 from agentclaims.gateway.sides import KVSide
@@ -181,7 +181,10 @@ class _Gateway:
         gateway = {
             "calls": dict(sorted(self.calls.items())),
             "errors": dict(sorted(self.errors.items())),
-            "promotions": self.completion_routes.promotions.stats(),
+            "promotions": {
+                **self.completion_routes.promotions.stats(),
+                "engine_orders_by_priority": engine_orders(self.writer),
+            },
         }
         metrics = getattr(self.kv, "metrics", None)
         return {

@@ -32,7 +32,7 @@ from agentclaims.gateway.hosted import PromptCache, PromptCacheClaims, header_va
 from agentclaims.gateway.hosted import outcome as hosted_outcome
 from agentclaims.gateway.limits import EVENTS_PER_ANSWER
 from agentclaims.gateway.params import claim_owners, json_object, optional_str, tenant_of
-from agentclaims.gateway.queueing import Promotions
+from agentclaims.gateway.queueing import Promotions, engine_orders
 from agentclaims.gateway.service import Service
 from agentclaims.gateway.sides import KVSide
 from agentclaims.gateway.streaming import (
@@ -85,8 +85,6 @@ class CompletionRoutes:
         self._fields = instance.fields  # in every answer: read once
         self._plain: PlainWrite | None = getattr(writer, "plain", None)
         """The writer's lean way for a call that carries nothing but OpenAI's fields."""
-        self._queues: bool = getattr(writer, "orders_by_priority", False)
-        """Whether the writer's engine takes a call's place in its queue (vLLM's)."""
         self.promotions = promotions
         """Which calls go ahead in the engine's queue (``agentclaims.gateway.queueing``)."""
         self.cache_claims = PromptCacheClaims()
@@ -108,7 +106,7 @@ class CompletionRoutes:
         the call checked (nothing changes on bad input), the claims it releases let go, the
         reply with its KV life and claims' decisions, streamed where it can; a workflow's call
         goes ahead in the engine's queue where it is worth it (``promotions``)."""
-        workflow = self._queues and (raw := body.get(EXTENSION_KEY)) is not None
+        workflow = engine_orders(self.writer) and (raw := body.get(EXTENSION_KEY)) is not None
         held = workflow and releases_held(self.writer, self.service, raw, tenant_of(request))
         priority = self.promotions.take(workflow, held)
         try:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from agentclaims.errors import UsageError
 from agentclaims.protocol.writer import QueueTimes
 
-__all__ = ["CROWD", "DEFAULT_PROMOTED", "MARGIN", "PROMOTED", "Promotions"]
+__all__ = ["CROWD", "DEFAULT_PROMOTED", "MARGIN", "PROMOTED", "Promotions", "engine_orders"]
 
 PROMOTED = -1
 """vLLM's ``priority`` for a promoted call (lower goes first; every other call has 0)."""
@@ -47,6 +47,15 @@ the matrix's heavy other tenant waiting 1.37x longer at its p99 (cell 15)."""
 
 MARGIN = 2.0
 """An unheld call goes ahead where the queue's wait is at least this many prefills."""
+
+
+def engine_orders(writer: object) -> bool:
+    """Whether ``writer``'s engine orders its queue by a call's ``priority``: a vLLM whose
+    connector said, at the start, that vLLM runs ``--scheduling-policy priority``
+    (``VllmKV.orders_by_priority``). Unknown is no (fail closed): before that answer, on a
+    stock vLLM or one scheduling first come, first served, and on the reference engine, no
+    call is promoted (and none is counted as promoted)."""
+    return getattr(writer, "orders_by_priority", False) is True
 
 
 class Promotions:

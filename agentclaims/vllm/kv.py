@@ -172,7 +172,7 @@ class VllmKV:
     are ``CompletionForwarder``'s, ``ClaimsApi``'s and ``InstanceReset``'s."""
 
     name = "vllm"
-    orders_by_priority = True  # as `agentclaims vllm serve` starts vLLM (gateway.queueing)
+    orders_by_priority = False  # vLLM's queue by priority? as its connector says at the start
 
     def __init__(
         self,
@@ -223,7 +223,7 @@ class VllmKV:
             _Stamp(self),
             self._lock,
             ask=lambda: self.riding.send_now([]),
-            release=self._release_now,
+            release=lambda claim_id, tenant: self._connector.operate([Release(claim_id)], tenant),
             observer=self.observer,
             max_requests=max_prefixes,
         )
@@ -276,6 +276,7 @@ class VllmKV:
         client.skip_events((await client.complete([1], max_tokens=1)).last_seq)  # history before
         answer = await client.operate([RevokeAll("gateway_restart")])
         self.connector = bool(answer.results)  # stock vLLM ignores the operations
+        self.orders_by_priority = bool(answer.reply and answer.reply.scheduling == "priority")
         if not self.connector:
             self.lowering = _STOCK_DESCRIPTOR if _STOCK_DESCRIPTOR.is_file() else None
         async with self._lock:
@@ -390,9 +391,6 @@ class VllmKV:
 
     def _alive(self) -> bool:
         return self.liveness.dead is None
-
-    async def _release_now(self, claim_id: str, tenant: str) -> object:
-        return await self._connector.operate([Release(claim_id)], tenant)
 
     def _gated(self, spec: ClaimSpec) -> str | None:
         if self.mirror.fault is not None:

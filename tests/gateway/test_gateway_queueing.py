@@ -104,3 +104,4 @@ async def test_the_reference_engine_promotes_no_call() -> None:
         assert (await http.post("/v1/chat/completions", json=body)).status_code == 200
         stats = (await http.get("/v1/stats")).json()["gateway"]["promotions"]
     assert stats["promoted"] == stats["passed_over"] == stats["workflows_in_flight"] == 0
+    assert stats["engine_orders_by_priority"] is False

@@ -100,6 +100,7 @@ _REPLIES = st.builds(
     pool=st.none() | _JSON_OBJECTS,
     deferred_s=_SECONDS,
     refused=st.none() | _JSON_OBJECTS,
+    scheduling=st.none() | st.sampled_from(("fcfs", "priority")),
 )
 
 

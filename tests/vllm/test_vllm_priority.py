@@ -201,7 +201,8 @@ async def test_a_workflows_call_goes_ahead_of_one_shot_calls_queued_before_it(
         overtaken, sent = await _overtaken(two_seqs, gateway, "prio-on")
         async with httpx2.AsyncClient(timeout=30) as http:
             stats = (await http.get(f"{gateway}/v1/stats")).json()["gateway"]["promotions"]
-    # the first place freed went to it
+    # the connector said vLLM orders its queue by priority; the first place freed went to it
+    assert stats["engine_orders_by_priority"] is True, stats
     assert stats["promoted"] == sent, (stats, sent)
     # and vLLM's own queue and prefill times were read (from its /metrics) for the next ones
     assert stats["queue_wait_s"] is not None, stats

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx2
 import pytest
 from conftest import serve_vllm
 from servers import gateway_process
@@ -45,3 +46,22 @@ async def test_conformance_on_stock_vllm_passes_only_what_it_runs(stock_gateway:
     classes = {mode: entry["lowering_class"] for mode, entry in desc["modes"].items()}
     for mode in ("hard_protected", "expiring", "soft_priority", "demotable", "offloadable"):
         assert classes[mode] == "rejected", classes
+
+
+async def test_no_call_goes_ahead_on_a_vllm_that_does_not_order_by_priority(
+    stock_gateway: str,
+) -> None:
+    """Stock vLLM (no connector to say its policy; first come, first served here): the SDK's
+    calls are served in arrival order, and none is counted as promoted."""
+    body = {
+        "messages": [{"role": "user", "content": "stock go"}],
+        "max_tokens": 2,
+        "agentclaims": {"owner_scope": "stock-order"},
+    }
+    async with httpx2.AsyncClient(timeout=120) as http:
+        for _ in range(2):  # the first starts the gateway's side, the second knows the engine
+            answered = await http.post(f"{stock_gateway}/v1/chat/completions", json=body)
+            assert answered.status_code == 200, answered.text
+        stats = (await http.get(f"{stock_gateway}/v1/stats")).json()["gateway"]["promotions"]
+    assert stats["engine_orders_by_priority"] is False, stats
+    assert stats["promoted"] == stats["workflows_in_flight"] == 0, stats

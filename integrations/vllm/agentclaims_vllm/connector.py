@@ -427,6 +427,7 @@ class AgentClaimsConnector(KVConnectorBase_V1):
             channel=None if self.channel is None else self.channel.path,
             # the pool's churn from its KV events, where vLLM records them (set with the pool)
             pool=None if self._churn is None else self._churn.figures(book.pool.num_free()),
+            scheduling=str(self._vllm_config.scheduler_config.policy),  # (priority ordered?)
         )
 
     def count_evictions(self) -> None:

@@ -182,6 +182,9 @@ class Reply:
     """Seconds held claims kept the request waiting before it ran."""
     refused: dict[str, Any] | None = None
     """The refusal of a request held claims kept from running (its outcome's fields)."""
+    scheduling: str | None = None
+    """vLLM's scheduling policy (``--scheduling-policy``): ``"priority"`` where it orders its
+    waiting queue by a request's ``priority``, ``"fcfs"`` where it ignores it."""
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON object (fields left ``None`` are left out)."""
@@ -222,4 +225,5 @@ class Reply:
             pool=of("pool", dict),
             deferred_s=of("deferred_s", int, float),
             refused=of("refused", dict),
+            scheduling=of("scheduling", str),
         )
