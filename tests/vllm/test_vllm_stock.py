@@ -51,8 +51,8 @@ async def test_conformance_on_stock_vllm_passes_only_what_it_runs(stock_gateway:
 async def test_no_call_goes_ahead_on_a_vllm_that_does_not_order_by_priority(
     stock_gateway: str,
 ) -> None:
-    """Stock vLLM (no connector to say its policy; first come, first served here): the SDK's
-    calls are served in arrival order, and none is counted as promoted."""
+    """Stock vLLM (first come, first served here; no connector to say otherwise): the gateway
+    sends the SDK's calls with no place in the queue of their own, and counts none promoted."""
     body = {
         "messages": [{"role": "user", "content": "stock go"}],
         "max_tokens": 2,
