@@ -11,6 +11,7 @@ reaction policy (``agentclaims.session.outcomes``).
 
 from __future__ import annotations
 
+from collections import ChainMap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from agentclaims.protocol import ClaimsProtocol
     from agentclaims.session.held import HeldClaim
 
-__all__ = ["ClaimEvents", "EventOutcomes"]
+__all__ = ["ClaimEvents", "ClaimIndex", "EventOutcomes"]
 
 _log = structlog.get_logger("agentclaims.session")
 _STATE_OF = {
@@ -60,6 +61,34 @@ class EventOutcomes:
     harmed: list[tuple[HeldClaim, ClaimEvent]] = field(default_factory=list)
 
 
+class ClaimIndex:
+    """A session's claims by id, as its events name them: a claim held now first, then one
+    being let go, then one ended (the latest of each, where an id is in several places).
+    The ended claims' index grows with each claim that ends (``ended`` only grows), so a
+    lookup, and each round of events, costs what is held and let go now, not the session's
+    history of claims."""
+
+    __slots__ = ("_ended", "_indexed", "_list")
+
+    def __init__(self) -> None:
+        self._ended: dict[ClaimId, HeldClaim] = {}
+        self._indexed = 0
+        self._list: list[HeldClaim] | None = None
+
+    def of(self, io: HeldClaims) -> Mapping[ClaimId, HeldClaim]:
+        """``io``'s claims by id, as they stand now."""
+        ended = io.ended
+        if ended is not self._list or len(ended) < self._indexed:  # another list: anew
+            self._ended.clear()
+            self._indexed, self._list = 0, ended
+        for held in ended[self._indexed :]:
+            self._ended[held.claim_id] = held
+        self._indexed = len(ended)
+        live = {h.claim_id: h for h in io.releasing}
+        live.update((h.claim_id, h) for h in io.held.values())
+        return ChainMap(live, self._ended)
+
+
 class ClaimEvents:
     """The events of ``io``'s claims, read from each backend from where the last read ended."""
 
@@ -71,6 +100,7 @@ class ClaimEvents:
         """backend name -> pages its answers carried since the last ``take``."""
         self._quiet_at: int | None = None
         """How many claims had ended when a ``take`` last read every event with none held."""
+        self._claims = ClaimIndex()
 
     def cursor(self, backend: ClaimsProtocol) -> int:
         """Where the next read of ``backend``'s events starts (a call's ``events_since``). A
@@ -113,9 +143,7 @@ class ClaimEvents:
         out = EventOutcomes()
         # ended claims too: a claim harmed while held may be let go (superseded by its node's
         # next call) before the harm event is read; it is harm all the same
-        by_id = {h.claim_id: h for h in io.ended}
-        by_id.update((h.claim_id, h) for h in io.releasing)
-        by_id.update((h.claim_id, h) for h in io.held.values())
+        by_id = self._claims.of(io)
         carried, self._carried = self._carried, {}
         read_all = True  # every backend's events up to now are read
         for backend in backends:
