@@ -5,8 +5,9 @@
 A vLLM of its own runs two sequences at once (``--max-num-seqs 2``). Two long one-shot calls
 straight to vLLM fill it; three more queue behind them; then a call of the SDK's comes
 through the gateway, and the test ends the first filler (its client goes away and vLLM aborts
-it), freeing one place. The order their first chunks come in (the order vLLM scheduled them) says who got it: the SDK's call overtakes the calls queued before it, and with
-``--promote 0`` it waits its turn behind them."""
+it), freeing one place. The order their first chunks come in (the order vLLM scheduled them)
+says who got it: the SDK's call overtakes the calls queued before it, and with ``--promote 0``
+it waits its turn behind them."""
 
 from __future__ import annotations
 
@@ -92,6 +93,11 @@ def _call(model: str | None, tag: str, max_tokens: int, **extra: Any) -> dict[st
     return body
 
 
+def _log_tail(vllm: VllmServer) -> str:
+    """The end of vLLM's log, for a failure's message (which step ran which request)."""
+    return vllm.log.read_text(errors="replace")[-4000:]
+
+
 def _outcome(index: int, call: asyncio.Future[float]) -> str:
     """How the ``index``-th call of ``_until``'s list ended: when, or what it raised."""
     if call.cancelled():
@@ -128,8 +134,7 @@ async def _until(
         if seen == want:
             return
         await asyncio.sleep(0.05)
-    tail = vllm.log.read_text(errors="replace")[-2000:]
-    raise AssertionError(f"vLLM's queue never reached {want}: {seen}\n{tail}")
+    raise AssertionError(f"vLLM's queue never reached {want}: {seen}\n{_log_tail(vllm)}")
 
 
 async def _round(http: httpx2.AsyncClient, vllm: VllmServer, gateway: str, tag: str) -> int:
@@ -189,8 +194,7 @@ async def _overtaken(vllm: VllmServer, gateway: str, tag: str) -> tuple[int, int
                 sent += failed.sdk_sent
                 failures.append(str(failed))
         # (every try: what ended each, and vLLM's log tail, its engine's death included)
-        tail = vllm.log.read_text(errors="replace")[-4000:]
-        raise AssertionError("\n".join([*failures, tail]))
+        raise AssertionError("\n".join([*failures, _log_tail(vllm)]))
 
 
 async def test_a_workflows_call_goes_ahead_of_one_shot_calls_queued_before_it(
@@ -213,7 +217,7 @@ async def test_a_workflows_call_goes_ahead_of_one_shot_calls_queued_before_it(
     assert filtered.status_code == 200
     assert series == {f"{name}_{part}" for name in (QUEUE, PREFILL) for part in ("sum", "count")}
     # (vLLM's log tail in the message: which step scheduled which request, when it fails)
-    assert overtaken >= QUEUED - 1, (overtaken, stats, two_seqs.log.read_text()[-4000:])
+    assert overtaken >= QUEUED - 1, (overtaken, stats, _log_tail(two_seqs))
     assert stats["in_flight"] == stats["workflows_in_flight"] == 0
 
     with gateway_process(*args, "--promote", "0") as gateway:
