@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import random
@@ -158,7 +159,7 @@ async def _one(
     pace = tool_s
     # what is alive now (modules, the warm run's leftovers) is never scanned again: a full
     # collection costs about a millisecond a call, and where it lands is chance, not the mode
-    with settled_heap():
+    with settled_heap(), _collections_timed() as collecting:
         before = await _requests(backend)
         lag: list[float] = []
         stop = asyncio.Event()
@@ -166,6 +167,7 @@ async def _one(
         cpu = _cpu_s()
         await asyncio.gather(*(workflow(i) for i in range(sessions)))
         cpu = _cpu_s() - cpu
+        gc_s = collecting[0]
     stop.set()
     await ticker
     after = await _requests(backend)
@@ -174,14 +176,45 @@ async def _one(
     ordered = sorted(lag) or [0.0]
     return {
         "cpu_ms_per_call": cpu * 1000 / llm,
+        "gc_ms_per_call": gc_s * 1000 / llm,
         "lag_p99_ms": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000,
         "extra_requests_per_call": others / llm,
     }
 
 
+@contextlib.contextmanager
+def _collections_timed() -> Iterator[list[float]]:
+    """The seconds the cyclic collector ran inside the block (``[0]``), all generations."""
+    spent, started = [0.0], [0.0]
+
+    def note(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            spent[0] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(note)
+    try:
+        yield spent
+    finally:
+        gc.callbacks.remove(note)
+
+
 def _paired(a: Sequence[dict[str, float]], b: Sequence[dict[str, float]], key: str) -> float:
     """The median over rounds of ``a``'s ``key`` less ``b``'s in the same round."""
     return statistics.median(x[key] - y[key] for x, y in zip(a, b, strict=True))
+
+
+def _interval(
+    a: Sequence[dict[str, float]], b: Sequence[dict[str, float]], key: str, resamples: int = 2000
+) -> tuple[float, float]:
+    """A 90% interval for ``_paired(a, b, key)``: the 5th and 95th percentiles of the median
+    of the rounds' differences over ``resamples`` resamplings of the rounds (a fixed seed: the
+    same rounds give the same interval). One round: that round's difference, twice."""
+    diffs = [x[key] - y[key] for x, y in zip(a, b, strict=True)]
+    draw = random.Random(0)
+    medians = sorted(statistics.median(draw.choices(diffs, k=len(diffs))) for _ in range(resamples))
+    return medians[int(0.05 * (resamples - 1))], medians[int(0.95 * (resamples - 1))]
 
 
 def _others(calls: dict[str, int]) -> int:
@@ -253,8 +286,17 @@ async def _bench(
                     "hooks": med["hooks"],
                     "with": med["with"],
                     "session_cpu_ms_per_call": added,
+                    "session_cpu_ms_interval": _interval(
+                        runs["with"], runs["without"], "cpu_ms_per_call"
+                    ),
                     "hooks_cpu_ms_per_call": hooks,
                     "own_cpu_ms_per_call": own,
+                    "own_cpu_ms_interval": _interval(
+                        runs["with"], runs["hooks"], "cpu_ms_per_call"
+                    ),
+                    "gc_ms_per_call_added": _paired(
+                        runs["with"], runs["without"], "gc_ms_per_call"
+                    ),
                     "session_share": added / med["with"]["cpu_ms_per_call"],
                     "lag_p99_added_ms": _paired(runs["with"], runs["without"], "lag_p99_ms"),
                     "rounds": runs,
@@ -318,4 +360,14 @@ def table(result: dict[str, Any]) -> str:
         "  hooks: a middleware doing nothing in the session's two hooks costs this over none "
         "(LangChain's); own: the session over it"
     )
+    lines.append(
+        "  90% intervals of the medians (a bootstrap over the rounds), and the collector's "
+        "time the session adds (inside its CPU):"
+    )
+    for row in result["rows"]:
+        (s_lo, s_hi), (o_lo, o_hi) = row["session_cpu_ms_interval"], row["own_cpu_ms_interval"]
+        lines.append(
+            f"  {row['backend']:<9}{row['sessions']:>9}   session {s_lo:.2f} to {s_hi:.2f} ms"
+            f"   own {o_lo:.2f} to {o_hi:.2f} ms   gc {row['gc_ms_per_call_added']:+.2f} ms"
+        )
     return "\n".join(lines)

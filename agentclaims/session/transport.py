@@ -13,6 +13,7 @@ use ``SyncClaimsTransport``, which runs the same steps on the session's event lo
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -262,7 +263,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         raise RetryRequested(outcome, outcome.retry_after_s)
 
     def _suffix(self, request: httpx2.Request) -> str:
-        base = httpx2.URL(self.default.base_url).path.rstrip("/")
+        base = _base_path(self.default.base_url)
         path = request.url.path
         return path[len(base) :] if path.startswith(base) else path
 
@@ -276,7 +277,9 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         stream: bool = False,
     ) -> httpx2.Response:
         client = backend.http_client()
-        url = httpx2.URL(backend.base_url.rstrip("/") + suffix).copy_with(query=request.url.query)
+        url = _target(backend.base_url, suffix)
+        if request.url.query:
+            url = url.copy_with(query=request.url.query)
         # a backend with its own API key sends it, not the caller's
         key = _api_key(backend)
         drop = {"host", "content-length"} | ({"authorization"} if key else set())
@@ -290,8 +293,22 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             raise BackendUnavailable(f"backend {backend.name!r} unreachable: {exc!r}") from exc
 
 
+@functools.lru_cache(maxsize=64)
+def _base_path(base_url: str) -> str:
+    """The path of a backend's base URL, without its trailing slash (parsed once per URL)."""
+    return httpx2.URL(base_url).path.rstrip("/")
+
+
+@functools.lru_cache(maxsize=256)
+def _target(base_url: str, suffix: str) -> httpx2.URL:
+    """Where a call to ``suffix`` goes on the backend at ``base_url`` (parsed once per pair:
+    a URL is immutable)."""
+    return httpx2.URL(base_url.rstrip("/") + suffix)
+
+
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"\\]*)"')
 _EXTENSION = b'"' + EXTENSION_KEY.encode() + b'"'
+_COMPACT = (",", ":")
 
 
 def _glance(content: bytes) -> str | None:
@@ -310,7 +327,7 @@ def _spliced(base: bytes, ext: Mapping[str, Any]) -> bytes:
     """The JSON object ``base`` with the ``agentclaims`` member ``ext`` added at its end."""
     head = base.rstrip()[:-1].rstrip()
     sep = b"" if head.endswith(b"{") else b","
-    return head + sep + b'"' + EXTENSION_KEY.encode() + b'":' + json.dumps(ext).encode() + b"}"
+    return head + sep + _EXTENSION + b":" + json.dumps(ext, separators=_COMPACT).encode() + b"}"
 
 
 def _api_key(backend: Backend) -> str | None:

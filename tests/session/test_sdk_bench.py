@@ -63,11 +63,17 @@ def test_the_whole_path_runs_a_real_agent_loop_with_and_without_the_session() ->
     assert row["session_cpu_ms_per_call"] == pytest.approx(w[cpu] - wo[cpu])
     assert row["hooks_cpu_ms_per_call"] == pytest.approx(h[cpu] - wo[cpu])
     assert row["own_cpu_ms_per_call"] == pytest.approx(w[cpu] - h[cpu])
+    # one round: its difference is the whole interval
+    assert row["session_cpu_ms_interval"] == pytest.approx((w[cpu] - wo[cpu],) * 2)
+    assert row["own_cpu_ms_interval"] == pytest.approx((w[cpu] - h[cpu],) * 2)
+    assert 0 <= w["gc_ms_per_call"] < w[cpu]
+    assert row["gc_ms_per_call_added"] == pytest.approx(w["gc_ms_per_call"] - wo["gc_ms_per_call"])
     assert 0 <= row["with"]["extra_requests_per_call"] <= 1 / calls
     assert row["with"]["cpu_ms_per_call"] > 0
     assert "embedded" in table(result)
     assert "hooks" in table(result)
     assert "tools waiting 10 ms" in table(result)
+    assert "90% intervals" in table(result)
     with pytest.raises(UsageError, match="sessions"):
         bench_path(sessions=(0,))
     for tool_s in (-1.0, float("nan"), True, "1"):
@@ -87,3 +93,19 @@ def test_the_whole_path_figures_are_medians_of_each_rounds_differences() -> None
     assert statistics.median([5.0, 10.0, 1.0]) - statistics.median([0.0, 2.0, 6.0]) == 3.0
     with pytest.raises(ValueError):
         _paired(with_, without[:2], "cpu")  # rounds that do not pair up
+
+
+def test_the_whole_path_interval_brackets_the_median_and_narrows_with_agreeing_rounds() -> None:
+    """The 90% interval of the rounds' median difference holds the median; rounds that agree
+    give a narrow one, rounds that wander a wide one; the same rounds, the same interval."""
+    from agentclaims.cli.bench_path import _interval, _paired
+
+    base = [{"cpu": 10.0}] * 9
+    steady = [{"cpu": 10.5 + 0.01 * i} for i in range(9)]
+    wander = [{"cpu": 10.5 + (-1.0) ** i * i * 0.3} for i in range(9)]
+    for rounds in (steady, wander):
+        lo, hi = _interval(rounds, base, "cpu")
+        assert lo <= _paired(rounds, base, "cpu") <= hi
+        assert _interval(rounds, base, "cpu") == (lo, hi)
+    narrow, wide = _interval(steady, base, "cpu"), _interval(wander, base, "cpu")
+    assert narrow[1] - narrow[0] < 0.1 < wide[1] - wide[0]
