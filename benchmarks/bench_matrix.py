@@ -44,6 +44,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_vllm as bv
 
+from agentclaims.cli.resample import bootstrap_90
+
 MODELS = {"tiny": (None, None), "8x512": (8, 512)}
 POOL_FACTOR = {"roomy": 0.5, "tight": 1.5, "over": 3.0}
 """The agents' working set over the pool."""
@@ -265,16 +267,15 @@ def p99_ratio_interval(
         return None
     if not all(_of(r, "churn", "p99_ms").get("ttfts_ms") for r in (*claims, *stock)):
         return None
-    rng = random.Random(0)
-    ratios = []
-    for _ in range(resamples):
+
+    def ratio(rng: random.Random) -> float:
         c, k = (
             bv.pct(_pooled(rng.choices(runs, k=len(runs)), "churn", "p99_ms") or [0.0], 0.99)
             for runs in (claims, stock)
         )
-        ratios.append(c / max(k, 1e-9))
-    ratios.sort()
-    return ratios[int(0.05 * len(ratios))], ratios[int(0.95 * len(ratios)) - 1]
+        return c / max(k, 1e-9)
+
+    return bootstrap_90(ratio, resamples)
 
 
 def paired(rows: dict[str, list[dict[str, Any]]]) -> dict[str, float] | None:

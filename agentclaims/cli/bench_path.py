@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import os
 import random
@@ -47,7 +46,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentclaims.cli.heap import settled_heap
+from agentclaims.cli.heap import collector_time, settled_heap
+from agentclaims.cli.resample import bootstrap_90
 from agentclaims.errors import UsageError
 
 __all__ = ["bench_path"]
@@ -159,7 +159,7 @@ async def _one(
     pace = tool_s
     # what is alive now (modules, the warm run's leftovers) is never scanned again: a full
     # collection costs about a millisecond a call, and where it lands is chance, not the mode
-    with settled_heap(), _collections_timed() as collecting:
+    with settled_heap(), collector_time() as collecting:
         before = await _requests(backend)
         lag: list[float] = []
         stop = asyncio.Event()
@@ -182,24 +182,6 @@ async def _one(
     }
 
 
-@contextlib.contextmanager
-def _collections_timed() -> Iterator[list[float]]:
-    """The seconds the cyclic collector ran inside the block (``[0]``), all generations."""
-    spent, started = [0.0], [0.0]
-
-    def note(phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            started[0] = time.perf_counter()
-        else:
-            spent[0] += time.perf_counter() - started[0]
-
-    gc.callbacks.append(note)
-    try:
-        yield spent
-    finally:
-        gc.callbacks.remove(note)
-
-
 def _paired(a: Sequence[dict[str, float]], b: Sequence[dict[str, float]], key: str) -> float:
     """The median over rounds of ``a``'s ``key`` less ``b``'s in the same round."""
     return statistics.median(x[key] - y[key] for x, y in zip(a, b, strict=True))
@@ -212,9 +194,7 @@ def _interval(
     of the rounds' differences over ``resamples`` resamplings of the rounds (a fixed seed: the
     same rounds give the same interval). One round: that round's difference, twice."""
     diffs = [x[key] - y[key] for x, y in zip(a, b, strict=True)]
-    draw = random.Random(0)
-    medians = sorted(statistics.median(draw.choices(diffs, k=len(diffs))) for _ in range(resamples))
-    return medians[int(0.05 * (resamples - 1))], medians[int(0.95 * (resamples - 1))]
+    return bootstrap_90(lambda rng: statistics.median(rng.choices(diffs, k=len(diffs))), resamples)
 
 
 def _others(calls: dict[str, int]) -> int:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import time
 from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["settled_heap"]
+__all__ = ["collector_time", "settled_heap"]
 
 
 @contextlib.contextmanager
@@ -25,3 +27,21 @@ def settled_heap() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+@contextlib.contextmanager
+def collector_time() -> Iterator[list[float]]:
+    """The seconds the cyclic collector ran inside the block (``[0]``), all generations."""
+    spent, started = [0.0], [0.0]
+
+    def note(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            spent[0] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(note)
+    try:
+        yield spent
+    finally:
+        gc.callbacks.remove(note)
