@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx2
 import pytest
@@ -30,8 +31,14 @@ FILLERS = 2  # the server's --max-num-seqs
 QUEUED = 3
 RUN = 400  # tokens each queued call and the SDK's decode: each holds its place for a second
 # or more, so a call that waits for a place starts well after the one that took it
-FILL = 2000  # a filler's tokens at most (the model's 2,048 positions): the test ends it itself
+FILL = 8000  # a filler's tokens at most: the test ends it itself. Long (half a minute or
+# more here), so that a loaded machine still builds the queue behind the fillers before they end
+# (the CI run of 60a5e95 saw 2,000-token fillers end first in three tries in a row)
 TRIES = 3
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+GAUGES_PATH = "/metrics/?" + urlencode([("name[]", name) for name in GAUGES])
+"""The two gauges alone (vLLM filters its page by ``name[]``): polled every 50 ms, the whole
+page would cost vLLM's API server and the test several ms a read on a shared machine."""
 
 
 class QueueNotBuilt(Exception):
@@ -42,11 +49,18 @@ class QueueNotBuilt(Exception):
 
 @pytest.fixture(scope="module")
 def two_seqs(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """vLLM with the connector running two sequences at once, 2,048 tokens long at most, with
-    blocks for two whole fillers and the four calls behind them (none is preempted)."""
-    flags = ("--blocks", "200", "--max-model-len", "2048")
+    """vLLM with the connector running two sequences at once, 8,192 tokens long at most, with
+    blocks for two whole fillers and the four calls behind them (none is preempted). The tiny
+    Llama was built with 2,048 positions; its rotary embedding runs past them, and vLLM lets a
+    longer length through with ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``."""
+    flags = ("--blocks", "640", "--max-model-len", "8192")
     with serve_vllm(
-        tiny_model, tmp_path_factory, "two-seqs", flags=flags, extra=("--max-num-seqs", "2")
+        tiny_model,
+        tmp_path_factory,
+        "two-seqs",
+        flags=flags,
+        extra=("--max-num-seqs", "2"),
+        env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
     ) as server:
         yield server
 
@@ -118,19 +132,29 @@ async def _until(
     """Wait (60 s at most) until vLLM's own gauges say so: the queue is built as the test says,
     not guessed from sleeps. vLLM sets them after each engine step, so a slow step shows the
     queue late, not wrongly. ``QueueNotBuilt`` if one of ``calls`` ended first."""
-    want = {"vllm:num_requests_running": running, "vllm:num_requests_waiting": waiting}
+    want = dict(zip(GAUGES, (running, waiting), strict=True))
     seen: dict[str, float] = {}
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        text = (await http.get(f"{vllm.url}/metrics")).text
+    states: list[tuple[float, ...]] = []  # each (running, waiting) seen, in order, once
+    start = last = time.monotonic()
+    deadline, polls, longest = start + 60, 0, 0.0
+    while last < deadline:
+        text = (await http.get(f"{vllm.url}{GAUGES_PATH}")).text
+        polls, now = polls + 1, time.monotonic()
+        longest, last = max(longest, now - last), now
         seen = {
             family.name: sum(sample.value for sample in family.samples)
             for family in text_string_to_metric_families(text)
             if family.name in want
         }
+        state = tuple(seen.get(name, -1.0) for name in want)
+        if not states or states[-1] != state:
+            states.append(state)
         ended = [_outcome(i, call) for i, call in enumerate(calls) if call.done()]
         if ended:
-            raise QueueNotBuilt(f"call {ended} ended before vLLM's queue reached {want}: {seen}")
+            raise QueueNotBuilt(
+                f"call {ended} ended before vLLM's queue reached {want}: {seen} "
+                f"({polls} reads in {now - start:.2f} s, the longest gap {longest:.2f} s; (running, waiting) {states})"
+            )
         if seen == want:
             return
         await asyncio.sleep(0.05)
