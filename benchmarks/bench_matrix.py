@@ -13,9 +13,10 @@ Per cell, vLLM with the agentclaims connector and stock vLLM (each behind a gate
 same workflows in turn: ``claims`` (the SDK as users get it: ``planner="auto"``) and ``stock``
 (planner off), ``--repeats`` runs each, the order alternating run by run, medians reported.
 Per cell and set-up: workflow completion (the run's wall time, and each workflow's p50),
-LLM-call time, time to first token p50 and p99, the cached-token ratio, deferrals, and the
-other tenant's time to first token p99. Each run's figures go to ``--out`` (JSON lines) as
-they come, so a long matrix leaves what it measured.
+LLM-call time, time to first token p50 and p99, the cached-token ratio, deferrals (the
+sessions' own, and every request vLLM's connector deferred or refused for held claims, the
+other tenant's included), and the other tenant's time to first token p99. Each run's figures
+go to ``--out`` (JSON lines) as they come, so a long matrix leaves what it measured.
 
 ``--layout pinned`` (the default) runs vLLM on the last core, as an accelerator would be, the
 gateways and the agents on the others; ``shared`` puts every process on every core. Run::
@@ -221,6 +222,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "ttft_p99_ms": pooled_p99(rows, "ttft_p99_ms"),
         "cached_ratio": med("cached_ratio"),
         "deferrals": med("deferrals"),
+        "engine_deferred": med("engine_verdicts", "deferred"),
+        "engine_refused": med("engine_verdicts", "refused"),
         "claims_accepted": med("claims_accepted"),
         "preemptions": med("preemptions"),
         "promoted": med("promoted"),
@@ -297,6 +300,18 @@ def paired(rows: dict[str, list[dict[str, Any]]]) -> dict[str, float] | None:
     }
 
 
+def held_back(summary: dict[str, Any]) -> str:
+    """The deferrals column: the sessions' own (their calls held back), then what vLLM's
+    connector deferred and refused for held claims, every request's, the other tenant's
+    included (runs recorded before it counted them: the sessions' only)."""
+    if summary.get("engine_deferred") is None:
+        return str(summary["deferrals"])
+    return (
+        f"{summary['deferrals']} (engine: {summary['engine_deferred']} deferred, "
+        f"{summary['engine_refused']} refused)"
+    )
+
+
 def report(cell: Cell, blocks: int, result: dict[str, Any]) -> str:
     c, s = result["claims"], result["stock"]
     ratio = c["completion_s"] / s["completion_s"] if s["completion_s"] else float("nan")
@@ -318,7 +333,7 @@ def report(cell: Cell, blocks: int, result: dict[str, Any]) -> str:
         f"{c['completion_s']:.2f} vs {s['completion_s']:.2f} s = {ratio:.3f}x{spread} | LLM time "
         f"{llm:.2f}x lower | TTFT p50 {c['ttft_p50_ms']} vs {s['ttft_p50_ms']} ms, p99 "
         f"{c['ttft_p99_ms']} vs {s['ttft_p99_ms']} | cached {c['cached_ratio']} vs "
-        f"{s['cached_ratio']} | deferrals {c['deferrals']} | other TTFT p99 "
+        f"{s['cached_ratio']} | deferrals {held_back(c)} | other TTFT p99 "
         f"{c['other_ttft_p99_ms']} vs {s['other_ttft_p99_ms']} ms"
         + (f" ({other:.2f}x)" if other else "")
         + f" | vLLM preempted {c['preemptions']} vs {s['preemptions']} | promoted "
@@ -371,7 +386,7 @@ def summarize(path: str) -> None:
             f"{c['completion_s']:.2f} / {k['completion_s']:.2f} (**{ratio:.3f}x**) | {spread} | "
             f"{c['workflow_p50_s']} / {k['workflow_p50_s']} | {llm:.2f}x | "
             f"{c['ttft_p50_ms']} / {c['ttft_p99_ms']} vs {k['ttft_p50_ms']} / {k['ttft_p99_ms']} | "
-            f"{c['cached_ratio']} vs {k['cached_ratio']} | {c['deferrals']} | {other} | "
+            f"{c['cached_ratio']} vs {k['cached_ratio']} | {held_back(c)} | {other} | "
             f"{len(both['claims'])} + {len(both['stock'])} |"
         )
 

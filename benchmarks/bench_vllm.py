@@ -578,6 +578,12 @@ async def under_pressure(
     waited = after.get("claim_operation_wait_s") or {}
     p50 = waited.get("p50")
     out["ride_wait_p50_ms"] = None if p50 is None else round(p50 * 1e3, 2)
+    # the connector's admission verdicts for held claims, every request's: the agents' and
+    # the other tenant's sent straight to vLLM (a stock vLLM has none: no figure)
+    if "request_verdicts" in after:
+        out["engine_verdicts"] = {
+            verdict: delta("request_verdicts", verdict) for verdict in ("deferred", "refused")
+        }
     promotions = (after.get("gateway") or {}).get("promotions") or {}
     out["promoted"] = int(promotions.get("promoted") or 0) - int(
         ((before.get("gateway") or {}).get("promotions") or {}).get("promoted") or 0

@@ -67,6 +67,17 @@ class _Snapshot(Collector):
                 "Plain OpenAI calls with nothing riding, forwarded to the engine unsigned",
                 value=snap.get("bare_completions", 0),
             )
+        verdicts = snap.get("request_verdicts")
+        if verdicts is not None:  # vLLM's connector: requests held claims kept waiting
+            family = CounterMetricFamily(
+                "agentclaims_request_verdicts",
+                "Requests the engine's admission deferred or refused for held claims' blocks, "
+                "every request's (this gateway's and those sent to the engine by others)",
+                labels=["verdict"],
+            )
+            for verdict, n in verdicts.items():
+                family.add_metric([verdict], n)
+            yield family
         operations = snap.get("claim_operations")
         if operations:  # how the gateway's claim operations reached the engine
             family = CounterMetricFamily(

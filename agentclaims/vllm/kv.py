@@ -484,6 +484,8 @@ class VllmKV:
                 "channel": self._connector.channel_ops,
             },
             **riding.metrics(),
+            # every request the connector held back or refused for claims' blocks, whoever's
+            "request_verdicts": dict(self.mirror.verdicts),
             # what the connector's answers said: its pool's limits and what claims hold in it
             "pool": self._pool_figures(),
             "claims": counts_by_mode_and_state(self.mirror.claims.values()),

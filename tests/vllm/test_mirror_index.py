@@ -105,3 +105,49 @@ def test_the_oldest_ended_claims_are_forgotten_and_no_live_one(
     assert {h for h in every if mirror.covering({h})} == every
     for claim in forgotten:
         assert not any(claim in mirror.covering({h}) for h in claim.hashes)
+
+
+_VERDICT_EVENTS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                "active_request_deferred",
+                "active_request_refused",
+                "resident_claim_demoted",
+                "not_a_contract_event",
+            ]
+        ),
+        st.sampled_from(["gw-r1", "cmpl-other-tenant-0", None]),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches=st.lists(_VERDICT_EVENTS, max_size=4))
+def test_every_deferral_and_refusal_the_connector_reports_is_counted_whoever_asked(
+    batches: list[list[tuple[str, str | None]]],
+) -> None:
+    """The connector's admission verdicts (``active_request_deferred`` / ``_refused``) are
+    counted once each as they are absorbed, for the gateway's requests and for requests
+    sent straight to vLLM alike (another tenant's: no id the gateway knows); other events
+    count nothing, and each one lands in the gateway's stream as before."""
+    from agentclaims.vllm.client import ConnectorAnswer
+
+    mirror = _mirror(max_claims=1000)
+    mirror.name_request("cmpl-gw-r1", "gw-r1")
+    seq = 0
+    for batch in batches:
+        events = []
+        for name, request_id in batch:
+            seq += 1
+            events.append({"seq": seq, "event": name, "request_id": request_id, "claim_id": None})
+        before = mirror.events.seq
+        mirror.absorb(ConnectorAnswer("r", "stop", 1, 0, events=tuple(events)))
+        contract = [e for e in events if e["event"] != "not_a_contract_event"]
+        assert mirror.events.seq - before == len(contract)
+    every = [name for batch in batches for name, _ in batch]
+    assert mirror.verdicts == {
+        "deferred": every.count("active_request_deferred"),
+        "refused": every.count("active_request_refused"),
+    }

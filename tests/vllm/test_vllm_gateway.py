@@ -697,6 +697,55 @@ async def test_a_plain_call_goes_to_vllm_unsigned_and_still_hears_its_deferral(
             await _release_the_fill(gateway, fill)
 
 
+async def test_another_tenants_request_held_back_for_the_gateways_claims_is_counted(
+    gateway: str, vllm_server: VllmServer
+) -> None:
+    """Requests sent straight to vLLM (another tenant: nothing of the gateway's) that the
+    gateway's hard claims keep waiting are deferred by the connector like any other, and the
+    gateway counts every such verdict it hears of (``/v1/stats`` ``request_verdicts``,
+    ``agentclaims_request_verdicts_total`` on ``/metrics``): none goes uncounted because it
+    was not the gateway's own."""
+    direct = f"{vllm_server.url}/v1/completions"
+
+    def held_back(reply: httpx2.Response) -> float:
+        params = reply.json().get("kv_transfer_params") or {}
+        return float((params.get("agentclaims") or {}).get("deferred_s") or 0.0)
+
+    async with httpx2.AsyncClient(base_url=gateway, timeout=120) as http:
+        before = (await http.get("/v1/stats")).json()["request_verdicts"]
+        fill = await _fill_the_pool(http, "tenant-fill")
+        try:
+            waited: list[float] = []
+            for attempt in range(3):  # calls that did not overlap defer none: up to 3 bursts
+                await _renew_the_fill(gateway, fill)
+                burst = [  # 100 prompt tokens of its own each (one-shot prompts, as token ids)
+                    {
+                        "model": vllm_server.model,
+                        "prompt": [3 + (attempt * 1000 + k * 300 + i) % 2000 for i in range(100)],
+                        "max_tokens": 120,
+                        "ignore_eos": True,
+                    }
+                    for k in range(3)
+                ]
+                replies = await asyncio.gather(*(http.post(direct, json=b) for b in burst))
+                assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+                waited = [held_back(r) for r in replies]
+                if any(waited):
+                    break
+            assert any(waited), waited
+            # the gateway hears the connector's events with its next answer that asks for them
+            ask = chat(words("tenant-after", 8), owner_scope="wf-tenant-check")
+            assert (await http.post("/v1/chat/completions", json=ask)).status_code == 200
+            after = (await http.get("/v1/stats")).json()["request_verdicts"]
+            metrics = (await http.get("/metrics")).text
+        finally:
+            await _release_the_fill(gateway, fill)
+    assert after["deferred"] - before["deferred"] >= sum(1 for w in waited if w > 0)
+    assert after["refused"] >= before["refused"]
+    line = f'agentclaims_request_verdicts_total{{verdict="deferred"}} {float(after["deferred"])}'
+    assert line in metrics.splitlines(), [m for m in metrics.splitlines() if "verdict" in m]
+
+
 def test_the_middleware_example_runs_through_the_gateway_on_vllm(gateway: str) -> None:
     """`examples/agent_middleware.py --url` as a user runs it: a LangChain `create_agent` agent
     with `ClaimsMiddleware`, three turns of one thread through the gateway on the real vLLM;
