@@ -27,6 +27,16 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+def _counts(
+    name: str, documentation: str, label: str, counts: Mapping[str, float] | None
+) -> CounterMetricFamily:
+    """A counter family with one sample per key of ``counts`` (none where it is absent)."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for key, n in (counts or {}).items():
+        family.add_metric([key], n)
+    return family
+
+
 class _Snapshot(Collector):
     """Families built from a ``stats()`` snapshot at each scrape."""
 
@@ -36,32 +46,22 @@ class _Snapshot(Collector):
     def collect(self) -> Iterator[Metric]:
         snap = self.stats()
         gw = snap.get("gateway", {})
-        calls = CounterMetricFamily(
-            "agentclaims_gateway_calls", "Requests per route", labels=["route"]
+        yield _counts("agentclaims_gateway_calls", "Requests per route", "route", gw.get("calls"))
+        yield _counts(
+            "agentclaims_gateway_errors", "Error answers per type", "type", gw.get("errors")
         )
-        for route, n in gw.get("calls", {}).items():
-            calls.add_metric([route], n)
-        yield calls
-        errors = CounterMetricFamily(
-            "agentclaims_gateway_errors", "Error answers per type", labels=["type"]
-        )
-        for kind, n in gw.get("errors", {}).items():
-            errors.add_metric([kind], n)
-        yield errors
         for name, value in (snap.get("engine") or {}).items():
             yield CounterMetricFamily(
                 f"agentclaims_engine_{name}", f"Engine counter {name}", value=value
             )
         engine_requests = snap.get("engine_requests")
         if engine_requests:  # an upstream engine (vLLM): its requests, the agents' and ours
-            family = CounterMetricFamily(
+            yield _counts(
                 "agentclaims_engine_requests",
                 "Requests sent to the engine: agents' completions, the gateway's claim operations",
-                labels=["kind"],
+                "kind",
+                engine_requests,
             )
-            for kind, n in engine_requests.items():
-                family.add_metric([kind], n)
-            yield family
             yield CounterMetricFamily(
                 "agentclaims_bare_completions",
                 "Plain OpenAI calls with nothing riding, forwarded to the engine unsigned",
@@ -69,26 +69,22 @@ class _Snapshot(Collector):
             )
         verdicts = snap.get("request_verdicts")
         if verdicts is not None:  # vLLM's connector: requests held claims kept waiting
-            family = CounterMetricFamily(
+            yield _counts(
                 "agentclaims_request_verdicts",
                 "Requests the engine's admission deferred or refused for held claims' blocks, "
                 "every request's (this gateway's and those sent to the engine by others)",
-                labels=["verdict"],
+                "verdict",
+                verdicts,
             )
-            for verdict, n in verdicts.items():
-                family.add_metric([verdict], n)
-            yield family
         operations = snap.get("claim_operations")
         if operations:  # how the gateway's claim operations reached the engine
-            family = CounterMetricFamily(
+            yield _counts(
                 "agentclaims_claim_operations",
                 "Claim operations (releases) by how they reached the engine: rode on a request "
                 "going anyway, or standalone after the ride bound; and channel round trips",
-                labels=["how"],
+                "how",
+                operations,
             )
-            for how, n in operations.items():
-                family.add_metric([how], n)
-            yield family
             waited = snap.get("claim_operation_wait_s") or {}
             yield SummaryMetricFamily(
                 "agentclaims_claim_operation_wait_seconds",
