@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import cProfile
 import json
 import os
 import random
@@ -125,12 +126,39 @@ def _hooks() -> Any:
     return Hooks()
 
 
+def _python_calls(profile: Any, llm: int) -> dict[str, Any]:
+    """What ``profile`` counted, per LLM call: every Python function call, and each of
+    agentclaims' own functions (``agentclaims/<module path>:<function>``)."""
+    import pstats
+
+    total = 0
+    ours: dict[str, int] = {}
+    for (path, _line, name), (_, calls, *_rest) in pstats.Stats(profile).stats.items():  # type: ignore[attr-defined]
+        total += calls
+        at = path.replace("\\", "/").rfind("/agentclaims/")
+        if at >= 0:
+            where = f"{path[at + 1 :]}:{name}"
+            ours[where] = ours.get(where, 0) + calls
+    return {
+        "python_calls_per_call": total / llm,
+        "agentclaims_calls_per_call": {k: n / llm for k, n in ours.items()},
+    }
+
+
 async def _one(
-    backend: Any, sessions: int, calls: int, mode: str, tag: str, tool_s: float
-) -> dict[str, float]:
+    backend: Any,
+    sessions: int,
+    calls: int,
+    mode: str,
+    tag: str,
+    tool_s: float,
+    *,
+    profile: bool = False,
+) -> dict[str, Any]:
     """One run: ``sessions`` agent loops at once (``mode``: ``without`` middleware, the
     no-op ``hooks``, ``with`` the session; each tool waits ``tool_s`` on average); CPU per
-    LLM call, loop lag, requests."""
+    LLM call, loop lag, requests. ``profile``: the run's Python function calls are counted
+    too (``cProfile``; its CPU figure is then the profiler's as well, not to be compared)."""
     from langchain.agents import create_agent
     from langchain_core.messages import HumanMessage
     from langchain_core.tools import tool
@@ -164,8 +192,13 @@ async def _one(
         lag: list[float] = []
         stop = asyncio.Event()
         ticker = asyncio.ensure_future(_lag(lag, stop))
+        profiler = cProfile.Profile() if profile else None
         cpu = _cpu_s()
+        if profiler is not None:
+            profiler.enable()
         await asyncio.gather(*(workflow(i) for i in range(sessions)))
+        if profiler is not None:
+            profiler.disable()
         cpu = _cpu_s() - cpu
         gc_s = collecting[0]
     stop.set()
@@ -179,6 +212,28 @@ async def _one(
         "gc_ms_per_call": gc_s * 1000 / llm,
         "lag_p99_ms": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000,
         "extra_requests_per_call": others / llm,
+        **({} if profiler is None else _python_calls(profiler, llm)),
+    }
+
+
+BUSIEST = 8
+"""The session's functions a profiled row names, most calls per LLM call first."""
+
+
+def _counts(counted: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A row's Python calls per LLM call (one counted run of each mode): each mode's, what the
+    session adds over no middleware and over the no-op one (``own``), and the session's
+    functions that the session's mode calls most beyond the no-op's."""
+    per = {mode: counted[mode]["python_calls_per_call"] for mode in MODES}
+    mine = counted["with"]["agentclaims_calls_per_call"]
+    theirs = counted["hooks"]["agentclaims_calls_per_call"]
+    added = {k: n - theirs.get(k, 0.0) for k, n in mine.items()}
+    busiest = sorted(added.items(), key=lambda kv: (-kv[1], kv[0]))[:BUSIEST]
+    return {
+        "python_calls_per_call": per,
+        "session_python_calls_per_call": per["with"] - per["without"],
+        "own_python_calls_per_call": per["with"] - per["hooks"],
+        "busiest": [{"function": k, "calls_per_call": round(n, 2)} for k, n in busiest],
     }
 
 
@@ -216,6 +271,7 @@ async def _bench(
     rounds: int,
     tool_s: float,
     url: str,
+    profile: bool = False,
 ) -> dict[str, Any]:
     import agentclaims
     from agentclaims.bindings.langsmith import inline_untraced
@@ -229,24 +285,33 @@ async def _bench(
     for kind in backends:
         for n in sessions:
             runs: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+
+            def make(kind: str = kind) -> Any:
+                if kind == "embedded":
+                    return agentclaims.EmbeddedBackend(
+                        num_blocks=65536, block_size=16, script=load_script(json.dumps(script))
+                    )
+                return agentclaims.HTTPBackend(url)
+
             for r in range(rounds):
                 order = MODES if r % 2 == 0 else MODES[::-1]
                 for mode in order:
-                    backend: Any = (
-                        agentclaims.EmbeddedBackend(
-                            num_blocks=65536,
-                            block_size=16,
-                            script=load_script(json.dumps(script)),
-                        )
-                        if kind == "embedded"
-                        else agentclaims.HTTPBackend(url)
-                    )
+                    backend = make()
                     try:
                         runs[mode].append(
                             await _one(backend, n, calls, mode, f"{kind}{n}{r}{mode}", tool_s)
                         )
                     finally:
                         await backend.aclose()
+            counted: dict[str, dict[str, Any]] = {}
+            for mode in MODES if profile else ():  # one more run each, counted, not timed
+                backend = make()
+                try:
+                    counted[mode] = await _one(
+                        backend, n, calls, mode, f"{kind}{n}p{mode}", tool_s, profile=True
+                    )
+                finally:
+                    await backend.aclose()
             med = {
                 mode: {k: statistics.median(x[k] for x in xs) for k in xs[0]}
                 for mode, xs in runs.items()
@@ -280,6 +345,7 @@ async def _bench(
                     "session_share": added / med["with"]["cpu_ms_per_call"],
                     "lag_p99_added_ms": _paired(runs["with"], runs["without"], "lag_p99_ms"),
                     "rounds": runs,
+                    **(_counts(counted) if counted else {}),
                 }
             )
     return {"calls_per_workflow": calls, "rounds": rounds, "tool_s": tool_s, "rows": rows}
@@ -292,8 +358,11 @@ def bench_path(
     calls: int = 19,
     rounds: int = 3,
     tool_s: float = 0.01,
+    profile: bool = False,
 ) -> dict[str, Any]:
-    """The whole path's figures (see the module), one row per backend x session count."""
+    """The whole path's figures (see the module), one row per backend x session count;
+    ``profile``: each row also counts the Python function calls per LLM call of one more run
+    of each mode (deterministic where CPU time wanders by a millisecond from run to run)."""
     for name in backends:
         if name not in ("embedded", "http"):
             raise UsageError("backends", f"unknown backend {name!r}; expected embedded or http")
@@ -313,7 +382,9 @@ def bench_path(
             (folder / "script.json").write_text(json.dumps(_script(calls)))
             url = stack.enter_context(_gateway(folder / "script.json"))
         return asyncio.run(
-            _bench(tuple(backends), tuple(sessions), calls, rounds, float(tool_s), url)
+            _bench(
+                tuple(backends), tuple(sessions), calls, rounds, float(tool_s), url, bool(profile)
+            )
         )
 
 
@@ -350,4 +421,15 @@ def table(result: dict[str, Any]) -> str:
             f"  {row['backend']:<9}{row['sessions']:>9}   session {s_lo:.2f} to {s_hi:.2f} ms"
             f"   own {o_lo:.2f} to {o_hi:.2f} ms   gc {row['gc_ms_per_call_added']:+.2f} ms"
         )
+    for row in result["rows"]:
+        if "python_calls_per_call" not in row:
+            continue
+        per = row["python_calls_per_call"]
+        lines.append(
+            f"  Python calls per LLM call, {row['backend']} x {row['sessions']} (one counted run "
+            f"each): without {per['without']:,.0f}, hooks {per['hooks']:,.0f}, with "
+            f"{per['with']:,.0f}; the session adds {row['session_python_calls_per_call']:,.0f}"
+            f" (own {row['own_python_calls_per_call']:,.0f}); its busiest:"
+        )
+        lines.extend(f"    {b['calls_per_call']:>7.2f}  {b['function']}" for b in row["busiest"])
     return "\n".join(lines)

@@ -232,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
             "sessions": getattr(args, "sessions", (6, 50)),
             "rounds": getattr(args, "rounds", 3),
             "tool_s": getattr(args, "tool_s", 0.01),
+            "profile": getattr(args, "profile", False),
         }
     try:
         result = bench_sdk(runs=getattr(args, "runs", 5))

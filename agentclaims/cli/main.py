@@ -232,6 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds", type=int, default=3, help="alternating rounds with and without (3)"
     )
     sdk.add_argument(
+        "--profile",
+        action="store_true",
+        help="also count the Python calls per LLM call (one more run of each mode, cProfile)",
+    )
+    sdk.add_argument(
         "--tool-s",
         type=float,
         default=0.01,

@@ -109,3 +109,31 @@ def test_the_whole_path_interval_brackets_the_median_and_narrows_with_agreeing_r
         assert _interval(rounds, base, "cpu") == (lo, hi)
     narrow, wide = _interval(steady, base, "cpu"), _interval(wander, base, "cpu")
     assert narrow[1] - narrow[0] < 0.1 < wide[1] - wide[0]
+
+
+@pytest.mark.slow
+def test_the_whole_path_counts_the_python_calls_the_session_adds() -> None:
+    """``--profile``: one more run of each mode, counted by cProfile, gives each mode's Python
+    function calls per LLM call and what the session adds; the session's own functions
+    (agentclaims') are named, most calls first. The session does work of its own: the loop
+    with it calls more than the no-op middleware's, which calls more than none."""
+    from agentclaims.cli.bench_path import BUSIEST, bench_path, table
+    from agentclaims.cli.main import build_parser
+
+    result = bench_path(backends=("embedded",), sessions=(2,), calls=3, rounds=1, profile=True)
+    [row] = result["rows"]
+    per = row["python_calls_per_call"]
+    assert per["with"] > per["hooks"] > per["without"] > 0
+    assert row["session_python_calls_per_call"] == pytest.approx(per["with"] - per["without"])
+    assert row["own_python_calls_per_call"] == pytest.approx(per["with"] - per["hooks"])
+    busiest = row["busiest"]
+    assert 0 < len(busiest) <= BUSIEST
+    assert all(b["function"].startswith("agentclaims/") for b in busiest)
+    counts = [b["calls_per_call"] for b in busiest]
+    assert counts == sorted(counts, reverse=True)
+    assert counts[0] > 0
+    assert "Python calls per LLM call, embedded x 2" in table(result)
+    # the timed rounds are not profiled: their figures carry no call counts
+    assert all("python_calls_per_call" not in r for r in row["rounds"]["with"])
+    assert build_parser().parse_args(["bench", "sdk", "--profile"]).profile is True
+    assert build_parser().parse_args(["bench", "sdk"]).profile is False
