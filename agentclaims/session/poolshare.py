@@ -33,6 +33,8 @@ block cost (``EngineCosts``) lives here too, so every session's calls teach it.
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
 import statistics
 import threading
@@ -108,6 +110,9 @@ class _Hold:
     blocks: int
     density: float
     until: float
+    seq: int
+    """Its place in ``PoolShare``'s indexes (one per hold made: a replaced hold's stale
+    entries are told apart by it)."""
 
 
 class PoolShare:
@@ -160,6 +165,11 @@ class PoolShare:
         self.thrash_periods = 0
         """Periods of calls in which the pool was seen thrashing."""
         self._holds: dict[tuple[str, str], _Hold] = {}
+        """The live holds (those whose time ran out leave at the next read, ``_prune``)."""
+        self._held = 0  # their blocks added up, kept as holds come and go
+        self._dense: list[tuple[float, int, int]] = []  # (-density, seq, blocks), sorted
+        self._expiry: list[tuple[float, int, tuple[str, str]]] = []  # heap of (until, seq, key)
+        self._made = 0
         self._footprints: dict[tuple[str, str], int] = {}
         self._working = 0  # the footprints added up, kept as they change (``room`` per call)
         self._waits: deque[float] = deque(maxlen=64)
@@ -258,6 +268,10 @@ class PoolShare:
         return None if usable is None else int(usable * self.hold_share)
 
     # ------------------------------------------------------------------ capacity
+    # Each call asks ``fits`` or ``room``: their work is kept to what changed, not to every
+    # hold of every session in the process. The live holds' blocks are one running total;
+    # holds whose time ran out leave through a heap of their ends; ``fits`` walks the holds
+    # by density only when the total does not fit, and only as far as the budget.
     def fits(self, key: tuple[str, str], blocks: int, density: float) -> bool:
         """Whether a hold of ``blocks`` worth ``density`` seconds per block-second fits beside
         the holds worth as much or more (``key``'s own previous hold aside). Unknown pool
@@ -265,13 +279,24 @@ class PoolShare:
         budget = self.budget_blocks
         if budget is None:
             return True
-        now = self.clock()
-        denser = sum(
-            h.blocks
-            for k, h in self._holds.items()
-            if k != key and h.until > now and h.density >= density
-        )
-        return denser + blocks <= budget
+        self._prune(self.clock())
+        own = self._holds.get(key)
+        if self._held - (0 if own is None else own.blocks) + blocks <= budget:
+            return True  # every live hold fits beside it, whatever their worth
+        room = budget - blocks
+        if room < 0:
+            return False
+        if math.isnan(density):
+            return True  # worth nothing comparable: no hold counts as denser (and it fits)
+        denser = 0
+        for negative, seq, held in self._dense:  # densest first, only until it overflows
+            if -negative < density:
+                break
+            if own is None or seq != own.seq:
+                denser += held
+                if denser > room:
+                    return False
+        return True
 
     def room(self, key: tuple[str, str], blocks: int) -> bool | None:
         """Whether a pin of ``blocks`` has room: the agents' working set (every live agent's
@@ -281,8 +306,9 @@ class PoolShare:
         budget = self.budget_blocks
         if budget is None:
             return None
-        now = self.clock()
-        held = sum(h.blocks for k, h in self._holds.items() if k != key and h.until > now)
+        self._prune(self.clock())
+        own = self._holds.get(key)
+        held = self._held - (0 if own is None else own.blocks)
         working = self._working - self._footprints.get(key, 0) + blocks
         free = self.free_blocks
         return working <= budget and held + blocks <= budget and (free is None or blocks <= free)
@@ -298,24 +324,49 @@ class PoolShare:
         return self._working
 
     def hold(self, key: tuple[str, str], blocks: int, density: float, seconds: float) -> None:
-        """``key`` (a session and node) holds ``blocks`` for about ``seconds``."""
-        self._holds[key] = _Hold(blocks, density, self.clock() + max(1.0, 2.0 * seconds))
+        """``key`` (a session and node) holds ``blocks`` for about ``seconds`` (its previous
+        hold replaced). A ``density`` that is not a number ranks below every other."""
+        self.drop(key)
+        self._made += 1
+        seq, until = self._made, self.clock() + max(1.0, 2.0 * seconds)
+        rank = -math.inf if math.isnan(density) else density
+        self._holds[key] = _Hold(blocks, rank, until, seq)
+        self._held += blocks
+        bisect.insort(self._dense, (-rank, seq, blocks))
+        if len(self._expiry) > 4 * len(self._holds) + 64:  # replaced holds' stale ends
+            self._expiry = [(h.until, h.seq, k) for k, h in self._holds.items()]
+            heapq.heapify(self._expiry)
+        heapq.heappush(self._expiry, (until, seq, key))
 
     def drop(self, key: tuple[str, str]) -> None:
-        self._holds.pop(key, None)
+        hold = self._holds.pop(key, None)
+        if hold is None:
+            return
+        self._held -= hold.blocks
+        del self._dense[bisect.bisect_left(self._dense, (-hold.density, hold.seq))]
+
+    def _prune(self, now: float) -> None:
+        """The holds whose time ran out leave (the heap's earliest ends first; an end whose
+        hold was replaced or dropped since is passed over)."""
+        expiry = self._expiry
+        while expiry and expiry[0][0] <= now:
+            _, seq, key = heapq.heappop(expiry)
+            hold = self._holds.get(key)
+            if hold is not None and hold.seq == seq:
+                self.drop(key)
 
     def leave(self, session_id: str) -> None:
         """The session ended: its holds and its admission slot go."""
         for key in [k for k in self._holds if k[0] == session_id]:
-            del self._holds[key]
+            self.drop(key)
         for key in [k for k in self._footprints if k[0] == session_id]:
             self._working -= self._footprints.pop(key)
         self.window.cancel(session_id)
 
     @property
     def held_blocks(self) -> int:
-        now = self.clock()
-        return sum(h.blocks for h in self._holds.values() if h.until > now)
+        self._prune(self.clock())
+        return self._held
 
     # ------------------------------------------------------------------ admission
     async def admit_call(self, session_id: str) -> float:

@@ -332,3 +332,66 @@ def test_the_kept_share_is_a_share(steps: list[str]):
         assert p is None or 0.0 <= p <= 1.0
     if "shed" not in steps and steps.count("held") >= 10:
         assert s.hold_kept_p == pytest.approx(1.0)
+
+
+_KEYS = st.tuples(st.sampled_from(["s0", "s1", "s2", "s3"]), st.sampled_from(["a", "b"]))
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("hold"),
+            _KEYS,
+            st.integers(1, 40),
+            st.one_of(st.floats(0.0, 5.0), st.just(float("inf")), st.just(float("nan"))),
+            st.floats(0.0, 8.0),
+        ),
+        st.tuples(st.just("drop"), _KEYS),
+        st.tuples(st.just("leave"), st.sampled_from(["s0", "s1", "s2", "s3"])),
+        st.tuples(st.just("wait"), st.floats(0.0, 12.0)),
+        st.tuples(
+            st.just("ask"),
+            _KEYS,
+            st.integers(1, 80),
+            st.one_of(st.floats(0.0, 5.0), st.just(float("nan"))),
+        ),
+    ),
+    max_size=60,
+)
+
+
+@given(ops=_OPS)
+def test_fits_room_and_held_blocks_answer_as_a_scan_of_every_live_hold(ops):
+    """The share keeps running totals and indexes (a heap of ends, holds by density) so a call
+    costs what changed, not every hold of every session: whatever holds come, are replaced,
+    dropped, left or run out of time, ``fits``, ``room`` and ``held_blocks`` answer as the
+    scan of every live hold they replaced (a hold whose worth is not a number ranks below
+    every other)."""
+    s = share()
+    clock = s.clock
+    budget = s.budget_blocks
+    model: dict[tuple[str, str], tuple[int, float, float]] = {}  # key -> blocks, rank, until
+
+    def live() -> dict[tuple[str, str], tuple[int, float, float]]:
+        return {k: h for k, h in model.items() if h[2] > clock.now}  # type: ignore[attr-defined]
+
+    for op in ops:
+        if op[0] == "hold":
+            _, key, blocks, density, seconds = op
+            s.hold(key, blocks, density, seconds)
+            rank = float("-inf") if density != density else density
+            model[key] = (blocks, rank, clock.now + max(1.0, 2.0 * seconds))  # type: ignore[attr-defined]
+        elif op[0] == "drop":
+            s.drop(op[1])
+            model.pop(op[1], None)
+        elif op[0] == "leave":
+            s.leave(op[1])
+            model = {k: h for k, h in model.items() if k[0] != op[1]}
+        elif op[0] == "wait":
+            clock.now += op[1]  # type: ignore[attr-defined]
+        else:
+            _, key, blocks, density = op
+            others = {k: h for k, h in live().items() if k != key}
+            denser = sum(b for b, rank, _ in others.values() if rank >= density)
+            assert s.fits(key, blocks, density) is (denser + blocks <= budget)
+            held = sum(b for b, _, _ in others.values())
+            assert s.room(key, blocks) is (blocks <= budget and held + blocks <= budget)
+        assert s.held_blocks == sum(b for b, _, _ in live().values())
