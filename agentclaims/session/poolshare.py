@@ -334,9 +334,10 @@ class PoolShare:
         self._held += blocks
         bisect.insort(self._dense, (-rank, seq, blocks))
         if len(self._expiry) > 4 * len(self._holds) + 64:  # replaced holds' stale ends
-            self._expiry = [(h.until, h.seq, k) for k, h in self._holds.items()]
+            self._expiry = [(h.until, h.seq, k) for k, h in self._holds.items()]  # it too
             heapq.heapify(self._expiry)
-        heapq.heappush(self._expiry, (until, seq, key))
+        else:
+            heapq.heappush(self._expiry, (until, seq, key))
 
     def drop(self, key: tuple[str, str]) -> None:
         hold = self._holds.pop(key, None)

@@ -395,3 +395,21 @@ def test_fits_room_and_held_blocks_answer_as_a_scan_of_every_live_hold(ops):
             held = sum(b for b, _, _ in others.values())
             assert s.room(key, blocks) is (blocks <= budget and held + blocks <= budget)
         assert s.held_blocks == sum(b for b, _, _ in live().values())
+
+
+def test_a_hold_replaced_many_times_leaves_no_stale_end_behind():
+    """Each call replaces its node's hold: the ends of the replaced ones do not pile up (the
+    heap is rebuilt from the live holds past a bound), and the last hold still ends on time."""
+    s = share()
+    clock = s.clock
+    for i in range(500):
+        clock.now = i * 0.01  # type: ignore[attr-defined]
+        s.hold(("a", "n"), 10, 1.0, 5.0)
+        s.hold(("b", "n"), 5, 2.0, 1.0)
+    assert len(s._expiry) <= 4 * 2 + 64 + 1
+    assert s.held_blocks == 15
+    clock.now += 2.5  # type: ignore[attr-defined]  # b's hold (2 s) ran out, a's (10 s) not
+    assert s.held_blocks == 10
+    assert s.fits(("c", "n"), 50, 0.5)
+    clock.now += 10.0  # type: ignore[attr-defined]
+    assert s.held_blocks == 0
