@@ -281,37 +281,35 @@ async def _bench(
     # runs: the no-op middleware's rounds run under the same LangSmith as the session's
     inline_untraced()
     script = _script(calls)
+
+    async def run(kind: str, n: int, mode: str, tag: str, counted: bool = False) -> dict[str, Any]:
+        """One run of ``mode`` on a fresh backend of ``kind``, closed after it."""
+        backend: Any = (
+            agentclaims.EmbeddedBackend(
+                num_blocks=65536, block_size=16, script=load_script(json.dumps(script))
+            )
+            if kind == "embedded"
+            else agentclaims.HTTPBackend(url)
+        )
+        try:
+            return await _one(backend, n, calls, mode, tag, tool_s, profile=counted)
+        finally:
+            await backend.aclose()
+
     rows: list[dict[str, Any]] = []
     for kind in backends:
         for n in sessions:
             runs: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
-
-            def make(kind: str = kind) -> Any:
-                if kind == "embedded":
-                    return agentclaims.EmbeddedBackend(
-                        num_blocks=65536, block_size=16, script=load_script(json.dumps(script))
-                    )
-                return agentclaims.HTTPBackend(url)
-
             for r in range(rounds):
                 order = MODES if r % 2 == 0 else MODES[::-1]
                 for mode in order:
-                    backend = make()
-                    try:
-                        runs[mode].append(
-                            await _one(backend, n, calls, mode, f"{kind}{n}{r}{mode}", tool_s)
-                        )
-                    finally:
-                        await backend.aclose()
-            counted: dict[str, dict[str, Any]] = {}
-            for mode in MODES if profile else ():  # one more run each, counted, not timed
-                backend = make()
-                try:
-                    counted[mode] = await _one(
-                        backend, n, calls, mode, f"{kind}{n}p{mode}", tool_s, profile=True
-                    )
-                finally:
-                    await backend.aclose()
+                    runs[mode].append(await run(kind, n, mode, f"{kind}{n}{r}{mode}"))
+            # one more run of each mode, counted, not timed
+            counted = (
+                {m: await run(kind, n, m, f"{kind}{n}p{m}", counted=True) for m in MODES}
+                if profile
+                else {}
+            )
             med = {
                 mode: {k: statistics.median(x[k] for x in xs) for k in xs[0]}
                 for mode, xs in runs.items()

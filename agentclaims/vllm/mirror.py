@@ -41,7 +41,7 @@ __all__ = ["ClaimMirror", "MirroredClaim"]
 log = logging.getLogger("agentclaims.vllm")
 
 _CONTRACT_EVENTS = {e.value for e in EventName}
-VERDICTS = {
+_VERDICTS = {
     EventName.ACTIVE_REQUEST_DEFERRED.value: "deferred",
     EventName.ACTIVE_REQUEST_REFUSED.value: "refused",
 }
@@ -127,7 +127,7 @@ class ClaimMirror:
         self._request_ids: OrderedDict[str, str] = OrderedDict()
         """vLLM's request id (``cmpl-<ours>``) -> the gateway's, for the connector's events."""
         self._max_requests = max_requests
-        self.verdicts = dict.fromkeys(VERDICTS.values(), 0)
+        self.verdicts = dict.fromkeys(_VERDICTS.values(), 0)
         """Requests the connector's admission deferred or refused because held claims were in
         their way (its ``active_request_deferred`` / ``_refused`` events), every request's:
         this gateway's, another gateway's and those sent straight to vLLM (another tenant)."""
@@ -245,7 +245,7 @@ class ClaimMirror:
             }
             if name == EventName.RESIDENT_CLAIM_MATERIALIZED.value and self.observer is not None:
                 continue  # seen in vLLM's own cache instead (_confirm)
-            verdict = VERDICTS.get(name)
+            verdict = _VERDICTS.get(name)
             if verdict is not None:
                 self.verdicts[verdict] += 1
             claim = self.claims.get(cid) if cid else None

@@ -153,7 +153,8 @@ async def _until(
         if ended:
             raise QueueNotBuilt(
                 f"call {ended} ended before vLLM's queue reached {want}: {seen} "
-                f"({polls} reads in {now - start:.2f} s, the longest gap {longest:.2f} s; (running, waiting) {states})"
+                f"({polls} reads in {now - start:.2f} s, the longest gap {longest:.2f} s; "
+                f"(running, waiting) {states})"
             )
         if seen == want:
             return
