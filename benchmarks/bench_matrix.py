@@ -228,6 +228,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "preemptions": med("preemptions"),
         "promoted": med("promoted"),
         "other_ttft_p99_ms": pooled_p99(rows, "churn", "p99_ms"),
+        "other_prompts": len(_pooled(rows, "churn", "p99_ms") or ()),
         "runs": len(rows),
     }
 
@@ -356,7 +357,7 @@ def summarize(path: str) -> None:
         "| cell | pool blocks (working set) | completion claims / stock (ratio) "
         "| paired ratios: median (range) | workflow p50 "
         "| LLM-call time, x lower | TTFT p50 / p99 ms | cached | deferrals "
-        "| other tenant TTFT p99 ms (ratio) | runs |"
+        "| other tenant TTFT p99 ms (ratio), of its prompts | runs |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for number in sorted(runs):
@@ -374,6 +375,8 @@ def summarize(path: str) -> None:
             f"({c['other_ttft_p99_ms'] / k['other_ttft_p99_ms']:.2f}x"
             + (f"; 90% {chance[0]:.2f}-{chance[1]:.2f}x" if chance else "")
             + ")"
+            # the p99 of few prompts is one of their slowest few: how many it rests on
+            + (f", of {c['other_prompts']} / {k['other_prompts']}" if c["other_prompts"] else "")
             if c["other_ttft_p99_ms"] and k["other_ttft_p99_ms"]
             else "none"
         )
