@@ -109,6 +109,7 @@ workflows later, however the cache thrashes."""
 class _Hold:
     blocks: int
     density: float
+    """Its worth in seconds per block-second, as ``fits`` ranks it (not a number: -inf)."""
     until: float
     seq: int
     """Its place in ``PoolShare``'s indexes (one per hold made: a replaced hold's stale
@@ -334,7 +335,8 @@ class PoolShare:
         self._held += blocks
         bisect.insort(self._dense, (-rank, seq, blocks))
         if len(self._expiry) > 4 * len(self._holds) + 64:  # replaced holds' stale ends
-            self._expiry = [(h.until, h.seq, k) for k, h in self._holds.items()]  # it too
+            # rebuilt from the live holds, this new one among them
+            self._expiry = [(h.until, h.seq, k) for k, h in self._holds.items()]
             heapq.heapify(self._expiry)
         else:
             heapq.heappush(self._expiry, (until, seq, key))
