@@ -378,18 +378,22 @@ class CompletionRoutes:
                 # chunk for chunk the engine's, as OpenAI shapes it
                 last: dict[str, Any] | None = None
                 when_done, tools = ext is not None and ext.release_when_done, False
-                async for chunk in streamed.chunks():
-                    if shown_id is not None and "id" in chunk:
-                        chunk["id"] = shown_id
-                    if when_done and not tools:
-                        tools = calls_tools(chunk)
-                    if last is not None:
-                        yield event(last)
-                        last = None
-                    if _may_end(chunk):
-                        last = chunk
-                    else:
-                        yield event(chunk)
+                async for batch in streamed.batches():  # those that came together, in one
+                    out: list[bytes] = []
+                    for chunk in batch:
+                        if shown_id is not None and "id" in chunk:
+                            chunk["id"] = shown_id
+                        if when_done and not tools:
+                            tools = calls_tools(chunk)
+                        if last is not None:
+                            out.append(event(last))
+                            last = None
+                        if _may_end(chunk):
+                            last = chunk
+                        else:
+                            out.append(event(chunk))
+                    if out:
+                        yield out[0] if len(out) == 1 else b"".join(out)
                 result = early or await self.service.served(
                     _settled(streamed), owners, tenant, owner
                 )

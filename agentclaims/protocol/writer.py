@@ -102,10 +102,12 @@ class ReplyStream(Protocol):
         """Waits for the first token: the KV life of a request ended before it (refused)."""
         ...
 
-    def chunks(self) -> AsyncIterator[dict[str, Any]]: ...
+    def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
+        """The reply's chunks, those that came together in one (never an empty) list."""
+        ...
 
     result: ServeResult | None
-    """The request's KV life, once ``chunks`` ended."""
+    """The request's KV life, once ``batches`` ended."""
 
     @property
     def usage(self) -> dict[str, Any] | None: ...

@@ -1,7 +1,8 @@
 """A streamed completion on its way from vLLM to the client, read on the way.
 
 vLLM streams server-sent events; the gateway passes each chunk on as it comes (tokens reach the
-client as vLLM produces them) and keeps what it needs of them for the KV life of the request:
+client as vLLM produces them; those that came together, while the gateway was busy, go on
+together: ``batches``) and keeps what it needs of them for the KV life of the request:
 the prompt's token ids (vLLM's first chunk, with ``return_token_ids``), the reply's (each
 chunk's delta), the finish reason and the usage (vLLM's last chunk, with ``stream_options:
 {"include_usage": true}``, asked for whatever the client asked). The client gets the chunks as
@@ -36,7 +37,7 @@ class UpstreamStream:
         self, stream: Stream, *, keep_token_ids: bool, include_usage: bool, settle: Settle
     ) -> None:
         self._stream = stream
-        self._events = stream.events()
+        self._events = stream.batches()
         self._keep_ids = keep_token_ids
         self._usage_asked = include_usage
         self._settle = settle
@@ -64,23 +65,27 @@ class UpstreamStream:
     async def start(self) -> ServeResult | None:
         """Read up to the first token; ``None`` once it came, else (vLLM ended the request
         before any token) the request's ``ServeResult``."""
-        async for event in self._events:
-            out = self._take(event)
-            if out is not None:
-                self._head.append(out)
-            if _began(event):
+        async for batch in self._events:
+            began = False
+            for event in batch:  # what came with the first token goes with it
+                out = self._take(event)
+                if out is not None:
+                    self._head.append(out)
+                began = began or _began(event)
+            if began:
                 return None
         return await self._settled()
 
-    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
-        """The chunks as the client gets them: those ``start`` read, then the rest as they
-        come; ``result`` is set when they end."""
+    async def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
+        """The chunks as the client gets them, a batch per read of vLLM's stream (those that
+        came together): those ``start`` read, then the rest as they come; ``result`` is set
+        when they end. No batch is empty."""
         head, self._head = self._head, []
-        for chunk in head:
-            yield chunk
-        async for event in self._events:
-            out = self._take(event)
-            if out is not None:
+        if head:
+            yield head
+        async for batch in self._events:
+            out = [chunk for chunk in map(self._take, batch) if chunk is not None]
+            if out:
                 yield out
         await self._settled()
 

@@ -21,7 +21,7 @@ from agentclaims.protocol import timing
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["ENGINE_DEAD", "KEEP_ALIVE_S", "MAX_CONNECTIONS", "Stream", "Upstream"]
+__all__ = ["ENGINE_DEAD", "KEEP_ALIVE_S", "MAX_CONNECTIONS", "SseFramer", "Stream", "Upstream"]
 
 KEEP_ALIVE_S = 3.0
 """How long an idle connection to vLLM is kept for reuse (vLLM closes them after 5 s)."""
@@ -172,7 +172,7 @@ class Upstream:
 
 class Stream:
     """One streamed answer (``Upstream.stream``): ``status``; for a 200, its events' ``data``
-    payloads parsed as JSON, in order, up to ``[DONE]`` (``events()``); else ``error``, the
+    payloads parsed as JSON, in order, up to ``[DONE]`` (``batches()``); else ``error``, the
     body (``body()`` parses it). ``aclose()`` ends it early (idempotent)."""
 
     def __init__(self, upstream: Upstream, response: aiohttp.ClientResponse) -> None:
@@ -184,27 +184,69 @@ class Stream:
     def body(self) -> Any:
         return _parsed(self.error or b"")
 
-    async def events(self) -> AsyncGenerator[dict[str, Any], None]:
+    async def batches(self) -> AsyncGenerator[list[dict[str, Any]], None]:
+        """The events, in order, a batch per read of the connection: every event whose bytes
+        had come when the gateway got to read them (one, while it keeps up with vLLM; several
+        where it fell behind, so it writes them on in one piece). It never waits for more
+        than what has come."""
         import aiohttp
 
+        framer = SseFramer()
         try:
-            async for line in self._response.content:
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
+            async for data in self._response.content.iter_any():
+                batch = framer.feed(data)
+                if batch:
+                    yield batch
+                if framer.done:
                     return
-                try:
-                    event = _json.loads(payload)
-                except ValueError:
-                    continue
-                if isinstance(event, dict):
-                    yield event
+            batch = framer.end()
+            if batch:
+                yield batch
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise self._upstream._failed(exc) from exc
 
     async def aclose(self) -> None:
         self._response.close()
+
+
+class SseFramer:
+    """A server-sent event stream's ``data:`` objects as its bytes come, in any pieces:
+    ``feed`` a piece, get the objects of the lines it completed; ``end`` takes the last line
+    if it had no newline. Other lines, and payloads that are not JSON objects, are skipped;
+    ``done`` once ``[DONE]`` came (nothing after it is read)."""
+
+    __slots__ = ("_pending", "done")
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self.done = False
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        if self.done:
+            return []
+        *lines, self._pending = (self._pending + data).split(b"\n")
+        return self._objects(lines)
+
+    def end(self) -> list[dict[str, Any]]:
+        pending, self._pending = self._pending, b""
+        return [] if self.done or not pending else self._objects([pending])
+
+    def _objects(self, lines: list[bytes]) -> list[dict[str, Any]]:
+        batch: list[dict[str, Any]] = []
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.done = True
+                break
+            try:
+                event = _json.loads(payload)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                batch.append(event)
+        return batch
 
 
 def _parsed(raw: bytes) -> Any:

@@ -6,19 +6,34 @@ server's own keep-alive, and every wait counted as upstream time."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from servers import app_in_thread, free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from agentclaims import _json
 from agentclaims.errors import BackendUnavailable, UsageError
 from agentclaims.protocol import timing
-from agentclaims.vllm.upstream import Upstream
+from agentclaims.vllm.upstream import SseFramer, Upstream
+
+_PIECES = {
+    # one event cut in two, then the rest of it with two more, a comment and a payload that
+    # is no JSON; then the end, and an event after it that is never read
+    "batched": [
+        b'data: {"i": 0',
+        b'}\n\ndata: {"i": 1}\n\n: a comment\n\ndata: not json\n\ndata: {"i": 2}\r\n\r\n',
+        b'data: [DONE]\n\ndata: {"i": 99}\n\n',
+    ],
+    "unterminated": [b'data: {"i": 5}\n\n', b'data: {"i": 6}'],  # closed without a newline
+}
 
 
 def _app() -> Starlette:
@@ -47,8 +62,17 @@ def _app() -> Starlette:
         state.now -= 1
         return JSONResponse({"most": state.most})
 
+    async def stream(request: Request) -> Response:
+        async def pieces() -> Any:
+            for piece in _PIECES[request.path_params["name"]]:
+                yield piece
+                await asyncio.sleep(0.1)  # each piece read on its own
+
+        return StreamingResponse(pieces(), media_type="text/event-stream")
+
     app = Starlette(
         routes=[
+            Route("/v1/stream/{name}", stream, methods=["POST"]),
             Route("/held", held),
             Route("/health", health),
             Route("/v1/echo", echo, methods=["POST"]),
@@ -165,3 +189,42 @@ async def test_every_wait_counts_as_upstream_time(server: str) -> None:
 def test_bad_arguments_are_refused_naming_them(change: dict[str, Any], field: str) -> None:
     with pytest.raises(UsageError, match=field):
         Upstream(**{"base_url": "http://127.0.0.1:8000", **change})
+
+
+async def test_a_stream_comes_in_batches_of_the_events_that_came_together(server: str) -> None:
+    upstream = Upstream(server)
+    try:
+        stream = await upstream.stream("/v1/stream/batched", {"stream": True})
+        batched = [batch async for batch in stream.batches()]
+        stream = await upstream.stream("/v1/stream/unterminated", {"stream": True})
+        unterminated = [batch async for batch in stream.batches()]
+    finally:
+        await upstream.aclose()
+    # the cut event waited for its end; the three that came together are one batch; nothing
+    # after [DONE]
+    assert batched == [[{"i": 0}, {"i": 1}, {"i": 2}]]
+    assert unterminated == [[{"i": 5}], [{"i": 6}]]
+
+
+_EVENT = st.dictionaries(
+    st.sampled_from(["id", "i", "text"]), st.integers() | st.text(), max_size=3
+)
+
+
+@given(
+    events=st.lists(_EVENT, max_size=8),
+    cuts=st.lists(st.integers(min_value=0, max_value=2_000), max_size=12),
+    done=st.booleans(),
+)
+def test_the_framer_reads_the_same_events_however_the_bytes_are_cut(
+    events: list[dict[str, Any]], cuts: list[int], done: bool
+) -> None:
+    whole = b"".join(b"data: " + _json.dumps(e) + b"\n\n" for e in events)
+    whole += b'data: [DONE]\n\ndata: {"after": 1}\n\n' if done else b""
+    bounds = sorted({0, len(whole), *(c for c in cuts if c < len(whole))})
+    framer, got = SseFramer(), []
+    for start, end in itertools.pairwise(bounds):
+        got.extend(framer.feed(whole[start:end]))
+    got.extend(framer.end())
+    assert got == events
+    assert framer.done is done
