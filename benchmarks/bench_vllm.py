@@ -560,11 +560,11 @@ async def under_pressure(
     out["cacheable_ratio"] = await cacheable(vurl, model, prompts)
     if direct:
         out.update(engine_requests_per_llm_call=1.0, ops_rode=0, ops_standalone=0)
-        out["ride_wait_p50_ms"] = None
+        out["ride_wait_p50_ms"] = out["stream_chunks_per_write"] = None
         return out
     if not counted:  # the app ran in this process and went with its backend
         out.update(engine_requests_per_llm_call=None, ops_rode=None, ops_standalone=None)
-        out["ride_wait_p50_ms"] = None
+        out["ride_wait_p50_ms"] = out["stream_chunks_per_write"] = None
         return out
     after = _gateway_stats(gateway)
 
@@ -584,6 +584,9 @@ async def under_pressure(
         out["engine_verdicts"] = {
             verdict: delta("request_verdicts", verdict) for verdict in ("deferred", "refused")
         }
+    chunks, writes = delta("streamed", "chunks"), delta("streamed", "writes")
+    # the streamed chunks the gateway passed on per write: above 1 where some came together
+    out["stream_chunks_per_write"] = round(chunks / writes, 3) if writes else None
     promotions = (after.get("gateway") or {}).get("promotions") or {}
     out["promoted"] = int(promotions.get("promoted") or 0) - int(
         ((before.get("gateway") or {}).get("promotions") or {}).get("promoted") or 0
@@ -1056,6 +1059,7 @@ def report(out: dict[str, Any], args: Any) -> None:
         "ops_rode",
         "ops_standalone",
         "ride_wait_p50_ms",
+        "stream_chunks_per_write",
     )
     shape = f"{args.layers or 2} layers x {args.hidden or 128}"
     work = (

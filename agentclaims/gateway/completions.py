@@ -83,12 +83,10 @@ class CompletionRoutes:
         self.instance = instance
         self.errors = errors
         self._fields = instance.fields  # in every answer: read once
-        self._plain: PlainWrite | None = getattr(writer, "plain", None)
-        """The writer's lean way for a call that carries nothing but OpenAI's fields."""
+        self._plain: PlainWrite | None = getattr(writer, "plain", None)  # for plain calls
         self.promotions = promotions
         """Which calls go ahead in the engine's queue (``agentclaims.gateway.queueing``)."""
-        self.cache_claims = PromptCacheClaims()
-        """Each ``prompt_cache_key``'s latest claim (``agentclaims.gateway.hosted``)."""
+        self.cache_claims = PromptCacheClaims()  # each prompt_cache_key's latest claim
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._completion(request, "chat")

@@ -226,8 +226,17 @@ class CompletionForwarder:
         """Prompt tokens of the completions vLLM served (its usage)."""
         self.cached_tokens = 0
         """Of them, those vLLM's prefix cache served (its ``cached_tokens``)."""
+        self.streamed = [0, 0]
+        """Streamed chunks passed on to clients, and the batches they went in (chunks that
+        came from vLLM together go on together: ``UpstreamStream.batches``)."""
         self._pool: tuple[float, dict[str, Any]] | None = None
         """The pool's figures the connector last gave, and when (``monotonic``)."""
+
+    def figures(self) -> dict[str, Any]:
+        """For ``/v1/stats``: the plain OpenAI calls with nothing riding (forwarded as they
+        came, nothing signed), and the streamed chunks passed on, in how many writes."""
+        chunks, writes = self.streamed
+        return {"bare_completions": self.bare, "streamed": {"chunks": chunks, "writes": writes}}
 
     def prepare(self, call: CompletionCall) -> CompletionCall:
         """The body's shape checked here, before anything changes (a release it carries
@@ -415,6 +424,7 @@ class CompletionForwarder:
             keep_token_ids=bool(body.get("return_token_ids")),
             include_usage=options.get("include_usage") is True,
             settle=settle,
+            tally=self.streamed,
         )
 
     async def _claims_of(

@@ -476,8 +476,7 @@ class VllmKV:
             )
             if self.completions
             else None,
-            # plain OpenAI calls with nothing riding: forwarded as they came, nothing signed
-            "bare_completions": self.forwarder.bare,
+            **self.forwarder.figures(),  # bare completions, streamed chunks
             "claim_operations": {
                 "rode": riding.rode,
                 "standalone": riding.standalone,

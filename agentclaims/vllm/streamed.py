@@ -34,9 +34,16 @@ class UpstreamStream:
     """One streamed completion (see the module)."""
 
     def __init__(
-        self, stream: Stream, *, keep_token_ids: bool, include_usage: bool, settle: Settle
+        self,
+        stream: Stream,
+        *,
+        keep_token_ids: bool,
+        include_usage: bool,
+        settle: Settle,
+        tally: list[int] | None = None,
     ) -> None:
         self._stream = stream
+        self._tally = [0, 0] if tally is None else tally  # chunks, batches: added to
         self._events = stream.batches()
         self._keep_ids = keep_token_ids
         self._usage_asked = include_usage
@@ -80,12 +87,17 @@ class UpstreamStream:
         """The chunks as the client gets them, a batch per read of vLLM's stream (those that
         came together): those ``start`` read, then the rest as they come; ``result`` is set
         when they end. No batch is empty."""
+        tally = self._tally
         head, self._head = self._head, []
         if head:
+            tally[0] += len(head)
+            tally[1] += 1
             yield head
         async for batch in self._events:
             out = [chunk for chunk in map(self._take, batch) if chunk is not None]
             if out:
+                tally[0] += len(out)
+                tally[1] += 1
                 yield out
         await self._settled()
 

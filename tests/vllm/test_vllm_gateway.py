@@ -866,6 +866,10 @@ async def test_a_streamed_completion_passes_vllms_tokens_through(gateway: str) -
         assert usage[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the same prompt
         assert usage[-1]["agentclaims"]["outcome"]["action"].startswith("serve_active")
         assert any(ch.get("token_ids") for c in events[:-1] for ch in c["choices"])
+        # counted: vLLM's chunks passed on, in as many writes or fewer (those that came together)
+        streamed = (await http.get(f"{gateway}/v1/stats")).json()["streamed"]
+        assert streamed["chunks"] >= len(chunks) + len(events) - 2
+        assert 2 <= streamed["writes"] <= streamed["chunks"]
 
 
 async def test_a_client_that_leaves_a_stream_aborts_the_vllm_request(
