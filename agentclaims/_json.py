@@ -75,7 +75,11 @@ def dumps(value: Any) -> bytes:
             return out
         except TypeError:
             pass  # what orjson will not write (a big integer, a non-string key): as stdlib does
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # a lone surrogate (read from a "\\ud800" escape): escaped again
+        return json.dumps(value, separators=(",", ":")).encode()
 
 
 _STREAM_KEYS = re.compile(rb'"stream"\s*:\s*(false\b)?')

@@ -127,7 +127,7 @@ class ClaimEvents:
         if not isinstance(page, Mapping):
             return None
         try:
-            parsed = EventPage.from_dict(page)
+            parsed = empty_page(page) or EventPage.from_dict(page)
         except (TypeError, ValueError, KeyError) as exc:
             _log.warning("events_unreadable", backend=backend_name, error=repr(exc))
             return None
@@ -224,3 +224,20 @@ class ClaimEvents:
             else:
                 st.claims_expired += 1
             out.lapsed.append((held, ev))
+
+
+_PAGE_FIELDS = frozenset({"events", "last_seq", "next_since", "more", "gap"})
+
+
+def empty_page(page: Mapping[str, object]) -> EventPage | None:
+    """``page`` read without the validator where it holds no event and nothing else to check
+    (what most answers carry: nothing happened since the last); ``None`` for any other page,
+    which ``EventPage.from_dict`` reads (and refuses where it is wrong)."""
+    if page.get("events") != [] or page.keys() != _PAGE_FIELDS:
+        return None
+    last, after, more, gap = page["last_seq"], page["next_since"], page["more"], page["gap"]
+    if type(last) is not int or type(after) is not int:
+        return None
+    if type(more) is not bool or type(gap) is not bool:
+        return None
+    return EventPage((), last, after, more, gap)

@@ -230,9 +230,7 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
                 base = None  # the body changed beyond its extension
             try:
                 content = (
-                    json.dumps(body).encode()
-                    if base is None
-                    else _spliced(base, body[EXTENSION_KEY])
+                    fast_json.dumps(body) if base is None else _spliced(base, body[EXTENSION_KEY])
                 )
                 response = await self._forward(backend, request, suffix, content, stream=streaming)
             except BackendUnavailable as exc:
@@ -308,7 +306,6 @@ def _target(base_url: str, suffix: str) -> httpx2.URL:
 
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"\\]*)"')
 _EXTENSION = b'"' + EXTENSION_KEY.encode() + b'"'
-_COMPACT = (",", ":")
 
 
 def _glance(content: bytes) -> str | None:
@@ -327,7 +324,7 @@ def _spliced(base: bytes, ext: Mapping[str, Any]) -> bytes:
     """The JSON object ``base`` with the ``agentclaims`` member ``ext`` added at its end."""
     head = base.rstrip()[:-1].rstrip()
     sep = b"" if head.endswith(b"{") else b","
-    return head + sep + _EXTENSION + b":" + json.dumps(ext, separators=_COMPACT).encode() + b"}"
+    return head + sep + _EXTENSION + b":" + fast_json.dumps(ext) + b"}"
 
 
 def _api_key(backend: Backend) -> str | None:

@@ -78,6 +78,19 @@ def test_what_orjson_refuses_the_standard_library_decides() -> None:
     assert json.loads(_json.dumps({1: "a", 2**65: "b"})) == {"1": "a", str(2**65): "b"}
 
 
+_LOW_HALF = st.characters(min_codepoint=0xDC00, max_codepoint=0xDFFF)  # pairs with nothing before
+
+
+@given(st.lists(st.text() | _LOW_HALF, min_size=1, max_size=4))
+def test_a_lone_surrogate_read_from_an_escape_is_written_escaped(parts: list[str]) -> None:
+    """JSON may escape half of a surrogate pair (``"\\udc80"``), which reads as a lone
+    surrogate: no UTF-8 writes it, so it goes out escaped again, and reads back the same."""
+    value = {"content": "".join(parts)}
+    written = _json.dumps(value)
+    assert json.loads(written) == value
+    assert _json.loads(written) == value
+
+
 @pytest.mark.parametrize("raw", [b"", b"{", b'{"a": }', b"\xff\xfe"])
 def test_what_is_not_json_raises_the_standard_librarys_error(raw: bytes) -> None:
     with pytest.raises(ValueError):
