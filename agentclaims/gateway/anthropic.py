@@ -43,7 +43,7 @@ from agentclaims import _json
 from agentclaims.contract import ClaimId, OwnerScope
 from agentclaims.errors import AgentClaimsError, UnknownClaim, UsageError
 from agentclaims.gateway.params import json_object, tenant_of
-from agentclaims.gateway.streaming import JSONResponse, sse_objects
+from agentclaims.gateway.streaming import FLUSH, ChunkStream, JSONResponse, chunks_of, joined
 from agentclaims.gateway.tenants import Tenant
 from agentclaims.protocol import EXTENSION_KEY
 from agentclaims.protocol.codec import exception_error
@@ -355,7 +355,7 @@ class MessagesRoute:
             return _error_from(response)
         claim_id = None if claim is None else claim["claim_id"]
         converted.held_ttl_s = None if claim is None else claim["ttl_s"]
-        if isinstance(response, StreamingResponse):
+        if isinstance(response, ChunkStream):
             return self._stream(response, converted, claim_id, tenant)
         answer = _json.loads(bytes(response.body))
         extension = answer.get(EXTENSION_KEY) or {}
@@ -442,7 +442,7 @@ class MessagesRoute:
 
     def _stream(
         self,
-        response: StreamingResponse,
+        response: ChunkStream,
         converted: Converted,
         claim_id: str | None,
         tenant: Tenant | None,
@@ -458,7 +458,10 @@ class MessagesRoute:
             finish: str | None = None
             usage: dict[str, Any] = {}
             extension: dict[str, Any] = {}
-            async for data in sse_objects(response.body_iterator):
+            async for data in chunks_of(response):
+                if data is None:  # those that came together go on together
+                    yield FLUSH
+                    continue
                 if not started:
                     started = True
                     yield _event("message_start", {"message": _start(msg_id, converted.model)})
@@ -534,7 +537,7 @@ class MessagesRoute:
             yield _event("message_stop", {})
 
         return StreamingResponse(
-            events(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+            joined(events()), media_type="text/event-stream", headers={"cache-control": "no-cache"}
         )
 
 

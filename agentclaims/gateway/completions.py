@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from agentclaims.contract import (
     ArbiterAction,
@@ -36,9 +36,8 @@ from agentclaims.gateway.queueing import Promotions, engine_orders
 from agentclaims.gateway.service import Service
 from agentclaims.gateway.sides import KVSide
 from agentclaims.gateway.streaming import (
-    DONE,
+    ChunkStream,
     JSONResponse,
-    event,
     respond,
     stream_requested,
     unstreamed,
@@ -369,7 +368,7 @@ class CompletionRoutes:
         named = call.request_id
         shown_id = None if named is None else self.service.namespace.shown(named, tenant)
 
-        async def events() -> AsyncIterator[bytes]:
+        async def batches() -> AsyncIterator[list[dict[str, Any]]]:
             try:
                 # a chunk that may be the last (a finish reason, or the usage chunk) waits for
                 # the next: the last one carries the ``agentclaims`` object, so the stream is
@@ -377,21 +376,21 @@ class CompletionRoutes:
                 last: dict[str, Any] | None = None
                 when_done, tools = ext is not None and ext.release_when_done, False
                 async for batch in streamed.batches():  # those that came together, in one
-                    out: list[bytes] = []
+                    out: list[dict[str, Any]] = []
                     for chunk in batch:
                         if shown_id is not None and "id" in chunk:
                             chunk["id"] = shown_id
                         if when_done and not tools:
                             tools = calls_tools(chunk)
                         if last is not None:
-                            out.append(event(last))
+                            out.append(last)
                             last = None
                         if _may_end(chunk):
                             last = chunk
                         else:
-                            out.append(event(chunk))
+                            out.append(chunk)
                     if out:
-                        yield out[0] if len(out) == 1 else b"".join(out)
+                        yield out
                 result = early or await self.service.served(
                     _settled(streamed), owners, tenant, owner
                 )
@@ -402,14 +401,11 @@ class CompletionRoutes:
                 await self._add_to_answer(extension, ext, hosted, tenant)
                 if last is None:  # no finishing chunk came (never from vLLM): one of its own
                     last = {**streamed.shape, "choices": []}
-                yield event({**last, EXTENSION_KEY: extension})
-                yield DONE
+                yield [{**last, EXTENSION_KEY: extension}]
             finally:
                 await streamed.aclose()
 
-        return StreamingResponse(
-            events(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
-        )
+        return ChunkStream(batches())
 
     def _extension(
         self, result: ServeResult, released: Sequence[Mapping[str, Any]] = ()

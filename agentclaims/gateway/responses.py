@@ -26,7 +26,7 @@ from starlette.responses import Response, StreamingResponse
 from agentclaims import _json
 from agentclaims.errors import UsageError
 from agentclaims.gateway.params import json_object
-from agentclaims.gateway.streaming import JSONResponse, sse_objects
+from agentclaims.gateway.streaming import FLUSH, ChunkStream, JSONResponse, chunks_of, joined
 from agentclaims.protocol import EXTENSION_KEY
 
 if TYPE_CHECKING:
@@ -236,7 +236,7 @@ class ResponsesRoute:
         if response.status_code != 200:
             return response  # OpenAI's error shape already, the refusal's details in it
         resp_id = f"resp_{uuid.uuid4().hex[:24]}"
-        if isinstance(response, StreamingResponse):
+        if isinstance(response, ChunkStream):
             return self._stream(body, response, resp_id)
         answer = _json.loads(bytes(response.body))
         choice = (answer.get("choices") or [{}])[0]
@@ -257,9 +257,7 @@ class ResponsesRoute:
                 reply.headers[name] = value
         return reply
 
-    def _stream(
-        self, body: Mapping[str, Any], response: StreamingResponse, resp_id: str
-    ) -> Response:
+    def _stream(self, body: Mapping[str, Any], response: ChunkStream, resp_id: str) -> Response:
         async def events() -> AsyncIterator[bytes]:
             seq = iter(range(1 << 30))
             shell = _shell(body, resp_id, "in_progress")
@@ -272,7 +270,10 @@ class ResponsesRoute:
             extension: dict[str, Any] = {}
             finish = None
             message_open = False
-            async for data in sse_objects(response.body_iterator):
+            async for data in chunks_of(response):
+                if data is None:  # those that came together go on together
+                    yield FLUSH
+                    continue
                 usage = data.get("usage") or usage
                 if isinstance(data.get(EXTENSION_KEY), Mapping):
                     extension = dict(data[EXTENSION_KEY])
@@ -376,7 +377,7 @@ class ResponsesRoute:
             yield _event(kind, next(seq), response=final)
 
         return StreamingResponse(
-            events(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+            joined(events()), media_type="text/event-stream", headers={"cache-control": "no-cache"}
         )
 
 

@@ -14,12 +14,16 @@ sent as ``data: <chunk>`` events then ``data: [DONE]``:
 The last chunk also carries the ``agentclaims`` object of the non-streamed answer (outcome,
 prefix ids, decisions, ``events_seq``) with the ``usage`` added, whether or not the client asked
 for usage: the claims transport reads it there to plan the next claim.
+
+A ``ChunkStream`` writes the chunks in batches, those that came from the engine together in one
+write; the APIs answered through the chat pipeline (``/v1/messages``, ``/v1/responses``) read
+its chunks as objects (``batches``), never the bytes written of them.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
 from starlette.responses import JSONResponse as _StarletteJSON
@@ -31,12 +35,14 @@ from agentclaims.protocol import EXTENSION_KEY
 
 __all__ = [
     "DONE",
+    "FLUSH",
+    "ChunkStream",
     "JSONResponse",
     "chunks",
+    "chunks_of",
     "event",
+    "joined",
     "respond",
-    "sse",
-    "sse_objects",
     "stream_requested",
     "unstreamed",
 ]
@@ -98,10 +104,8 @@ def respond(body: Mapping[str, Any], answer: Mapping[str, Any], streamed: bool) 
     if not streamed:
         return JSONResponse(answer)
     options = body.get("stream_options") or {}
-    return StreamingResponse(
-        sse(chunks(answer, include_usage=bool(options.get("include_usage")))),
-        media_type="text/event-stream",
-        headers={"cache-control": "no-cache"},
+    return ChunkStream(
+        _one_by_one(chunks(answer, include_usage=bool(options.get("include_usage"))))
     )
 
 
@@ -114,11 +118,54 @@ def event(chunk: Mapping[str, Any]) -> bytes:
     return b"data: " + _json.dumps(chunk) + b"\n\n"
 
 
-def sse(items: Iterator[dict[str, Any]]) -> Iterator[bytes]:
-    """Server-sent events: one ``data:`` event per chunk, then ``data: [DONE]``."""
-    for item in items:
-        yield event(item)
+class ChunkStream(StreamingResponse):
+    """A completion's chunks as server-sent events (``data: <chunk>``, then ``[DONE]``), a
+    write per batch (``batches``: the chunks that came together; never an empty one)."""
+
+    def __init__(self, batches: AsyncIterator[list[dict[str, Any]]]) -> None:
+        self.batches = batches
+        """The chunks themselves, for an API that writes its own events of them: read these
+        or the response, not both."""
+        super().__init__(
+            _events(batches), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+        )
+
+
+async def _events(batches: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[bytes]:
+    async for batch in batches:
+        yield b"".join(map(event, batch))
     yield DONE
+
+
+FLUSH = b""
+"""What an API writing its own events of a ``ChunkStream``'s chunks yields where a batch of
+them ended (``chunks_of`` says where): ``joined`` writes what came before it in one piece."""
+
+
+async def chunks_of(response: ChunkStream) -> AsyncIterator[dict[str, Any] | None]:
+    """The chunks of ``response``, in order, each batch followed by ``None``."""
+    async for batch in response.batches:
+        for chunk in batch:
+            yield chunk
+        yield None
+
+
+async def joined(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``pieces`` written a batch at a time: everything up to each ``FLUSH``, and the rest."""
+    out: list[bytes] = []
+    async for piece in pieces:
+        if piece:
+            out.append(piece)
+        elif out:
+            yield b"".join(out)
+            out = []
+    if out:
+        yield b"".join(out)
+
+
+async def _one_by_one(items: Iterable[dict[str, Any]]) -> AsyncIterator[list[dict[str, Any]]]:
+    for item in items:
+        yield [item]
 
 
 def _pieces(text: str | None) -> list[str]:
@@ -171,20 +218,3 @@ def chunks(answer: Mapping[str, Any], *, include_usage: bool) -> Iterator[dict[s
     if extension is not None:
         out[-1][EXTENSION_KEY] = {**extension, "usage": usage}
     yield from out
-
-
-async def sse_objects(body: AsyncIterable[Any]) -> AsyncIterator[dict[str, Any]]:
-    """The JSON objects of a server-sent event stream's ``data:`` lines, in order, until
-    ``[DONE]``: what the APIs answered through the chat pipeline (``/v1/messages``,
-    ``/v1/responses``) read of its stream to write their own."""
-    pending = b""
-    async for piece in body:
-        pending += piece if isinstance(piece, bytes) else str(piece).encode()
-        while b"\n\n" in pending:
-            raw, pending = pending.split(b"\n\n", 1)
-            for line in raw.split(b"\n"):
-                if line.startswith(b"data:"):
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        return
-                    yield _json.loads(payload)

@@ -3,17 +3,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import httpx2
 import openai
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from servers import gateway_process
 
 import agentclaims
 from agentclaims.backends.embedded import EmbeddedBackend
 from agentclaims.errors import ClaimRefused
+from agentclaims.gateway.streaming import DONE, FLUSH, ChunkStream, chunks_of, event, joined
 from agentclaims.gateway.text import Reply
 
 SCRIPT = {"agent": [Reply.tool("search", {"q": "kv"}), "three papers on it"]}
@@ -124,3 +128,46 @@ def test_a_real_gateway_process_streams_to_the_openai_sdk():
         assert chunks[-1].usage is not None
         assert chunks[-1].usage.prompt_tokens > 0
         client.close()
+
+
+async def _pieces(stream: Any) -> list[bytes]:
+    return [piece async for piece in stream]
+
+
+async def _batches(batches: list[list[dict[str, Any]]]) -> Any:
+    for batch in batches:
+        yield batch
+
+
+async def test_a_chunk_stream_writes_the_chunks_that_came_together_in_one_piece() -> None:
+    """What came from the engine together goes on in one write; an API writing its own events
+    of the chunks (``/v1/messages``, ``/v1/responses``) reads them as objects, batch by batch,
+    and writes its events of a batch in one piece too."""
+    a, b, c = {"i": 0}, {"i": 1}, {"i": 2}
+    written = await _pieces(ChunkStream(_batches([[a, b], [c]])).body_iterator)
+    assert written == [event(a) + event(b), event(c), DONE]
+    read = [x async for x in chunks_of(ChunkStream(_batches([[a, b], [c]])))]
+    assert read == [a, b, None, c, None]
+
+    async def translated() -> Any:  # an API's events: two of each chunk, flushed per batch
+        async for chunk in chunks_of(ChunkStream(_batches([[a, b], [c]]))):
+            if chunk is None:
+                yield FLUSH
+                continue
+            yield b"<%d>" % chunk["i"]
+            yield b"</%d>" % chunk["i"]
+        yield b"<end/>"
+
+    assert await _pieces(joined(translated())) == [b"<0></0><1></1>", b"<2></2>", b"<end/>"]
+
+
+@given(st.lists(st.binary(max_size=4), max_size=12))
+def test_joined_writes_every_piece_in_order_and_no_empty_write(pieces: list[bytes]) -> None:
+    async def source() -> Any:
+        for piece in pieces:
+            yield piece
+
+    written = asyncio.run(_pieces(joined(source())))
+    assert b"".join(written) == b"".join(pieces)
+    assert all(written)
+    assert len(written) <= pieces.count(FLUSH) + 1
