@@ -127,7 +127,9 @@ class ClaimEvents:
         if not isinstance(page, Mapping):
             return None
         try:
-            parsed = empty_page(page) or EventPage.from_dict(page)
+            parsed = empty_page(page)
+            if parsed is None:
+                parsed = EventPage.from_dict(page)
         except (TypeError, ValueError, KeyError) as exc:
             _log.warning("events_unreadable", backend=backend_name, error=repr(exc))
             return None
