@@ -84,7 +84,8 @@ def _cpu_clock(pid: int) -> int | None:
 async def one_run(urls: dict[str, str], pids: dict[str, int], args: Any) -> dict[str, Any]:
     """``args.probes`` rounds (and 5 unmeasured first): each sends the same kind of request
     straight to vLLM and through each front, the order rotating."""
-    body = {"model": args.model, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    body = {"model": args.model, "max_tokens": args.stream or 4, "temperature": 0}
+    body |= {"ignore_eos": True, **({"stream": True} if args.stream else {})}
     names = ("vllm", *FRONTS)
     elapsed: dict[str, list[float]] = {name: [] for name in names}
     own: list[float] = []
@@ -111,7 +112,9 @@ async def one_run(urls: dict[str, str], pids: dict[str, int], args: Any) -> dict
                 took = time.perf_counter() - t
                 assert r.status_code == 200, r.text[:300]
                 if name == "gateway":
-                    seen = r.json()[EXTENSION_KEY]["events_seq"]
+                    seen = _answer(r.content, streamed=bool(args.stream))[EXTENSION_KEY][
+                        "events_seq"
+                    ]
                 if i < 5:
                     continue  # warm-up: connections, first-request paths
                 if name in pids:
@@ -165,10 +168,18 @@ def main() -> None:
         help="the gateway serves tenants' keys (a key file in a temporary folder); its calls "
         "carry one",
     )
+    parser.add_argument(
+        "--stream",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="every call streamed (stream: true), TOKENS tokens each; the proxy passes each "
+        "event on parsed and written again",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if min(args.probes, args.runs) < 1:
-        parser.error("--probes and --runs must be >= 1")
+    if min(args.probes, args.runs) < 1 or args.stream < 0:
+        parser.error("--probes and --runs must be >= 1, --stream >= 0")
     args.model = tiny_model()
     on_vllm, on_front = layout(args.layout)
     ports = {name: free_port() for name in ("vllm", *FRONTS)}
@@ -206,6 +217,14 @@ def main() -> None:
     report(out, args, "pinned" if on_vllm else "shared")
 
 
+def _answer(raw: bytes, *, streamed: bool) -> dict[str, Any]:
+    """The gateway's answer, or the last chunk of its stream (the one with its object)."""
+    if not streamed:
+        return dict(json.loads(raw))
+    events = [line[5:].strip() for line in raw.split(b"\n") if line.startswith(b"data:")]
+    return dict(json.loads(next(e for e in reversed(events) if EXTENSION_KEY.encode() in e)))
+
+
 def keys_file(folder: Path) -> Path:
     """A key file with one tenant, whose key the gateway's calls carry (``--tenants``)."""
     path = folder / "keys.toml"
@@ -218,10 +237,11 @@ def report(runs: list[dict[str, Any]], args: Any, where: str) -> None:
     median = round(statistics.median(ratios), 3) if ratios else None
     if args.json:
         out = {"layout": where, "ledger": args.ledger, "probes": args.probes, "runs": runs}
-        out |= {"sdk": args.sdk, "tenants": args.tenants}
+        out |= {"sdk": args.sdk, "tenants": args.tenants, "stream": args.stream}
         print(json.dumps({**out, "ratio": median}))
         return
     calls = "the SDK's calls" if args.sdk else "plain calls"
+    calls += f", streamed ({args.stream} tokens)" if args.stream else ""
     extra = [name for name, on in (("tenants", args.tenants), ("a ledger", args.ledger)) if on]
     route = calls + (f", with {' and '.join(extra)}" if extra else "")
     print(f"{args.probes} rounds per run, {args.runs} runs, layout {where}, {route}; ms\n")

@@ -2,7 +2,8 @@
 stack as `agentclaims serve` (uvicorn on httptools and uvloop) and the same HTTP client to
 vLLM (`agentclaims.vllm.upstream.Upstream`, on aiohttp), with none of the gateway's work.
 Each request's JSON is parsed and encoded again, as any proxy that reads what it forwards
-does, with the gateway's own JSON codec (``agentclaims._json``). Used by benchmarks/bench_gateway_latency.py::
+does, with the gateway's own JSON codec (``agentclaims._json``); a streamed one (``stream:
+true``) event by event, as vLLM sends them. Used by benchmarks/bench_gateway_latency.py::
 
     python benchmarks/passthrough_proxy.py --port 18003 --upstream http://127.0.0.1:8000
 """
@@ -13,6 +14,7 @@ import argparse
 from typing import Any
 
 _JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
 def make_app(upstream: str) -> Any:
@@ -38,11 +40,28 @@ def make_app(upstream: str) -> Any:
             status, out = 200, b"{}"
         else:
             forwarded = loads(body) if body else None
+            if isinstance(forwarded, dict) and forwarded.get("stream") is True:
+                await _stream(client, scope["path"], forwarded, send)
+                return
             status, raw = await client.request(scope["method"], scope["path"], forwarded)
             out = dumps(loads(raw))
         headers = [*_JSON, (b"content-length", str(len(out)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": out})
+
+    async def _stream(client: Any, path: str, body: dict[str, Any], send: Any) -> None:
+        """A streamed call: each event parsed and written again, those that came together
+        in one write (as the gateway passes vLLM's on)."""
+        stream = await client.stream(path, body)
+        try:
+            start = {"type": "http.response.start", "status": stream.status, "headers": _SSE}
+            await send(start)
+            async for batch in stream.batches():
+                out = b"".join(b"data: " + dumps(event) + b"\n\n" for event in batch)
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        finally:
+            await stream.aclose()
 
     return app
 

@@ -118,38 +118,40 @@ class UpstreamStream:
         return self.result
 
     def _take(self, event: dict[str, Any]) -> dict[str, Any] | None:
-        """Note what ``event`` says; the chunk the client gets of it (``None``: none)."""
-        self._id = event.get("id", self._id)
-        self._shape.update(
-            {k: event[k] for k in ("id", "object", "created", "model") if k in event}
-        )
-        prompt = event.get("prompt_token_ids")
+        """Note what ``event`` says; the chunk the client gets of it (``None``: none): the
+        event itself, what the client did not ask for taken out (it is this stream's own,
+        parsed for it; every token's event comes this way, so nothing is copied)."""
+        keep = self._keep_ids
+        if "id" in event:
+            self._id = event["id"]
+        if len(self._shape) < len(_SHAPE):  # the same in every chunk: read until all came
+            self._shape.update({k: event[k] for k in _SHAPE if k in event})
+        prompt = event.get("prompt_token_ids") if keep else event.pop("prompt_token_ids", None)
         choices = event.get("choices") or []
-        if prompt is None and choices:
-            prompt = choices[0].get("prompt_token_ids")
+        for i, choice in enumerate(choices):
+            ids = choice.get("prompt_token_ids") if keep else choice.pop("prompt_token_ids", None)
+            if prompt is None and i == 0:
+                prompt = ids
+            ids = choice.get("token_ids") if keep else choice.pop("token_ids", None)
+            if i == 0 and isinstance(ids, list):
+                self._reply.extend(ids if set(map(type, ids)) <= _INT else map(int, ids))
         if isinstance(prompt, list):
             self._prompt = prompt
-        if choices:
-            first = choices[0]
-            ids = first.get("token_ids")
-            if isinstance(ids, list):
-                self._reply.extend(int(t) for t in ids)
-            if first.get("finish_reason") is not None:
-                self._finish = first["finish_reason"]
-        if event.get("usage"):
-            self._usage = event["usage"]
+        if choices and choices[0].get("finish_reason") is not None:
+            self._finish = choices[0]["finish_reason"]
+        usage = event.get("usage")
+        if usage:
+            self._usage = usage
         if not choices and not self._usage_asked:
             return None  # the usage chunk the gateway asked for, not the client
-        out = {k: v for k, v in event.items() if k != "kv_transfer_params"}
+        event.pop("kv_transfer_params", None)
         if not self._usage_asked:
-            out.pop("usage", None)
-        if not self._keep_ids:
-            out.pop("prompt_token_ids", None)
-            out["choices"] = [
-                {k: v for k, v in c.items() if k not in ("token_ids", "prompt_token_ids")}
-                for c in choices
-            ]
-        return out
+            event.pop("usage", None)
+        return event
+
+
+_SHAPE = ("id", "object", "created", "model")
+_INT = {int}
 
 
 def _began(event: dict[str, Any]) -> bool:
