@@ -164,6 +164,8 @@ async def joined(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 async def _one_by_one(items: Iterable[dict[str, Any]]) -> AsyncIterator[list[dict[str, Any]]]:
+    """Each of ``items`` (a reply written whole, all there) a batch of its own, written on at
+    once: no step of the loop, let alone a worker thread, between two."""
     for item in items:
         yield [item]
 

@@ -126,9 +126,11 @@ async def test_the_apps_errors_reach_the_client() -> None:
 
 
 async def test_an_embedded_streamed_completion_arrives_token_by_token() -> None:
-    """The embedded default's app streams a chat completion as the reference engine decodes
-    it (0.2 s a token here): the client reads the first content chunk while the app has not
-    yet sent its last one, and the other tokens follow, each its own event."""
+    """The embedded default's app streams a chat completion event by event (the reference
+    engine holds the request for its whole decode, 0.2 s a token here, then the gateway
+    writes the reply's chunks); with each write taking a while (10 ms, as a slow network
+    would), the client reads the first content chunk while the app has not yet sent its last
+    one, and the other tokens follow, each its own event."""
     backend = EmbeddedBackend(
         num_blocks=256,
         block_size=16,
@@ -139,8 +141,10 @@ async def test_an_embedded_streamed_completion_arrives_token_by_token() -> None:
 
     async def watched(scope: Any, receive: Any, send: Any) -> None:
         async def sending(message: Any) -> None:
-            if message["type"] == "http.response.body" and not message.get("more_body"):
-                finished.set()
+            if message["type"] == "http.response.body":
+                await asyncio.sleep(0.01)
+                if not message.get("more_body"):
+                    finished.set()
             await send(message)
 
         await backend.app(scope, receive, sending)
