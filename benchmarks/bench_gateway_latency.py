@@ -46,6 +46,7 @@ from typing import Any
 import httpx2
 
 from agentclaims.protocol import EXTENSION_KEY
+from agentclaims.vllm.upstream import SseFramer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vllm import KEY, _timing, cli, layout, pct, serve_vllm, start, tiny_model
@@ -221,8 +222,9 @@ def _answer(raw: bytes, *, streamed: bool) -> dict[str, Any]:
     """The gateway's answer, or the last chunk of its stream (the one with its object)."""
     if not streamed:
         return dict(json.loads(raw))
-    events = [line[5:].strip() for line in raw.split(b"\n") if line.startswith(b"data:")]
-    return dict(json.loads(next(e for e in reversed(events) if EXTENSION_KEY.encode() in e)))
+    framer = SseFramer()  # the gateway's own reader of a stream's events
+    events = framer.feed(raw) + framer.end()
+    return next(e for e in reversed(events) if EXTENSION_KEY in e)
 
 
 def keys_file(folder: Path) -> Path:

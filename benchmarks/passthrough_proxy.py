@@ -19,6 +19,7 @@ _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")
 
 def make_app(upstream: str) -> Any:
     from agentclaims._json import dumps, loads
+    from agentclaims.gateway.streaming import DONE, event  # the same event framing
     from agentclaims.vllm.upstream import Upstream
 
     client = Upstream(upstream)  # the gateway's own client to vLLM, as it configures it
@@ -57,9 +58,9 @@ def make_app(upstream: str) -> Any:
             start = {"type": "http.response.start", "status": stream.status, "headers": _SSE}
             await send(start)
             async for batch in stream.batches():
-                out = b"".join(b"data: " + dumps(event) + b"\n\n" for event in batch)
+                out = b"".join(map(event, batch))
                 await send({"type": "http.response.body", "body": out, "more_body": True})
-            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+            await send({"type": "http.response.body", "body": DONE})
         finally:
             await stream.aclose()
 
