@@ -85,11 +85,14 @@ class _Gateway:
         service: Service,
         instance: Instance,
         promotions: Promotions,
+        limits: Limits,
     ) -> None:
         self.kv = kv
         self.writer = writer
         self.service = service
         self.instance = instance
+        self._instance_headers = instance.raw_headers  # on every answer: built once
+        self.limits = limits
         self.name = name
         self._lowering_source = lowering
         self._lowering: ServedLowering | None = None
@@ -223,7 +226,7 @@ class _Gateway:
     def _stamp(self, response: Response, started: float, upstream_s: float) -> None:
         """The gateway's headers on an answer: its instance and its ``Server-Timing``."""
         spent = timing.server_timing(time.perf_counter() - started, upstream_s)
-        response.raw_headers += [*self.instance.raw_headers, (b"server-timing", spent.encode())]
+        response.raw_headers += [*self._instance_headers, (b"server-timing", spent.encode())]
 
     async def admit(self, request: Request, name: str) -> None:
         """What a call of any route but the open ones goes through: not while stopping
@@ -256,7 +259,7 @@ class _Gateway:
         try:
             try:
                 await self.admit(request, name)
-                body = await json_object(request)
+                body = await json_object(request, self.limits)
                 response = await self.completion_routes.completion_of(request, kind, body)
             except AgentClaimsError as exc:  # as Starlette's exception handler answers it
                 response = await self.on_error(request, exc)
@@ -341,7 +344,7 @@ def create_app(
         )
     promotions.queue = getattr(writer, "engine_queue", None)  # vLLM's queue times
     service = Service(kv, keys, ledger)
-    gw = _Gateway(kv, writer, name, lowering, service, instance or Instance(), promotions)
+    gw = _Gateway(kv, writer, name, lowering, service, instance or Instance(), promotions, limits)
     comp, claims = gw.completion_routes, gw.claim_routes
     messages, responses = MessagesRoute(comp), ResponsesRoute(comp)
     table: list[tuple[str, Handler, list[str]]] = [

@@ -25,6 +25,8 @@ __all__ = ["CONTENT_TYPE", "GatewayMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_PENDING = 256
+"""Request times kept before they go into the latency histogram together (or at a read)."""
 
 
 def _counts(
@@ -198,12 +200,28 @@ class GatewayMetrics:
         )
         self.registry.register(_Snapshot(stats))
         self._routes: dict[str, Any] = {}
+        self._pending: list[tuple[str, float]] = []
 
     def observe(self, route: str, seconds: float) -> None:
-        child = self._routes.get(route)
-        if child is None:  # one child per route, looked up once (every request observes)
-            child = self._routes[route] = self.latency.labels(route)
-        child.observe(seconds)
+        """One request's time, put into the histogram with the next ``_PENDING`` others or
+        at the next read, whichever comes first: a histogram read then counts every request
+        answered before it, and a request does not pay the histogram's lock and bucket
+        search of its own (every agent's call observes)."""
+        pending = self._pending
+        pending.append((route, seconds))
+        if len(pending) >= _PENDING:
+            self.flush()
+
+    def flush(self) -> None:
+        """Every pending observation into the histogram."""
+        pending, self._pending = self._pending, []
+        routes = self._routes
+        for route, seconds in pending:
+            child = routes.get(route)
+            if child is None:  # one child per route, looked up once
+                child = routes[route] = self.latency.labels(route)
+            child.observe(seconds)
 
     def render(self) -> bytes:
+        self.flush()
         return generate_latest(self.registry)

@@ -37,10 +37,12 @@ def header(request: Request, name: bytes) -> str | None:
     return None
 
 
-async def json_object(request: Request) -> dict[str, Any]:
-    """The body as a JSON object, within the gateway's limits (``limits.parse_body``): one
-    that says or turns out to be too large is refused before more of it is read."""
-    limits: Limits = getattr(request.app.state, "limits", None) or Limits()
+async def json_object(request: Request, limits: Limits | None = None) -> dict[str, Any]:
+    """The body as a JSON object, within the gateway's limits (``limits.parse_body``; by
+    default the app's): one that says or turns out to be too large is refused before more of
+    it is read."""
+    if limits is None:
+        limits = getattr(request.app.state, "limits", None) or Limits()
     most = limits.max_body_bytes
     length = header(request, b"content-length")
     if length is not None and length.isdigit() and int(length) > most:
