@@ -18,10 +18,13 @@ docs/operations.md deploys them. Every call takes the gateway's one completion p
 ``agentclaims`` object (``--sdk``: an owner scope and an events cursor, as a session sends
 them when it carries no claim; the floor and vLLM get the same call without it) while the
 pool's figures are under a second old; about one a second goes the general way, with an
-envelope. ``--ledger`` makes the gateway keep
+envelope. ``--context TOKENS`` sends conversations that grow as an agent's do: each
+round's prompt is the last one's and about ``TURN_TOKENS`` more, from half of ``TOKENS`` to
+``TOKENS``, then a new conversation (the gateway then hashes a call's new blocks only; every
+front and vLLM get the same prompts). ``--ledger`` makes the gateway keep
 a ledger, ``--tenants`` serve tenants' keys (the calls carry one). Run::
 
-    .venv/bin/python benchmarks/bench_gateway_latency.py [--probes 300] [--runs 3] [--sdk] [--tenants] [--ledger] [--json]
+    .venv/bin/python benchmarks/bench_gateway_latency.py [--probes 300] [--runs 3] [--sdk] [--tenants] [--ledger] [--context TOKENS] [--json]
 
 (needs the vLLM environment: `make vllm-env`).
 """
@@ -49,10 +52,12 @@ from agentclaims.protocol import EXTENSION_KEY
 from agentclaims.vllm.upstream import SseFramer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vllm import KEY, _timing, cli, layout, pct, serve_vllm, start, tiny_model
+from bench_vllm import KEY, _timing, cli, context, layout, pct, serve_vllm, start, tiny_model
 from servers import free_port, stop
 
 FRONTS = ("gateway", "bare proxy")
+TURN_TOKENS = 48
+"""What each round adds to a conversation (``--context``): about an agent's turn."""
 TENANT_KEY = "bench-tenant-key-0123456789abcdef"
 
 
@@ -98,7 +103,7 @@ async def one_run(urls: dict[str, str], pids: dict[str, int], args: Any) -> dict
             if i == 5:  # the measured rounds begin: each front's CPU from here on, all of it
                 whole = {front: process_cpu_s(pids[front]) for front in FRONTS}
             for name in order:
-                payload = {**body, "messages": [{"role": "user", "content": f"probe {i} " * 20}]}
+                payload = {**body, "messages": [{"role": "user", "content": prompt(i, args)}]}
                 headers = {}
                 if name == "gateway":
                     if args.sdk:
@@ -177,10 +182,18 @@ def main() -> None:
         help="every call streamed (stream: true), TOKENS tokens each; the proxy passes each "
         "event on parsed and written again",
     )
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="conversations growing by an agent's turn a round, from TOKENS/2 to TOKENS tokens "
+        "(at most 900: vLLM here takes 1,024)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if min(args.probes, args.runs) < 1 or args.stream < 0:
-        parser.error("--probes and --runs must be >= 1, --stream >= 0")
+    if min(args.probes, args.runs) < 1 or args.stream < 0 or not 0 <= args.context <= 900:
+        parser.error("--probes and --runs must be >= 1, --stream >= 0, --context 0..900")
     args.model = tiny_model()
     on_vllm, on_front = layout(args.layout)
     ports = {name: free_port() for name in ("vllm", *FRONTS)}
@@ -218,6 +231,16 @@ def main() -> None:
     report(out, args, "pinned" if on_vllm else "shared")
 
 
+def prompt(i: int, args: Any) -> str:
+    """Round ``i``'s prompt: a short one of its own, or (``--context``) the round's turn of
+    a conversation growing from half of ``args.context`` tokens to all of them."""
+    if not args.context:
+        return f"probe {i} " * 20
+    turns = max(1, args.context // 2 // TURN_TOKENS)
+    conversation, turn = divmod(i, turns)
+    return context(f"conversation {conversation}", args.context // 2 + turn * TURN_TOKENS)
+
+
 def _answer(raw: bytes, *, streamed: bool) -> dict[str, Any]:
     """The gateway's answer, or the last chunk of its stream (the one with its object)."""
     if not streamed:
@@ -240,10 +263,12 @@ def report(runs: list[dict[str, Any]], args: Any, where: str) -> None:
     if args.json:
         out = {"layout": where, "ledger": args.ledger, "probes": args.probes, "runs": runs}
         out |= {"sdk": args.sdk, "tenants": args.tenants, "stream": args.stream}
+        out |= {"context": args.context}
         print(json.dumps({**out, "ratio": median}))
         return
     calls = "the SDK's calls" if args.sdk else "plain calls"
     calls += f", streamed ({args.stream} tokens)" if args.stream else ""
+    calls += f", conversations growing to {args.context} tokens" if args.context else ""
     extra = [name for name, on in (("tenants", args.tenants), ("a ledger", args.ledger)) if on]
     route = calls + (f", with {' and '.join(extra)}" if extra else "")
     print(f"{args.probes} rounds per run, {args.runs} runs, layout {where}, {route}; ms\n")

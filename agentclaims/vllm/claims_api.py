@@ -23,7 +23,6 @@ from agentclaims.contract import (
     OwnerScope,
     PrefixId,
 )
-from agentclaims.engine.blocks import hash_token_blocks
 from agentclaims.errors import OperationNotExposed, UsageError
 from agentclaims.kernel import identity_problem
 from agentclaims.protocol import RENEW_AS_IS, ClaimDecision, ClaimView, EventPage, Renewal
@@ -69,11 +68,11 @@ class ClaimsApi:
             async with self._lock:
                 return kv.mirror.refuse(spec, reason, None)
         client = await kv.connector_ready()
-        tokens, salt = known
+        tokens, salt, served = known
         answer = await client.complete(
             tokens, [hold_op(spec)], max_tokens=1, tenant=spec.owner_scope, cache_salt=salt
         )
-        hashes = hash_token_blocks(list(tokens), kv.block_size, cache_salt=salt)
+        hashes = list(served)
         if answer.served:
             kv.sight.last_stored = tuple(hashes)
             await kv.sight.seen_stored(hashes[: spec.footprint_blocks])
@@ -149,9 +148,7 @@ class ClaimsApi:
             for pid in out:
                 known = self._kv.prompts.get(pid)
                 if known is not None:
-                    tokens, salt = known
-                    hashes = hash_token_blocks(list(tokens), self._kv.block_size, cache_salt=salt)
-                    out[pid] = observer.leading_run(hashes)
+                    out[pid] = observer.leading_run(list(known.hashes))
         for claim in self._kv.mirror.claims.values():
             pid = PrefixId(claim.spec.object_id)
             if pid in out and claim.state is ClaimState.MATERIALIZED:

@@ -323,7 +323,8 @@ class CompletionForwarder:
             result = await self._answered(client, data, None, [], None, [], {}, set(), cache_salt)
             return Written(payload, result)
         sequence = sequence_ids(data, tokens, self.block_size)
-        hashes, seq_hashes = chain_hashes(self.block_size, tokens, sequence, cache_salt)
+        known = self._prompts.known_chain(tokens, cache_salt)  # what an earlier call served
+        hashes, seq_hashes = chain_hashes(self.block_size, tokens, sequence, cache_salt, known)
         self._sight.last_stored = tuple(hashes)
         usage = data.get("usage") or {}
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
@@ -513,7 +514,8 @@ class CompletionForwarder:
         sequence = sequence_ids(data, tokens, self.block_size)
         seq_hashes: list[BlockHash] = []
         if tokens is not None:
-            hashes, seq_hashes = chain_hashes(self.block_size, tokens, sequence, cache_salt, hashes)
+            known = hashes or self._prompts.known_chain(tokens, cache_salt)
+            hashes, seq_hashes = chain_hashes(self.block_size, tokens, sequence, cache_salt, known)
         if answer.served and tokens is not None:
             self._sight.last_stored = tuple(hashes)
             footprint = max(

@@ -1,0 +1,71 @@
+"""The prompt book hashes a prompt's new blocks only: what it reuses from the prefixes it
+served (``PromptBook.known_chain``) is exactly what hashing the whole prompt gives."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentclaims.engine.blocks import hash_token_blocks
+from agentclaims.vllm.forwarding import chain_hashes
+from agentclaims.vllm.prompts import RECENT, PromptBook
+
+SIZE = 4
+
+tokens_st = st.lists(st.integers(0, 5), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(tokens_st, st.sampled_from([None, "a", "b"])), min_size=1, max_size=12),
+    st.integers(1, 20),
+    st.sampled_from([None, "a", "b"]),
+    tokens_st,
+)
+def test_a_known_chain_is_the_prompts_own(
+    served: list, most: int, salt: str | None, tail: list[int]
+) -> None:
+    """After any prefixes served (under any salts, the oldest forgotten past ``most``), a
+    prompt that extends one of them (or none) gets leading hashes equal to its own, and its
+    hashes, prompt and sequence, hashed from there are those hashed from scratch."""
+    book = PromptBook(SIZE, most)
+    for tokens, under in served:
+        book.register(tokens, under)
+    base, _ = served[-1]
+    prompt = [*base[: len(base) // 2], *tail]  # shares a beginning with the last served
+    known = book.known_chain(prompt, salt)
+    whole = hash_token_blocks(prompt, SIZE, cache_salt=salt)
+    assert known == whole[: len(known)]
+    sequence = [*prompt, 1, 2, 3, 4, 5] if len(prompt) >= SIZE else None
+    assert chain_hashes(SIZE, prompt, sequence, salt, known) == chain_hashes(
+        SIZE, prompt, sequence, salt
+    )
+    assert book.register(prompt, salt) == (whole, book.register(prompt, salt, whole)[1])
+
+
+def test_an_agents_next_prompt_reuses_all_its_last_one_served() -> None:
+    """A conversation that grows turn by turn: each prompt's blocks up to the last one's
+    sequence come from the book; another salt (another tenant) gets none of them."""
+    book = PromptBook(SIZE, 100)
+    conversation = list(range(10))
+    for turn in range(6):
+        known = book.known_chain(conversation, "t")
+        served = hash_token_blocks(conversation, SIZE, cache_salt="t")
+        if turn:
+            assert len(known) == len(conversation[:-3]) // SIZE  # the last sequence's blocks
+        assert known == served[: len(known)]
+        assert book.known_chain(conversation, "other") == []
+        sequence = [*conversation, 7, 7, 7]
+        book.register(sequence, "t")
+        conversation = [*sequence, turn, turn, turn, turn, turn]
+
+
+def test_the_book_keeps_a_few_prefixes_per_beginning_and_forgets_with_its_prefixes() -> None:
+    book = PromptBook(SIZE, 3)
+    first = [1, 1, 1, 1]
+    pids = [book.register([*first, i, i, i, i], None)[1] for i in range(RECENT + 2)]
+    assert book.get(pids[0]) is None  # forgotten past the most
+    newest = book.known_chain([*first, RECENT + 1, RECENT + 1, RECENT + 1, RECENT + 1, 9], None)
+    assert len(newest) == 2
+    oldest = book.known_chain([*first, 0, 0, 0, 0], None)
+    assert len(oldest) == 1  # its prefix went: only the shared first block is known
