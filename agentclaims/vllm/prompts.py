@@ -8,7 +8,10 @@ are kept.
 
 An agent's next prompt begins with what its last one served: ``known_chain`` finds the
 hashes of the longest run of leading blocks the book served lately, so hashing a call's
-prompt costs its new blocks, not its whole context.
+prompt costs its new blocks, not its whole context. Candidates are found by a few of a
+prefix's blocks (the 1st, 2nd, 4th, 8th, ...: ``_MARKS``), the furthest first: many agents
+share their first blocks (a system prompt), few share their 16th; a candidate's tokens are
+then compared, never assumed.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from agentclaims.engine.blocks import hash_token_blocks
 __all__ = ["Prompt", "PromptBook"]
 
 RECENT = 4
-"""Prefixes remembered per first block (and salt) for ``known_chain``: the last few an agent's
-conversation (its prompts and its prompt with a reply) left."""
+"""Prefixes remembered per marked block (its place, its tokens and the salt) for
+``known_chain``: the last few an agent's conversation (its prompts and its prompt with a
+reply) left there."""
 
 
 class Prompt(NamedTuple):
@@ -42,8 +46,9 @@ class PromptBook:
         self.block_size = block_size
         self._max = max_prefixes
         self._known: OrderedDict[str, Prompt] = OrderedDict()
-        self._by_start: dict[tuple[str | None, tuple[int, ...]], deque[str]] = {}
-        """(salt, the first block's tokens) -> the prefix ids served lately that begin so."""
+        self._by_mark: dict[tuple[str | None, int, tuple[int, ...]], deque[str]] = {}
+        """(salt, a marked block's place, its tokens) -> the prefix ids served lately that
+        have those tokens there (``_MARKS``)."""
 
     def register(
         self, tokens: Sequence[int], salt: str | None, hashes: list[BlockHash] | None = None
@@ -61,8 +66,8 @@ class PromptBook:
         if pid not in known:  # the id names the salted chain: a known one has these tokens
             full = tuple(tokens[: len(hashes) * self.block_size])
             known[pid] = Prompt(full, salt, tuple(hashes))
-            recent = self._by_start.setdefault((salt, full[: self.block_size]), deque())
-            if pid not in recent:
+            for key in self._marks(full, salt, len(hashes)):
+                recent = self._by_mark.setdefault(key, deque())
                 recent.appendleft(pid)
                 if len(recent) > RECENT:
                     recent.pop()
@@ -78,43 +83,60 @@ class PromptBook:
     def known_chain(self, tokens: Sequence[int], salt: str | None) -> list[BlockHash]:
         """The hashes of ``tokens``' leading full blocks, as far as a prefix served lately
         under ``salt`` has the same tokens (empty where none begins as they do): what is left
-        to hash is the rest."""
+        to hash is the rest. The prefixes that share the furthest marked block are compared
+        first; the first that shares more blocks than any further one could ends the search."""
         size = self.block_size
-        recent = self._by_start.get((salt, tuple(tokens[:size])))
-        if not recent:
-            return []
+        blocks = len(tokens) // size
         best: tuple[BlockHash, ...] = ()
-        for pid in recent:
-            prompt = self._known.get(pid)
-            if prompt is not None:
-                blocks = _common_blocks(tokens, prompt.tokens, len(prompt.hashes), size)
-                if blocks > len(best):
-                    best = prompt.hashes[:blocks]
+        seen: set[str] = set()
+        for key in reversed(self._marks(tokens, salt, blocks)):
+            for pid in self._by_mark.get(key, ()):
+                prompt = self._known.get(pid)
+                if prompt is None or pid in seen:
+                    continue
+                seen.add(pid)
+                shared = _common_blocks(tokens, prompt.tokens, len(prompt.hashes), size)
+                if shared > len(best):
+                    best = prompt.hashes[:shared]
+            if len(best) > key[1]:  # shares more than the nearer marks' prefixes mostly do
+                break
         return list(best)
 
+    def _marks(
+        self, tokens: Sequence[int], salt: str | None, blocks: int
+    ) -> list[tuple[str | None, int, tuple[int, ...]]]:
+        """The index keys of ``tokens``' first ``blocks`` blocks, nearest first."""
+        size = self.block_size
+        return [
+            (salt, at, tuple(tokens[at * size : (at + 1) * size])) for at in _MARKS if at < blocks
+        ]
+
     def _forget(self, pid: str, prompt: Prompt) -> None:
-        key = (prompt.salt, prompt.tokens[: self.block_size])
-        recent = self._by_start.get(key)
-        if recent is not None and pid in recent:
-            recent.remove(pid)
-            if not recent:
-                del self._by_start[key]
+        for key in self._marks(prompt.tokens, prompt.salt, len(prompt.hashes)):
+            recent = self._by_mark.get(key)
+            if recent is not None and pid in recent:
+                recent.remove(pid)
+                if not recent:
+                    del self._by_mark[key]
+
+
+_MARKS = tuple(2**k - 1 for k in range(40))
+"""The blocks a prefix is found by: the 1st, 2nd, 4th, 8th, ... (0, 1, 3, 7, ...)."""
 
 
 def _common_blocks(tokens: Sequence[int], other: tuple[int, ...], most: int, size: int) -> int:
     """How many leading blocks of ``size`` tokens ``tokens`` and ``other`` share, at most
-    ``most`` (the first is shared). A conversation that grew differs from what it served
-    before in its last block or two at most (the template's tokens after a reply): those are
-    tried first, from the longest, a block's tokens before the whole run's; a binary search
-    after that."""
+    ``most``. A conversation that grew differs from what it served before in its last block
+    or two at most (the template's tokens after a reply): those are tried first, from the
+    longest, a block's tokens before the whole run's; a binary search after that."""
     most = min(most, len(tokens) // size)
-    for blocks in range(most, max(1, most - 2) - 1, -1):
+    for blocks in range(most, max(0, most - 3), -1):
         end = blocks * size
         if tuple(tokens[end - size : end]) == other[end - size : end] and (
             tuple(tokens[:end]) == other[:end]
         ):
             return blocks
-    low, high = 1, most - 3  # low blocks are shared; more than high are not
+    low, high = 0, most - 3  # low blocks are shared; more than high are not
     while low < high:
         mid = (low + high + 1) // 2
         if tuple(tokens[: mid * size]) == other[: mid * size]:

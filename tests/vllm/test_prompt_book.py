@@ -69,3 +69,23 @@ def test_the_book_keeps_a_few_prefixes_per_beginning_and_forgets_with_its_prefix
     assert len(newest) == 2
     oldest = book.known_chain([*first, 0, 0, 0, 0], None)
     assert len(oldest) == 1  # its prefix went: only the shared first block is known
+
+
+def test_agents_that_share_a_system_prompt_each_reuse_their_own_conversation() -> None:
+    """Twenty agents whose prompts begin with the same three blocks, their calls interleaved:
+    each call's prompt finds all of what its own agent's last call served, though nineteen
+    others served prefixes beginning the same way since."""
+    size = 4
+    book = PromptBook(size, 1_000)
+    system = [9] * (3 * size)
+    conversations = {agent: [*system, agent, agent, 100, 101] for agent in range(20)}
+    for turn in range(5):
+        for agent, conversation in conversations.items():
+            known = book.known_chain(conversation, None)
+            if turn:
+                assert len(known) == (len(conversation) - 2 * size) // size  # its last sequence
+            assert known == hash_token_blocks(conversation, size)[: len(known)]
+            sequence = [*conversation, agent, turn, agent, turn]
+            book.register(conversation, None)
+            book.register(sequence, None)
+            conversations[agent] = [*sequence, 7, 7, 7, 7, turn, turn, turn, turn]
