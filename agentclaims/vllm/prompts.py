@@ -16,7 +16,7 @@ then compared, never assumed.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -46,7 +46,7 @@ class PromptBook:
         self.block_size = block_size
         self._max = max_prefixes
         self._known: OrderedDict[str, Prompt] = OrderedDict()
-        self._by_mark: dict[tuple[str | None, int, tuple[int, ...]], deque[str]] = {}
+        self._by_mark: dict[tuple[str | None, int, tuple[int, ...]], list[str]] = {}
         """(salt, a marked block's place, its tokens) -> the prefix ids served lately that
         have those tokens there (``_MARKS``)."""
 
@@ -67,10 +67,9 @@ class PromptBook:
             full = tuple(tokens[: len(hashes) * self.block_size])
             known[pid] = Prompt(full, salt, tuple(hashes))
             for key in self._marks(full, salt, len(hashes)):
-                recent = self._by_mark.setdefault(key, deque())
-                recent.appendleft(pid)
-                if len(recent) > RECENT:
-                    recent.pop()
+                recent = self._by_mark.setdefault(key, [])
+                recent.insert(0, pid)  # newest first
+                del recent[RECENT:]
         known.move_to_end(pid)
         while len(known) > self._max:
             self._forget(*known.popitem(last=False))
@@ -84,7 +83,7 @@ class PromptBook:
         """The hashes of ``tokens``' leading full blocks, as far as a prefix served lately
         under ``salt`` has the same tokens (empty where none begins as they do): what is left
         to hash is the rest. The prefixes that share the furthest marked block are compared
-        first; the first that shares more blocks than any further one could ends the search."""
+        first; the search ends at the first mark the longest run found so far goes past."""
         size = self.block_size
         blocks = len(tokens) // size
         best: tuple[BlockHash, ...] = ()
@@ -98,7 +97,7 @@ class PromptBook:
                 shared = _common_blocks(tokens, prompt.tokens, len(prompt.hashes), size)
                 if shared > len(best):
                     best = prompt.hashes[:shared]
-            if len(best) > key[1]:  # shares more than the nearer marks' prefixes mostly do
+            if len(best) > key[1]:  # nearer marks find the prefixes that share less, mostly
                 break
         return list(best)
 
