@@ -68,13 +68,12 @@ class ClaimsApi:
             async with self._lock:
                 return kv.mirror.refuse(spec, reason, None)
         client = await kv.connector_ready()
-        tokens, salt, served = known
+        tokens, salt, hashes = known  # its hashes as served: not hashed again
         answer = await client.complete(
             tokens, [hold_op(spec)], max_tokens=1, tenant=spec.owner_scope, cache_salt=salt
         )
-        hashes = list(served)
         if answer.served:
-            kv.sight.last_stored = tuple(hashes)
+            kv.sight.last_stored = hashes
             await kv.sight.seen_stored(hashes[: spec.footprint_blocks])
         async with self._lock:
             kv.mirror.absorb(answer)
@@ -148,7 +147,7 @@ class ClaimsApi:
             for pid in out:
                 known = self._kv.prompts.get(pid)
                 if known is not None:
-                    out[pid] = observer.leading_run(list(known.hashes))
+                    out[pid] = observer.leading_run(known.hashes)
         for claim in self._kv.mirror.claims.values():
             pid = PrefixId(claim.spec.object_id)
             if pid in out and claim.state is ClaimState.MATERIALIZED:

@@ -27,7 +27,6 @@ from agentclaims.contract import (
     Feasibility,
     RequestId,
 )
-from agentclaims.engine.blocks import hash_token_blocks
 from agentclaims.errors import BackendUnavailable, UsageError
 from agentclaims.kernel import resolve_request_claims
 from agentclaims.protocol import (
@@ -60,23 +59,6 @@ if TYPE_CHECKING:
 __all__ = ["CompletionForwarder"]
 
 _UNLOCKED = contextlib.nullcontext()
-
-
-def chain_hashes(
-    block_size: int,
-    tokens: Sequence[int],
-    sequence: Sequence[int] | None,
-    cache_salt: str | None,
-    known: Sequence[BlockHash] = (),
-) -> tuple[list[BlockHash], list[BlockHash]]:
-    """The block hashes of the prompt ``tokens`` and of the ``sequence`` it left cached, as
-    one chain: the sequence's blocks begin with the prompt's, or (a reply that completed no
-    block) are the first of them. ``known``: the prompt's, hashed already."""
-    longer = sequence if sequence and len(sequence) > len(tokens) else tokens
-    chain = hash_token_blocks(longer, block_size, cache_salt=cache_salt, known=known)
-    return chain[: len(tokens) // block_size], (
-        chain[: len(sequence) // block_size] if sequence else []
-    )
 
 
 def vllm_request_id(kind: CompletionKind, request_id: str) -> str:
@@ -323,8 +305,7 @@ class CompletionForwarder:
             result = await self._answered(client, data, None, [], None, [], {}, set(), cache_salt)
             return Written(payload, result)
         sequence = sequence_ids(data, tokens, self.block_size)
-        known = self._prompts.known_chain(tokens, cache_salt)  # what an earlier call served
-        hashes, seq_hashes = chain_hashes(self.block_size, tokens, sequence, cache_salt, known)
+        hashes, seq_hashes = self._prompts.chains(tokens, sequence, cache_salt)
         self._sight.last_stored = tuple(hashes)
         usage = data.get("usage") or {}
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
@@ -514,8 +495,7 @@ class CompletionForwarder:
         sequence = sequence_ids(data, tokens, self.block_size)
         seq_hashes: list[BlockHash] = []
         if tokens is not None:
-            known = hashes or self._prompts.known_chain(tokens, cache_salt)
-            hashes, seq_hashes = chain_hashes(self.block_size, tokens, sequence, cache_salt, known)
+            hashes, seq_hashes = self._prompts.chains(tokens, sequence, cache_salt, hashes)
         if answer.served and tokens is not None:
             self._sight.last_stored = tuple(hashes)
             footprint = max(

@@ -23,7 +23,7 @@ from typing import NamedTuple
 from agentclaims.contract import BlockHash, prefix_id_of
 from agentclaims.engine.blocks import hash_token_blocks
 
-__all__ = ["Prompt", "PromptBook"]
+__all__ = ["Prompt", "PromptBook", "chain_hashes"]
 
 RECENT = 4
 """Prefixes remembered per marked block (its place, its tokens and the salt) for
@@ -101,6 +101,19 @@ class PromptBook:
                 break
         return list(best)
 
+    def chains(
+        self,
+        tokens: Sequence[int],
+        sequence: Sequence[int] | None,
+        salt: str | None,
+        known: Sequence[BlockHash] = (),
+    ) -> tuple[list[BlockHash], list[BlockHash]]:
+        """``chain_hashes`` of a served call: from the prompt's hashes ``known`` already, or
+        else from those of what an earlier call served that it begins with (``known_chain``):
+        a call hashes its new blocks only."""
+        known = known or self.known_chain(tokens, salt)
+        return chain_hashes(self.block_size, tokens, sequence, salt, known)
+
     def _marks(
         self, tokens: Sequence[int], salt: str | None, blocks: int
     ) -> list[tuple[str | None, int, tuple[int, ...]]]:
@@ -117,6 +130,23 @@ class PromptBook:
                 recent.remove(pid)
                 if not recent:
                     del self._by_mark[key]
+
+
+def chain_hashes(
+    block_size: int,
+    tokens: Sequence[int],
+    sequence: Sequence[int] | None,
+    cache_salt: str | None,
+    known: Sequence[BlockHash] = (),
+) -> tuple[list[BlockHash], list[BlockHash]]:
+    """The block hashes of the prompt ``tokens`` and of the ``sequence`` it left cached, as
+    one chain: the sequence's blocks begin with the prompt's, or (a reply that completed no
+    block) are the first of them. ``known``: the prompt's, hashed already."""
+    longer = sequence if sequence and len(sequence) > len(tokens) else tokens
+    chain = hash_token_blocks(longer, block_size, cache_salt=cache_salt, known=known)
+    return chain[: len(tokens) // block_size], (
+        chain[: len(sequence) // block_size] if sequence else []
+    )
 
 
 _MARKS = tuple(2**k - 1 for k in range(40))

@@ -7,8 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentclaims.engine.blocks import hash_token_blocks
-from agentclaims.vllm.forwarding import chain_hashes
-from agentclaims.vllm.prompts import RECENT, PromptBook
+from agentclaims.vllm.prompts import RECENT, PromptBook, chain_hashes
 
 SIZE = 4
 
