@@ -423,22 +423,59 @@ async def _until(http: httpx2.AsyncClient, gauge: str, at_least: float, what: st
         await asyncio.sleep(0.01)
 
 
-async def _queued_behind(
-    http: httpx2.AsyncClient, busy: list[asyncio.Future[Any]], what: str
-) -> None:
+async def _queued_behind(http: httpx2.AsyncClient, busy: list[asyncio.Future[Any]]) -> bool:
     """Until the engine holds one request more than the long answers not yet answered (so the
     reusing call is in it) while at least two of them are left: the call then waits in the
-    queue for a whole long answer at least. Counted against the answers still due, not against
-    a fixed number, since a long answer may end between two reads of the gauges."""
+    queue for a whole long answer at least (True). Counted against the answers still due, not
+    against a fixed number, since a long answer may end between two reads of the gauges.
+    False where fewer than two are left first (a loaded machine's slow reads)."""
     deadline = time.monotonic() + 30
     while True:
         due = sum(not f.done() for f in busy)
         inside = await _engine_count(http, "vllm:num_requests_waiting", "vllm:num_requests_running")
         if due >= 2 and inside >= due + 1:
-            return
-        assert due >= 2, what
-        assert time.monotonic() < deadline, what
+            return True
+        if due < 2:
+            return False
+        assert time.monotonic() < deadline, "the reusing call never reached vLLM"
         await asyncio.sleep(0.01)
+
+
+SEAT_TRIES = 3
+
+
+async def _reuse_behind_long_answers(client: Any, http: httpx2.AsyncClient, attempt: int) -> bool:
+    """One try of the test below on its own prefix and claim: False where the machine spoiled
+    it (the reusing call ran before it was seen waiting), so nothing could be checked;
+    otherwise every check made."""
+    claim = f"seat-{attempt}"
+    prefix = [5 + (i + 97 * attempt) % 600 for i in range(3 * 32)]
+    hold = {"op": "hold", "claim_id": claim, "mode": "hard_protected", "ttl_s": 60}
+    held = await client.complete(prefix, [hold], max_tokens=1)
+    assert held.result_of(claim)["decision"] == "accepted"
+    blocks = held.held_blocks
+    assert blocks >= 3
+    busy = [  # long answers, one after another in the only seat
+        asyncio.ensure_future(client.complete([700 + i] * 8, max_tokens=240)) for i in range(5)
+    ]
+    await _until(http, "vllm:num_requests_running", 1, "no long answer ran")
+    release = {"op": "release", "claim_id": claim}
+    reuse = asyncio.ensure_future(
+        client.complete([*prefix, *range(40, 60)], [release], max_tokens=1)
+    )
+    queued = await _queued_behind(http, busy)
+    waiting = await client.operate([])  # over the channel, between two steps
+    still_waiting = await _engine_count(http, "vllm:num_requests_waiting") >= 1
+    answer = await reuse
+    await asyncio.gather(*busy)
+    [result] = [r for r in answer.results if r.get("claim_id") == claim]
+    assert result == {**result, "op": "release", "ok": True, "state": "expired"}
+    assert (await client.operate([])).held_blocks == 0
+    if not (queued and still_waiting):
+        return False
+    assert waiting.held_blocks == blocks  # still held while its reuser waits
+    assert answer.cached_tokens >= 3 * 32
+    return True
 
 
 async def test_a_release_riding_on_the_call_that_reuses_its_prefix_keeps_it_held_till_it_runs(
@@ -456,31 +493,11 @@ async def test_a_release_riding_on_the_call_that_reuses_its_prefix_keeps_it_held
         try:
             first = await client.complete([1], max_tokens=1)
             client.skip_events(first.last_seq)
-            prefix = [5 + i % 900 for i in range(3 * 32)]
-            hold = {"op": "hold", "claim_id": "seat-1", "mode": "hard_protected", "ttl_s": 60}
-            held = await client.complete(prefix, [hold], max_tokens=1)
-            assert held.result_of("seat-1")["decision"] == "accepted"
-            blocks = held.held_blocks
-            assert blocks >= 3
             async with httpx2.AsyncClient(base_url=s.url, timeout=60) as http:
-                busy = [  # long answers, one after another in the only seat
-                    asyncio.ensure_future(client.complete([700 + i] * 8, max_tokens=240))
-                    for i in range(5)
-                ]
-                await _until(http, "vllm:num_requests_running", 1, "no long answer ran")
-                release = {"op": "release", "claim_id": "seat-1"}
-                reuse = asyncio.ensure_future(
-                    client.complete([*prefix, *range(40, 60)], [release], max_tokens=1)
-                )
-                await _queued_behind(http, busy, "the call never queued behind two long answers")
-                waiting = await client.operate([])  # over the channel, between two steps
-                assert await _engine_count(http, "vllm:num_requests_waiting") >= 1
-                assert waiting.held_blocks == blocks  # still held while its reuser waits
-                answer = await reuse
-                await asyncio.gather(*busy)
-            [result] = [r for r in answer.results if r.get("claim_id") == "seat-1"]
-            assert result == {**result, "op": "release", "ok": True, "state": "expired"}
-            assert answer.cached_tokens >= 3 * 32
-            assert (await client.operate([])).held_blocks == 0
+                for attempt in range(SEAT_TRIES):  # a try the loaded machine spoiled is retried
+                    if await _reuse_behind_long_answers(client, http, attempt):
+                        break
+                else:
+                    pytest.fail(f"the reusing call never stayed queued in {SEAT_TRIES} tries")
         finally:
             await client.aclose()
