@@ -21,7 +21,7 @@ go to ``--out`` (JSON lines) as they come, so a long matrix leaves what it measu
 ``--layout pinned`` (the default) runs vLLM on the last core, as an accelerator would be, the
 gateways and the agents on the others; ``shared`` puts every process on every core. Run::
 
-    .venv/bin/python benchmarks/bench_matrix.py [--cells 1,7] [--layout pinned|shared]
+    .venv/bin/python benchmarks/bench_matrix.py [--cells 1,7] [--layout pinned|shared] [--promote-share F]
 
 (needs the vLLM environment: ``make vllm-env``.) ``--list`` prints the cells and exits.
 """
@@ -412,6 +412,13 @@ def main() -> None:
         default=None,
         help="the gateways' --promote: workflow calls ahead in vLLM's queue at once (theirs)",
     )
+    parser.add_argument(
+        "--promote-share",
+        type=float,
+        default=None,
+        help="the gateways' --promote-share: the share of each second promoted calls may "
+        "put the calls they overtake back by (theirs)",
+    )
     parser.add_argument("--out", default="bench-matrix.jsonl", help="every run's figures")
     parser.add_argument("--list", action="store_true", help="print the cells and exit")
     parser.add_argument(
@@ -426,6 +433,7 @@ def main() -> None:
         return
     chosen = cells(args.cells)
     bv.PROMOTE = args.promote
+    bv.PROMOTE_SHARE = args.promote_share
     if args.list:
         for cell in chosen:
             print(f"{cell.label()} | {cell.blocks()} blocks (ws {cell.working_set_blocks()})")

@@ -73,6 +73,7 @@ TURNS = 3  # worker LLM calls per assignment (a tool call between each)
 TOOL_S = 0.5
 LOG_DIR: str | None = None  # outcome logs of the workflows, when set
 PROMOTE: int | None = None  # the gateways' --promote (their default when None)
+PROMOTE_SHARE: float | None = None  # the gateways' --promote-share (their default when None)
 SETUPS = ("direct", "claims", "in_process", "learned", "held", "no_claims", "stock")
 WORKLOAD = "supervisor"  # or "plain": an agent and a plain I/O node (--workload)
 PLAIN_TURNS = 6
@@ -1032,6 +1033,8 @@ def start_servers(
         argv += ["--upstream", urls[upstream], "--claims-key", KEY]
         if PROMOTE is not None:  # stock vLLM orders its queue by arrival alone: moot there
             argv += ["--promote", str(PROMOTE)]
+        if PROMOTE_SHARE is not None:
+            argv += ["--promote-share", str(PROMOTE_SHARE)]
         procs.append(start([*on_gateway, *argv], urls[name]))
         sessions[name] = procs[-1].pid
     return urls, sessions

@@ -120,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(0: none; docs/vllm-connector.md)",
     )
     serve.add_argument(
+        "--promote-share",
+        type=float,
+        default=None,
+        metavar="F",
+        help="the share of each second promoted calls may put the calls they overtake back "
+        "by, (0, 1] (default 0.15; docs/vllm-connector.md)",
+    )
+    serve.add_argument(
         "--behind-router",
         action="store_true",
         help="answer deferrals 409, never a status a router retries (docs/fleet.md)",

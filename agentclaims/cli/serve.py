@@ -86,7 +86,13 @@ def run(args: argparse.Namespace) -> int:
             args.behind_router,
         )
         app = create_app(
-            kv, text, keys=keys, ledger=ledger, instance=instance, promote=args.promote
+            kv,
+            text,
+            keys=keys,
+            ledger=ledger,
+            instance=instance,
+            promote=args.promote,
+            promote_share=args.promote_share,
         )
     except AgentClaimsError as exc:
         print(f"agentclaims serve: {exc}", file=sys.stderr)

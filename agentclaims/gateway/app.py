@@ -31,7 +31,7 @@ from agentclaims.gateway.limits import BodyTooLarge, Limits
 from agentclaims.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from agentclaims.gateway.openapi import openapi
 from agentclaims.gateway.params import TENANT_SCOPE_KEY, header, json_object, tenant_of
-from agentclaims.gateway.queueing import DEFAULT_PROMOTED, Promotions, engine_orders
+from agentclaims.gateway.queueing import DEFAULT_PROMOTED, SHARE, Promotions, engine_orders
 from agentclaims.gateway.responses import ResponsesRoute
 from agentclaims.gateway.service import Service
 from agentclaims.gateway.sides import KVSide
@@ -318,6 +318,7 @@ def create_app(
     ledger: Ledger | None = None,
     instance: Instance | None = None,
     promote: int = DEFAULT_PROMOTED,
+    promote_share: float | None = None,
 ) -> Starlette:
     """The gateway app over a KV side (e.g. ``ReferenceKV``) and a text side (``ScriptedModel``)
     that writes the replies; without ``text`` the KV side writes its own (``VllmKV``: a
@@ -329,10 +330,12 @@ def create_app(
     and else none: every mode ``unknown``. ``keys`` makes it serve tenants (``TenantKeys``),
     ``ledger`` keeps claims and events across restarts (``Ledger``); docs/operations.md.
     ``instance`` names it in a fleet behind a router (docs/fleet.md). ``promote``: how many
-    workflow calls at most go ahead in the engine's queue at once (0: none;
-    ``agentclaims.gateway.queueing``)."""
+    workflow calls at most go ahead in the engine's queue at once (0: none), ``promote_share``
+    the share of each second they may put the calls they overtake back by (``SHARE`` by
+    default; ``agentclaims.gateway.queueing``)."""
     limits = limits or Limits()
-    promotions = Promotions(promote)  # a bad bound refused before anything is built
+    share = SHARE if promote_share is None else promote_share
+    promotions = Promotions(promote, share=share)  # a bad bound refused before anything is built
     writer: ReplyWriter
     if text is not None:
         writer = ScriptedWriter(cast(TokenizingKV, kv), text, limits)

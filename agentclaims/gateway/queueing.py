@@ -12,7 +12,19 @@ still holds, as the SDK's call does when its claim supersedes the one held acros
 has a short prefill: the callers it overtakes wait little for it. A call whose prefix nothing
 held makes each of them wait a whole prefill: it goes ahead only where the wait it skips is at
 least ``margin`` prefills, as vLLM's own histograms say of the requests it scheduled lately
-(``agentclaims.vllm.engine_queue``; until they say, it goes ahead). Promoting every workflow
+(``agentclaims.vllm.engine_queue``; until they say, it goes ahead).
+
+What the overtaken callers lose is bounded too. Each promotion puts every caller then waiting
+back by about a prefill, so over any stretch of time their waits grow by the promoted calls'
+prefills over the time itself, however many of them wait (Little's law: n callers waiting
+wait n seconds a second; a promotion adds n prefills). So promoted calls are charged the
+engine's mean prefill lately and may take at most ``share`` of each second (a budget that
+fills at ``share`` a second, up to ``share * WINDOW_S``, and goes ahead while it is not in
+debt); the rest go in arrival order, counted (``over_share``). The other callers' waits then
+grow by about ``share``: in matrix cell 5 (a heavy tenant's 5 s queue) a share of 0.1 let
+7 calls a run go ahead and the tenant's TTFT p99 was 1.07x stock's; unbounded, 13 calls and
+1.27x (benchmarks/results/2026-12-07-promotion-share.md). Issue 42 bounds that p99 at 1.2x:
+``SHARE`` is three quarters of its 0.2, a quarter left for the estimate's error. Promoting every workflow
 call kept the matrix's heavy other tenant waiting 1.50x longer at its TTFT p99 in cell 3
 (a ~90 ms queue, prefills as long); by this rule 0.93x, while cell 8 (a 3 s queue) kept its
 gain (benchmarks/results/2026-12-06-promote-by-time.md). At most ``most`` promoted calls are
@@ -28,10 +40,22 @@ A caller never sets its own place: the gateway drops a body's ``priority`` field
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from agentclaims.errors import UsageError
 from agentclaims.protocol.writer import QueueTimes
 
-__all__ = ["CROWD", "DEFAULT_PROMOTED", "MARGIN", "PROMOTED", "Promotions", "engine_orders"]
+__all__ = [
+    "CROWD",
+    "DEFAULT_PROMOTED",
+    "MARGIN",
+    "PROMOTED",
+    "SHARE",
+    "WINDOW_S",
+    "Promotions",
+    "engine_orders",
+]
 
 PROMOTED = -1
 """vLLM's ``priority`` for a promoted call (lower goes first; every other call has 0)."""
@@ -47,6 +71,12 @@ the matrix's heavy other tenant waiting 1.37x longer at its p99 (cell 15)."""
 
 MARGIN = 2.0
 """An unheld call goes ahead where the queue's wait is at least this many prefills."""
+SHARE = 0.15
+"""The share of each second promoted calls may put the callers they overtake back by (each
+charged the engine's mean prefill lately)."""
+WINDOW_S = 10.0
+"""The stretch over which ``share`` holds: unspent, the budget keeps at most ``share *
+WINDOW_S`` seconds (a burst after a quiet spell stays within it)."""
 
 
 def engine_orders(writer: object) -> bool:
@@ -68,6 +98,8 @@ class Promotions:
         crowd: int = CROWD,
         queue: QueueTimes | None = None,
         margin: float = MARGIN,
+        share: float = SHARE,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if isinstance(most, bool) or not isinstance(most, int) or most < 0:
             raise UsageError("promote", f"must be a non-negative integer, got {most!r}")
@@ -75,11 +107,18 @@ class Promotions:
             raise UsageError("crowd", f"must be a positive integer, got {crowd!r}")
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin >= 0:
             raise UsageError("margin", f"must be a non-negative number, got {margin!r}")
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise UsageError("share", f"must be a number in (0, 1], got {share!r}")
         self.most = most
         self.crowd = crowd
         self.queue = queue
         """The engine's queue times lately (``None``: unknown, an unheld call goes ahead)."""
         self.margin = margin
+        self.share = share
+        self._clock = clock
+        self._budget = share * WINDOW_S
+        """Seconds promoted calls may still put the overtaken callers back by."""
+        self._at = clock()
         self.in_flight = 0
         self.workflows = 0
         """Workflow calls in flight, promoted or not."""
@@ -91,12 +130,16 @@ class Promotions:
         self.short_wait = 0
         """Unheld workflow calls that went in arrival order: the queue's wait was under
         ``margin`` prefills."""
+        self.over_share = 0
+        """Workflow calls that went in arrival order: promoted calls had taken their
+        ``share`` of the time lately."""
 
     def take(self, workflow: bool, held: bool = True) -> int | None:
         """The priority a call goes with: ``PROMOTED`` for a workflow's call while fewer than
         ``most`` promoted ones and at most ``crowd`` workflow calls (itself included) are in
-        flight, and, its prefix not ``held``, the engine's queue worth skipping; else
-        ``None`` (vLLM's default). A workflow's call counts until ``give_back``."""
+        flight, its prefix not ``held``, the engine's queue worth skipping, and the promoted
+        calls' ``share`` of the time not spent; else ``None`` (vLLM's default). A workflow's
+        call counts until ``give_back``."""
         if not workflow or self.most == 0:
             return None
         self.workflows += 1
@@ -105,6 +148,9 @@ class Promotions:
             return None
         if self.in_flight >= self.most or self.workflows > self.crowd:
             self.passed_over += 1
+            return None
+        if not self._charge():
+            self.over_share += 1
             return None
         self.in_flight += 1
         self.promoted += 1
@@ -115,6 +161,20 @@ class Promotions:
         counts as yes (the figures come with the first calls)."""
         figures = None if self.queue is None else self.queue.figures()
         return figures is None or figures.wait_s >= self.margin * figures.prefill_s
+
+    def _charge(self) -> bool:
+        """Whether a promotion fits the overtaken callers' ``share`` (the budget filled for
+        the time since the last ask, not in debt), and if so its prefill charged: the
+        engine's mean lately (nothing before its first figures)."""
+        now = self._clock()
+        top = self.share * WINDOW_S
+        self._budget = min(top, self._budget + self.share * max(0.0, now - self._at))
+        self._at = now
+        if self._budget < 0:
+            return False
+        figures = None if self.queue is None else self.queue.latest
+        self._budget -= 0.0 if figures is None else figures.prefill_s
+        return True
 
     def give_back(self, workflow: bool, priority: int | None) -> None:
         """The call ``take(workflow)`` gave ``priority`` to is answered (or streaming)."""
@@ -133,7 +193,9 @@ class Promotions:
             "promoted": self.promoted,
             "passed_over": self.passed_over,
             "short_wait": self.short_wait,
+            "over_share": self.over_share,
             "margin": self.margin,
+            "share": self.share,
             "queue_wait_s": None if figures is None else round(figures.wait_s, 4),
             "prefill_s": None if figures is None else round(figures.prefill_s, 4),
         }

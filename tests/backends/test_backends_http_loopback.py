@@ -175,7 +175,7 @@ def test_base_url_is_normalised_and_checked() -> None:
 
 
 def test_serve_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    """`agentclaims serve` with a bad block count or promotion bound, or on vLLM without its
+    """`agentclaims serve` with a bad block count, promotion bound or share, or on vLLM without its
     upstream or its claims key, exits 2 and names the field."""
     from agentclaims.cli.main import build_parser
 
@@ -184,6 +184,7 @@ def test_serve_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None
         (["serve", "--kv", "vllm"], "upstream"),
         (["serve", "--kv", "vllm", "--upstream", "http://127.0.0.1:9"], "claims_key"),
         (["serve", "--promote", "-1"], "promote"),
+        (["serve", "--promote-share", "1.5"], "share"),
     ):
         assert serve.run(build_parser().parse_args(argv)) == 2
         assert field in capsys.readouterr().err

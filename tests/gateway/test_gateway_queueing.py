@@ -3,8 +3,9 @@ engine's queue. Any interleaving of calls taking and giving back their place (hy
 never has more than ``most`` promoted in flight, promotes only workflows' calls, and none
 while more than ``crowd`` workflow calls are in flight, an unheld one only where the engine's
 queue lately waited at least ``margin`` prefills, promotes one whenever that allows, and counts
-every call it passed over. The reference engine has no queue to order:
-its calls take no promotion."""
+every call it passed over. Over any stretch of time the promoted calls' prefills stay within
+``share`` of it (and the budget's top). The reference engine has no queue to order: its calls
+take no promotion."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from agentclaims.engine import ReferenceKV
 from agentclaims.errors import UsageError
 from agentclaims.gateway import ScriptedModel, create_app
-from agentclaims.gateway.queueing import MARGIN, PROMOTED, Promotions
+from agentclaims.gateway.queueing import MARGIN, PROMOTED, SHARE, WINDOW_S, Promotions
 from agentclaims.vllm.engine_queue import QueueFigures
 
 steps = st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans()), max_size=60)
@@ -40,8 +41,15 @@ def test_promotions_never_exceed_their_bounds(
 ) -> None:
     """Each step a call arrives (a workflow's or not, its prefix held or not) or, the third
     flag set, the oldest call in flight is answered; the engine's queue times are
-    ``figures`` (``None``: not known yet)."""
-    promotions = Promotions(most, crowd, _Queue(figures))
+    ``figures`` (``None``: not known yet). A minute passes between steps: the share of the
+    time promoted calls take never binds here (the next test is about it)."""
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 60.0
+        return now[0]
+
+    promotions = Promotions(most, crowd, _Queue(figures), clock=clock)
     worth = figures is None or figures.wait_s >= MARGIN * figures.prefill_s
     flying: list[tuple[bool, int | None]] = []
     promoted = passed = short = 0
@@ -73,10 +81,49 @@ def test_promotions_never_exceed_their_bounds(
         "promoted": promoted,
         "passed_over": passed,
         "short_wait": short,
+        "over_share": 0,
         "margin": MARGIN,
+        "share": SHARE,
         "queue_wait_s": None if figures is None else round(figures.wait_s, 4),
         "prefill_s": None if figures is None else round(figures.prefill_s, 4),
     }
+
+
+@given(
+    st.floats(0.01, 1),
+    st.floats(0.001, 5),
+    st.lists(st.tuples(st.floats(0, 3), st.booleans()), min_size=1, max_size=80),
+)
+def test_promoted_calls_take_at_most_their_share_of_the_time(
+    share: float, prefill_s: float, arrivals: list[tuple[float, bool]]
+) -> None:
+    """Workflow calls arrive ``dt`` apart (each answered before the next, so no other bound
+    binds), their prefixes held or not, on an engine whose prefills lately took
+    ``prefill_s`` and whose queue is worth skipping. Over every stretch between two calls,
+    the prefills charged to the promotions in it are at most ``share`` of its length, the
+    budget's top (``share * WINDOW_S``) and one prefill (the call that put it in debt); a
+    call passed over is counted as ``over_share``, and one is promoted whenever the budget
+    is not in debt."""
+    now = [0.0]
+    figures = QueueFigures(wait_s=100 * prefill_s, prefill_s=prefill_s)
+    promotions = Promotions(1, 4, _Queue(figures), share=share, clock=lambda: now[0])
+    promoted_at: list[float] = []
+    times: list[float] = []
+    for dt, held in arrivals:
+        now[0] += dt
+        times.append(now[0])
+        priority = promotions.take(True, held)
+        if priority is not None:
+            promoted_at.append(now[0])
+        promotions.give_back(True, priority)
+    assert promotions.promoted == len(promoted_at)
+    assert promotions.promoted + promotions.over_share == len(arrivals)
+    for i, start in enumerate(times):
+        for end in times[i:]:
+            charged = prefill_s * sum(start <= t <= end for t in promoted_at)
+            assert charged <= share * ((end - start) + WINDOW_S) + prefill_s + 1e-9
+    if len(arrivals) * prefill_s <= share * WINDOW_S:  # never in debt: every call goes ahead
+        assert promotions.over_share == 0
 
 
 @pytest.mark.parametrize("most", [-1, 1.5, True, "4"])
@@ -89,6 +136,11 @@ def test_a_bad_bound_is_refused_before_anything_is_built(most: object) -> None:
         Promotions(1, crowd=0)
     with pytest.raises(UsageError, match="margin"):
         Promotions(1, margin=float("nan"))
+    for share in (0, 1.5, float("nan"), True):
+        with pytest.raises(UsageError, match="share"):
+            Promotions(1, share=share)
+        with pytest.raises(UsageError, match="share"):
+            create_app(ReferenceKV.create(64, 16), ScriptedModel(), promote_share=share)
 
 
 async def test_the_reference_engine_promotes_no_call() -> None:
