@@ -18,25 +18,15 @@ What the overtaken callers lose is bounded too. Each promotion puts every caller
 back by about a prefill, so over any stretch of time their waits grow by the promoted calls'
 prefills over the time itself, however many of them wait (Little's law: n callers waiting
 wait n seconds a second; a promotion adds n prefills). So promoted calls are charged the
-engine's mean prefill lately and may take at most ``share`` of each second (a budget that
-fills at ``share`` a second, up to ``share * WINDOW_S``, and goes ahead while it is not in
-debt); the rest go in arrival order, counted (``over_share``). The other callers' waits then
-grow by about ``share``: in matrix cell 5 (a heavy tenant's 5 s queue) a share of 0.1 let
-7 calls a run go ahead and the tenant's TTFT p99 was 1.07x stock's; unbounded, 13 calls and
-1.27x (benchmarks/results/2026-12-07-promotion-share.md). Issue 42 bounds that p99 at 1.2x:
-``SHARE`` is three quarters of its 0.2, a quarter left for the estimate's error. Promoting every workflow
-call kept the matrix's heavy other tenant waiting 1.50x longer at its TTFT p99 in cell 3
-(a ~90 ms queue, prefills as long); by this rule 0.93x, while cell 8 (a 3 s queue) kept its
-gain (benchmarks/results/2026-12-06-promote-by-time.md). At most ``most`` promoted calls are
-in flight at once (until a whole answer is written, or a stream's first token), and none
-while more than ``crowd`` workflow calls are: a crowd of agents would fill the engine's batch
-by itself, and promoted it would leave one-shot callers only what it does not want. The rest go in arrival order, as every call
-does on an engine without the policy. What the other callers pay is measured, not assumed:
-the matrix benchmark reports the other tenant's TTFT p99 beside every cell (docs/vllm.md,
-"Benchmarks").
-
-A caller never sets its own place: the gateway drops a body's ``priority`` field.
-"""
+engine's mean prefill lately and paced to take at most ``share`` of the time: a call goes
+ahead only once the budget, filling at ``share`` a second, has paid for the last one's
+prefill, and nothing is saved up in quiet spells (a burst would land on the callers waiting
+then). Over a caller's wait of W seconds the promotions then add at most ``share * W`` and
+one prefill. The rest go in arrival order, counted (``over_share``). In matrix cell 5 (a
+heavy tenant's 5 s queue) a share of 0.1 let 7 calls a run go ahead and the tenant's TTFT
+p99 was 1.07x stock's; unbounded, 13 calls and 1.27x
+(benchmarks/results/2026-12-07-promotion-share.md). Issue 42 bounds that p99 at 1.2x:
+``SHARE`` is three quarters of its 0.2, a quarter left for the estimate's error."""
 
 from __future__ import annotations
 
@@ -52,7 +42,6 @@ __all__ = [
     "MARGIN",
     "PROMOTED",
     "SHARE",
-    "WINDOW_S",
     "Promotions",
     "engine_orders",
 ]
@@ -74,9 +63,6 @@ MARGIN = 2.0
 SHARE = 0.15
 """The share of each second promoted calls may put the callers they overtake back by (each
 charged the engine's mean prefill lately)."""
-WINDOW_S = 10.0
-"""The stretch over which ``share`` holds: unspent, the budget keeps at most ``share *
-WINDOW_S`` seconds (a burst after a quiet spell stays within it)."""
 
 
 def engine_orders(writer: object) -> bool:
@@ -116,8 +102,9 @@ class Promotions:
         self.margin = margin
         self.share = share
         self._clock = clock
-        self._budget = share * WINDOW_S
-        """Seconds promoted calls may still put the overtaken callers back by."""
+        self._budget = 0.0
+        """What the pacing has paid for (never above 0; in debt after a promotion, until
+        ``share`` of the time since has paid its prefill)."""
         self._at = clock()
         self.in_flight = 0
         self.workflows = 0
@@ -163,12 +150,11 @@ class Promotions:
         return figures is None or figures.wait_s >= self.margin * figures.prefill_s
 
     def _charge(self) -> bool:
-        """Whether a promotion fits the overtaken callers' ``share`` (the budget filled for
+        """Whether a promotion fits the overtaken callers' ``share`` (the budget, filled for
         the time since the last ask, not in debt), and if so its prefill charged: the
         engine's mean lately (nothing before its first figures)."""
         now = self._clock()
-        top = self.share * WINDOW_S
-        self._budget = min(top, self._budget + self.share * max(0.0, now - self._at))
+        self._budget = min(0.0, self._budget + self.share * max(0.0, now - self._at))
         self._at = now
         if self._budget < 0:
             return False
