@@ -15,6 +15,7 @@ import httpx2
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from agentclaims.engine import ReferenceKV
 from agentclaims.errors import UsageError
@@ -160,5 +161,9 @@ async def test_the_reference_engine_promotes_no_call() -> None:
     ) as http:
         assert (await http.post("/v1/chat/completions", json=body)).status_code == 200
         stats = (await http.get("/v1/stats")).json()["gateway"]["promotions"]
+        scraped = (await http.get("/metrics")).text
     assert stats["promoted"] == stats["passed_over"] == stats["workflows_in_flight"] == 0
     assert stats["engine_orders_by_priority"] is False
+    [family] = [f for f in text_string_to_metric_families(scraped) if f.name.endswith("promotions")]
+    counted = {s.labels["decision"]: s.value for s in family.samples if s.name.endswith("_total")}
+    assert counted == dict.fromkeys(("promoted", "passed_over", "short_wait", "over_share"), 0)
