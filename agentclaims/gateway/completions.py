@@ -18,6 +18,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from agentclaims._json import loads
 from agentclaims.contract import (
     ArbiterAction,
     ClaimId,
@@ -106,10 +107,13 @@ class CompletionRoutes:
         workflow = engine_orders(self.writer) and (raw := body.get(EXTENSION_KEY)) is not None
         held = workflow and releases_held(self.writer, self.service, raw, tenant_of(request))
         priority = self.promotions.take(workflow, held)
+        response: Response | None = None
         try:
-            return await self._completion_of(request, kind, body, priority)
-        finally:
-            self.promotions.give_back(workflow, priority)  # answered, or its first token came
+            response = await self._completion_of(request, kind, body, priority)
+            return response
+        finally:  # answered, or its first token came; a promoted call charged its prefill
+            computed = None if priority is None else computed_tokens(response)
+            self.promotions.give_back(workflow, priority, computed)
 
     async def _completion_of(
         self, request: Request, kind: CompletionKind, body: dict[str, Any], priority: int | None
@@ -502,6 +506,24 @@ def _plain_call(body: Mapping[str, Any]) -> bool:
     streamed (a bad ``stream`` field is refused here, as always); its ``agentclaims`` object,
     if any, is judged by ``Extension.carries_nothing``."""
     return _PROMPT_CACHE_FIELDS.isdisjoint(body) and not stream_requested(body)
+
+
+def computed_tokens(response: Response | None) -> int | None:
+    """The prompt tokens the engine computed for an answer written whole (its ``usage``: the
+    prompt's less the cached ones); ``None`` for a stream, an error or an answer without
+    them. Read for promoted calls only (``Promotions.cost``)."""
+    body = getattr(response, "body", None)
+    if response is None or response.status_code != 200 or not isinstance(body, bytes):
+        return None
+    try:
+        usage = loads(body).get("usage") or {}
+        prompt = usage["prompt_tokens"]
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    except (ValueError, AttributeError, KeyError, TypeError):
+        return None
+    if type(prompt) is not int or type(cached) is not int:
+        return None
+    return max(0, prompt - cached)
 
 
 def releases_held(writer: object, service: Service, raw: Any, tenant: Tenant | None) -> bool:

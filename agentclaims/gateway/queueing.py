@@ -15,18 +15,19 @@ least ``margin`` prefills, as vLLM's own histograms say of the requests it sched
 (``agentclaims.vllm.engine_queue``; until they say, it goes ahead).
 
 What the overtaken callers lose is bounded too. Each promotion puts every caller then waiting
-back by about a prefill, so over any stretch of time their waits grow by the promoted calls'
-prefills over the time itself, however many of them wait (Little's law: n callers waiting
-wait n seconds a second; a promotion adds n prefills). So promoted calls are charged the
-engine's mean prefill lately and paced to take at most ``share`` of the time: a call goes
-ahead only once the budget, filling at ``share`` a second, has paid for the last one's
-prefill, and nothing is saved up in quiet spells (a burst would land on the callers waiting
-then). Over a caller's wait of W seconds the promotions then add at most ``share * W`` and
-one prefill. The rest go in arrival order, counted (``over_share``). In matrix cell 5 (a
-heavy tenant's 5 s queue) a share of 0.1 let 7 calls a run go ahead and the tenant's TTFT
-p99 was 1.07x stock's; unbounded, 13 calls and 1.27x
-(benchmarks/results/2026-12-07-promotion-share.md). Issue 42 bounds that p99 at 1.2x:
-``SHARE`` is three quarters of its 0.2, a quarter left for the estimate's error."""
+back by about the promoted call's prefill, so over any stretch of time their waits grow by the
+promoted calls' prefills over the time itself, however many of them wait (Little's law: n
+callers waiting wait n seconds a second; a promotion adds n prefills). So each promoted call
+is charged its prefill once answered: the tokens vLLM computed for it (its answer's prompt
+tokens less the cached ones; a call whose prefix a claim held computes few) times a computed
+token's prefill time lately, or vLLM's mean prefill where that is not known (a stream, a
+failed call). Promoted calls are paced to take at most ``share`` of the time: a call goes
+ahead only once the budget, filling at ``share`` a second, has paid for those before it, and
+nothing is saved up in quiet spells (a burst would land on the callers waiting then). Over a
+caller's wait of W seconds the promotions add at most ``share * W`` and one prefill per
+promoted call in flight. The rest go in arrival order, counted (``over_share``). Issue 42
+bounds the other callers' TTFT p99 at 1.2x: ``SHARE`` is three quarters of its 0.2, a quarter
+left for the estimate's error (benchmarks/results/2026-12-07-promotion-share.md)."""
 
 from __future__ import annotations
 
@@ -61,8 +62,8 @@ the matrix's heavy other tenant waiting 1.37x longer at its p99 (cell 15)."""
 MARGIN = 2.0
 """An unheld call goes ahead where the queue's wait is at least this many prefills."""
 SHARE = 0.15
-"""The share of each second promoted calls may put the callers they overtake back by (each
-charged the engine's mean prefill lately)."""
+"""The share of the time promoted calls may put the callers they overtake back by (each
+charged its prefill)."""
 
 
 def engine_orders(writer: object) -> bool:
@@ -136,7 +137,7 @@ class Promotions:
         if self.in_flight >= self.most or self.workflows > self.crowd:
             self.passed_over += 1
             return None
-        if not self._charge():
+        if not self._paid():
             self.over_share += 1
             return None
         self.in_flight += 1
@@ -149,25 +150,37 @@ class Promotions:
         figures = None if self.queue is None else self.queue.figures()
         return figures is None or figures.wait_s >= self.margin * figures.prefill_s
 
-    def _charge(self) -> bool:
-        """Whether a promotion fits the overtaken callers' ``share`` (the budget, filled for
-        the time since the last ask, not in debt), and if so its prefill charged: the
-        engine's mean lately (nothing before its first figures)."""
+    def _paid(self) -> bool:
+        """Whether the promoted calls so far are paid for: the budget, filled at ``share`` a
+        second since the last ask (never above 0), is not in debt."""
         now = self._clock()
         self._budget = min(0.0, self._budget + self.share * max(0.0, now - self._at))
         self._at = now
-        if self._budget < 0:
-            return False
-        figures = None if self.queue is None else self.queue.latest
-        self._budget -= 0.0 if figures is None else figures.prefill_s
-        return True
+        return self._budget >= 0
 
-    def give_back(self, workflow: bool, priority: int | None) -> None:
-        """The call ``take(workflow)`` gave ``priority`` to is answered (or streaming)."""
+    def give_back(
+        self, workflow: bool, priority: int | None, computed_tokens: int | None = None
+    ) -> None:
+        """The call ``take(workflow)`` gave ``priority`` to is answered (or streaming); a
+        promoted one is charged its prefill (``cost``)."""
         if workflow and self.most:
             self.workflows -= 1
         if priority is not None:
             self.in_flight -= 1
+            self._paid()  # the budget filled up to now, then the charge
+            self._budget -= self.cost(computed_tokens)
+
+    def cost(self, computed_tokens: int | None) -> float:
+        """What a promoted call puts each overtaken caller back by: the prefill of the
+        ``computed_tokens`` its answer says vLLM computed (a computed token's time lately),
+        else (a stream, a failed call, an engine that does not count them) vLLM's mean
+        prefill lately; nothing before the first figures."""
+        figures = None if self.queue is None else self.queue.latest
+        if figures is None:
+            return 0.0
+        if computed_tokens is not None and figures.token_s is not None:
+            return figures.token_s * max(0, computed_tokens)
+        return figures.prefill_s
 
     def stats(self) -> dict[str, int | float | None]:
         figures = None if self.queue is None else self.queue.latest
@@ -184,6 +197,9 @@ class Promotions:
             "share": self.share,
             "queue_wait_s": None if figures is None else round(figures.wait_s, 4),
             "prefill_s": None if figures is None else round(figures.prefill_s, 4),
+            "prefill_token_s": (
+                None if figures is None or figures.token_s is None else figures.token_s
+            ),
         }
 
     async def aclose(self) -> None:

@@ -197,6 +197,9 @@ class QueueFigures:
     """Arrival to first scheduled."""
     prefill_s: float
     """First scheduled to first token."""
+    token_s: float | None = None
+    """Prefill time per token computed (cached ones not counted); ``None`` where the engine
+    does not say how many it computed."""
 
 
 class QueueTimes(Protocol):

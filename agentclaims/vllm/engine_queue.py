@@ -2,7 +2,9 @@
 took, from vLLM's own histograms.
 
 vLLM times every request it schedules: ``vllm:request_queue_time_seconds`` (arrival to
-first scheduled) and ``vllm:request_prefill_time_seconds`` (first scheduled to first token).
+first scheduled) and ``vllm:request_prefill_time_seconds`` (first scheduled to first token),
+and counts the tokens its prefill computed (``vllm:request_prefill_kv_computed_tokens``, the
+cached ones left out): the prefill time over those tokens is a computed token's time.
 Between two reads of its ``/metrics``, the change of a histogram's sum over the change of its
 count is the mean over the requests scheduled in between (at the first read, since vLLM
 began), whoever sent them. The gateway's promotions weigh one against the other
@@ -33,15 +35,29 @@ log = logging.getLogger(__name__)
 
 QUEUE = "vllm:request_queue_time_seconds"
 PREFILL = "vllm:request_prefill_time_seconds"
-_READ = tuple(f"{name}_{part}" for name in (QUEUE, PREFILL) for part in ("sum", "count"))
+COMPUTED = "vllm:request_prefill_kv_computed_tokens"
+_READ = tuple(f"{name}_{part}" for name in (QUEUE, PREFILL, COMPUTED) for part in ("sum", "count"))
 PAGE = "/metrics"
 PATH = "/metrics/?" + urlencode([("name[]", name) for name in _READ])
-"""vLLM's metrics asked for the four series only (prometheus_client's ``name[]`` filter): vLLM
+"""vLLM's metrics asked for the six series only (prometheus_client's ``name[]`` filter): vLLM
 0.32 answers ``/metrics`` with its whole page (58 KB, about 5-8 ms of its API server's CPU on
 the tiny model) whatever the query, and ``/metrics/`` from prometheus_client's own app, which
 filters (under 1 KB, about 0.5 ms). A vLLM that answers it 404 is read at ``PAGE`` after."""
 WEIGHT = 0.5
 """How much one read's means count against what came before (an exponential average)."""
+
+
+def _mixed(fresh: QueueFigures, old: QueueFigures) -> QueueFigures:
+    """``fresh`` weighed against ``old`` (``WEIGHT``); a token's time unknown on one side is
+    the other's."""
+    token_s = fresh.token_s if old.token_s is None else old.token_s
+    if fresh.token_s is not None and old.token_s is not None:
+        token_s = WEIGHT * fresh.token_s + (1 - WEIGHT) * old.token_s
+    return QueueFigures(
+        WEIGHT * fresh.wait_s + (1 - WEIGHT) * old.wait_s,
+        WEIGHT * fresh.prefill_s + (1 - WEIGHT) * old.prefill_s,
+        token_s,
+    )
 
 
 class EngineQueue:
@@ -91,7 +107,7 @@ class EngineQueue:
             self._reading = None
 
     def absorb(self, text: str) -> None:
-        """Take in one ``/metrics`` page (Prometheus text): the four series' answer, or a
+        """Take in one ``/metrics`` page (Prometheus text): the six series' answer, or a
         whole page, whose other lines are left out before parsing."""
         wanted = "\n".join(line for line in text.splitlines() if line.startswith(_READ))
         totals = dict.fromkeys(_READ, 0.0)
@@ -107,19 +123,15 @@ class EngineQueue:
             return
         if waited == 0 or filled == 0:
             return
+        computed = totals[f"{COMPUTED}_sum"] - before[f"{COMPUTED}_sum"]
+        prefilled = totals[f"{PREFILL}_sum"] - before[f"{PREFILL}_sum"]
         fresh = QueueFigures(
             (totals[f"{QUEUE}_sum"] - before[f"{QUEUE}_sum"]) / waited,
-            (totals[f"{PREFILL}_sum"] - before[f"{PREFILL}_sum"]) / filled,
+            prefilled / filled,
+            prefilled / computed if computed > 0 else None,
         )
         old = self._figures
-        self._figures = (
-            fresh
-            if old is None
-            else QueueFigures(
-                WEIGHT * fresh.wait_s + (1 - WEIGHT) * old.wait_s,
-                WEIGHT * fresh.prefill_s + (1 - WEIGHT) * old.prefill_s,
-            )
-        )
+        self._figures = fresh if old is None else _mixed(fresh, old)
 
     async def aclose(self) -> None:
         if self._reading is not None:

@@ -9,7 +9,7 @@ take no promotion."""
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import AsyncIterator
 
 import httpx2
 import pytest
@@ -20,7 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from agentclaims.engine import ReferenceKV
 from agentclaims.errors import UsageError
 from agentclaims.gateway import ScriptedModel, create_app
+from agentclaims.gateway.completions import computed_tokens
 from agentclaims.gateway.queueing import MARGIN, PROMOTED, SHARE, Promotions
+from agentclaims.gateway.streaming import JSONResponse
 from agentclaims.vllm.engine_queue import QueueFigures
 
 steps = st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans()), max_size=60)
@@ -44,12 +46,12 @@ def test_promotions_never_exceed_their_bounds(
 ) -> None:
     """Each step a call arrives (a workflow's or not, its prefix held or not) or, the third
     flag set, the oldest call in flight is answered; the engine's queue times are
-    ``figures`` (``None``: not known yet). A minute passes between steps: the share of the
-    time promoted calls take never binds here (the next test is about it)."""
+    ``figures`` (``None``: not known yet). Hours pass between steps: the share of the time
+    promoted calls take never binds here (the next test is about it)."""
     now = [0.0]
 
     def clock() -> float:
-        now[0] += 60.0
+        now[0] += 3600.0
         return now[0]
 
     promotions = Promotions(most, crowd, _Queue(figures), clock=clock)
@@ -89,47 +91,81 @@ def test_promotions_never_exceed_their_bounds(
         "share": SHARE,
         "queue_wait_s": None if figures is None else round(figures.wait_s, 4),
         "prefill_s": None if figures is None else round(figures.prefill_s, 4),
+        "prefill_token_s": None if figures is None else figures.token_s,
     }
 
 
 @given(
     st.floats(0.01, 1),
     st.floats(0.001, 5),
-    st.lists(st.tuples(st.floats(0, 3), st.booleans()), min_size=1, max_size=80),
+    st.none() | st.floats(1e-5, 1e-2),
+    st.lists(
+        st.tuples(st.floats(0, 3), st.booleans(), st.none() | st.integers(0, 2000)),
+        min_size=1,
+        max_size=80,
+    ),
 )
 def test_promoted_calls_take_at_most_their_share_of_the_time(
-    share: float, prefill_s: float, arrivals: list[tuple[float, bool]]
+    share: float,
+    prefill_s: float,
+    token_s: float | None,
+    arrivals: list[tuple[float, bool, int | None]],
 ) -> None:
     """Workflow calls arrive ``dt`` apart (each answered before the next, so no other bound
-    binds), their prefixes held or not, on an engine whose prefills lately took
-    ``prefill_s`` and whose queue is worth skipping. Over every stretch between two calls,
-    the prefills charged to the promotions in it are at most ``share`` of its length and one
-    prefill (the call that put the pacing in debt); a call passed over is counted as
-    ``over_share``, and one goes ahead whenever the promotions before it are paid for."""
+    binds), their prefixes held or not, each answered with the tokens vLLM computed for it
+    (``None``: not said, as for a stream), on an engine whose prefills lately took
+    ``prefill_s`` (``token_s`` a computed token) and whose queue is worth skipping. A
+    promoted call is charged ``token_s`` times its computed tokens, else ``prefill_s``. Over
+    every stretch between two calls, the charges of the promotions in it are at most
+    ``share`` of its length and the last one's; a call passed over is counted as
+    ``over_share``, and one goes ahead whenever those before it are paid for."""
     now = [0.0]
-    figures = QueueFigures(wait_s=100 * prefill_s, prefill_s=prefill_s)
+    figures = QueueFigures(100 * prefill_s, prefill_s, token_s)
     promotions = Promotions(1, 4, _Queue(figures), share=share, clock=lambda: now[0])
-    promoted_at: list[float] = []
+    promoted: list[tuple[float, float]] = []  # (when, charged)
     times: list[float] = []
-    for dt, held in arrivals:
+    for dt, held, computed in arrivals:
         now[0] += dt
         times.append(now[0])
+        paid = not promoted or share * (now[0] - promoted[-1][0]) >= promoted[-1][1] + 1e-9
         priority = promotions.take(True, held)
+        charge = prefill_s if computed is None or token_s is None else token_s * computed
         if priority is not None:
-            promoted_at.append(now[0])
-        promotions.give_back(True, priority)
-    assert promotions.promoted == len(promoted_at)
+            promoted.append((now[0], charge))
+        elif paid:
+            raise AssertionError(f"passed over at {now[0]} though paid for: {promoted[-1:]}")
+        promotions.give_back(True, priority, computed)
+        assert promotions.cost(computed) == pytest.approx(charge)
+    assert promotions.promoted == len(promoted)
     assert promotions.promoted + promotions.over_share == len(arrivals)
+    assert promoted[0][0] == times[0]  # the first call goes ahead
     for i, start in enumerate(times):
         for end in times[i:]:
-            charged = prefill_s * sum(start <= t <= end for t in promoted_at)
-            assert charged <= share * (end - start) + prefill_s + 1e-9
-    # the first call goes ahead; so does each one a whole pacing interval after the last
-    assert promoted_at[:1] == times[:1]
-    for before, after in itertools.pairwise(times):
-        last = max((t for t in promoted_at if t <= before), default=None)
-        if last is not None and after - last >= prefill_s / share * (1 + 1e-9) + 1e-9:
-            assert after in promoted_at
+            inside = [c for t, c in promoted if start <= t <= end]
+            assert sum(inside) <= share * (end - start) + max(inside, default=0) + 1e-9
+
+
+def test_a_promoted_call_is_charged_the_tokens_its_answer_says_vllm_computed() -> None:
+    """``computed_tokens`` reads an answer's ``usage`` (the prompt's tokens less the cached
+    ones); a stream, an error or an answer without them is ``None`` (the mean prefill)."""
+    from starlette.responses import StreamingResponse
+
+    def answer(usage: object, status: int = 200) -> JSONResponse:
+        return JSONResponse({"choices": [], "usage": usage}, status_code=status)
+
+    details = {"prompt_tokens": 1000, "prompt_tokens_details": {"cached_tokens": 960}}
+    assert computed_tokens(answer(details)) == 40
+    assert computed_tokens(answer({"prompt_tokens": 300})) == 300
+    assert computed_tokens(answer({"prompt_tokens": 30, "prompt_tokens_details": None})) == 30
+    for usage in (None, {}, {"prompt_tokens": "12"}, {"prompt_tokens": True}):
+        assert computed_tokens(answer(usage)) is None
+    assert computed_tokens(answer(details, status=409)) is None
+    assert computed_tokens(None) is None
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"data: {}\n\n"
+
+    assert computed_tokens(StreamingResponse(chunks())) is None
 
 
 @pytest.mark.parametrize("most", [-1, 1.5, True, "4"])

@@ -3,7 +3,8 @@
 over the requests scheduled in between, an average over reads (the first: since vLLM
 began), nothing from a read that saw no request, figures afresh after a restart (counts
 lower), reads started only when stale and one at a time, a failed read changing nothing.
-A read asks for the four series only (prometheus_client's ``name[]`` filter, which vLLM's
+A computed token's prefill time is the prefill time over the tokens vLLM says it computed
+(none said: ``None``, the other figures as ever). A read asks for the six series only (prometheus_client's ``name[]`` filter, which vLLM's
 ``/metrics`` serves); a whole page is read as well. The real vLLM's own answer is read in
 tests/vllm/test_vllm_priority.py."""
 
@@ -16,6 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from agentclaims.vllm.engine_queue import (
+    COMPUTED,
     PAGE,
     PATH,
     PREFILL,
@@ -54,12 +56,19 @@ class _Vllm:
         self.prefill = Histogram(
             "vllm:request_prefill_time_seconds", "", labels, registry=self.registry
         )
+        self.computed = Histogram(
+            "vllm:request_prefill_kv_computed_tokens", "", labels, registry=self.registry
+        )
         self.pages = 0
         self.paths: list[str] = []
 
-    def schedule(self, wait_s: float, prefill_s: float, engine: str = "0") -> None:
+    def schedule(
+        self, wait_s: float, prefill_s: float, engine: str = "0", computed: int | None = None
+    ) -> None:
         self.queue.labels(engine, "m").observe(wait_s)
         self.prefill.labels(engine, "m").observe(prefill_s)
+        if computed is not None:
+            self.computed.labels(engine, "m").observe(computed)
 
     def page(self) -> str:
         return generate_latest(self.registry).decode()
@@ -75,7 +84,7 @@ class _Vllm:
         assert url.path == "/metrics/"
         names = parse_qs(url.query)["name[]"]
         assert sorted(names) == sorted(
-            f"{h}_{part}" for h in (QUEUE, PREFILL) for part in ("sum", "count")
+            f"{h}_{part}" for h in (QUEUE, PREFILL, COMPUTED) for part in ("sum", "count")
         )
         self.pages += 1
         return 200, generate_latest(self.registry.restricted_registry(names)).decode()
@@ -96,6 +105,29 @@ def test_the_means_between_reads_averaged_over_reads() -> None:
     queue.absorb(vllm.page())
     mixed = QueueFigures(WEIGHT * 1.3 + (1 - WEIGHT) * 0.3, WEIGHT * 0.2 + (1 - WEIGHT) * 0.2)
     assert queue.latest == _near(mixed.wait_s, mixed.prefill_s)
+
+
+def test_a_computed_tokens_prefill_time_is_the_prefill_over_the_tokens_computed() -> None:
+    vllm = _Vllm()
+    queue = EngineQueue(vllm.get_text)
+    vllm.schedule(0.2, 0.3, computed=900)
+    vllm.schedule(0.2, 0.1, computed=100)
+    queue.absorb(vllm.page())
+    assert queue.latest is not None
+    assert queue.latest.token_s == pytest.approx(0.4 / 1000)
+    vllm.schedule(0.2, 0.05)  # a request whose computed tokens the page does not count
+    queue.absorb(vllm.page())
+    assert queue.latest.token_s == pytest.approx(0.4 / 1000)  # nothing to divide: kept
+    vllm.schedule(0.2, 0.2, computed=100)
+    queue.absorb(vllm.page())
+    fresh = 0.2 / 100
+    assert queue.latest.token_s == pytest.approx(WEIGHT * fresh + (1 - WEIGHT) * 0.4 / 1000)
+    other = _Vllm()  # an engine that counts no computed tokens
+    unsaid = EngineQueue(other.get_text)
+    other.schedule(0.2, 0.3)
+    unsaid.absorb(other.page())
+    assert unsaid.latest == _near(0.2, 0.3)
+    assert unsaid.latest.token_s is None
 
 
 def test_the_first_read_gives_the_means_since_vllm_began() -> None:

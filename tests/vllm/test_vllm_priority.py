@@ -23,7 +23,7 @@ from conftest import VllmServer, serve_vllm
 from prometheus_client.parser import text_string_to_metric_families
 from servers import gateway_process
 
-from agentclaims.vllm.engine_queue import PATH, PREFILL, QUEUE
+from agentclaims.vllm.engine_queue import COMPUTED, PATH, PREFILL, QUEUE
 
 pytestmark = pytest.mark.vllm
 
@@ -272,11 +272,13 @@ async def test_a_workflows_call_goes_ahead_of_one_shot_calls_queued_before_it(
     # and vLLM's own queue and prefill times were read (from its /metrics) for the next ones
     assert stats["queue_wait_s"] is not None, stats
     assert stats["prefill_s"] is not None, stats
-    async with httpx2.AsyncClient(timeout=30) as http:  # the four series only, as it reads them
+    assert stats["prefill_token_s"] is not None, stats  # a computed token's prefill time
+    async with httpx2.AsyncClient(timeout=30) as http:  # the six series only, as it reads them
         filtered = await http.get(f"{two_seqs.url}{PATH}")
     series = {line.split("{")[0] for line in filtered.text.splitlines() if line[:1] != "#"}
     assert filtered.status_code == 200
-    assert series == {f"{name}_{part}" for name in (QUEUE, PREFILL) for part in ("sum", "count")}
+    names = (QUEUE, PREFILL, COMPUTED)
+    assert series == {f"{name}_{part}" for name in names for part in ("sum", "count")}
     assert overtaken >= QUEUED - 1, overtaken
     assert stats["in_flight"] == stats["workflows_in_flight"] == 0
 
