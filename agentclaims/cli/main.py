@@ -124,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="F",
-        help="the share of each second promoted calls may put the calls they overtake back "
-        "by, (0, 1] (default 0.15; docs/vllm-connector.md)",
+        help="the share of the time promoted calls may put the calls they overtake back by, "
+        "each charged its prefill; (0, 1] (default 0.15; docs/vllm-connector.md)",
     )
     serve.add_argument(
         "--behind-router",
