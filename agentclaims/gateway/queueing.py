@@ -12,7 +12,13 @@ still holds, as the SDK's call does when its claim supersedes the one held acros
 has a short prefill: the callers it overtakes wait little for it. A call whose prefix nothing
 held makes each of them wait a whole prefill: it goes ahead only where the wait it skips is at
 least ``margin`` prefills, as vLLM's own histograms say of the requests it scheduled lately
-(``agentclaims.vllm.engine_queue``; until they say, it goes ahead).
+(``agentclaims.vllm.engine_queue``; until they say, it goes ahead). Promoting every workflow
+call kept the matrix's heavy other tenant waiting 1.50x longer at its TTFT p99 in cell 3
+(a ~90 ms queue, prefills as long); by this rule 0.93x, while cell 8 (a 3 s queue) kept its
+gain (benchmarks/results/2026-12-06-promote-by-time.md). At most ``most`` promoted calls are
+in flight at once (until a whole answer is written, or a stream's first token), and none
+while more than ``crowd`` workflow calls are: a crowd of agents would fill the engine's batch
+by itself, and promoted it would leave one-shot callers only what it does not want.
 
 What the overtaken callers lose is bounded too. Each promotion puts every caller then waiting
 back by about the promoted call's prefill, so over any stretch of time their waits grow by the
@@ -27,7 +33,12 @@ nothing is saved up in quiet spells (a burst would land on the callers waiting t
 caller's wait of W seconds the promotions add at most ``share * W`` and one prefill per
 promoted call in flight. The rest go in arrival order, counted (``over_share``). Issue 42
 bounds the other callers' TTFT p99 at 1.2x: ``SHARE`` is three quarters of its 0.2, a quarter
-left for the estimate's error (benchmarks/results/2026-12-07-promotion-share.md)."""
+left for the estimate's error (benchmarks/results/2026-12-07-promotion-share.md). What the
+other callers pay is measured, not assumed: the matrix benchmark reports the other tenant's
+TTFT p99 beside every cell (docs/vllm.md, "Benchmarks").
+
+A caller never sets its own place: the gateway drops a body's ``priority`` field.
+"""
 
 from __future__ import annotations
 
@@ -125,9 +136,9 @@ class Promotions:
     def take(self, workflow: bool, held: bool = True) -> int | None:
         """The priority a call goes with: ``PROMOTED`` for a workflow's call while fewer than
         ``most`` promoted ones and at most ``crowd`` workflow calls (itself included) are in
-        flight, its prefix not ``held``, the engine's queue worth skipping, and the promoted
-        calls' ``share`` of the time not spent; else ``None`` (vLLM's default). A workflow's
-        call counts until ``give_back``."""
+        flight, the engine's queue worth skipping where its prefix is not ``held``, and the
+        promoted calls before it paid for (``share``); else ``None`` (vLLM's default). A
+        workflow's call counts until ``give_back``."""
         if not workflow or self.most == 0:
             return None
         self.workflows += 1
