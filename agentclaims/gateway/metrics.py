@@ -21,11 +21,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from agentclaims.gateway.queueing import DECISIONS
+
 __all__ = ["CONTENT_TYPE", "GatewayMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-_PROMOTION_COUNTS = ("promoted", "passed_over", "short_wait", "over_share")
 _PENDING = 256
 """Request times kept before they go into the latency histogram together (or at a read)."""
 
@@ -58,7 +59,7 @@ class _Snapshot(Collector):
             "agentclaims_gateway_promotions",
             "Workflow calls ahead in the engine's queue (promoted), or in arrival order and why",
             "decision",
-            {k: promotions[k] for k in _PROMOTION_COUNTS if k in promotions},
+            {k: promotions[k] for k in DECISIONS if k in promotions},
         )
         for name, value in (snap.get("engine") or {}).items():
             yield CounterMetricFamily(

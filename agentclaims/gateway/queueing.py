@@ -50,6 +50,7 @@ from agentclaims.protocol.writer import QueueTimes
 
 __all__ = [
     "CROWD",
+    "DECISIONS",
     "DEFAULT_PROMOTED",
     "MARGIN",
     "PROMOTED",
@@ -72,6 +73,8 @@ the matrix's heavy other tenant waiting 1.37x longer at its p99 (cell 15)."""
 
 MARGIN = 2.0
 """An unheld call goes ahead where the queue's wait is at least this many prefills."""
+DECISIONS = ("promoted", "passed_over", "short_wait", "over_share")
+"""What ``take`` decided for workflow calls, each counted (``Promotions.stats``, ``/metrics``)."""
 SHARE = 0.15
 """The share of the time promoted calls may put the callers they overtake back by (each
 charged its prefill)."""
@@ -208,9 +211,7 @@ class Promotions:
             "share": self.share,
             "queue_wait_s": None if figures is None else round(figures.wait_s, 4),
             "prefill_s": None if figures is None else round(figures.prefill_s, 4),
-            "prefill_token_s": (
-                None if figures is None or figures.token_s is None else figures.token_s
-            ),
+            "prefill_token_s": None if figures is None else figures.token_s,
         }
 
     async def aclose(self) -> None:
