@@ -132,11 +132,8 @@ def run(args: argparse.Namespace) -> int:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        async with inner(app):
+        async with inner(app):  # its end closes the KV side (create_app)
             yield
-        closing = getattr(kv, "aclose", None)  # vLLM's side: its HTTP clients and KV events
-        if closing is not None:
-            await closing()
         _say("stopped" + ("; ledger flushed" if ledger is not None else ""))
 
     app.router.lifespan_context = lifespan

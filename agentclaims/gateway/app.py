@@ -329,7 +329,9 @@ def create_app(
     default the KV side's own ``lowering`` attribute, the shipped one for the reference engine,
     and else none: every mode ``unknown``. ``keys`` makes it serve tenants (``TenantKeys``),
     ``ledger`` keeps claims and events across restarts (``Ledger``); docs/operations.md.
-    ``instance`` names it in a fleet behind a router (docs/fleet.md). ``promote``: how many
+    ``instance`` names it in a fleet behind a router (docs/fleet.md). The app's stop (its
+    lifespan's end, under any ASGI server) closes the KV side (``aclose``: vLLM's side its
+    connections and its KV events reader). ``promote``: how many
     workflow calls at most go ahead in the engine's queue at once (0: none), ``promote_share``
     the share of each second they may put the calls they overtake back by (``SHARE`` by
     default; ``agentclaims.gateway.queueing``)."""
@@ -396,6 +398,9 @@ def create_app(
         yield
         await promotions.aclose()
         await service.close()
+        closing = getattr(kv, "aclose", None)  # vLLM's side: its HTTP clients and KV events
+        if closing is not None:
+            await closing()
 
     app = _GatewayApp(
         routes=routes,

@@ -5,9 +5,11 @@ kv_transfer_params stripped, refusals as claim-scoped outcomes."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import subprocess
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -1166,6 +1168,32 @@ def test_a_gateway_stopped_after_traffic_closes_its_clients(vllm_server: VllmSer
     assert proc.returncode == 0, text
     assert "stopped" in text
     assert "Unclosed" not in text, text
+
+
+def test_an_app_served_by_the_users_own_server_closes_its_vllm_side_when_it_stops(
+    vllm_server: VllmServer,
+) -> None:
+    """``create_app(VllmKV(...))`` run by the user's own ASGI server (Starlette's
+    ``TestClient`` runs the app's lifespan as uvicorn does), not by ``agentclaims serve``:
+    after traffic, the app's stop closes the KV side's connections to vLLM, so nothing is
+    left for aiohttp to warn of when the objects go."""
+    from starlette.testclient import TestClient
+
+    from agentclaims.gateway import create_app
+    from agentclaims.vllm.kv import VllmKV
+
+    kv = VllmKV(vllm_server.url, vllm_server.key)
+    app = create_app(kv)
+    with TestClient(app) as http:
+        for n in (20, 24):
+            r = http.post("/v1/chat/completions", json=chat(words("embedded", n)))
+            assert r.status_code == 200, r.text
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del app, kv, http
+        gc.collect()
+    unclosed = [str(w.message) for w in caught if "Unclosed" in str(w.message)]
+    assert not unclosed, unclosed
 
 
 def test_the_openai_clients_streaming_idioms_work_through_the_gateway(gateway: str) -> None:
