@@ -82,7 +82,7 @@ from agentclaims.vllm.instance import InstanceReset
 from agentclaims.vllm.liveness import EngineLiveness
 from agentclaims.vllm.mirror import ClaimMirror
 from agentclaims.vllm.observer import KVEventsObserver
-from agentclaims.vllm.prompts import PromptBook
+from agentclaims.vllm.prompts import MAX_TOKENS, PromptBook
 from agentclaims.vllm.riding import RidingOps
 from agentclaims.vllm.sight import CacheSight
 from agentclaims.vllm.streamed import UpstreamStream
@@ -183,6 +183,7 @@ class VllmKV:
         block_size: int = 32,
         timeout_s: float = 120.0,
         max_prefixes: int = 100_000,
+        max_prefix_tokens: int = MAX_TOKENS,
         kv_events: str | None = None,
         kv_events_replay: str | None = None,
         events_python: str | None = None,
@@ -196,8 +197,9 @@ class VllmKV:
         self._key = claims_key
         self._connector = ConnectorClient(self.upstream, claims_key, model="", client=self._http)
         """One client, one cursor on the connector's event stream, whatever the tenant."""
-        self.prompts = PromptBook(block_size, max_prefixes)
-        """The prompts served here, by prefix id (their tokens and cache salt)."""
+        self.prompts = PromptBook(block_size, max_prefixes, max_prefix_tokens)
+        """The prompts served here by prefix id (tokens, cache salt): at most ``max_prefixes``
+        and ``max_prefix_tokens`` tokens in all, the least recently served forgotten first."""
         self.run_id = uuid.uuid4().hex[:12]
         self._lock = asyncio.Lock()
         self._started: asyncio.Task[None] | None = None
@@ -357,8 +359,7 @@ class VllmKV:
         return self._model or "vllm"
 
     def prepare(self, call: CompletionCall) -> CompletionCall:
-        """The body's shape checked here, before anything changes (a release it carries
-        included); vLLM checks the rest itself (its 400 is the client's)."""
+        """The body's shape checked before anything changes (vLLM checks the rest)."""
         return self.forwarder.prepare(call)
 
     async def write(self, call: CompletionCall) -> Written:

@@ -22,9 +22,15 @@ from typing import NamedTuple
 
 from agentclaims.contract import BlockHash, prefix_id_of
 from agentclaims.engine.blocks import hash_token_blocks
+from agentclaims.errors import UsageError
 
 __all__ = ["Prompt", "PromptBook", "chain_hashes"]
 
+MAX_TOKENS = 8_000_000
+"""The most tokens the book keeps in all, by default: about 300 MB where the tokens come from
+vLLM's answers (38 bytes a token kept, measured on conversations of 900 tokens, each call's
+prompt and its prompt with the reply). By count alone (``max_prefixes``, 100,000) a gateway
+serving agents with 10,000-token contexts would keep about 19 GB."""
 RECENT = 4
 """Prefixes remembered per marked block (its place, its tokens and the salt) for
 ``known_chain``: the last few an agent's conversation (its prompts and its prompt with a
@@ -42,9 +48,16 @@ class Prompt(NamedTuple):
 class PromptBook:
     """Prefix id -> the ``Prompt`` it names."""
 
-    def __init__(self, block_size: int, max_prefixes: int) -> None:
+    def __init__(self, block_size: int, max_prefixes: int, max_tokens: int = MAX_TOKENS) -> None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise UsageError("max_tokens", f"must be a positive integer, got {max_tokens!r}")
         self.block_size = block_size
         self._max = max_prefixes
+        self.max_tokens = max_tokens
+        """The most tokens kept in all: the least recently served prefixes go past it, as past
+        ``max_prefixes`` (the newest is kept whatever its length)."""
+        self.tokens = 0
+        """The tokens kept now, over every prefix."""
         self._known: OrderedDict[str, Prompt] = OrderedDict()
         self._by_mark: dict[tuple[str | None, int, tuple[int, ...]], list[str]] = {}
         """(salt, a marked block's place, its tokens) -> the prefix ids served lately that
@@ -66,14 +79,18 @@ class PromptBook:
         if pid not in known:  # the id names the salted chain: a known one has these tokens
             full = tuple(tokens[: len(hashes) * self.block_size])
             known[pid] = Prompt(full, salt, tuple(hashes))
+            self.tokens += len(full)
             for key in self._marks(full, salt, len(hashes)):
                 recent = self._by_mark.setdefault(key, [])
                 recent.insert(0, pid)  # newest first
                 del recent[RECENT:]
         known.move_to_end(pid)
-        while len(known) > self._max:
+        while len(known) > 1 and (len(known) > self._max or self.tokens > self.max_tokens):
             self._forget(*known.popitem(last=False))
         return hashes, pid
+
+    def __len__(self) -> int:
+        return len(self._known)
 
     def get(self, prefix_id: str) -> Prompt | None:
         """What a prefix served here is made of (``None``: unknown)."""
@@ -124,6 +141,7 @@ class PromptBook:
         ]
 
     def _forget(self, pid: str, prompt: Prompt) -> None:
+        self.tokens -= len(prompt.tokens)
         for key in self._marks(prompt.tokens, prompt.salt, len(prompt.hashes)):
             recent = self._by_mark.get(key)
             if recent is not None and pid in recent:

@@ -3,11 +3,13 @@ served (``PromptBook.known_chain``) is exactly what hashing the whole prompt giv
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentclaims.engine.blocks import hash_token_blocks
-from agentclaims.vllm.prompts import RECENT, PromptBook, chain_hashes
+from agentclaims.errors import UsageError
+from agentclaims.vllm.prompts import MAX_TOKENS, RECENT, PromptBook, chain_hashes
 
 SIZE = 4
 
@@ -88,3 +90,47 @@ def test_agents_that_share_a_system_prompt_each_reuse_their_own_conversation() -
             book.register(conversation, None)
             book.register(sequence, None)
             conversations[agent] = [*sequence, 7, 7, 7, 7, turn, turn, turn, turn]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 3), max_size=48), min_size=1, max_size=30),
+    st.integers(1, 8),
+    st.integers(1, 60),
+)
+def test_the_book_keeps_at_most_its_tokens_and_forgets_the_least_recent_first(
+    served: list[list[int]], most: int, max_tokens: int
+) -> None:
+    """After any prompts served, the book keeps at most ``max_prefixes`` prefixes and
+    ``max_tokens`` tokens in all (or the newest alone, whatever its length); what it keeps
+    is the most recently served, each as it was served, and its count of tokens is theirs."""
+    book = PromptBook(SIZE, most, max_tokens)
+    order: list[str] = []  # prefix ids, least recently served first
+    for tokens in served:
+        pid = book.register(tokens, None)[1]
+        if pid is not None:
+            order = [p for p in order if p != pid] + [pid]
+        kept = [p for p in order if book.get(p) is not None]
+        assert kept == order[len(order) - len(kept) :]  # the newest ones, none skipped
+        held = sum(len(book.get(p).tokens) for p in kept)  # type: ignore[union-attr]
+        assert book.tokens == held
+        assert len(book) == len(kept) <= most
+        assert held <= max_tokens or len(kept) == 1
+        if pid is not None:
+            assert book.get(pid) is not None  # the newest is always kept
+            assert list(book.get(pid).tokens) == tokens[: len(tokens) // SIZE * SIZE]  # type: ignore[union-attr]
+
+
+def test_a_long_prompt_pushes_out_older_ones_and_a_bad_bound_is_refused() -> None:
+    book = PromptBook(SIZE, 100, max_tokens=16)
+    first = book.register([1] * 8, None)[1]
+    second = book.register([2] * 8, None)[1]
+    assert book.tokens == 16
+    third = book.register([3] * 12, None)[1]  # 28 tokens: the two older ones go, in order
+    assert [book.get(p) is not None for p in (first, second, third)] == [False, False, True]
+    assert book.tokens == 12
+    assert book.known_chain([1] * 8, None) == []  # forgotten from the index too
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(UsageError, match="max_tokens"):
+            PromptBook(SIZE, 100, max_tokens=bad)  # type: ignore[arg-type]
+    assert PromptBook(SIZE, 100).max_tokens == MAX_TOKENS
