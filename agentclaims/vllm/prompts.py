@@ -27,10 +27,10 @@ from agentclaims.errors import UsageError
 __all__ = ["Prompt", "PromptBook", "chain_hashes"]
 
 MAX_TOKENS = 8_000_000
-"""The most tokens the book keeps in all, by default: about 300 MB where the tokens come from
-vLLM's answers (38 bytes a token kept, measured on conversations of 900 tokens, each call's
-prompt and its prompt with the reply). By count alone (``max_prefixes``, 100,000) a gateway
-serving agents with 10,000-token contexts would keep about 19 GB."""
+"""The most tokens the book keeps in all, by default: about 330 MB where the tokens come from
+vLLM's answers (about 40 bytes a token kept; benchmarks/bench_prompt_book.py). By count
+alone (``max_prefixes``, 100,000) a gateway serving agents with 10,000-token contexts would
+keep about 40 GB."""
 RECENT = 4
 """Prefixes remembered per marked block (its place, its tokens and the salt) for
 ``known_chain``: the last few an agent's conversation (its prompts and its prompt with a
