@@ -90,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
         "goes on its own (default 0.05)",
     )
     serve.add_argument(
+        "--max-prefix-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--kv vllm: the most tokens the prompt book keeps for later claims (default "
+        "8,000,000: about 330 MB); the least recently served go first",
+    )
+    serve.add_argument(
         "--api-keys", default=None, metavar="FILE", help="tenants' API keys (TOML; see docs)"
     )
     serve.add_argument(

@@ -187,4 +187,5 @@ def _vllm_side(args: argparse.Namespace) -> VllmKV:
         kv_events_replay=replay_endpoint(events) if events else None,
         events_python=args.vllm_python,
         ride_bound_s=args.ride_bound_s,
+        **({} if args.max_prefix_tokens is None else {"max_prefix_tokens": args.max_prefix_tokens}),
     )

@@ -159,6 +159,13 @@ async def tokenize(http: Upstream, model: str, kind: str, body: Mapping[str, Any
     return [int(t) for t in data["tokens"]]
 
 
+def _prefix_tokens(value: object) -> int:
+    """The most tokens the prompt book keeps (``max_prefix_tokens``): a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError("max_prefix_tokens", f"must be a positive integer, got {value!r}")
+    return value
+
+
 def _ride_bound(value: object) -> float:
     """How long a claim operation waits for a request to ride on (``ride_bound_s``)."""
     if isinstance(value, bool) or not (isinstance(value, int | float) and 0 <= value <= 10):
@@ -197,7 +204,7 @@ class VllmKV:
         self._key = claims_key
         self._connector = ConnectorClient(self.upstream, claims_key, model="", client=self._http)
         """One client, one cursor on the connector's event stream, whatever the tenant."""
-        self.prompts = PromptBook(block_size, max_prefixes, max_prefix_tokens)
+        self.prompts = PromptBook(block_size, max_prefixes, _prefix_tokens(max_prefix_tokens))
         """The prompts served here by prefix id (tokens, cache salt): at most ``max_prefixes``
         and ``max_prefix_tokens`` tokens in all, the least recently served forgotten first."""
         self.run_id = uuid.uuid4().hex[:12]

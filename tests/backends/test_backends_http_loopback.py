@@ -174,9 +174,13 @@ def test_base_url_is_normalised_and_checked() -> None:
         HTTPBackend("http://h:1", timeout_s=0)
 
 
+VLLM_SERVE = ("serve", "--kv", "vllm", "--upstream", "http://127.0.0.1:9")
+
+
 def test_serve_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     """`agentclaims serve` with a bad block count, promotion bound or share, or on vLLM without its
-    upstream or its claims key, exits 2 and names the field."""
+    upstream or its claims key or with a bad bound on its prompt book, exits 2 and names the
+    field."""
     from agentclaims.cli.main import build_parser
 
     for argv, field in (
@@ -185,6 +189,10 @@ def test_serve_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None
         (["serve", "--kv", "vllm", "--upstream", "http://127.0.0.1:9"], "claims_key"),
         (["serve", "--promote", "-1"], "promote"),
         (["serve", "--promote-share", "1.5"], "share"),
+        (
+            [*VLLM_SERVE, "--claims-key", "k", "--max-prefix-tokens", "0"],
+            "max_prefix_tokens",
+        ),
     ):
         assert serve.run(build_parser().parse_args(argv)) == 2
         assert field in capsys.readouterr().err
