@@ -94,8 +94,9 @@ class BackendFacts:
 
 _MADE: dict[int, tuple[Mapping[str, Any], Facts]] = {}
 """The facts made of the descriptors read lately, by the descriptor object's id (the object
-kept with them: an id is not reused while its object lives); the oldest go past
-``_MADE_MOST``. Only read and written whole (sessions in several threads share it)."""
+kept with them: an id is not reused while its object lives); emptied when it has
+``_MADE_MOST`` (a process sees a few descriptors: one per backend, and one more per instance
+a fleet moves to)."""
 _MADE_MOST = 64
 
 
@@ -118,7 +119,6 @@ def _made_of(name: str, desc: Mapping[str, Any]) -> Facts:
         events_ride_on_answers(desc),
     )
     if len(_MADE) >= _MADE_MOST:
-        for oldest in list(_MADE)[: len(_MADE) - _MADE_MOST + 1]:
-            _MADE.pop(oldest, None)
+        _MADE.clear()
     _MADE[id(desc)] = (desc, facts)
     return facts
