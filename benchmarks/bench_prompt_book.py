@@ -21,7 +21,9 @@ import time
 import tracemalloc
 
 from agentclaims._json import dumps, loads
+from agentclaims.engine.blocks import pack_tokens
 from agentclaims.vllm.forwarding import book
+from agentclaims.vllm.payloads import packed_sequence
 from agentclaims.vllm.prompts import MAX_TOKENS, PromptBook
 
 BLOCK = 32
@@ -60,9 +62,8 @@ def main() -> None:
         conversations[agent] = conversations[agent][TURN:] + turn
         raw = dumps({"prompt_token_ids": conversations[agent], "token_ids": [7, 8, 9, 10]})
         data = loads(raw)  # as the gateway parses vLLM's answer: ids of its own
-        tokens = data["prompt_token_ids"]
-        sequence = [*tokens, *data["token_ids"]]
-        sequence = sequence[: (len(sequence) - 1) // BLOCK * BLOCK]
+        tokens = pack_tokens(data["prompt_token_ids"])
+        sequence = packed_sequence({"choices": [data]}, tokens, BLOCK)
         hashes, seq_hashes = prompts.chains(tokens, sequence, None)
         book(prompts, tokens, hashes, None, sequence, seq_hashes, None)
         if call % args.every == 0 or call == args.calls:

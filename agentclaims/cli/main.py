@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="--kv vllm: the most tokens the prompt book keeps for later claims (default "
-        "8,000,000: about 330 MB); the least recently served go first",
+        "24,000,000: about 300 MB); the least recently served go first",
     )
     serve.add_argument(
         "--api-keys", default=None, metavar="FILE", help="tenants' API keys (TOML; see docs)"

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -27,9 +29,12 @@ __all__ = [
     "HashFn",
     "blake2b_hash",
     "hash_block_tokens",
+    "hash_packed_blocks",
     "hash_token_blocks",
+    "pack_tokens",
     "prefix_blocks",
     "prefix_id_of",
+    "unpack_tokens",
 ]
 
 
@@ -79,7 +84,11 @@ def hash_token_blocks(
     parent: BlockHash | None = hashes[-1] if hashes else None
     first = len(hashes) * block_size
     if hash_fn is blake2b_hash:  # the default: every block in one pass (every call hashes)
-        return _blake2b_blocks(hashes, token_ids, first, block_size, cache_salt)
+        end = first + (len(token_ids) - first) // block_size * block_size
+        data = pack_tokens(token_ids[first:end])
+        return _blake2b_run(
+            hashes, data, TOKEN_BYTES * block_size, cache_salt if not first else None
+        )
     for start in range(first, len(token_ids) - block_size + 1, block_size):
         extra: tuple[object, ...] = (
             ("cache_salt", cache_salt) if (start == 0 and cache_salt) else ()
@@ -89,28 +98,64 @@ def hash_token_blocks(
     return hashes
 
 
-def _blake2b_blocks(
-    hashes: list[BlockHash],
-    token_ids: Sequence[int],
-    first: int,
+TOKEN_BYTES = 8
+"""Bytes a token packs to (``pack_tokens``): a signed 64-bit integer, as the hash reads it."""
+_SWAP = sys.byteorder != "little"
+
+
+def pack_tokens(token_ids: Sequence[int]) -> bytes:
+    """Token ids as the default hash reads them, in one run: each a little-endian signed
+    64-bit integer (``<q``). Kept this way a prompt takes 8 bytes a token, not a Python
+    integer's 32 and its reference's 8, and two prompts compare as memory does."""
+    packed = array("q", token_ids)
+    if _SWAP:  # pragma: no cover - little-endian machines
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def unpack_tokens(packed: bytes) -> list[int]:
+    """The token ids ``pack_tokens`` packed."""
+    out = array("q")
+    out.frombytes(packed)
+    if _SWAP:  # pragma: no cover - little-endian machines
+        out.byteswap()
+    return out.tolist()
+
+
+def hash_packed_blocks(
+    packed: bytes,
     block_size: int,
-    cache_salt: str | None,
+    *,
+    cache_salt: str | None = None,
+    known: Sequence[BlockHash] = (),
 ) -> list[BlockHash]:
-    """``hash_block_tokens`` chained with the default hash over the full blocks from token
-    ``first`` on, appended to ``hashes``: the same bytes hashed (the parent as ``<Q``, each
-    token as ``<q``), the tokens packed once rather than block by block."""
-    end = first + (len(token_ids) - first) // block_size * block_size
-    if end == first:
-        return hashes
-    packed = struct.pack(f"<{end - first}q", *token_ids[first:end])
-    width = 8 * block_size
+    """``hash_token_blocks`` with the default hash, of tokens packed already
+    (``pack_tokens``): the same hashes, nothing packed again."""
+    if block_size <= 0:
+        raise UsageError("block_size", f"must be positive, got {block_size}")
+    if len(packed) % TOKEN_BYTES:
+        raise UsageError("packed", f"{len(packed)} bytes is no whole number of packed tokens")
+    width = TOKEN_BYTES * block_size
+    start = len(known) * width
+    if start > len(packed):
+        raise UsageError("known", f"{len(known)} blocks known of {len(packed) // 8} tokens")
+    salt = cache_salt if not start else None
+    return _blake2b_run(list(known), packed[start:] if start else packed, width, salt)
+
+
+def _blake2b_run(
+    hashes: list[BlockHash], data: bytes, width: int, cache_salt: str | None
+) -> list[BlockHash]:
+    """``hash_block_tokens`` chained with the default hash over ``data``'s whole blocks of
+    ``width`` packed bytes, after ``hashes``, appended to them: the same bytes hashed (the
+    parent as ``<Q``, each token as ``<q``). ``cache_salt``: on the first block (block 0)."""
     # a digest is its hash big-endian: reversed, the parent as the next block packs it
     parent = (hashes[-1] if hashes else NONE_HASH).to_bytes(8, "little")
     blake2b = hashlib.blake2b
     digests = []
-    for offset in range(0, len(packed), width):
-        payload = parent + packed[offset : offset + width]
-        if first + offset == 0 and cache_salt:
+    for offset in range(0, len(data) - width + 1, width):
+        payload = parent + data[offset : offset + width]
+        if not offset and cache_salt:
             payload += repr(("cache_salt", cache_salt)).encode()
         digest = blake2b(payload, digest_size=8).digest()
         digests.append(digest)

@@ -68,9 +68,13 @@ class ClaimsApi:
             async with self._lock:
                 return kv.mirror.refuse(spec, reason, None)
         client = await kv.connector_ready()
-        tokens, salt, hashes = known  # its hashes as served: not hashed again
+        hashes = known.hashes  # as served: not hashed again
         answer = await client.complete(
-            tokens, [hold_op(spec)], max_tokens=1, tenant=spec.owner_scope, cache_salt=salt
+            known.token_ids(),
+            [hold_op(spec)],
+            max_tokens=1,
+            tenant=spec.owner_scope,
+            cache_salt=known.salt,
         )
         if answer.served:
             kv.sight.last_stored = hashes

@@ -27,6 +27,7 @@ from agentclaims.contract import (
     Feasibility,
     RequestId,
 )
+from agentclaims.engine.blocks import pack_tokens
 from agentclaims.errors import BackendUnavailable, UsageError
 from agentclaims.kernel import resolve_request_claims
 from agentclaims.protocol import (
@@ -44,8 +45,8 @@ from agentclaims.vllm.payloads import (
     client_payload,
     forwarded,
     hold_op,
+    packed_sequence,
     prompt_ids,
-    sequence_ids,
 )
 from agentclaims.vllm.streamed import UpstreamStream
 from agentclaims.vllm.upstream import Upstream
@@ -128,15 +129,15 @@ def refused_result(
 
 def book(
     prompts: PromptBook,
-    tokens: Sequence[int],
+    tokens: bytes,
     hashes: list[BlockHash],
     prompt_pid: str | None,
-    sequence: Sequence[int] | None,
+    sequence: bytes | None,
     seq_hashes: list[BlockHash],
     cache_salt: str | None,
 ) -> tuple[str | None, str | None]:
-    """The prompt (unless ``prompt_pid`` names it already) and the sequence in the prompt
-    book: their prefix ids. A reply that completes no block past the prompt names the
+    """The prompt (unless ``prompt_pid`` names it already) and the sequence (both packed) in
+    the prompt book: their prefix ids. A reply that completes no block past the prompt names the
     prompt's own prefix: the book knows it already (``register``)."""
     if prompt_pid is None:
         prompt_pid = prompts.register(tokens, cache_salt, hashes)[1]
@@ -296,20 +297,21 @@ class CompletionForwarder:
         if request_id is not None:  # vLLM's id is its prefix, then ours: ours, as named
             payload["id"] = request_id
         choice = (data.get("choices") or [{}])[0]
-        tokens = prompt_ids(data)
+        ids = prompt_ids(data)
         if (
-            tokens is None
+            ids is None
             or choice.get("finish_reason") == "abort"
             or (data.get("kv_transfer_params") or {}).get(EXTENSION_KEY)
         ):
             result = await self._answered(client, data, None, [], None, [], {}, set(), cache_salt)
             return Written(payload, result)
-        sequence = sequence_ids(data, tokens, self.block_size)
+        tokens = pack_tokens(ids)
+        sequence = packed_sequence(data, tokens, self.block_size)
         hashes, seq_hashes = self._prompts.chains(tokens, sequence, cache_salt)
         self._sight.last_stored = tuple(hashes)
         usage = data.get("usage") or {}
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-        self._count_served(int(usage.get("prompt_tokens") or len(tokens)), cached)
+        self._count_served(int(usage.get("prompt_tokens") or len(ids)), cached)
         hit, computed = blocks_served(self.block_size, cached, hashes)
         async with self._lock if self._lock.locked() else _UNLOCKED:
             prompt_pid, seq_pid = book(
@@ -416,8 +418,9 @@ class CompletionForwarder:
         claims: Sequence[Mapping[str, Any]],
         owner: str | None,
         cache_salt: str | None,
-    ) -> tuple[list[int] | None, list[BlockHash], str | None, list[ClaimSpec]]:
-        """A request's claims checked (fail closed) before it goes: its prompt's tokens,
+    ) -> tuple[bytes | None, list[BlockHash], str | None, list[ClaimSpec]]:
+        """A request's claims checked (fail closed) before it goes: its prompt's tokens
+        (packed),
         hashes and prefix id when a claim names the prompt (``@prompt`` or its id: vLLM's
         ``/tokenize`` first); a request whose claims all name ``@sequence`` (the SDK's: what
         the call leaves cached) needs none before it runs, and saves that round trip."""
@@ -426,7 +429,8 @@ class CompletionForwarder:
         on_reply_only = all(
             isinstance(c, Mapping) and c.get("object_id") == SEQUENCE_OBJECT for c in claims
         )
-        tokens = None if on_reply_only else await self._kv.tokenize(kind, body)
+        ids = None if on_reply_only else await self._kv.tokenize(kind, body)
+        tokens = None if ids is None else pack_tokens(ids)
         hashes: list[BlockHash] = []
         prompt_pid: str | None = None
         async with self._lock:
@@ -477,7 +481,7 @@ class CompletionForwarder:
         self,
         client: ConnectorClient,
         data: Mapping[str, Any],
-        tokens: list[int] | None,
+        tokens: bytes | None,
         hashes: list[BlockHash],
         prompt_pid: str | None,
         specs: list[ClaimSpec],
@@ -486,13 +490,15 @@ class CompletionForwarder:
         cache_salt: str | None,
     ) -> ServeResult:
         """The KV life of vLLM's answer ``data`` (read whole, or put together from a stream):
-        the prompt and sequence named, the claims decided from the connector's answer."""
+        the prompt and sequence named, the claims decided from the connector's answer
+        (``tokens``: the prompt's, packed, where a claim named it before it went)."""
         answer = client._answer(data)
         if answer.pool is not None:
             self._pool = (monotonic(), dict(answer.pool))
         if tokens is None:
-            tokens = prompt_ids(data)
-        sequence = sequence_ids(data, tokens, self.block_size)
+            ids = prompt_ids(data)
+            tokens = None if ids is None else pack_tokens(ids)
+        sequence = packed_sequence(data, tokens, self.block_size)
         seq_hashes: list[BlockHash] = []
         if tokens is not None:
             hashes, seq_hashes = self._prompts.chains(tokens, sequence, cache_salt, hashes)

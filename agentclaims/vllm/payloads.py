@@ -1,17 +1,18 @@
 """How the vLLM side's requests and answers translate: the client's body as it goes to vLLM,
-vLLM's answer as the client gets it, the token ids of what a request leaves cached, and a claim
+vLLM's answer as the client gets it, the tokens of what a request leaves cached, and a claim
 as the connector's ``hold`` operation."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from agentclaims_vllm.ops import Hold
 
 from agentclaims.contract import ClaimSpec
+from agentclaims.engine.blocks import TOKEN_BYTES, pack_tokens
 
-__all__ = ["KINDS", "client_payload", "forwarded", "hold_op", "prompt_ids", "sequence_ids"]
+__all__ = ["KINDS", "client_payload", "forwarded", "hold_op", "packed_sequence", "prompt_ids"]
 
 KINDS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 """vLLM's endpoint of each completion kind."""
@@ -30,17 +31,16 @@ def prompt_ids(data: Mapping[str, Any]) -> list[int] | None:
     return None
 
 
-def sequence_ids(
-    data: Mapping[str, Any], prompt: Sequence[int] | None, block_size: int
-) -> list[int] | None:
-    """The full blocks of prompt + reply that vLLM computed (so cached): the reply's last
-    token never had its KV computed, so it ends no block. ``None`` without the reply's ids."""
+def packed_sequence(data: Mapping[str, Any], prompt: bytes | None, block_size: int) -> bytes | None:
+    """The full blocks of prompt + reply that vLLM computed (so cached), packed as the prompt
+    is (``pack_tokens``): the reply's last token never had its KV computed, so it ends no
+    block. ``None`` without the reply's ids."""
     reply = (data.get("choices") or [{}])[0].get("token_ids")
-    if prompt is None or not isinstance(reply, list):
+    if prompt is None or not isinstance(reply, list) or not set(map(type, reply)) <= {int}:
         return None
-    tokens = [*prompt, *map(int, reply)]
-    full = (len(tokens) - 1) // block_size * block_size
-    return tokens[:full] if full else None
+    tokens = prompt + pack_tokens(reply)
+    full = (len(tokens) // TOKEN_BYTES - 1) // block_size * block_size * TOKEN_BYTES
+    return tokens[:full] if full > 0 else None
 
 
 def forwarded(body: Mapping[str, Any], model: str, priority: int | None = None) -> dict[str, Any]:

@@ -21,16 +21,16 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from agentclaims.contract import BlockHash, prefix_id_of
-from agentclaims.engine.blocks import hash_token_blocks
+from agentclaims.engine.blocks import TOKEN_BYTES, hash_packed_blocks, unpack_tokens
 from agentclaims.errors import UsageError
 
 __all__ = ["Prompt", "PromptBook", "chain_hashes"]
 
-MAX_TOKENS = 8_000_000
-"""The most tokens the book keeps in all, by default: about 330 MB where the tokens come from
-vLLM's answers (about 40 bytes a token kept; benchmarks/bench_prompt_book.py). By count
-alone (``max_prefixes``, 100,000) a gateway serving agents with 10,000-token contexts would
-keep about 40 GB."""
+MAX_TOKENS = 24_000_000
+"""The most tokens the book keeps in all, by default (benchmarks/bench_prompt_book.py gives
+the bytes a token kept takes: packed, 8 of them, and the index). By count alone
+(``max_prefixes``, 100,000) a gateway serving agents with 10,000-token contexts would keep a
+billion tokens."""
 RECENT = 4
 """Prefixes remembered per marked block (its place, its tokens and the salt) for
 ``known_chain``: the last few an agent's conversation (its prompts and its prompt with a
@@ -38,15 +38,21 @@ reply) left there."""
 
 
 class Prompt(NamedTuple):
-    """A prefix served: the tokens of its full blocks, their cache salt and block hashes."""
+    """A prefix served: the tokens of its full blocks (``pack_tokens``), their cache salt
+    and block hashes."""
 
-    tokens: tuple[int, ...]
+    packed: bytes
     salt: str | None
     hashes: tuple[BlockHash, ...]
 
+    def token_ids(self) -> list[int]:
+        """The prefix's token ids."""
+        return unpack_tokens(self.packed)
+
 
 class PromptBook:
-    """Prefix id -> the ``Prompt`` it names."""
+    """Prefix id -> the ``Prompt`` it names. Tokens come and are kept packed
+    (``agentclaims.engine.blocks.pack_tokens``): hashed as they are, compared as memory."""
 
     def __init__(self, block_size: int, max_prefixes: int, max_tokens: int = MAX_TOKENS) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -59,17 +65,18 @@ class PromptBook:
         self.tokens = 0
         """The tokens kept now, over every prefix."""
         self._known: OrderedDict[str, Prompt] = OrderedDict()
-        self._by_mark: dict[tuple[str | None, int, tuple[int, ...]], list[str]] = {}
+        self._width = TOKEN_BYTES * block_size
+        self._by_mark: dict[tuple[str | None, int, bytes], list[str]] = {}
         """(salt, a marked block's place, its tokens) -> the prefix ids served lately that
         have those tokens there (``_MARKS``)."""
 
     def register(
-        self, tokens: Sequence[int], salt: str | None, hashes: list[BlockHash] | None = None
+        self, tokens: bytes, salt: str | None, hashes: list[BlockHash] | None = None
     ) -> tuple[list[BlockHash], str | None]:
-        """Remember ``tokens`` under their prefix id (``hashes``: their block hashes, when
-        already known): the hashes and the id (``None`` without a full block)."""
+        """Remember the packed ``tokens`` under their prefix id (``hashes``: their block
+        hashes, when already known): the hashes and the id (``None`` without a full block)."""
         if hashes is None:
-            hashes = hash_token_blocks(
+            hashes = hash_packed_blocks(
                 tokens, self.block_size, cache_salt=salt, known=self.known_chain(tokens, salt)
             )
         if not hashes:
@@ -77,9 +84,9 @@ class PromptBook:
         pid = prefix_id_of(hashes)
         known = self._known
         if pid not in known:  # the id names the salted chain: a known one has these tokens
-            full = tuple(tokens[: len(hashes) * self.block_size])
+            full = tokens[: len(hashes) * self._width]
             known[pid] = Prompt(full, salt, tuple(hashes))
-            self.tokens += len(full)
+            self.tokens += len(full) // TOKEN_BYTES
             for key in self._marks(full, salt, len(hashes)):
                 recent = self._by_mark.setdefault(key, [])
                 recent.insert(0, pid)  # newest first
@@ -96,13 +103,14 @@ class PromptBook:
         """What a prefix served here is made of (``None``: unknown)."""
         return self._known.get(prefix_id)
 
-    def known_chain(self, tokens: Sequence[int], salt: str | None) -> list[BlockHash]:
-        """The hashes of ``tokens``' leading full blocks, as far as a prefix served lately
-        under ``salt`` has the same tokens (empty where none begins as they do): what is left
-        to hash is the rest. The prefixes that share the furthest marked block are compared
-        first; the search ends at the first mark the longest run found so far goes past."""
-        size = self.block_size
-        blocks = len(tokens) // size
+    def known_chain(self, tokens: bytes, salt: str | None) -> list[BlockHash]:
+        """The hashes of the packed ``tokens``' leading full blocks, as far as a prefix
+        served lately under ``salt`` has the same tokens (empty where none begins as they
+        do): what is left to hash is the rest. The prefixes that share the furthest marked
+        block are compared first; the search ends at the first mark the longest run found so
+        far goes past."""
+        width = self._width
+        blocks = len(tokens) // width
         best: tuple[BlockHash, ...] = ()
         seen: set[str] = set()
         for key in reversed(self._marks(tokens, salt, blocks)):
@@ -111,7 +119,7 @@ class PromptBook:
                 if prompt is None or pid in seen:
                     continue
                 seen.add(pid)
-                shared = _common_blocks(tokens, prompt.tokens, len(prompt.hashes), size)
+                shared = _common_blocks(tokens, prompt.packed, len(prompt.hashes), width)
                 if shared > len(best):
                     best = prompt.hashes[:shared]
             if len(best) > key[1]:  # nearer marks find the prefixes that share less, mostly
@@ -120,8 +128,8 @@ class PromptBook:
 
     def chains(
         self,
-        tokens: Sequence[int],
-        sequence: Sequence[int] | None,
+        tokens: bytes,
+        sequence: bytes | None,
         salt: str | None,
         known: Sequence[BlockHash] = (),
     ) -> tuple[list[BlockHash], list[BlockHash]]:
@@ -132,17 +140,15 @@ class PromptBook:
         return chain_hashes(self.block_size, tokens, sequence, salt, known)
 
     def _marks(
-        self, tokens: Sequence[int], salt: str | None, blocks: int
-    ) -> list[tuple[str | None, int, tuple[int, ...]]]:
-        """The index keys of ``tokens``' first ``blocks`` blocks, nearest first."""
-        size = self.block_size
-        return [
-            (salt, at, tuple(tokens[at * size : (at + 1) * size])) for at in _MARKS if at < blocks
-        ]
+        self, tokens: bytes, salt: str | None, blocks: int
+    ) -> list[tuple[str | None, int, bytes]]:
+        """The index keys of the packed ``tokens``' first ``blocks`` blocks, nearest first."""
+        width = self._width
+        return [(salt, at, tokens[at * width : (at + 1) * width]) for at in _MARKS if at < blocks]
 
     def _forget(self, pid: str, prompt: Prompt) -> None:
-        self.tokens -= len(prompt.tokens)
-        for key in self._marks(prompt.tokens, prompt.salt, len(prompt.hashes)):
+        self.tokens -= len(prompt.packed) // TOKEN_BYTES
+        for key in self._marks(prompt.packed, prompt.salt, len(prompt.hashes)):
             recent = self._by_mark.get(key)
             if recent is not None and pid in recent:
                 recent.remove(pid)
@@ -152,41 +158,39 @@ class PromptBook:
 
 def chain_hashes(
     block_size: int,
-    tokens: Sequence[int],
-    sequence: Sequence[int] | None,
+    tokens: bytes,
+    sequence: bytes | None,
     cache_salt: str | None,
     known: Sequence[BlockHash] = (),
 ) -> tuple[list[BlockHash], list[BlockHash]]:
-    """The block hashes of the prompt ``tokens`` and of the ``sequence`` it left cached, as
-    one chain: the sequence's blocks begin with the prompt's, or (a reply that completed no
-    block) are the first of them. ``known``: the prompt's, hashed already."""
+    """The block hashes of the packed prompt ``tokens`` and of the ``sequence`` it left
+    cached, as one chain: the sequence's blocks begin with the prompt's, or (a reply that
+    completed no block) are the first of them. ``known``: the prompt's, hashed already."""
     longer = sequence if sequence and len(sequence) > len(tokens) else tokens
-    chain = hash_token_blocks(longer, block_size, cache_salt=cache_salt, known=known)
-    return chain[: len(tokens) // block_size], (
-        chain[: len(sequence) // block_size] if sequence else []
-    )
+    chain = hash_packed_blocks(longer, block_size, cache_salt=cache_salt, known=known)
+    width = TOKEN_BYTES * block_size
+    return chain[: len(tokens) // width], (chain[: len(sequence) // width] if sequence else [])
 
 
 _MARKS = tuple(2**k - 1 for k in range(40))
 """The blocks a prefix is found by: the 1st, 2nd, 4th, 8th, ... (0, 1, 3, 7, ...)."""
 
 
-def _common_blocks(tokens: Sequence[int], other: tuple[int, ...], most: int, size: int) -> int:
-    """How many leading blocks of ``size`` tokens ``tokens`` and ``other`` share, at most
-    ``most``. A conversation that grew differs from what it served before in its last block
-    or two at most (the template's tokens after a reply): those are tried first, from the
-    longest, a block's tokens before the whole run's; a binary search after that."""
-    most = min(most, len(tokens) // size)
+def _common_blocks(tokens: bytes, other: bytes, most: int, width: int) -> int:
+    """How many leading blocks of ``width`` packed bytes ``tokens`` and ``other`` share, at
+    most ``most``. A conversation that grew differs from what it served before in its last
+    block or two at most (the template's tokens after a reply): those are tried first, from
+    the longest, a block's tokens before the whole run's; a binary search after that. Each
+    comparison is of memory (``bytes``), in C."""
+    most = min(most, len(tokens) // width)
     for blocks in range(most, max(0, most - 3), -1):
-        end = blocks * size
-        if tuple(tokens[end - size : end]) == other[end - size : end] and (
-            tuple(tokens[:end]) == other[:end]
-        ):
+        end = blocks * width
+        if tokens[end - width : end] == other[end - width : end] and (tokens[:end] == other[:end]):
             return blocks
     low, high = 0, most - 3  # low blocks are shared; more than high are not
     while low < high:
         mid = (low + high + 1) // 2
-        if tuple(tokens[: mid * size]) == other[: mid * size]:
+        if tokens[: mid * width] == other[: mid * width]:
             low = mid
         else:
             high = mid - 1

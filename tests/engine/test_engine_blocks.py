@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from agentclaims.engine import NONE_HASH, hash_block_tokens, hash_token_blocks, prefix_id_of
+from agentclaims.engine.blocks import hash_packed_blocks, pack_tokens, unpack_tokens
 from agentclaims.errors import UsageError
 
 tokens = st.lists(st.integers(0, 50_000), max_size=40)
@@ -125,3 +128,16 @@ def test_the_one_pass_default_hash_is_the_chain_of_block_hashes(
     assert hash_token_blocks(tokens, block_size, cache_salt=salt) == chain
     known = data.draw(st.integers(0, len(chain)))
     assert hash_token_blocks(tokens, block_size, cache_salt=salt, known=chain[:known]) == chain
+    packed = pack_tokens(tokens)
+    assert unpack_tokens(packed) == tokens
+    assert packed == struct.pack(f"<{len(tokens)}q", *tokens)
+    assert hash_packed_blocks(packed, block_size, cache_salt=salt, known=chain[:known]) == chain
+
+
+def test_packed_tokens_must_be_whole_and_cover_what_is_known() -> None:
+    with pytest.raises(UsageError, match="packed"):
+        hash_packed_blocks(b"\x00" * 12, 1)
+    with pytest.raises(UsageError, match="known"):
+        hash_packed_blocks(pack_tokens([1, 2, 3]), 2, known=hash_token_blocks([1, 2, 3, 4], 2))
+    with pytest.raises(UsageError, match="block_size"):
+        hash_packed_blocks(pack_tokens([1]), 0)

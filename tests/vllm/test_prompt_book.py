@@ -1,5 +1,6 @@
 """The prompt book hashes a prompt's new blocks only: what it reuses from the prefixes it
-served (``PromptBook.known_chain``) is exactly what hashing the whole prompt gives."""
+served (``PromptBook.known_chain``) is exactly what hashing the whole prompt gives. It takes
+and keeps tokens packed (``pack_tokens``), as the gateway hands them over."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentclaims.engine.blocks import hash_token_blocks
+from agentclaims.engine.blocks import hash_token_blocks, pack_tokens
 from agentclaims.errors import UsageError
 from agentclaims.vllm.prompts import MAX_TOKENS, RECENT, PromptBook, chain_hashes
 
 SIZE = 4
+P = pack_tokens
 
 tokens_st = st.lists(st.integers(0, 5), max_size=40)
 
@@ -31,17 +33,21 @@ def test_a_known_chain_is_the_prompts_own(
     hashes, prompt and sequence, hashed from there are those hashed from scratch."""
     book = PromptBook(SIZE, most)
     for tokens, under in served:
-        book.register(tokens, under)
+        book.register(P(tokens), under)
     base, _ = served[-1]
     prompt = [*base[: len(base) // 2], *tail]  # shares a beginning with the last served
-    known = book.known_chain(prompt, salt)
+    known = book.known_chain(P(prompt), salt)
     whole = hash_token_blocks(prompt, SIZE, cache_salt=salt)
     assert known == whole[: len(known)]
     sequence = [*prompt, 1, 2, 3, 4, 5] if len(prompt) >= SIZE else None
-    assert chain_hashes(SIZE, prompt, sequence, salt, known) == chain_hashes(
-        SIZE, prompt, sequence, salt
+    packed = None if sequence is None else P(sequence)
+    assert chain_hashes(SIZE, P(prompt), packed, salt, known) == chain_hashes(
+        SIZE, P(prompt), packed, salt
     )
-    assert book.register(prompt, salt) == (whole, book.register(prompt, salt, whole)[1])
+    assert chain_hashes(SIZE, P(prompt), packed, salt)[1] == (
+        hash_token_blocks(sequence, SIZE, cache_salt=salt) if sequence else []
+    )
+    assert book.register(P(prompt), salt) == (whole, book.register(P(prompt), salt, whole)[1])
 
 
 def test_an_agents_next_prompt_reuses_all_its_last_one_served() -> None:
@@ -50,25 +56,25 @@ def test_an_agents_next_prompt_reuses_all_its_last_one_served() -> None:
     book = PromptBook(SIZE, 100)
     conversation = list(range(10))
     for turn in range(6):
-        known = book.known_chain(conversation, "t")
+        known = book.known_chain(P(conversation), "t")
         served = hash_token_blocks(conversation, SIZE, cache_salt="t")
         if turn:
             assert len(known) == len(conversation[:-3]) // SIZE  # the last sequence's blocks
         assert known == served[: len(known)]
-        assert book.known_chain(conversation, "other") == []
+        assert book.known_chain(P(conversation), "other") == []
         sequence = [*conversation, 7, 7, 7]
-        book.register(sequence, "t")
+        book.register(P(sequence), "t")
         conversation = [*sequence, turn, turn, turn, turn, turn]
 
 
 def test_the_book_keeps_a_few_prefixes_per_beginning_and_forgets_with_its_prefixes() -> None:
     book = PromptBook(SIZE, 3)
     first = [1, 1, 1, 1]
-    pids = [book.register([*first, i, i, i, i], None)[1] for i in range(RECENT + 2)]
+    pids = [book.register(P([*first, i, i, i, i]), None)[1] for i in range(RECENT + 2)]
     assert book.get(pids[0]) is None  # forgotten past the most
-    newest = book.known_chain([*first, RECENT + 1, RECENT + 1, RECENT + 1, RECENT + 1, 9], None)
+    newest = book.known_chain(P([*first, *[RECENT + 1] * 4, 9]), None)
     assert len(newest) == 2
-    oldest = book.known_chain([*first, 0, 0, 0, 0], None)
+    oldest = book.known_chain(P([*first, 0, 0, 0, 0]), None)
     assert len(oldest) == 1  # its prefix went: only the shared first block is known
 
 
@@ -82,13 +88,13 @@ def test_agents_that_share_a_system_prompt_each_reuse_their_own_conversation() -
     conversations = {agent: [*system, agent, agent, 100, 101] for agent in range(20)}
     for turn in range(5):
         for agent, conversation in conversations.items():
-            known = book.known_chain(conversation, None)
+            known = book.known_chain(P(conversation), None)
             if turn:
                 assert len(known) == (len(conversation) - 2 * size) // size  # its last sequence
             assert known == hash_token_blocks(conversation, size)[: len(known)]
             sequence = [*conversation, agent, turn, agent, turn]
-            book.register(conversation, None)
-            book.register(sequence, None)
+            book.register(P(conversation), None)
+            book.register(P(sequence), None)
             conversations[agent] = [*sequence, 7, 7, 7, 7, turn, turn, turn, turn]
 
 
@@ -107,29 +113,29 @@ def test_the_book_keeps_at_most_its_tokens_and_forgets_the_least_recent_first(
     book = PromptBook(SIZE, most, max_tokens)
     order: list[str] = []  # prefix ids, least recently served first
     for tokens in served:
-        pid = book.register(tokens, None)[1]
+        pid = book.register(P(tokens), None)[1]
         if pid is not None:
             order = [p for p in order if p != pid] + [pid]
         kept = [p for p in order if book.get(p) is not None]
         assert kept == order[len(order) - len(kept) :]  # the newest ones, none skipped
-        held = sum(len(book.get(p).tokens) for p in kept)  # type: ignore[union-attr]
+        held = sum(len(book.get(p).token_ids()) for p in kept)  # type: ignore[union-attr]
         assert book.tokens == held
         assert len(book) == len(kept) <= most
         assert held <= max_tokens or len(kept) == 1
         if pid is not None:
             assert book.get(pid) is not None  # the newest is always kept
-            assert list(book.get(pid).tokens) == tokens[: len(tokens) // SIZE * SIZE]  # type: ignore[union-attr]
+            assert book.get(pid).token_ids() == tokens[: len(tokens) // SIZE * SIZE]  # type: ignore[union-attr]
 
 
 def test_a_long_prompt_pushes_out_older_ones_and_a_bad_bound_is_refused() -> None:
     book = PromptBook(SIZE, 100, max_tokens=16)
-    first = book.register([1] * 8, None)[1]
-    second = book.register([2] * 8, None)[1]
+    first = book.register(P([1] * 8), None)[1]
+    second = book.register(P([2] * 8), None)[1]
     assert book.tokens == 16
-    third = book.register([3] * 12, None)[1]  # 28 tokens: the two older ones go, in order
+    third = book.register(P([3] * 12), None)[1]  # 28 tokens: the two older ones go, in order
     assert [book.get(p) is not None for p in (first, second, third)] == [False, False, True]
     assert book.tokens == 12
-    assert book.known_chain([1] * 8, None) == []  # forgotten from the index too
+    assert book.known_chain(P([1] * 8), None) == []  # forgotten from the index too
     for bad in (0, -1, 1.5, True):
         with pytest.raises(UsageError, match="max_tokens"):
             PromptBook(SIZE, 100, max_tokens=bad)  # type: ignore[arg-type]
