@@ -1,10 +1,10 @@
 """``PromptBook``: the prompts the vLLM side has served, by prefix id.
 
 vLLM hashes its own blocks; the gateway names a prompt (and a prompt with its reply) by the
-prefix id of the same tokens hashed its way, and keeps the tokens, the cache salt they were
-served under and their block hashes, so that a claim naming the prefix later can re-run it
-with a hold, and residency can be read from vLLM's KV events. Only the last ``max_prefixes``
-are kept.
+prefix id of the same tokens hashed its way, and keeps the tokens (packed, 8 bytes each:
+``pack_tokens``), the cache salt they were served under and their block hashes, so that a
+claim naming the prefix later can re-run it with a hold, and residency can be read from
+vLLM's KV events. Only the last ``max_prefixes``, and ``max_tokens`` tokens in all, are kept.
 
 An agent's next prompt begins with what its last one served: ``known_chain`` finds the
 hashes of the longest run of leading blocks the book served lately, so hashing a call's
