@@ -15,8 +15,9 @@ holds every prefix of it, so the breakpoints are honoured by one ``expiring`` cl
 whole prompt (``@prompt``), its TTL the longest breakpoint's, capped by the tenant's
 ``max_ttl_s`` and the engine's longest TTL; each breakpoint it covers is reported with that
 claim's decision. A call that reads a prompt an earlier call claimed (its leading messages are
-that prompt's, with the same tools) refreshes it, as Anthropic refreshes a cache entry on each read: the new claim
-holds it from now, and the earlier one is let go. Breakpoints that do not reach the end of the
+that prompt's, with the same tools; the same prompt sent again too) refreshes it, as Anthropic
+refreshes a cache entry on each read: the earlier claim is let go as the call goes, and the
+call's own claim holds it from now. Breakpoints that do not reach the end of the
 prompt (only the system prompt marked, say) cannot be held on their own here and are refused,
 with the reason, never dropped. What became of each breakpoint is in the answer's
 ``agentclaims.cache_control`` and its ``x-agentclaims-cache-control`` header.
@@ -345,6 +346,7 @@ class MessagesRoute:
                 ext = dict(converted.chat.get(EXTENSION_KEY) or {})
                 ext["claims"] = [*(ext.get("claims") or []), claim]
                 converted.chat[EXTENSION_KEY] = ext
+                await self._refresh(converted, tenant)
             response = await self.completions.completion_of(request, "chat", converted.chat)
         except AgentClaimsError as exc:
             status, err = exception_error(exc)
@@ -392,8 +394,8 @@ class MessagesRoute:
         extension: dict[str, Any],
         tenant: Tenant | None,
     ) -> list[dict[str, Any]]:
-        """What became of each breakpoint (into ``extension["cache_control"]``); the claims
-        this call read are refreshed: held by its own from now, the earlier ones let go."""
+        """What became of each breakpoint (into ``extension["cache_control"]``); the call's
+        claim, accepted, is the one its prompt is held by from now (``_refresh``)."""
         decision = next(
             (d for d in extension.get("decisions") or () if d.get("claim_id") == claim_id), None
         )
@@ -423,14 +425,21 @@ class MessagesRoute:
                     entry["covered_by_prompt"] = True  # a prefix of the prompt held
             report.append(entry)
         if accepted and converted.boundaries:
-            *read, prompt = converted.boundaries
-            for prefix, old in self.claims.held(tenant, read):
-                await self._let_go(old, tenant)  # refreshed: the new claim holds its blocks
-                self.claims.forget(tenant, prefix)
-            self.claims.record(tenant, prompt, str(claim_id))
+            self.claims.record(tenant, converted.boundaries[-1], str(claim_id))
         extension["cache_control"] = report
         converted.written = accepted
         return report
+
+    async def _refresh(self, converted: Converted, tenant: Tenant | None) -> None:
+        """The claims held on prompts this call's prompt starts with (itself included: the
+        same prompt sent again) let go before it runs, as OpenAI's key lets its previous claim
+        go: the call's own claim holds their blocks from now, within the tenant's limits."""
+        read = self.claims.held(tenant, converted.boundaries)
+        for prefix, old in read:
+            await self._let_go(old, tenant)
+            self.claims.forget(tenant, prefix)
+        if read:  # the tenant's books count them gone before the call's claim is gated
+            await self.completions.service.sync()
 
     async def _let_go(self, claim_id: str, tenant: Tenant | None) -> None:
         ns = self.completions.service.namespace

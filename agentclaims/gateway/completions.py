@@ -241,6 +241,7 @@ class CompletionRoutes:
         scope = OwnerScope(ns.inner(cached.claim["owner_scope"], tenant))
         with contextlib.suppress(UnknownClaim):
             await self.kv.release_claim(ClaimId(ns.inner(cached.previous, tenant)), scope)
+        await self.service.sync()  # the tenant's books count it gone before the call's claim
 
     async def _add_to_answer(
         self,

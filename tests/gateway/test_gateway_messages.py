@@ -4,14 +4,20 @@ breakpoints honoured as claims, its errors in the Messages API's shape."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import anthropic
 import httpx2
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agentclaims.backends.embedded import EmbeddedBackend
+from agentclaims.engine import ReferenceKV
+from agentclaims.gateway import ScriptedModel, create_app
 from agentclaims.gateway.anthropic import CACHE_HEADER, CACHE_OWNER
+from agentclaims.gateway.tenants import Tenant, TenantKeys
 from agentclaims.gateway.text import Reply
 
 SYSTEM = [
@@ -267,3 +273,70 @@ def test_tenants_on_messages_key_by_x_api_key_and_cap_the_breakpoint_ttl(tmp_pat
             anthropic.Anthropic(base_url=url, api_key="ak-nobody-0123456789abcd").messages.create(
                 model="served", max_tokens=8, messages=[turn("x", None)]
             )
+
+
+async def test_the_same_prompt_sent_again_refreshes_its_claim_rather_than_adding_one(gateway):
+    """A client that resends its cached prompt (a retry, a poll) reads its own claimed
+    prompt: each call's claim takes over, the last one's is let go; one live claim, not
+    three."""
+    backend, client, http = gateway
+    ids = []
+    for _ in range(3):
+        reply = await client.messages.create(
+            model="served", max_tokens=16, system=SYSTEM, messages=[turn("the same diff")]
+        )
+        ids.append(reply.model_extra["agentclaims"]["cache_control"][-1]["claim_id"])
+    assert len(set(ids)) == 3
+    states = [
+        (await http.get(f"/v1/claims/{c}", params={"owner_scope": CACHE_OWNER})).json()["state"]
+        for c in ids
+    ]
+    assert states[-1] == "materialized"
+    assert "materialized" not in states[:-1]
+    assert sum(c.state.live for c in backend.kv.engine._claims.values()) == 1
+
+
+TENANT_KEY = "ak-gamma-0123456789abcdef"
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.tuples(st.integers(0, 1), st.booleans()), min_size=1, max_size=8))
+def test_a_tenants_breakpoint_claims_stay_one_per_conversation(calls: list) -> None:
+    """Any run of two conversations' calls, each resending its last prompt or going on a
+    turn, by a tenant allowed two live claims: every call's breakpoint is accepted, and the
+    tenant holds one live claim per conversation begun, never more (none left behind to
+    use up its limit)."""
+
+    async def run() -> None:
+        kv = ReferenceKV.create(512, 16)
+        keys = TenantKeys([(TENANT_KEY, Tenant("gamma", max_claims=2))])
+        app = create_app(kv, ScriptedModel(script), keys=keys)
+        http = httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app),
+            base_url="http://gw",
+            headers={"x-api-key": TENANT_KEY, "anthropic-version": "2023-06-01"},
+        )
+        conversations: dict[int, list[dict[str, Any]]] = {}
+        async with app.router.lifespan_context(app):
+            for which, go_on in calls:
+                first = turn(f"conversation {which}: " + "review this diff " * 12, None)
+                messages = conversations.setdefault(which, [first])
+                if go_on and len(messages) > 1:
+                    messages += [turn(f"more {len(messages)}", None)]
+                body = {
+                    "model": "served",
+                    "max_tokens": 16,
+                    "messages": messages,
+                    "cache_control": {"type": "ephemeral"},
+                }
+                answer = (await http.post("/v1/messages", json=body)).json()
+                [report] = answer["agentclaims"]["cache_control"]
+                assert report["decision"] == "accepted", report
+                messages.append({"role": "assistant", "content": answer["content"][0]["text"]})
+                live = [c for c in kv.engine._claims.values() if c.state.live]
+                assert len(live) == len(conversations), [c.spec.claim_id for c in live]
+        await http.aclose()
+
+    asyncio.run(run())

@@ -6,6 +6,7 @@ honoured is said in the answer and its header."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,15 @@ from typing import Any
 import httpx2
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from servers import gateway_process
 
 from agentclaims.backends.embedded import EmbeddedBackend
+from agentclaims.engine import ReferenceKV
+from agentclaims.gateway import ScriptedModel, create_app
 from agentclaims.gateway.hosted import HEADER, IN_MEMORY_TTL_S
+from agentclaims.gateway.tenants import Tenant, TenantKeys
 
 SYSTEM = "You are a careful research agent who cites every source it reads. " * 4
 
@@ -161,3 +167,39 @@ def test_a_tenants_key_is_its_own_and_its_retention_capped(tmp_path: Path) -> No
         # a's day is capped at its 60 s; b's is a day (the two calls seconds apart)
         apart_s = (answers["b"]["expires_at_ns"] - answers["a"]["expires_at_ns"]) / 1e9
         assert 86_400 - 60 <= apart_s < 86_400 - 60 + 60
+
+
+TENANT_KEY = "ak-gamma-0123456789abcdef"
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["k1", "k2"]), st.booleans()), min_size=1, max_size=8))
+def test_a_tenants_keys_hold_one_live_claim_each_at_its_limit(calls: list) -> None:
+    """Any run of keyed calls (each resending its key's last prompt or going on a turn) by a
+    tenant allowed as many live claims as it uses keys: every call's claim is accepted, since
+    the key's previous claim goes with it, and the tenant holds one live claim per key."""
+
+    async def run() -> None:
+        kv = ReferenceKV.create(512, 16)
+        keys = TenantKeys([(TENANT_KEY, Tenant("gamma", max_claims=len({k for k, _ in calls})))])
+        app = create_app(kv, ScriptedModel(), keys=keys)
+        http = httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app),
+            base_url="http://gw",
+            headers={"Authorization": f"Bearer {TENANT_KEY}"},
+        )
+        turns: dict[str, list[str]] = {}
+        async with app.router.lifespan_context(app):
+            for key, go_on in calls:
+                asked = turns.setdefault(key, [f"the question of {key}"])
+                if go_on:
+                    asked.append(f"and then {len(asked)}")
+                body = {"model": "m", "messages": messages(*asked), "prompt_cache_key": key}
+                answer = (await http.post("/v1/chat/completions", json=body)).json()
+                report = answer["agentclaims"]["prompt_cache"]
+                assert report["decision"] == "accepted", report
+                live = [c for c in kv.engine._claims.values() if c.state.live]
+                assert len(live) == len(turns), [c.spec.claim_id for c in live]
+        await http.aclose()
+
+    asyncio.run(run())
