@@ -358,10 +358,10 @@ def create_app(
         ("/v1/messages", messages.messages, ["POST"]),
         ("/v1/responses", responses.responses, ["POST"]),
         ("/v1/claims", claims.submit_claim, ["POST"]),
-        ("/v1/claims/{claim_id}", claims.get_claim, ["GET"]),
-        ("/v1/claims/{claim_id}", claims.release_claim, ["DELETE"]),
-        ("/v1/claims/{claim_id}/renew", claims.renew_claim, ["POST"]),
-        ("/v1/claims/{claim_id}/release", claims.release_claim, ["POST"]),
+        ("/v1/claims/{claim_id:path}", claims.get_claim, ["GET"]),
+        ("/v1/claims/{claim_id:path}", claims.release_claim, ["DELETE"]),
+        ("/v1/claims/{claim_id:path}/renew", claims.renew_claim, ["POST"]),
+        ("/v1/claims/{claim_id:path}/release", claims.release_claim, ["POST"]),
         ("/v1/releases", claims.release_claims, ["POST"]),
         ("/v1/events", claims.events, ["GET"]),
         ("/v1/residency", claims.residency, ["POST"]),
@@ -375,7 +375,8 @@ def create_app(
         ("/v1/stats", gw.stats_route, ["GET"]),
     ]
     document = openapi(
-        [(path, methods) for path, _, methods in table] + [("/openapi.json", ["GET"])],
+        [(path.replace(":path}", "}"), methods) for path, _, methods in table]
+        + [("/openapi.json", ["GET"])],
         name,
         Extension,
         keys=keys is not None,

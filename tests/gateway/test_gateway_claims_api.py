@@ -333,7 +333,7 @@ async def test_openapi_describes_every_route(backend: EmbeddedBackend) -> None:
     doc = (await backend.http_client().get("/openapi.json")).json()
     assert doc["openapi"].startswith("3.")
     served = {
-        (method.lower(), route.path)
+        (method.lower(), route.path.replace(":path}", "}"))  # OpenAPI has no converters
         for route in backend.app.routes
         if isinstance(route, Route)
         for method in (route.methods or ()) - {"HEAD"}

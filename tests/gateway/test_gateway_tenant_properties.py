@@ -152,3 +152,43 @@ async def test_a_tenants_request_id_comes_back_as_it_named_it() -> None:
         ).json()
     assert answer["id"] == "req-7"
     assert answer["agentclaims"]["request_id"] == "req-7"
+
+
+async def test_an_operator_names_a_tenants_claim_in_full_on_every_claim_route() -> None:
+    """An operator key acts in the KV side's own namespace: ``alpha/c-1`` (as the events
+    and the ledger name it; a slash in the path, raw or escaped) reads, renews and releases
+    alpha's claim ``c-1``; alpha still reads it as ``c-1``."""
+    keys = TenantKeys([(KEYS["alpha"], Tenant("alpha")), (OPS_KEY, Tenant("ops", admin=True))])
+    app = create_app(ReferenceKV.create(48, 4), ScriptedModel(), keys=keys)
+    transport = httpx2.ASGITransport(app=app)
+    alpha, ops = (
+        httpx2.AsyncClient(
+            transport=transport, base_url="http://gw", headers={"Authorization": f"Bearer {key}"}
+        )
+        for key in (KEYS["alpha"], OPS_KEY)
+    )
+    claim = {"claim_id": "c-1", "protection_mode": "soft_priority", "ttl_s": 60}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "one two three four five six seven eight"}],
+        "agentclaims": {"session_id": "s-1", "claims": [{**claim, "object_id": "@prompt"}]},
+    }
+    async with alpha, ops:
+        served = await alpha.post("/v1/chat/completions", json=body)
+        assert served.json()["agentclaims"]["decisions"][0]["decision"] == "accepted"
+        scope = {"owner_scope": "alpha/s-1"}
+        for path in ("/v1/claims/alpha/c-1", "/v1/claims/alpha%2Fc-1"):
+            view = await ops.get(path, params=scope)
+            assert view.status_code == 200, view.text
+            assert (view.json()["claim_id"], view.json()["state"]) == ("alpha/c-1", "materialized")
+        renewed = await ops.post("/v1/claims/alpha/c-1/renew", params=scope, json={"ttl_s": 30})
+        assert renewed.status_code == 200, renewed.text
+        mine = await alpha.get("/v1/claims/c-1", params={"owner_scope": "s-1"})
+        assert mine.json()["claim_id"] == "c-1"
+        released = await ops.delete("/v1/claims/alpha/c-1", params=scope)
+        assert released.status_code == 200, released.text
+        assert released.json()["state"] == "expired"  # released: ended, as the contract has it
+        gone = await alpha.get("/v1/claims/c-1", params={"owner_scope": "s-1"})
+        assert gone.json()["state"] == "expired"
+        other = await alpha.get("/v1/claims/beta/c-1", params={"owner_scope": "s-1"})
+        assert other.status_code == 404  # a tenant's path with a slash stays its own namespace
