@@ -15,7 +15,7 @@ import httpx2
 import openai
 
 from agentclaims.backends.base import Backend
-from agentclaims.session.transport import ClaimsTransport, SyncClaimsTransport
+from agentclaims.session.transport import PLACEHOLDER_KEY, ClaimsTransport, SyncClaimsTransport
 
 __all__ = [
     "claims_http_client",
@@ -58,7 +58,7 @@ def claims_sync_http_client(backend: Backend) -> httpx2.Client:
 def openai_sync_client(backend: Backend, **kwargs: Any) -> openai.OpenAI:
     """``openai.OpenAI`` (synchronous) for ``backend``: for ``def`` code running inside a
     claimed session (a LangGraph ``def`` node) or outside one."""
-    kwargs.setdefault("api_key", "agentclaims")
+    kwargs.setdefault("api_key", getattr(backend, "api_key", None) or PLACEHOLDER_KEY)
     kwargs.setdefault("max_retries", 0)
     return openai.OpenAI(
         base_url=backend.base_url, http_client=claims_sync_http_client(backend), **kwargs
@@ -67,7 +67,7 @@ def openai_sync_client(backend: Backend, **kwargs: Any) -> openai.OpenAI:
 
 def openai_client(backend: Backend, **kwargs: Any) -> openai.AsyncOpenAI:
     """``openai.AsyncOpenAI`` for ``backend`` (extra keyword arguments go to the client)."""
-    kwargs.setdefault("api_key", getattr(backend, "api_key", None) or "agentclaims")
+    kwargs.setdefault("api_key", getattr(backend, "api_key", None) or PLACEHOLDER_KEY)
     kwargs.setdefault("max_retries", 0)
     return openai.AsyncOpenAI(
         base_url=backend.base_url, http_client=claims_http_client(backend), **kwargs

@@ -27,6 +27,7 @@ from agentclaims._json import may_stream
 from agentclaims.contract import ArbiterAction
 from agentclaims.errors import BackendUnavailable, ClaimRefused, DeadlineExceeded
 from agentclaims.protocol import EXTENSION_KEY, ActiveOutcome, outcome_from_error
+from agentclaims.protocol.codec import raise_for_error
 from agentclaims.session.portal import run_sync
 from agentclaims.session.reactions import RetryRequested
 from agentclaims.session.session import ClaimedSession, current_session
@@ -36,7 +37,12 @@ if TYPE_CHECKING:
 
     from agentclaims.backends.base import Backend
 
-__all__ = ["ClaimsTransport", "SyncClaimsTransport"]
+__all__ = ["PLACEHOLDER_KEY", "ClaimsTransport", "SyncClaimsTransport"]
+
+PLACEHOLDER_KEY = "agentclaims"
+"""The API key ``openai_client`` gives the OpenAI client for a backend with none of its own
+(the client insists on one): never sent on, so a gateway with keys answers that none came."""
+_PLACEHOLDER_AUTH = f"Bearer {PLACEHOLDER_KEY}"
 
 _COMPLETIONS = ("/chat/completions", "/completions", "/responses")
 """The calls a session claims on: chat and text completions, and the Responses API's."""
@@ -82,6 +88,8 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
             response = await self._forward(self.default, request, suffix, content, stream=True)
             if completion and response.status_code in (409, 503):
                 raise _refusal(await response.aread(), response.status_code)
+            if response.status_code in (401, 403):  # the SDK's own error, as a session's calls
+                raise_for_error(response.status_code, _json(await response.aread()))
             return _relayed(response, request, response.stream)
         # the client's bytes are sent as they are, the extension spliced in (re-encoding the
         # whole conversation on every call would cost in proportion to the context); most
@@ -281,7 +289,12 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         # a backend with its own API key sends it, not the caller's
         key = _api_key(backend)
         drop = {"host", "content-length"} | ({"authorization"} if key else set())
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in drop]
+        headers = [
+            (k, v)
+            for k, v in request.headers.items()
+            if k.lower() not in drop
+            and not (k.lower() == "authorization" and v == _PLACEHOLDER_AUTH)
+        ]
         if key:
             headers.append(("authorization", f"Bearer {key}"))
         outgoing = client.build_request(request.method, url, headers=headers, content=content)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from servers import gateway_process
 
 from agentclaims.errors import Forbidden, Unauthorized, UsageError
 from agentclaims.gateway.tenants import Tenant, TenantKeys
@@ -113,3 +115,36 @@ def test_serve_refuses_a_bad_key_file_and_an_open_host_without_keys(tmp_path: Pa
     assert proc.returncode == 2
     assert "--api-keys" in proc.stderr
     assert "--allow-unauthenticated" in proc.stderr
+
+
+def test_clients_without_a_valid_key_get_the_sdks_unauthorized(tmp_path: Path) -> None:
+    """Against a gateway with keys, ``openai_client`` and ``chat_model`` on a backend without
+    a key raise ``agentclaims.Unauthorized`` saying none came (the client's stand-in key is
+    not sent on), and with a wrong key, that it is unknown; outside any session too."""
+    import agentclaims
+    from agentclaims.backends.http import HTTPBackend
+
+    path = tmp_path / "keys.toml"
+    path.write_text(GOOD)
+
+    async def calls(url: str, key: str | None) -> list[str]:
+        backend = HTTPBackend(url, api_key=key)
+        said = []
+        try:
+            messages = [{"role": "user", "content": "hello there"}]
+            client = agentclaims.openai_client(backend)
+            with pytest.raises(Unauthorized) as raised:
+                await client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
+            said.append(str(raised.value))
+            with pytest.raises(Unauthorized) as raised:
+                await agentclaims.chat_model(backend).ainvoke("hello there")
+            said.append(str(raised.value))
+        finally:
+            await backend.aclose()
+        return said
+
+    with gateway_process("--api-keys", str(path)) as url:
+        missing = asyncio.run(calls(url, None))
+        unknown = asyncio.run(calls(url, "ak-nobody-0123456789abcdef"))
+    assert all("missing Authorization" in m for m in missing), missing
+    assert all("unknown API key" in m for m in unknown), unknown
