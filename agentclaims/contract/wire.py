@@ -255,6 +255,7 @@ _EXPECTED = {
     "dataclass_type": "an object",
 }
 _UNKNOWN_FIELD = frozenset({"unexpected_keyword_argument", "extra_forbidden"})
+_MISSING = frozenset({"missing", "wire_missing"})
 _QUOTED = re.compile(r"'([^']*)'")
 
 
@@ -273,7 +274,8 @@ def _usage_error(exc: ValidationError, where: str | None, whole: str) -> UsageEr
         parent = min((e["loc"][:-1] for e in unknown), key=len)
         names = sorted(str(e["loc"][-1]) for e in unknown if e["loc"][:-1] == parent)
         return UsageError(path(parent), f"unknown fields {names}")
-    first = errors[0]
+    # a value given and wrong says more than a field left out: it is named first
+    first = next((e for e in errors if e["type"] not in _MISSING), errors[0])
     kind, loc, value, ctx = first["type"], first["loc"], first.get("input"), first.get("ctx", {})
     if kind == "value_error" and isinstance(ctx.get("error"), UsageError):
         error: UsageError = ctx["error"]  # a rule of the type's own, named by it

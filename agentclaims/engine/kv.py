@@ -144,6 +144,8 @@ class ReferenceKV:
     ) -> ReferenceKV:
         """A fresh engine with the word tokenizer in its cache identity. ``eviction_policy``
         may be a factory, so every fresh instance gets a policy of its own."""
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise UsageError("block_size", f"must be an integer >= 1, got {block_size!r}")
         tokenizer = WordTokenizer()
         identity = CacheIdentity(
             cache_key_domain="agentclaims-gateway",

@@ -375,8 +375,7 @@ def create_app(
         ("/v1/stats", gw.stats_route, ["GET"]),
     ]
     document = openapi(
-        [(path.replace(":path}", "}"), methods) for path, _, methods in table]
-        + [("/openapi.json", ["GET"])],
+        [(_shown(path), methods) for path, _, methods in table] + [("/openapi.json", ["GET"])],
         name,
         Extension,
         keys=keys is not None,
@@ -387,7 +386,7 @@ def create_app(
 
     table.append(("/openapi.json", openapi_route, ["GET"]))
     routes = [
-        Route(path, gw.counted(f"{methods[0]} {path}", handler), methods=methods)
+        Route(path, gw.counted(f"{methods[0]} {_shown(path)}", handler), methods=methods)
         for path, handler, methods in table
     ]
 
@@ -419,6 +418,14 @@ _COMPLETIONS: dict[str, tuple[CompletionKind, str]] = {
     "/v1/completions": ("completion", "POST /v1/completions"),
 }
 """Each completion path: its kind and its name in the gateway's counts and metrics."""
+
+
+def _shown(path: str) -> str:
+    """A route's path as its name, metrics and OpenAPI show it: ``{claim_id:path}`` (an
+    operator's full id, ``alpha/c-1``, has a slash) as ``{claim_id}``."""
+    return path.replace(":path}", "}")
+
+
 _OPEN_ROUTES = frozenset({"GET /health", "GET /openapi.json"})
 _OPERATOR_ROUTES = frozenset(
     {"GET /metrics", "GET /v1/stats", "POST /v1/instance", "POST /v1/instance/step"}

@@ -51,7 +51,7 @@ class ClaimRoutes:
         body = await json_object(request)
         claim: Any = body.get("claim")  # from_dict names the field if it is not an object
         tenant = tenant_of(request)
-        spec = self.service.spec(ClaimSpec.from_dict(claim), tenant)
+        spec = self.service.spec(ClaimSpec.from_dict(claim, where="claim"), tenant)
         hashes = block_hashes_of(body) if body.get("block_hashes") is not None else None
         self.service.prefixes.check(spec, hashes, tenant)
         decision = await self.kv.submit_claim(spec, hashes)

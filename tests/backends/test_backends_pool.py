@@ -10,7 +10,7 @@ import pytest
 from agentclaims.backends import EmbeddedBackend
 from agentclaims.backends.pool import BackendPool
 from agentclaims.contract import ClaimSpec, ClaimState, OwnerScope, ProtectionMode
-from agentclaims.errors import UnknownClaim
+from agentclaims.errors import UnknownClaim, UsageError
 from agentclaims.protocol import ClaimsProtocol, Renewal, collect_events
 
 
@@ -79,3 +79,20 @@ async def test_a_pool_states_per_mode_the_weakest_class_of_its_members() -> None
     assert modes["best_effort"] == "unknown"
     assert set(modes) == {m.value for m in ProtectionMode}
     await pool.aclose()
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ((0, 16), "num_blocks"),
+        ((16, 0), "block_size"),
+        ((16, 1.5), "block_size"),
+        ((True,), "num_blocks"),
+    ],
+)
+def test_an_embedded_backend_of_a_bad_size_names_the_argument(args: tuple, field: str) -> None:
+    """The sizes a user gives are named as the user gave them, not as the cache identity
+    built from them names its fields."""
+    with pytest.raises(UsageError) as info:
+        EmbeddedBackend(*args)
+    assert info.value.field == field

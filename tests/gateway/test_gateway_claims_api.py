@@ -132,7 +132,9 @@ async def test_claim_errors_map_to_typed_exceptions(backend: EmbeddedBackend) ->
     ("path", "body", "field"),
     [
         ("/v1/claims", {}, "claim"),
-        ("/v1/claims", {"claim": {"claim_id": "z"}}, "owner_scope"),
+        ("/v1/claims", {"claim": {"claim_id": "z"}}, "claim.owner_scope"),
+        # a value given and wrong is named before the fields left out
+        ("/v1/claims", {"claim": {"protection_mode": "forever"}}, "claim.protection_mode"),
         ("/v1/claims/x/renew", {}, "owner_scope"),
         ("/v1/residency", {"prefix_ids": "pfx"}, "prefix_ids"),
     ],

@@ -120,7 +120,7 @@ CASES: list[tuple[str, str, Any, int, str]] = [
     ("POST", "/v1/completions", {"prompt": list(range(200_001))}, 400, "body.prompt"),
     ("POST", "/v1/completions", {"prompt": [True]}, 400, "prompt"),
     ("POST", "/v1/claims", {"claim": 5}, 400, "claim"),
-    ("POST", "/v1/claims", {"claim": {"claim_id": "c"}}, 400, "owner_scope"),
+    ("POST", "/v1/claims", {"claim": {"claim_id": "c"}}, 400, "claim.owner_scope"),
     (
         "POST",
         "/v1/claims",
@@ -133,7 +133,7 @@ CASES: list[tuple[str, str, Any, int, str]] = [
         "/v1/claims",
         {"claim": claim(protection_mode="granite")},
         400,
-        "protection_mode",
+        "claim.protection_mode",
     ),
     (
         "POST",
