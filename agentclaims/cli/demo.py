@@ -43,6 +43,8 @@ async def _one_mode(
     from agentclaims.demo.workflows import build_supervisor, script, task_for
     from agentclaims.session import ClaimedSession
 
+    for stale in (logs / mode).glob(f"{mode}-wf*.jsonl"):  # a log appends: this run's alone
+        stale.unlink()
     backend = EmbeddedBackend(
         num_blocks=blocks,
         block_size=BLOCK_SIZE,
@@ -95,7 +97,8 @@ async def run_demo(
     """Run both modes ``rounds`` times, interleaved, on fresh engines of the same size; the
     median of each figure per mode (``rounds``: every round's figures). The first round's
     outcome logs are in ``logs/claims`` and ``logs/lru``, later rounds' in
-    ``logs/.rounds/N``."""
+    ``logs/.rounds/N``; each run replaces the demo's own logs of the run before (its
+    workflows' ids are the same every run: appended to, they would read as one)."""
     if isinstance(workflows, bool) or not isinstance(workflows, int) or workflows < 1:
         raise UsageError("workflows", f"must be >= 1, got {workflows}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:

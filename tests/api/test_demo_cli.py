@@ -75,3 +75,26 @@ def test_each_timed_run_starts_on_a_settled_heap_and_leaves_it_unfrozen(tmp_path
     _warmup, *timed = frozen_during
     assert len(timed) == 2
     assert all(n > before for n in timed)
+
+
+def test_a_second_run_replaces_the_first_runs_logs_and_nothing_else(tmp_path: Path) -> None:
+    """The demo's workflows have the same ids every run and a log appends: the second run's
+    logs must not read as one workflow of both runs' calls. A file of the user's own in the
+    same folder stays."""
+    import asyncio
+
+    from agentclaims.cli import demo
+
+    logs = tmp_path / "logs"
+    (logs / "claims").mkdir(parents=True)
+    mine = logs / "claims" / "mine.jsonl"
+    mine.write_text('{"kept": true}\n')
+    sizes = []
+    for _ in range(2):
+        result = asyncio.run(demo.run_demo(workflows=2, rounds=1, logs=logs))
+        files = sorted((logs / "claims").glob("claims-wf*.jsonl"))
+        assert [f.name for f in files] == ["claims-wf00.jsonl", "claims-wf01.jsonl"]
+        calls = sum(f.read_text().count('"event": "llm_call"') for f in files)
+        sizes.append(calls)
+    assert sizes[0] == sizes[1] == result["claims"]["llm_calls"] > 0
+    assert mine.read_text() == '{"kept": true}\n'
