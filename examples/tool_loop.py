@@ -37,7 +37,9 @@ async def main() -> None:
                     messages.append(
                         {"role": "tool", "tool_call_id": call.id, "content": "result " * 30}
                     )
-        print(reply.content, session.stats)
+    # the stats are whole once the session has ended (it takes in a call's answer, the
+    # claim that rode on it included, as its next step begins)
+    print(reply.content, session.stats)
     await backend.aclose()
 
 

@@ -195,11 +195,8 @@ class CompletionRoutes:
         if isinstance(reply, Written):  # the connector spoke to it: booked the general way
             return await self.answer(request, body, reply, {}, tenant, owner, [], False, ext)
         self.service.bind([owner], tenant)
-        prefix_ids: dict[str, Any] = {
-            "prompt": reply.prompt,
-            "sequence": reply.sequence,
-            "messages": [],
-        }
+        prefix_ids: dict[str, Any] = {"prompt": reply.prompt, "sequence": reply.sequence}
+        prefix_ids["messages"] = []
         events_seq = await self.service.served_plain(
             reply.request_id, prefix_ids, tenant, reply.events_seq
         )
@@ -233,15 +230,15 @@ class CompletionRoutes:
         return _CacheClaim(claim, previous)
 
     async def _release_cache_claim(self, cached: _CacheClaim, tenant: Tenant | None) -> None:
-        """The key's previous claim goes with this call (the new prompt starts with its
-        prefix): one live claim per key. One this gateway no longer holds is no error."""
+        """The key's previous claim goes with this call (its prompt starts with its prefix),
+        off the tenant's books before the call's is gated; one not held here is no error."""
         if cached.previous is None:
             return
         ns = self.service.namespace
-        scope = OwnerScope(ns.inner(cached.claim["owner_scope"], tenant))
         with contextlib.suppress(UnknownClaim):
+            scope = OwnerScope(ns.inner(cached.claim["owner_scope"], tenant))
             await self.kv.release_claim(ClaimId(ns.inner(cached.previous, tenant)), scope)
-        await self.service.sync()  # the tenant's books count it gone before the call's claim
+        await self.service.sync()
 
     async def _add_to_answer(
         self,

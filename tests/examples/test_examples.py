@@ -51,4 +51,7 @@ def test_example_runs(name: str, tmp_path: Path) -> None:
         assert "done: see the papers" in out
         assert "tool_calls=3" in out
     if name == "tool_loop.py":
-        assert list(tmp_path.glob("agentclaims-logs/*.jsonl"))
+        [log] = tmp_path.glob("agentclaims-logs/*.jsonl")
+        accepted = int(re.findall(r"claims_accepted=(\d+)", out)[0])
+        # the stats it prints agree with its log: every claim the engine accepted
+        assert accepted == log.read_text().count('"event": "resident_claim_accepted"') > 0
