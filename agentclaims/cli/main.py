@@ -56,9 +56,19 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(module="report")
 
     serve = sub.add_parser("serve", help="serve the gateway (reference engine or vLLM) on a port")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8099)
-    serve.add_argument("--blocks", type=int, default=4096, help="usable KV blocks (reference)")
+    serve.add_argument("--host", default="127.0.0.1", help="where to listen (default 127.0.0.1)")
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=8099,
+        help="where to listen (default 8099; 0: a free port, the one bound is printed)",
+    )
+    serve.add_argument(
+        "--blocks",
+        type=int,
+        default=4096,
+        help="the reference engine's usable KV blocks, 1..10,000,000 (default 4096)",
+    )
     serve.add_argument(
         "--block-size", type=int, default=None, help="tokens per block (16; vLLM's: 32)"
     )
@@ -109,7 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve without --api-keys on a non-loopback host",
     )
     serve.add_argument(
-        "--grace-s", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
+        "--grace-s",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests get on SIGTERM or SIGINT (default 30)",
     )
     serve.add_argument(
         "--instance-id", default=None, help="this gateway's name in a fleet (default host:port)"
@@ -141,7 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="answer deferrals 409, never a status a router retries (docs/fleet.md)",
     )
     serve.add_argument(
-        "--keep-alive-s", type=float, default=75.0, help="idle keep-alive connections' lifetime"
+        "--keep-alive-s",
+        type=float,
+        default=75.0,
+        help="seconds an idle keep-alive connection stays open (default 75)",
     )
     serve.add_argument(
         "--decode-ms",

@@ -7,7 +7,8 @@ each conversation thread, each claim's timeline (not with ``--brief``), then whe
 lines are. ``--plot`` also draws the claims' timelines to a PNG (matplotlib, the ``plot``
 extra). ``--json`` prints one JSON object
 ``{"workflows": {...}, "totals": {...}, "malformed_lines": N}`` on stdout (malformed positions
-go to stderr). A missing log: a message on stderr and exit status 2.
+go to stderr). A missing log, logs with no workflow in them, or a ``--plot`` file that cannot
+be written: a message on stderr, nothing on stdout, and exit status 2.
 """
 
 from __future__ import annotations
@@ -129,6 +130,13 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"agentclaims report: {exc.message}", file=sys.stderr)
         return 2
+    if not summary["workflows"] and not summary["malformed_lines"]:
+        print(
+            f"agentclaims report: no workflow logs found in {', '.join(args.logs)} (a folder's "
+            "*.jsonl files are read, not its subfolders)",
+            file=sys.stderr,
+        )
+        return 2
     plot = getattr(args, "plot", None)
     if plot:
         try:
@@ -136,7 +144,12 @@ def run(args: argparse.Namespace) -> int:
         except ImportError as exc:  # pragma: no cover - matplotlib is the `plot` extra
             print(f"agentclaims report: --plot needs matplotlib ({exc})", file=sys.stderr)
             return 3
-        plot_timelines(summary, plot)
+        try:
+            plot_timelines(summary, plot)
+        except (OSError, ValueError) as exc:  # no such folder, no permission, no such format
+            error = UsageError("--plot", f"cannot write {plot}: {exc}")
+            print(f"agentclaims report: {error}", file=sys.stderr)
+            return 2
     if args.json:
         for m in summary["malformed"]:
             print(f"malformed line {m['file']}:{m['line']}: {m['error']}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """``agentclaims serve``: the gateway (reference engine + scripted model, or vLLM) on a port.
 
 An operator's server: tenants from ``--api-keys``, a durable ``--ledger``, and a graceful
-stop on SIGTERM (new requests get an explicit 503, the ones in flight finish within
+stop on SIGTERM or SIGINT (new requests get an explicit 503, the ones in flight finish within
 ``--grace-s``, the ledger takes the last events and is checkpointed). docs/operations.md.
 """
 
@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import ipaddress
-import signal
+import math
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,11 +25,18 @@ if TYPE_CHECKING:
     from agentclaims.gateway.text import TextSide
     from agentclaims.vllm.kv import VllmKV
 
-__all__ = ["run"]
+__all__ = ["MAX_BLOCKS", "run"]
+
+MAX_BLOCKS = 10_000_000
+"""The most ``--blocks`` the reference engine is built with (about 1.2 GB of memory)."""
+
+#: the flag of each field a part of the gateway names in its own errors
+_FLAGS = {"ride_bound_s": "--ride-bound-s", "max_prefix_tokens": "--max-prefix-tokens"}
 
 
 def _say(message: str) -> None:
-    print(f"agentclaims gateway: {message}", file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):  # a closed stderr must not keep a signal from stopping it
+        print(f"agentclaims gateway: {message}", file=sys.stderr, flush=True)
 
 
 def _loopback(host: str) -> bool:
@@ -39,6 +48,80 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _netloc(host: str, port: int) -> str:
+    """``host:port`` as a URL writes it: an IPv6 literal in brackets (``[::1]:8099``)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Each number's bounds, checked before anything is built; the error names the flag as
+    it was typed and the value as it was given."""
+
+    def seconds(flag: str, value: float) -> None:
+        if not (value >= 0 and math.isfinite(value)):
+            raise UsageError(flag, f"must be a non-negative number of seconds, got {value:g}")
+
+    if not 0 <= args.port <= 65535:
+        raise UsageError("--port", f"must be within 0..65535, got {args.port}")
+    seconds("--grace-s", args.grace_s)
+    seconds("--keep-alive-s", args.keep_alive_s)
+    if not 1 <= args.blocks <= MAX_BLOCKS:
+        raise UsageError("--blocks", f"must be within 1..{MAX_BLOCKS:,}, got {args.blocks}")
+    if args.block_size is not None and args.block_size < 1:
+        raise UsageError("--block-size", f"must be a positive integer, got {args.block_size}")
+    decode = args.decode_ms
+    if decode is not None and not (decode >= 0 and math.isfinite(decode)):
+        raise UsageError("--decode-ms", f"must be a non-negative number of ms, got {decode:g}")
+    if args.promote < 0:
+        raise UsageError("--promote", f"must be a non-negative integer, got {args.promote}")
+    share = args.promote_share
+    if share is not None and not 0 < share <= 1:
+        raise UsageError("--promote-share", f"must be a number in (0, 1], got {share:g}")
+
+
+def _listen(host: str, port: int) -> list[socket.socket]:
+    """Sockets bound on each address ``host`` names, as uvicorn (asyncio) would bind them, all
+    on one port: ``port``, or for 0 the one the system picks (so the banner and the advertised
+    URL say the port clients reach). An address of a family this system lacks is passed over."""
+    try:
+        infos = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        raise UsageError("--host", f"cannot listen on {host!r}: {exc.strerror}") from None
+    sockets: list[socket.socket] = []
+    failure: OSError | None = None
+    for family, kind, proto, _, address in dict.fromkeys(infos):
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError as exc:  # a family this system lacks
+            failure = failure or exc
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as asyncio's own: no IPv4 through an IPv6 socket
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if sockets:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+        except OSError as exc:
+            sock.close()
+            failure = failure or exc
+            if exc.errno == errno.EADDRNOTAVAIL:  # a family not enabled here (as asyncio's)
+                continue
+            for bound in sockets:
+                bound.close()
+            sockets = []
+            break
+        sockets.append(sock)
+    if not sockets:
+        assert failure is not None  # getaddrinfo gave at least one address
+        flag = "--port" if failure.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
+        where = _netloc(host, port)
+        raise UsageError(flag, f"cannot listen on {where}: {failure.strerror}")
+    return sockets
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until stopped; 2 on bad arguments, 3 when uvicorn is not installed."""
     from agentclaims.engine import ReferenceKV, ServiceTimes
@@ -47,19 +130,19 @@ def run(args: argparse.Namespace) -> int:
     from agentclaims.gateway.tenants import TenantKeys
     from agentclaims.gateway.text import load_script
 
+    sockets: list[socket.socket] = []
     try:
-        if not 0 <= args.port <= 65535:
-            raise UsageError("port", f"must be within 0..65535, got {args.port}")
-        if not args.grace_s >= 0:
-            raise UsageError("grace_s", f"must be a non-negative number, got {args.grace_s}")
+        _check_flags(args)
         keys = None if args.api_keys is None else TenantKeys.load(args.api_keys)
         if keys is None and not _loopback(args.host) and not args.allow_unauthenticated:
             raise UsageError(
-                "host",
+                "--host",
                 f"{args.host} is not a loopback address and no --api-keys are given: anyone "
                 "who reaches it could act as any owner (pass --api-keys FILE, or "
                 "--allow-unauthenticated if that is what you want)",
             )
+        sockets = _listen(args.host, args.port)  # before the engine: a port in use says so first
+        netloc = _netloc(args.host, sockets[0].getsockname()[1])  # the port --port 0 got
         kv: KVSide
         text: TextSide | None = None  # vLLM writes its own replies
         if args.kv == "vllm":
@@ -75,15 +158,13 @@ def run(args: argparse.Namespace) -> int:
                 try:
                     source = Path(args.script).read_text(encoding="utf-8")
                 except OSError as exc:
-                    raise UsageError("script", f"cannot read {args.script!r}: {exc}") from None
+                    raise UsageError("--script", f"cannot read {args.script!r}: {exc}") from None
                 script = load_script(source)
             kv = ReferenceKV.create(args.blocks, args.block_size or 16, service=service)
             text = ScriptedModel(script)
         ledger = None if args.ledger is None else Ledger(args.ledger)
         instance = Instance(
-            args.instance_id or f"{args.host}:{args.port}",
-            args.advertise_url or f"http://{args.host}:{args.port}",
-            args.behind_router,
+            args.instance_id or netloc, args.advertise_url or f"http://{netloc}", args.behind_router
         )
         app = create_app(
             kv,
@@ -95,11 +176,17 @@ def run(args: argparse.Namespace) -> int:
             promote_share=args.promote_share,
         )
     except AgentClaimsError as exc:
+        for sock in sockets:
+            sock.close()
+        if isinstance(exc, UsageError) and exc.field in _FLAGS:
+            exc = UsageError(_FLAGS[exc.field], exc.message)
         print(f"agentclaims serve: {exc}", file=sys.stderr)
         return 2
     try:
         import uvicorn
     except ImportError:
+        for sock in sockets:
+            sock.close()
         print(
             "agentclaims serve: uvicorn is not installed; install the `serve` extra",
             file=sys.stderr,
@@ -110,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         if args.kv == "vllm"
         else f"reference engine, {args.blocks} blocks x {args.block_size or 16} tokens"
     )
-    _say(f"{side}, http://{args.host}:{args.port}/v1")
+    _say(f"{side}, http://{netloc}/v1")
     if keys is None:
         _say(
             "no --api-keys: every client may act as any owner scope"
@@ -140,18 +227,20 @@ def run(args: argparse.Namespace) -> int:
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if not gateway.service.stopping:
-                _say(f"signal {sig}: stopping; new requests get 503, in-flight ones finish")
+            """SIGINT (Ctrl-C) as SIGTERM (a service manager's): one clean stop, exit status 0,
+            the ledger flushed; not uvicorn's way, which raises SIGINT again once it is done (a
+            KeyboardInterrupt) and quits on a second one without the lifespan's end."""
+            if self.should_exit:
+                _say(f"signal {sig}: already stopping; calls in flight get at most --grace-s")
+                return
+            _say(f"signal {sig}: stopping; new requests get 503, in-flight ones finish")
             gateway.service.stopping = True
-            super().handle_exit(sig, frame)
-            if sig == signal.SIGTERM:  # a service manager's clean stop exits 0, not by the signal
-                with contextlib.suppress(ValueError, AttributeError):
-                    self._captured_signals.remove(sig)
+            self.should_exit = True
 
     config = uvicorn.Config(
         app,
         host=args.host,
-        port=args.port,
+        port=sockets[0].getsockname()[1],
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=args.grace_s,
@@ -159,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
         # one a client is just reusing (a reset the client cannot tell from a failure)
         timeout_keep_alive=args.keep_alive_s,
     )
-    Server(config).run()  # uvicorn re-raises SIGINT once it is done (SIGTERM: exit 0)
+    Server(config).run(sockets=sockets)  # listening on the sockets bound above
     return 0
 
 
@@ -171,11 +260,11 @@ def _vllm_side(args: argparse.Namespace) -> VllmKV:
 
     if not args.upstream:
         raise UsageError(
-            "upstream", "--kv vllm needs --upstream http://HOST:PORT (the vLLM server)"
+            "--upstream", "--kv vllm needs --upstream http://HOST:PORT (the vLLM server)"
         )
     key = args.claims_key or os.environ.get("AGENTCLAIMS_CLAIMS_KEY")
     if not key:
-        raise UsageError("claims_key", "--kv vllm needs the connector's --claims-key")
+        raise UsageError("--claims-key", "--kv vllm needs the connector's --claims-key")
     from agentclaims.vllm.observer import replay_endpoint
 
     events = args.kv_events

@@ -6,6 +6,7 @@ transport, ``agentclaims serve`` puts it on a port. docs/gateway.md is the wire 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections import Counter
@@ -21,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from agentclaims.contract import SCHEMA_VERSION
 from agentclaims.engine import ReferenceKV
-from agentclaims.errors import AgentClaimsError, UsageError
+from agentclaims.errors import AgentClaimsError, ServiceUnavailable, UsageError
 from agentclaims.gateway.anthropic import MessagesRoute
 from agentclaims.gateway.claim_routes import ClaimRoutes
 from agentclaims.gateway.completions import CompletionRoutes
@@ -216,6 +217,11 @@ class _Gateway:
                 if not open_route:
                     await self.admit(request, name)
                 response = await handler(request)
+            except asyncio.CancelledError:
+                if not self.service.stopping:  # a caller's own cancellation stays one
+                    raise
+                return await self.on_error(request, _cut_off())  # the stop cut it off
+            else:
                 self._stamp(response, started, waited[0])
                 return response
             finally:
@@ -263,6 +269,10 @@ class _Gateway:
                 response = await self.completion_routes.completion_of(request, kind, body)
             except AgentClaimsError as exc:  # as Starlette's exception handler answers it
                 response = await self.on_error(request, exc)
+            except asyncio.CancelledError:
+                if not self.service.stopping:  # a caller's own cancellation stays one
+                    raise
+                response = await self.on_error(request, _cut_off())  # the stop cut it off
             else:
                 self._stamp(response, started, waited[0])
             await response(scope, receive, send)
@@ -411,6 +421,16 @@ def create_app(
     app.state.gateway = gw
     app.state.limits = limits
     return app
+
+
+def _cut_off() -> ServiceUnavailable:
+    """What a call gets that the stopping gateway's server cancelled before its answer began
+    (the grace for calls in flight, ``--grace-s``, ran out): a 503 ``unavailable``, not the
+    server's bare 500 and a traceback. An answer already begun (a stream) is cut short."""
+    return ServiceUnavailable(
+        "the gateway stopped before this call finished (its grace period ran out); "
+        "send it to another"
+    )
 
 
 _COMPLETIONS: dict[str, tuple[CompletionKind, str]] = {

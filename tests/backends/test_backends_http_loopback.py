@@ -180,19 +180,19 @@ VLLM_SERVE = ("serve", "--kv", "vllm", "--upstream", "http://127.0.0.1:9")
 def test_serve_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     """`agentclaims serve` with a bad block count, promotion bound or share, or on vLLM without its
     upstream or its claims key or with a bad bound on its prompt book, exits 2 and names the
-    field."""
+    flag as it was typed."""
     from agentclaims.cli.main import build_parser
 
-    for argv, field in (
-        (["serve", "--blocks", "0"], "num_blocks"),
-        (["serve", "--kv", "vllm"], "upstream"),
-        (["serve", "--kv", "vllm", "--upstream", "http://127.0.0.1:9"], "claims_key"),
-        (["serve", "--promote", "-1"], "promote"),
-        (["serve", "--promote-share", "1.5"], "share"),
+    for argv, flag in (
+        (["serve", "--blocks", "0"], "--blocks"),
+        (["serve", "--kv", "vllm"], "--upstream"),
+        (["serve", "--kv", "vllm", "--upstream", "http://127.0.0.1:9"], "--claims-key"),
+        (["serve", "--promote", "-1"], "--promote"),
+        (["serve", "--promote-share", "1.5"], "--promote-share"),
         (
             [*VLLM_SERVE, "--claims-key", "k", "--max-prefix-tokens", "0"],
-            "max_prefix_tokens",
+            "--max-prefix-tokens",
         ),
     ):
         assert serve.run(build_parser().parse_args(argv)) == 2
-        assert field in capsys.readouterr().err
+        assert capsys.readouterr().err.startswith(f"agentclaims serve: {flag}: ")

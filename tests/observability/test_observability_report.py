@@ -318,6 +318,37 @@ def test_cli_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert captured.out == ""
 
 
+def test_cli_plot_that_cannot_be_written_names_plot_and_exits_2(
+    logs: dict[str, WorkflowLog], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--plot into a folder that does not exist: a typed error naming --plot, exit status 2,
+    nothing on stdout, no file."""
+    pytest.importorskip("matplotlib")
+    _run_scenario(logs)
+    png = tmp_path / "no-such-folder" / "claims.png"
+    assert main(["report", str(tmp_path / "logs"), "--plot", str(png)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"agentclaims report: --plot: cannot write {png}: "), captured
+    assert "Traceback" not in captured.err
+    assert captured.out == ""
+    assert not png.parent.exists()
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_cli_folder_without_logs_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], json_flag: list[str]
+) -> None:
+    """A folder with no *.jsonl (only a log in a subfolder, which is not read): it says no
+    workflow logs were found there, exit status 2, nothing on stdout."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "wf.jsonl").write_text('{"workflow_id": "wf", "event": "x"}\n')
+    (tmp_path / "notes.txt").write_text("not a log\n")
+    assert main(["report", str(tmp_path), *json_flag]) == 2
+    captured = capsys.readouterr()
+    assert f"no workflow logs found in {tmp_path}" in captured.err
+    assert captured.out == ""
+
+
 _CALLS = st.lists(
     st.one_of(
         st.tuples(st.just("defer"), st.floats(0, 10, allow_nan=False)),
