@@ -465,6 +465,7 @@ class MessagesRoute:
             index = -1
             tools: dict[int, int] = {}  # the chat's tool call index -> our block index
             finish: str | None = None
+            matched: object = None
             usage: dict[str, Any] = {}
             extension: dict[str, Any] = {}
             async for data in chunks_of(response):
@@ -526,6 +527,7 @@ class MessagesRoute:
                             )
                     if choice.get("finish_reason"):
                         finish = choice["finish_reason"]
+                        matched = choice.get("stop_reason")
             if not started:
                 yield _event("message_start", {"message": _start(msg_id, converted.model)})
             if block is not None:
@@ -535,10 +537,7 @@ class MessagesRoute:
             yield _event(
                 "message_delta",
                 {
-                    "delta": {
-                        "stop_reason": _STOP.get(finish or "stop", "end_turn"),
-                        "stop_sequence": None,
-                    },
+                    "delta": _stopped(finish, matched),
                     "usage": _usage(usage, converted.written),
                     EXTENSION_KEY: extension,
                 },
@@ -609,11 +608,18 @@ def _message_of(answer: Mapping[str, Any], model: str, written: bool) -> dict[st
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": _STOP.get(choice.get("finish_reason") or "stop", "end_turn"),
-        "stop_sequence": None,
+        **_stopped(choice.get("finish_reason"), choice.get("stop_reason")),
         "usage": _usage(answer.get("usage") or {}, written),
         EXTENSION_KEY: extension,
     }
+
+
+def _stopped(finish: object, matched: object) -> dict[str, Any]:
+    """The Messages API's ``stop_reason`` and ``stop_sequence`` of a chat's finish (and the
+    stop string it ended at, where the engine says: vLLM's ``stop_reason``)."""
+    if finish == "stop" and isinstance(matched, str):
+        return {"stop_reason": "stop_sequence", "stop_sequence": matched}
+    return {"stop_reason": _STOP.get(str(finish or "stop"), "end_turn"), "stop_sequence": None}
 
 
 def _error_from(response: Response) -> Response:

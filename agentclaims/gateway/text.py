@@ -68,6 +68,8 @@ class Reply:
 
     content: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
+    finish: str | None = None
+    """Why it ended, where not as its parts say (``length``: cut at ``max_tokens``)."""
 
     @classmethod
     def text(cls, content: str) -> Reply:
@@ -79,7 +81,7 @@ class Reply:
 
     @property
     def finish_reason(self) -> str:
-        return "tool_calls" if self.tool_calls else "stop"
+        return self.finish or ("tool_calls" if self.tool_calls else "stop")
 
     def message(self, request_key: str) -> dict[str, Any]:
         """The OpenAI assistant message; tool call ids derive from ``request_key`` so that a

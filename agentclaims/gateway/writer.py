@@ -63,6 +63,7 @@ class ScriptedWriter:
         """The body checked and tokenized (a message per segment), within the prompt limit."""
         body = call.body
         check_body(call.kind, body)
+        _check_scripted(call.kind, body)
         if call.kind == "chat":
             tok = self.tokenizer
             segments = tuple(tuple(tok.encode_message(m)) for m in body["messages"])
@@ -98,8 +99,10 @@ class ScriptedWriter:
             prompt = _prompt(body)
             text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
             text_request = TextRequest(kind="completion", model=model, prompt=text, node=call.node)
-        reply = await self.text.complete(text_request)
+        reply, matched = _limited(await self.text.complete(text_request), body)
         choice, reply_tokens = self._render(call, reply, segments)
+        if matched is not None:
+            choice["stop_reason"] = matched  # the stop string it ended at, as vLLM says it
         request_id = call.request_id or f"{ID_PREFIX[call.kind]}-{uuid.uuid4().hex}"
         result: ServeResult = await self.kv.serve(
             ActiveRequest(
@@ -143,6 +146,78 @@ class ScriptedWriter:
 
     async def stream(self, call: CompletionCall) -> ReplyStream:
         raise UsageError("stream", "a scripted reply is written whole")  # ``streams`` is False
+
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+"""OpenAI's chat roles: what the reference engine's chat template reads."""
+
+
+def _check_scripted(kind: str, body: Mapping[str, Any]) -> None:
+    """What the reference engine reads beyond ``check_body``'s shape (vLLM checks its own:
+    its roles, images and ``n`` depend on its model): OpenAI's roles, text content parts,
+    one choice, and the sampling fields' types (``max_tokens`` and ``stop`` are honoured)."""
+    if kind == "chat":
+        for i, message in enumerate(body["messages"]):
+            role = message.get("role")
+            if role not in _ROLES:
+                raise UsageError(
+                    f"messages[{i}].role", f"must be one of {sorted(_ROLES)}, got {role!r}"
+                )
+            content = message.get("content")
+            parts = content if isinstance(content, list) else ()
+            if content is not None and not isinstance(content, str | list):
+                raise UsageError(
+                    f"messages[{i}].content",
+                    f"expected a string or a list of parts, got {content!r}",
+                )
+            for j, part in enumerate(parts):
+                kind_of = part.get("type") if isinstance(part, Mapping) else None
+                if kind_of != "text" or not isinstance(part.get("text"), str):
+                    raise UsageError(
+                        f"messages[{i}].content[{j}]",
+                        f"the reference engine reads text parts only, got {part!r}",
+                    )
+    for name in ("max_tokens", "max_completion_tokens", "n"):
+        value = body.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise UsageError(name, f"must be an integer >= 1, got {value!r}")
+    if body.get("n", 1) != 1:
+        raise UsageError("n", f"the reference engine writes one choice, got {body['n']!r}")
+    for name, most in (("temperature", 2.0), ("top_p", 1.0)):
+        value = body.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= most
+        ):
+            raise UsageError(name, f"must be a number in [0, {most:g}], got {value!r}")
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop
+    if stop is not None and (
+        not isinstance(stops, list)
+        or len(stops) > 4
+        or not all(isinstance(s, str) and s for s in stops)
+    ):
+        raise UsageError("stop", f"must be a string or a list of at most 4 strings, got {stop!r}")
+
+
+def _limited(reply: Reply, body: Mapping[str, Any]) -> tuple[Reply, str | None]:
+    """A text reply as ``stop`` and ``max_tokens`` (``max_completion_tokens``) end it: cut
+    before the first stop string (``finish_reason`` ``stop``; the string is returned), or
+    after that many words, a word a token (``length``). A reply of tool calls is whole."""
+    text = reply.content
+    if text is None or reply.tool_calls:
+        return reply, None
+    stop = body.get("stop")
+    found = [(text.find(s), s) for s in ([stop] if isinstance(stop, str) else stop or ())]
+    at, matched = min(((i, s) for i, s in found if i >= 0), default=(-1, None))
+    if matched is not None:
+        text = text[:at]
+    most = body.get("max_completion_tokens") or body.get("max_tokens")
+    words = text.split()
+    if isinstance(most, int) and len(words) > most:
+        return replace(reply, content=" ".join(words[:most]), finish="length"), None
+    return (reply, None) if matched is None else (replace(reply, content=text), matched)
 
 
 def _model(body: Mapping[str, Any]) -> str | None:

@@ -244,9 +244,9 @@ async def test_completions_accepts_text_and_token_ids(backend: EmbeddedBackend) 
             {"messages": [{"role": "user", "content": "x"}], "agentclaims": {"admit": "no"}},
             "agentclaims.admit",
         ),
-        ({"messages": [{"content": "x"}]}, "messages.role"),
+        ({"messages": [{"content": "x"}]}, "messages[0].role"),
         ({"messages": ["x"]}, "messages[0]"),
-        ({"messages": [{"role": "user", "content": 3}]}, "messages.content"),
+        ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": {}}, "tools"),
         (
             {
@@ -426,3 +426,28 @@ async def test_react_agent_through_the_openai_client() -> None:
         assert second.usage.prompt_tokens_details.cached_tokens == 4 * (
             first.usage.total_tokens // 4  # type: ignore[union-attr]
         )
+
+
+async def test_max_tokens_and_stop_end_a_reply_as_the_openai_client_asks(
+    backend: EmbeddedBackend,
+) -> None:
+    """The reference engine honours ``max_tokens`` (``finish_reason`` ``length``, that many
+    words) and ``stop`` (cut before the string, ``finish_reason`` ``stop``), through the real
+    OpenAI client; a reply of tool calls is whole."""
+    client = openai.AsyncOpenAI(
+        base_url=backend.base_url, api_key="k", http_client=backend.http_client()
+    )
+    messages: Any = [SYSTEM, user("plan the trip to the coast")]
+    whole = (await client.chat.completions.create(model="m", messages=messages)).choices[0]
+    words = str(whole.message.content).split()
+    assert len(words) > 3
+    assert whole.finish_reason == "stop"
+    cut = await client.chat.completions.create(model="m", messages=messages, max_tokens=3)
+    assert cut.choices[0].message.content == " ".join(words[:3])
+    assert cut.choices[0].finish_reason == "length"
+    assert cut.usage is not None
+    assert cut.usage.completion_tokens < len(words) + 2
+    stop = words[2]
+    stopped = await client.chat.completions.create(model="m", messages=messages, stop=[stop])
+    assert stopped.choices[0].message.content == str(whole.message.content).split(stop)[0]
+    assert stopped.choices[0].finish_reason == "stop"

@@ -340,3 +340,22 @@ def test_a_tenants_breakpoint_claims_stay_one_per_conversation(calls: list) -> N
         await http.aclose()
 
     asyncio.run(run())
+
+
+async def test_max_tokens_and_stop_sequences_end_a_reply_as_they_say(gateway):
+    """The reference engine honours ``max_tokens`` (``stop_reason`` ``max_tokens``) and
+    ``stop_sequences`` (``stop_sequence``, the string named), as the Messages API does."""
+    _, client, _ = gateway
+    cut = await client.messages.create(
+        model="served", max_tokens=2, messages=[turn("review this", None)]
+    )
+    assert (cut.content[0].text, cut.stop_reason) == ("looks good", "max_tokens")
+    stopped = await client.messages.create(
+        model="served", max_tokens=64, stop_sequences=["to"], messages=[turn("again", None)]
+    )
+    assert stopped.content[0].text == "looks good "
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", "to")
+    whole = await client.messages.create(
+        model="served", max_tokens=64, stop_sequences=["never"], messages=[turn("once", None)]
+    )
+    assert (whole.content[0].text, whole.stop_reason) == ("looks good to me", "end_turn")
