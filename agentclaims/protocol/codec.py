@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 from agentclaims.errors import (
     AgentClaimsError,
     BackendError,
+    BackendUnavailable,
     ContractViolation,
     Forbidden,
     IllegalTransition,
@@ -75,8 +76,8 @@ def exception_error(exc: AgentClaimsError) -> tuple[int, dict[str, Any]]:
         return 401, error_body("unauthorized", str(exc))
     if isinstance(exc, Forbidden):
         return 403, error_body("forbidden", str(exc))
-    if isinstance(exc, ServiceUnavailable):
-        return 503, error_body("unavailable", str(exc))
+    if isinstance(exc, BackendUnavailable):  # the gateway's own (shutting down, no ledger)
+        return 503, error_body("unavailable", str(exc))  # or the engine behind it unreachable
     return 500, error_body("internal_error", str(exc))
 
 

@@ -25,7 +25,7 @@ import httpx2
 from agentclaims import _json as fast_json
 from agentclaims._json import may_stream
 from agentclaims.contract import ArbiterAction
-from agentclaims.errors import BackendUnavailable, ClaimRefused, DeadlineExceeded
+from agentclaims.errors import AgentClaimsError, BackendUnavailable, ClaimRefused, DeadlineExceeded
 from agentclaims.protocol import EXTENSION_KEY, ActiveOutcome, outcome_from_error
 from agentclaims.protocol.codec import raise_for_error
 from agentclaims.session.portal import run_sync
@@ -361,11 +361,19 @@ def _relayed(
     return httpx2.Response(response.status_code, headers=headers, stream=stream, request=request)
 
 
-def _refusal(raw: bytes, status: int) -> ClaimRefused:
+def _refusal(raw: bytes, status: int) -> AgentClaimsError:
     """The SDK's own error for a request refused or deferred outside any session (there is
-    no reaction policy to apply): the engine's detail (shortfall, blocking claims) in it."""
+    no reaction policy to apply): the engine's detail (shortfall, blocking claims) in it; a
+    503 that is no claim outcome (the gateway stopping, its engine unreachable) is the error
+    it names (``ServiceUnavailable``)."""
     outcome = outcome_from_error(_json(raw))
     if outcome is None:
+        body = _json(raw)
+        if isinstance(body, Mapping) and isinstance(body.get("error"), Mapping):
+            try:
+                raise_for_error(status, body)
+            except AgentClaimsError as exc:
+                return exc
         return ClaimRefused(f"HTTP {status}: {raw[:200].decode(errors='replace')}")
     return ClaimRefused(
         f"{outcome.describe()} (outside any ClaimedSession: no reaction applies)", outcome=outcome

@@ -82,7 +82,8 @@ class Upstream:
 
         if isinstance(exc, aiohttp.ClientConnectorError) and self.on_engine_dead:
             self.on_engine_dead(f"vLLM at {self.base_url} refused the connection: {exc}", True)
-        return BackendUnavailable(f"vLLM at {self.base_url} unreachable: {exc!r}")
+        why = str(exc) or type(exc).__name__  # aiohttp's own words, not its repr
+        return BackendUnavailable(f"vLLM at {self.base_url} unreachable: {why}")
 
     def _dead_if(self, status: int, raw: bytes) -> None:
         if status == 500 and ENGINE_DEAD in raw and self.on_engine_dead is not None:
