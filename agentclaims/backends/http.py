@@ -54,8 +54,12 @@ _ROOT_PATHS = ("/health",)
 
 
 def _normalize(base_url: str) -> str:
-    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-        raise UsageError("base_url", f"must be an http(s) URL, got {base_url!r}")
+    if (
+        not isinstance(base_url, str)
+        or not base_url.startswith(("http://", "https://"))
+        or not urlsplit(base_url).hostname
+    ):
+        raise UsageError("base_url", f"must be an http(s) URL with a host, got {base_url!r}")
     url = base_url.rstrip("/")
     return url if url.endswith("/v1") else f"{url}/v1"
 

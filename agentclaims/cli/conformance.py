@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentclaims.conformance import LevelResult, run_suite
-from agentclaims.errors import AgentClaimsError, UnknownNameError
+from agentclaims.errors import AgentClaimsError, UnknownNameError, UsageError
 
 if TYPE_CHECKING:
     from agentclaims.backends.http import HTTPBackend
@@ -85,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
         results, target = _results_for(args.backend)
     except UnknownNameError as exc:
         print(f"agentclaims conformance: {exc}", file=sys.stderr)
+        return 2
+    except UsageError as exc:  # a URL without a host, say
+        print(f"agentclaims conformance: --backend: {exc.message}", file=sys.stderr)
         return 2
     if args.json:
         levels = {level: r.to_dict() for level, r in results.items()}

@@ -60,6 +60,18 @@ def test_unknown_backend_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "backend: unknown value 'nonsense'" in captured.err
 
 
+@pytest.mark.parametrize("url", ["http://", "https://:8000"])
+def test_a_url_without_a_host_is_a_usage_error(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A URL that names no host is bad input (exit 2, naming ``--backend``), not a gateway
+    that did not answer (``not_evaluated``, exit 1)."""
+    assert main(["conformance", "--backend", url, "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "--backend: must be an http(s) URL with a host" in captured.err
+
+
 def test_unreachable_gateway_is_not_evaluated_and_says_so(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
