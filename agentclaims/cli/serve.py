@@ -53,14 +53,35 @@ def _netloc(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
+#: the flags only ``--kv vllm`` reads (each defaults to None: given or not is plain), with why
+#: the reference engine has no use for it; given without ``--kv vllm`` they are refused, never
+#: ignored (a gateway meant for vLLM must not come up with the scripted model's echo replies)
+_VLLM_ONLY = {
+    "--upstream": "the reference engine has no upstream",
+    "--claims-key": "the reference engine has no connector to authenticate to",
+    "--kv-events": "the reference engine publishes no KV events",
+    "--vllm-python": "the reference engine runs no vLLM environment",
+    "--ride-bound-s": "the reference engine's releases ride on no request",
+    "--max-prefix-tokens": "the reference engine keeps no prompt book",
+}
+
+
 def _check_flags(args: argparse.Namespace) -> None:
-    """Each number's bounds, checked before anything is built; the error names the flag as
-    it was typed and the value as it was given."""
+    """Each number's bounds and each flag's place, checked before anything is bound or built;
+    the error names the flag as it was typed and the value as it was given."""
 
     def seconds(flag: str, value: float) -> None:
         if not (value >= 0 and math.isfinite(value)):
             raise UsageError(flag, f"must be a non-negative number of seconds, got {value:g}")
 
+    if args.kv != "vllm":
+        for flag, why in _VLLM_ONLY.items():
+            if getattr(args, flag[2:].replace("-", "_")) is not None:
+                raise UsageError(flag, f"needs --kv vllm ({why})")
+    if args.kv_events is not None:  # the one kind `agentclaims vllm serve` accepts
+        from agentclaims.vllm.launch import check_kv_events
+
+        check_kv_events(args.kv_events)
     if not 0 <= args.port <= 65535:
         raise UsageError("--port", f"must be within 0..65535, got {args.port}")
     seconds("--grace-s", args.grace_s)
@@ -275,6 +296,6 @@ def _vllm_side(args: argparse.Namespace) -> VllmKV:
         kv_events=events,
         kv_events_replay=replay_endpoint(events) if events else None,
         events_python=args.vllm_python,
-        ride_bound_s=args.ride_bound_s,
+        **({} if args.ride_bound_s is None else {"ride_bound_s": args.ride_bound_s}),
         **({} if args.max_prefix_tokens is None else {"max_prefix_tokens": args.max_prefix_tokens}),
     )

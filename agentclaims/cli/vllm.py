@@ -4,12 +4,14 @@ Both run in the vLLM server's own environment (found by ``agentclaims.vllm.vllm_
 ``serve`` runs vLLM under a supervisor (``agentclaims.vllm.supervise``): it says ``ready`` only
 once the engine has served one completion, SIGTERM stops vLLM and its engine (exit 0), and a
 vLLM that dies on its own (at start or later) ends it with exit status 1 and a message naming
-the process and signal. Exit status 2 on bad arguments or a missing environment.
+the process and signal. Exit status 2 on bad arguments or a missing environment: every
+argument is checked before vLLM starts and before a claims key is made up and printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -34,14 +36,17 @@ def run(args: argparse.Namespace) -> int:
             cmd = [python, "-m", "agentclaims_vllm.tiny_model", args.directory]
             cmd += ["--layers", str(args.layers), "--hidden", str(args.hidden)]
             return subprocess.run(cmd, check=False).returncode
+        timeout = args.ready_timeout_s
+        if not (timeout > 0 and math.isfinite(timeout)):
+            raise UsageError(
+                "--ready-timeout-s", f"must be a positive number of seconds, got {timeout:g}"
+            )
         key = None
+        made_key = False
         if not args.no_connector:
             key = args.claims_key or os.environ.get("AGENTCLAIMS_CLAIMS_KEY")
             if not key:
-                key = new_claims_key()
-                print(
-                    f"agentclaims vllm: claims key {key} (pass it to the gateway)", file=sys.stderr
-                )
+                key, made_key = new_claims_key(), True  # printed once every check has passed
         extra = list(args.vllm_args)
         if extra[:1] == ["--"]:
             extra = extra[1:]
@@ -64,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"agentclaims vllm: {exc}", file=sys.stderr)
         return 2
+    if made_key:
+        print(f"agentclaims vllm: claims key {key} (pass it to the gateway)", file=sys.stderr)
     env = server_env(dev_mode=args.dev_mode)
     events = args.kv_events or default_kv_events(args.port)
     print(

@@ -8,6 +8,7 @@ here imports vLLM.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ __all__ = [
     "CONNECTOR",
     "DTYPES",
     "SCHEDULER",
+    "check_kv_events",
     "connector_config",
     "default_dtype",
     "default_kv_events",
@@ -95,15 +97,19 @@ def default_kv_events(port: int) -> str:
     return f"ipc:///tmp/agentclaims-vllm-{port}.kv"
 
 
+def check_kv_events(endpoint: str, *, flag: str = "--kv-events") -> None:
+    """A ``UsageError`` naming ``flag`` unless ``endpoint`` is an ``ipc://`` endpoint (the
+    one kind vLLM's publisher binds and the gateway's relay reads)."""
+    if not endpoint.startswith("ipc://") or endpoint == "ipc://":
+        raise UsageError(flag, f"must be an ipc:// endpoint (vLLM binds it), got {endpoint!r}")
+
+
 def kv_events_config(endpoint: str) -> dict[str, Any]:
     """vLLM's ``--kv-events-config``: the ZMQ publisher on ``endpoint`` (``ipc://``, bound by
     vLLM), its replay socket beside it (``replay_endpoint``)."""
     from agentclaims.vllm.observer import replay_endpoint
 
-    if not endpoint.startswith("ipc://"):
-        raise UsageError(
-            "kv_events", f"must be an ipc:// endpoint (vLLM binds it), got {endpoint!r}"
-        )
+    check_kv_events(endpoint)
     return {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
@@ -154,25 +160,44 @@ def serve_argv(
     ``block_size`` tokens, so eviction is real), prefix caching, prompt-token details, its KV
     events on ``kv_events`` (default ``default_kv_events(port)``), ``dtype`` (``auto``: the
     fastest on this CPU, ``default_dtype``), and, with ``connector``, the agentclaims connector
-    and scheduler through vLLM's own flags."""
-    if dtype not in DTYPES:
-        raise UsageError("dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if dtype == "auto":
-        dtype = default_dtype()
-    if not Path(model).is_dir():
-        raise UsageError(
-            "model",
-            f"{model} is not a model directory (build one: agentclaims vllm tiny-model DIR)",
-        )
+    and scheduler through vLLM's own flags.
+
+    Every value is checked before anything else happens: a bad one is a ``UsageError`` naming
+    the ``agentclaims vllm serve`` flag it comes from (``--port``, ``--blocks``, ...)."""
+    if not host.strip():
+        raise UsageError("--host", f"must be a host name or address, got {host!r}")
+    if not 1 <= port <= 65535:
+        raise UsageError("--port", f"must be within 1..65535, got {port}")
+    for flag, seconds in (("--max-ttl-s", max_ttl_s), ("--max-defer-s", max_defer_s)):
+        if not (seconds > 0 and math.isfinite(seconds)):
+            raise UsageError(flag, f"must be a positive number of seconds, got {seconds:g}")
+    if max_model_len < 1:
+        raise UsageError("--max-model-len", f"must be a positive integer, got {max_model_len}")
     if block_size % 32 or block_size <= 0:
         raise UsageError(
-            "block_size", f"must be a positive multiple of 32 on CPU, got {block_size}"
+            "--block-size", f"must be a positive multiple of 32 on CPU, got {block_size}"
         )
+    if num_blocks < 1:
+        raise UsageError("--blocks", f"must be a positive integer, got {num_blocks}")
     if (num_blocks - 1) * block_size < max_model_len:
         raise UsageError(
-            "num_blocks",
-            f"({num_blocks} - 1) x {block_size} is below max_model_len {max_model_len}",
+            "--blocks",
+            f"({num_blocks} - 1) x --block-size {block_size} is below --max-model-len "
+            f"{max_model_len}: one block is vLLM's own, the rest must hold one request",
         )
+    if kv_events is not None:
+        check_kv_events(kv_events)
+    if connector and not claims_key:
+        raise UsageError("--claims-key", "the connector needs a key to authenticate claims")
+    if dtype not in DTYPES:
+        raise UsageError("--dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not Path(model).is_dir():
+        raise UsageError(
+            "--model",
+            f"{model} is not a model directory (build one: agentclaims vllm tiny-model DIR)",
+        )
+    if dtype == "auto":
+        dtype = default_dtype()
     argv = [
         python,
         "-m",
@@ -204,8 +229,7 @@ def serve_argv(
         json.dumps(kv_events_config(kv_events or default_kv_events(port))),
     ]
     if connector:
-        if not claims_key:
-            raise UsageError("claims_key", "the connector needs a key to authenticate claims")
+        assert claims_key  # checked above
         config = connector_config(claims_key, max_ttl_s=max_ttl_s, max_defer_s=max_defer_s)
         argv += ["--kv-transfer-config", json.dumps(config), "--scheduler-cls", SCHEDULER]
         # the gateway's workflow calls go ahead of one-shot ones (agentclaims.gateway.queueing);
