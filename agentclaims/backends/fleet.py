@@ -179,12 +179,23 @@ class FleetBackend(BackendPool):
     ) -> None:
         if not isinstance(router_url, str) or not router_url.startswith(("http://", "https://")):
             raise UsageError("router_url", f"must be the router's http(s) URL, got {router_url!r}")
+        # as HTTPBackend's check: NaN, 0, negatives and non-numbers, before any client is built
+        if (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, int | float)
+            or not timeout_s > 0
+        ):
+            raise UsageError(
+                "timeout_s", f"must be a positive number of seconds, got {timeout_s!r}"
+            )
         if max_hops is not None and (isinstance(max_hops, bool) or max_hops < 1):
             raise UsageError("max_hops", f"must be a positive integer, got {max_hops!r}")
         self.router_url = router_url.rstrip("/").removesuffix("/v1")
         self.base_url = f"{self.router_url}/v1"
         self.api_key = api_key
         self.timeout = httpx2.Timeout(timeout_s, connect=5.0)
+        self.timeout_s = timeout_s
+        """Each instance's claims API is asked within it too (``HTTPBackend(timeout_s=)``)."""
         self._max_hops = max_hops
         self._router = httpx2.AsyncClient(timeout=self.timeout)
         self._members: dict[str, HTTPBackend] = {}
@@ -213,7 +224,7 @@ class FleetBackend(BackendPool):
     def _member(self, instance: str, url: str | None) -> HTTPBackend:
         member = self._members.get(instance)
         if member is None and url:
-            member = HTTPBackend(url, name=instance, api_key=self.api_key)
+            member = HTTPBackend(url, name=instance, api_key=self.api_key, timeout_s=self.timeout_s)
             self._members[instance] = member
             self._cursors.setdefault(instance, 0)
         if member is None:

@@ -2,16 +2,26 @@
 
 Prints a table per capacity point (or, with ``--json``, exactly one JSON object on stdout) and
 a progress bar on stderr. Rows on vLLM's pool (``lru-vllm``, ``agentclaims-vllm``) are shown by
-their label ("agentclaims on vLLM's pool") and measure their gap from ``lru-vllm``. ``--plot FILE.png`` sweeps 10%, 25% and 50% of the working set (plus
-the requested point) and draws hit ratio against capacity per policy.
+their label ("agentclaims on vLLM's pool") and measure their gap from ``lru-vllm``. ``--plot
+FILE.png`` sweeps 10%, 25% and 50% of the working set (plus the requested point), prints a table
+per point and draws hit ratio against capacity per policy.
+
+Every flag, the plot's file and the trace files are checked before anything runs: bad input is
+a ``UsageError`` naming the flag as typed (exit 2), and nothing is written. Each malformed trace
+file is named once on stderr with what is wrong in it and left out; a folder without one
+readable trace is a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import importlib.util
 import json
+import os
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
@@ -26,10 +36,23 @@ from agentclaims.replay import (
 )
 from agentclaims.replay.model import ServiceModel
 from agentclaims.replay.policies import ROW_LABELS
+from agentclaims.replay.traces import parse_trace
 
 __all__ = ["run"]
 
 SWEEP_FRACS = (0.1, 0.25, 0.5)
+
+#: the flag of each field the replay's own checks name in their errors
+_FLAGS = {
+    "traces": "--traces",
+    "limit": "--limit",
+    "split": "--split",
+    "policy": "--policies",
+    "admission": "--admission",
+    "sessions": "--sessions",
+    "capacity_blocks": "--capacity-blocks",
+    "capacity_frac": "--capacity-frac",
+}
 
 _COLUMNS = (
     ("policy", "{:<POLICY}"),
@@ -149,25 +172,124 @@ def _plot(points: list[Comparison], path: str) -> None:
     plt.close(fig)
 
 
+def _usage(exc: UsageError) -> int:
+    """Print a usage error, naming the flag as typed; the exit status 2."""
+    if exc.field in _FLAGS:
+        exc = UsageError(_FLAGS[exc.field], exc.message)
+    print(f"agentclaims bench replay: {exc}", file=sys.stderr)
+    return 2
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Each number's bounds, checked before anything is read or run."""
+    if args.sessions < 1:
+        raise UsageError("--sessions", f"must be an integer >= 1, got {args.sessions}")
+    if args.capacity_blocks is not None and args.capacity_blocks < 1:
+        raise UsageError(
+            "--capacity-blocks", f"must be an integer >= 1, got {args.capacity_blocks}"
+        )
+    frac = args.capacity_frac
+    if frac is not None and not 0 < frac <= 10:  # NaN too
+        raise UsageError("--capacity-frac", f"must be in (0, 10], got {frac:g}")
+    if args.plot is not None:
+        _check_plot(args.plot)
+
+
+def _check_plot(path: str) -> None:
+    """``--plot``'s file can be written, in a format matplotlib writes (checked before the
+    replay runs, writing nothing)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot", "needs matplotlib: install the `plot` extra")
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise UsageError("--plot", f"{path!r} is a folder, not a file")
+    if not folder.is_dir():
+        raise UsageError("--plot", f"no such folder: {str(folder)!r}")
+    if not os.access(folder, os.W_OK | os.X_OK) or (
+        target.exists() and not os.access(target, os.W_OK)
+    ):
+        raise UsageError("--plot", f"cannot write {path!r}: permission denied")
+    suffix = target.suffix.lower().removeprefix(".")
+    if suffix:
+        from matplotlib.figure import Figure
+
+        formats = Figure().canvas.get_supported_filetypes()
+        if suffix not in formats:
+            raise UsageError(
+                "--plot", f"cannot draw a .{suffix} file; expected one of .{', .'.join(formats)}"
+            )
+
+
+def _malformed(path: Path, ordinal: int) -> str | None:
+    """What is wrong in the trace file at ``path``, in words; ``None`` when it loads."""
+    try:
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as fh:
+            data = json.load(fh)
+        if not isinstance(data, dict):
+            return f"not a JSON object but a JSON {type(data).__name__}"
+        parse_trace(data, ordinal, path.name)
+    except KeyError as exc:
+        return f"missing field {exc.args[0]!r}"
+    except json.JSONDecodeError as exc:
+        return f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+    except (gzip.BadGzipFile, EOFError, zlib.error):
+        return "not a whole gzip file"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    except (ValueError, TypeError, AttributeError) as exc:
+        return f"a field of the wrong type or value ({exc})"
+    return None
+
+
+def _readable(source: TraceSource, args: argparse.Namespace) -> TraceSource:
+    """The source without its malformed files, each named once on stderr with what is wrong
+    in it; a usage error when no trace is left to replay."""
+    split = getattr(args, "split", None)
+    if not source.paths:
+        raise UsageError("--split", f"no trace file of {args.traces!r} is in the {split!r} half")
+    good: list[Path] = []
+    skipped: list[str] = []
+    for ordinal, path in enumerate(source.paths):
+        reason = _malformed(path, ordinal)
+        if reason is None:
+            good.append(path)
+            continue
+        print(f"skipping malformed trace file {path.name}: {reason}", file=sys.stderr)
+        skipped.append(path.name)
+    if not good:
+        files = (
+            "its one trace file is" if len(skipped) == 1 else f"all {len(skipped)} trace files are"
+        )
+        half = "" if split is None else f" (the {split!r} half)"
+        raise UsageError(
+            "--traces", f"no readable trace in {args.traces!r}{half}: {files} malformed"
+        )
+    return source if not skipped else TraceSource(good, skipped)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        source = TraceSource.from_dir(args.traces, args.limit, getattr(args, "split", None))
+        _check_flags(args)
         admission = getattr(args, "admission", "none")
         names = resolve_policies(args.policies, admission)
-        if args.sessions < 1:
-            raise UsageError("sessions", f"must be >= 1, got {args.sessions}")
-        if args.capacity_blocks is not None and args.capacity_blocks < 1:
-            raise UsageError("capacity_blocks", f"must be >= 1, got {args.capacity_blocks}")
+        source = TraceSource.from_dir(args.traces, args.limit, getattr(args, "split", None))
+        source = _readable(source, args)
     except UsageError as exc:
-        print(f"agentclaims bench replay: {exc}", file=sys.stderr)
-        return 2
+        return _usage(exc)
     service = ServiceModel()
     ws = working_set_blocks(source, args.sessions, service)
+    if ws == 0:
+        return _usage(UsageError("--traces", f"the traces in {args.traces!r} make no request"))
     if args.capacity_blocks is not None:
         points: list[dict[str, Any]] = [{"capacity_blocks": args.capacity_blocks}]
     else:
-        points = [{"capacity_frac": args.capacity_frac if args.capacity_frac else 0.1}]
-    if args.plot:
+        frac = 0.1 if args.capacity_frac is None else args.capacity_frac
+        points = [{"capacity_frac": frac}]
+    if args.plot is not None:
         main_frac = points[0].get("capacity_frac")
         points += [{"capacity_frac": f} for f in SWEEP_FRACS if f != main_frac]
     rows = len(names) + (admission == "aimd")
@@ -189,11 +311,10 @@ def run(args: argparse.Namespace) -> int:
             )
     except UsageError as exc:
         progress.close()
-        print(f"agentclaims bench replay: {exc}", file=sys.stderr)
-        return 2
+        return _usage(exc)
     progress.close()
     main = comparisons[0].to_dict()
-    if args.plot:
+    if args.plot is not None:
         ordered = sorted(comparisons, key=lambda c: c.capacity_blocks)
         _plot(ordered, args.plot)
     if args.json:

@@ -223,8 +223,40 @@ def bench_sdk(
     }
 
 
+#: the flag of each field the benches name in their errors
+_FLAGS = {
+    "runs": "--runs",
+    "backends": "--backends",
+    "sessions": "--sessions",
+    "rounds": "--rounds",
+    "tool_s": "--tool-s",
+}
+
+
+def _check_flags(runs: object, path_args: dict[str, Any] | None) -> None:
+    """Each number's bounds, checked before either bench runs; the error names the flag as
+    it was typed."""
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise UsageError("--runs", f"must be an integer >= 1, got {runs!r}")
+    if path_args is None:
+        return
+    sessions = path_args["sessions"]
+    if not sessions or any(
+        isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sessions
+    ):
+        shown = " ".join(str(n) for n in sessions) or "none"
+        raise UsageError("--sessions", f"must be positive integers, got {shown}")
+    rounds = path_args["rounds"]
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise UsageError("--rounds", f"must be an integer >= 1, got {rounds!r}")
+    tool_s = path_args["tool_s"]
+    if isinstance(tool_s, bool) or not isinstance(tool_s, int | float) or not 0 <= tool_s <= 60:
+        raise UsageError("--tool-s", f"must be a number of seconds in [0, 60], got {tool_s!r}")
+
+
 def run(args: argparse.Namespace) -> int:
-    """Entry point of ``agentclaims bench sdk``: print the figures (``--json``: as JSON)."""
+    """Entry point of ``agentclaims bench sdk``: print the figures (``--json``: as JSON).
+    Every flag is checked before either bench runs; a bad one exits 2 naming it as typed."""
     path_args: dict[str, Any] | None = None
     if not getattr(args, "planner_only", True):
         path_args = {
@@ -235,12 +267,16 @@ def run(args: argparse.Namespace) -> int:
             "profile": getattr(args, "profile", False),
         }
     try:
-        result = bench_sdk(runs=getattr(args, "runs", 5))
+        runs = getattr(args, "runs", 5)
+        _check_flags(runs, path_args)
+        result = bench_sdk(runs=runs)
         if path_args is not None:
             from agentclaims.cli.bench_path import bench_path
 
             result["path"] = bench_path(**path_args)
     except UsageError as exc:
+        if exc.field in _FLAGS:
+            exc = UsageError(_FLAGS[exc.field], exc.message)
         print(f"agentclaims bench sdk: {exc}", file=sys.stderr)
         return 2
     if getattr(args, "json", False):

@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--ride-bound-s",
         type=float,
-        default=0.05,
+        default=None,
         metavar="S",
         help="--kv vllm: how long a release waits for a request to vLLM to ride on before it "
         "goes on its own (default 0.05)",
@@ -279,8 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--traces", required=True, help="folder of trace_*.json[.gz] files")
     replay.add_argument("--sessions", type=int, default=32)
     cap = replay.add_mutually_exclusive_group()
-    cap.add_argument("--capacity-blocks", type=int)
-    cap.add_argument("--capacity-frac", type=float)
+    cap.add_argument("--capacity-blocks", type=int, help="the pool, in blocks (>= 1)")
+    cap.add_argument(
+        "--capacity-frac",
+        type=float,
+        help="the pool, as a share of the working set, in (0, 10] (default 0.1)",
+    )
     replay.add_argument("--policies", nargs="+", default=None)
     replay.add_argument("--limit", type=int, default=None, help="first K traces only")
     replay.add_argument(
@@ -290,7 +294,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="only one half of the traces, fixed by a hash of each file's name: tune on one, "
         "check on the other (all by default)",
     )
-    replay.add_argument("--seed", type=int, default=0)
     replay.add_argument(
         "--admission",
         choices=("none", "aimd"),
@@ -298,7 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="aimd: add the agentclaims row behind the SDK's AIMD admission window",
     )
     replay.add_argument("--json", action="store_true")
-    replay.add_argument("--plot", default=None, metavar="FILE.png")
+    replay.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE.png",
+        help="also replay at 10%%, 25%% and 50%% of the working set, print each table, and draw "
+        "hit ratio against capacity per policy",
+    )
     replay.set_defaults(module="bench_replay")
     return parser
 

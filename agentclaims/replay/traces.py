@@ -248,7 +248,8 @@ class TraceSource:
                 data = json.load(fh)
             return parse_trace(data, index, path.name)
         except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
-            log.warning("skipping malformed trace file %s: %s", path.name, exc)
+            why = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+            log.warning("skipping malformed trace file %s: %s", path.name, why)
             self.skipped.append(path.name)
             return None
 
