@@ -64,6 +64,10 @@ _VLLM_ONLY = {
     "--ride-bound-s": "the reference engine's releases ride on no request",
     "--max-prefix-tokens": "the reference engine keeps no prompt book",
 }
+_REFERENCE_ONLY = {
+    "--script": "vLLM writes its own replies",
+    "--decode-ms": "vLLM's decode takes what it takes",
+}
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -78,6 +82,10 @@ def _check_flags(args: argparse.Namespace) -> None:
         for flag, why in _VLLM_ONLY.items():
             if getattr(args, flag[2:].replace("-", "_")) is not None:
                 raise UsageError(flag, f"needs --kv vllm ({why})")
+    else:
+        for flag, why in _REFERENCE_ONLY.items():
+            if getattr(args, flag[2:].replace("-", "_")) is not None:
+                raise UsageError(flag, f"is the reference engine's, not --kv vllm's ({why})")
     if args.kv_events is not None:  # the one kind `agentclaims vllm serve` accepts
         from agentclaims.vllm.launch import check_kv_events
 

@@ -1,6 +1,6 @@
 """`agentclaims serve` refuses a vLLM-only flag without `--kv vllm` (it would otherwise serve the
-reference engine's echo replies, the flag ignored), and on `--kv vllm` a KV events endpoint
-`agentclaims vllm serve` would refuse: exit status 2, one line naming the flag as it was typed,
+reference engine's echo replies, the flag ignored), and on `--kv vllm` the reference engine's
+own flags and a KV events endpoint `agentclaims vllm serve` would refuse: exit status 2, one line naming the flag as it was typed,
 before any port is bound or anything is built. No vLLM runs here."""
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ def nothing_bound(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--kv", "reference", "--upstream", "http://h:1"], "--upstream: needs --kv vllm"),
         ([*UPSTREAM, "--kv-events", "tcp://x"], "--kv-events: must be an ipc:// endpoint"),
         ([*UPSTREAM, "--kv-events", ""], "--kv-events: must be an ipc:// endpoint"),
+        # and the reference engine's own flags on --kv vllm, where they would do nothing
+        ([*UPSTREAM, "--script", "replies.json"], "--script: is the reference engine's"),
+        ([*UPSTREAM, "--decode-ms", "0.5"], "--decode-ms: is the reference engine's"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else "",
 )
