@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import httpx2
 
 from agentclaims.backends.base import Backend
-from agentclaims.backends.http import HTTPBackend
+from agentclaims.backends.http import HTTPBackend, check_seconds
 from agentclaims.backends.pool import BackendPool
 from agentclaims.contract import BlockHash, ClaimId, ClaimSpec, PrefixId
 from agentclaims.errors import BackendUnavailable, UnknownClaim, UsageError
@@ -179,15 +179,7 @@ class FleetBackend(BackendPool):
     ) -> None:
         if not isinstance(router_url, str) or not router_url.startswith(("http://", "https://")):
             raise UsageError("router_url", f"must be the router's http(s) URL, got {router_url!r}")
-        # as HTTPBackend's check: NaN, 0, negatives and non-numbers, before any client is built
-        if (
-            isinstance(timeout_s, bool)
-            or not isinstance(timeout_s, int | float)
-            or not timeout_s > 0
-        ):
-            raise UsageError(
-                "timeout_s", f"must be a positive number of seconds, got {timeout_s!r}"
-            )
+        check_seconds("timeout_s", timeout_s)  # before any client is built
         if max_hops is not None and (isinstance(max_hops, bool) or max_hops < 1):
             raise UsageError("max_hops", f"must be a positive integer, got {max_hops!r}")
         self.router_url = router_url.rstrip("/").removesuffix("/v1")

@@ -64,6 +64,13 @@ def _normalize(base_url: str) -> str:
     return url if url.endswith("/v1") else f"{url}/v1"
 
 
+def check_seconds(field: str, value: object) -> None:
+    """A timeout as a backend takes it: a positive number of seconds (not NaN, not a bool);
+    else ``UsageError`` naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise UsageError(field, f"must be a positive number of seconds, got {value!r}")
+
+
 class HTTPBackend:
     """A gateway reached over HTTP. ``base_url`` is the OpenAI-compatible base (``.../v1``; it
     is added if missing). Pass ``client`` to share an ``httpx2.AsyncClient`` (then closing the
@@ -80,9 +87,8 @@ class HTTPBackend:
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         api_key: str | None = None,
     ) -> None:
-        for field, value in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s)):
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise UsageError(field, f"must be a positive number of seconds, got {value!r}")
+        check_seconds("timeout_s", timeout_s)
+        check_seconds("connect_timeout_s", connect_timeout_s)
         self.base_url = _normalize(base_url)
         self.root_url = self.base_url.removesuffix("/v1")
         self.share_key: str | None = self.base_url

@@ -15,13 +15,11 @@ readable trace is a usage error.
 from __future__ import annotations
 
 import argparse
-import gzip
 import importlib.util
 import json
 import os
 import sys
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
@@ -36,7 +34,6 @@ from agentclaims.replay import (
 )
 from agentclaims.replay.model import ServiceModel
 from agentclaims.replay.policies import ROW_LABELS
-from agentclaims.replay.traces import parse_trace
 
 __all__ = ["run"]
 
@@ -221,46 +218,15 @@ def _check_plot(path: str) -> None:
             )
 
 
-def _malformed(path: Path, ordinal: int) -> str | None:
-    """What is wrong in the trace file at ``path``, in words; ``None`` when it loads."""
-    try:
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as fh:
-            data = json.load(fh)
-        if not isinstance(data, dict):
-            return f"not a JSON object but a JSON {type(data).__name__}"
-        parse_trace(data, ordinal, path.name)
-    except KeyError as exc:
-        return f"missing field {exc.args[0]!r}"
-    except json.JSONDecodeError as exc:
-        return f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-    except UnicodeDecodeError:
-        return "not UTF-8 text"
-    except (gzip.BadGzipFile, EOFError, zlib.error):
-        return "not a whole gzip file"
-    except OSError as exc:
-        return f"cannot be read ({exc.strerror or exc})"
-    except (ValueError, TypeError, AttributeError) as exc:
-        return f"a field of the wrong type or value ({exc})"
-    return None
-
-
 def _readable(source: TraceSource, args: argparse.Namespace) -> TraceSource:
     """The source without its malformed files, each named once on stderr with what is wrong
     in it; a usage error when no trace is left to replay."""
     split = getattr(args, "split", None)
     if not source.paths:
         raise UsageError("--split", f"no trace file of {args.traces!r} is in the {split!r} half")
-    good: list[Path] = []
-    skipped: list[str] = []
-    for ordinal, path in enumerate(source.paths):
-        reason = _malformed(path, ordinal)
-        if reason is None:
-            good.append(path)
-            continue
-        print(f"skipping malformed trace file {path.name}: {reason}", file=sys.stderr)
-        skipped.append(path.name)
-    if not good:
+    readable = source.readable(lambda line: print(line, file=sys.stderr))
+    skipped = readable.skipped
+    if not readable.paths:
         files = (
             "its one trace file is" if len(skipped) == 1 else f"all {len(skipped)} trace files are"
         )
@@ -268,7 +234,7 @@ def _readable(source: TraceSource, args: argparse.Namespace) -> TraceSource:
         raise UsageError(
             "--traces", f"no readable trace in {args.traces!r}{half}: {files} malformed"
         )
-    return source if not skipped else TraceSource(good, skipped)
+    return readable
 
 
 def run(args: argparse.Namespace) -> int:

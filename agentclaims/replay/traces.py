@@ -21,7 +21,8 @@ import gzip
 import hashlib
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,21 @@ SPLITS = ("tune", "check")
 """The two halves of a folder of traces: one to tune on, one to check on."""
 
 
+def _what_is_wrong(exc: BaseException) -> str:
+    """A malformed trace file's fault, in words."""
+    if isinstance(exc, KeyError):
+        return f"missing field {exc.args[0]!r}"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if isinstance(exc, gzip.BadGzipFile | EOFError | zlib.error):
+        return "not a whole gzip file"
+    if isinstance(exc, OSError):
+        return f"cannot be read ({exc.strerror or exc})"
+    return f"a field of the wrong type or value ({exc})"
+
+
 def split_of(name: str) -> str:
     """Which half the trace file ``name`` falls in: by a hash of its name, so the halves are
     fixed, about equal, and independent of the folder's order or of files added later."""
@@ -241,17 +257,46 @@ class TraceSource:
         return len(self.paths)
 
     def load(self, index: int) -> Trace | None:
+        trace = self._read(index)
+        if isinstance(trace, str):
+            log.warning("skipping malformed trace file %s: %s", self.paths[index].name, trace)
+            self.skipped.append(self.paths[index].name)
+            return None
+        return trace
+
+    def readable(self, warn: Callable[[str], None]) -> TraceSource:
+        """The same folder without its malformed files, each read once and named once to
+        ``warn`` with what is wrong in it: what a replay checks before it runs."""
+        good, skipped = [], list(self.skipped)
+        for i, path in enumerate(self.paths):
+            trace = self._read(i)
+            if isinstance(trace, str):
+                warn(f"skipping malformed trace file {path.name}: {trace}")
+                skipped.append(path.name)
+            else:
+                good.append(path)
+        return self if len(good) == len(self.paths) else TraceSource(good, skipped)
+
+    def _read(self, index: int) -> Trace | str:
+        """The ``index``-th trace, or what is wrong in its file, in words."""
         path = self.paths[index]
         try:
             opener = gzip.open if path.name.endswith(".gz") else open
             with opener(path, "rt", encoding="utf-8") as fh:
                 data = json.load(fh)
+            if not isinstance(data, dict):
+                return f"not a JSON object but a JSON {type(data).__name__}"
             return parse_trace(data, index, path.name)
-        except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
-            why = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
-            log.warning("skipping malformed trace file %s: %s", path.name, why)
-            self.skipped.append(path.name)
-            return None
+        except (
+            OSError,
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            EOFError,
+            zlib.error,
+        ) as exc:
+            return _what_is_wrong(exc)
 
     def __iter__(self) -> Iterator[Trace]:
         """Every well-formed trace, one file in memory at a time."""

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from trace_files import write_trace
 
 from agentclaims.cli.main import main
 from agentclaims.errors import UnknownNameError, UsageError
@@ -34,30 +35,6 @@ def real_traces() -> Path:
     if not TRACES.is_dir():
         pytest.skip(f"agentic traces not found at {TRACES}")
     return TRACES
-
-
-def write_trace(path: Path, trace_id: str, n: int = 3) -> None:
-    """A small well-formed trace file: a tool loop whose context grows by one block a turn."""
-    requests = [
-        {
-            "t": 10.0 * i,
-            "type": "n",
-            "model": "m",
-            "in": 64 * (2 + i),
-            "out": 10,
-            "hash_ids": list(range(1, 3 + i)),
-            "input_types": ["tool_result"],
-            "output_types": ["tool_use"],
-            "stop": "tool_use",
-            "api_time": 1.0,
-            "think_time": 9.0 if i else 0.0,
-        }
-        for i in range(n)
-    ]
-    data = {"id": trace_id, "block_size": 64, "hash_id_scope": "local", "requests": requests}
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "wt", encoding="utf-8") as fh:
-        json.dump(data, fh)
 
 
 def replay_cli(folder: Path, *args: str) -> int:
