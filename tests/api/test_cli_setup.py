@@ -43,6 +43,30 @@ def test_version_prints_the_projects_version(tmp_path: Path) -> None:
     assert agentclaims.__version__ == declared
 
 
+def test_python_dash_m_runs_the_same_command(tmp_path: Path) -> None:
+    # a venv whose scripts folder is not on PATH: ``python -m agentclaims`` is the command
+    done = subprocess.run(
+        [sys.executable, "-m", "agentclaims", "report", str(tmp_path / "no-logs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "no-logs" in done.stderr
+    assert "Traceback" not in done.stderr
+    version = subprocess.run(
+        [sys.executable, "-m", "agentclaims", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=tmp_path,
+    )
+    assert version.stdout.strip() == f"agentclaims {agentclaims.__version__}"
+
+
 def _fake_python(folder: Path) -> Path:
     python = folder / ".venv-vllm" / "bin" / "python"
     python.parent.mkdir(parents=True)
@@ -88,7 +112,7 @@ def test_serve_names_its_own_flag_for_a_python_that_is_not_one(tmp_path: Path) -
     missing = tmp_path / "no-such-python"
     done = _cli(
         "serve", "--kv", "vllm", "--upstream", "http://127.0.0.1:9", "--claims-key", "k",
-        "--kv-events", f"ipc://{tmp_path}/kv", "--vllm-python", str(missing),
+        "--kv-events", f"ipc://{tmp_path}/kv", "--vllm-python", str(missing), "--port", "0",
         cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 2

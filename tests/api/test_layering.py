@@ -88,7 +88,8 @@ def _part_of(path: Path) -> str:
     relative = path.relative_to(PACKAGE)
     if len(relative.parts) > 1:
         return relative.parts[0]
-    return "agentclaims" if relative.stem == "__init__" else relative.stem
+    # ``__main__`` (``python -m agentclaims``) is the command line's way in, as the top is
+    return "agentclaims" if relative.stem in ("__init__", "__main__") else relative.stem
 
 
 def _module_of(path: Path) -> list[str]:
