@@ -135,18 +135,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--promote",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
-        help="workflow calls (the SDK's) that go ahead in vLLM's queue at once, at most "
-        "(0: none; docs/vllm-connector.md)",
+        help="on --kv vllm: workflow calls (the SDK's) that go ahead in vLLM's queue at once, "
+        "at most (default 1; 0: none; docs/vllm-connector.md)",
     )
     serve.add_argument(
         "--promote-share",
         type=float,
         default=None,
         metavar="F",
-        help="the share of the time promoted calls may put the calls they overtake back by, "
-        "each charged its prefill; (0, 1] (default 0.15; docs/vllm-connector.md)",
+        help="on --kv vllm: the share of the time promoted calls may put the calls they "
+        "overtake back by, each charged its prefill; (0, 1] (default 0.15; "
+        "docs/vllm-connector.md)",
     )
     serve.add_argument(
         "--behind-router",

@@ -63,6 +63,8 @@ _VLLM_ONLY = {
     "--vllm-python": "the reference engine runs no vLLM environment",
     "--ride-bound-s": "the reference engine's releases ride on no request",
     "--max-prefix-tokens": "the reference engine keeps no prompt book",
+    "--promote": "the reference engine has no queue of vLLM's to put calls ahead in",
+    "--promote-share": "the reference engine has no queue of vLLM's to put calls ahead in",
 }
 _REFERENCE_ONLY = {
     "--script": "vLLM writes its own replies",
@@ -101,7 +103,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     decode = args.decode_ms
     if decode is not None and not (decode >= 0 and math.isfinite(decode)):
         raise UsageError("--decode-ms", f"must be a non-negative number of ms, got {decode:g}")
-    if args.promote < 0:
+    if args.promote is not None and args.promote < 0:
         raise UsageError("--promote", f"must be a non-negative integer, got {args.promote}")
     share = args.promote_share
     if share is not None and not 0 < share <= 1:
@@ -201,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             keys=keys,
             ledger=ledger,
             instance=instance,
-            promote=args.promote,
+            **({} if args.promote is None else {"promote": args.promote}),
             promote_share=args.promote_share,
         )
     except AgentClaimsError as exc:

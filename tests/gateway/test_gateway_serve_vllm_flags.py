@@ -34,6 +34,8 @@ def nothing_bound(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--vllm-python", "/usr/bin/python3"], "--vllm-python: needs --kv vllm"),
         (["--ride-bound-s", "0.05"], "--ride-bound-s: needs --kv vllm"),
         (["--max-prefix-tokens", "1000"], "--max-prefix-tokens: needs --kv vllm"),
+        (["--promote", "2"], "--promote: needs --kv vllm (the reference engine has no queue"),
+        (["--promote-share", "0.5"], "--promote-share: needs --kv vllm"),
         (["--kv", "reference", "--upstream", "http://h:1"], "--upstream: needs --kv vllm"),
         ([*UPSTREAM, "--kv-events", "tcp://x"], "--kv-events: must be an ipc:// endpoint"),
         ([*UPSTREAM, "--kv-events", ""], "--kv-events: must be an ipc:// endpoint"),
