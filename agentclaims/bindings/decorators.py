@@ -73,11 +73,11 @@ def _is_compiled_graph(obj: object) -> bool:
 
 
 def checked_backend(
-    backend: Backend | BackendPool | None, options: SessionOptions
+    backend: Backend | BackendPool | None, options: SessionOptions, who: str = "claimed_session"
 ) -> Backend | BackendPool:
     """The backend, once every option is checked: at decoration time, not at the first run."""
     if backend is None:
-        raise UsageError("backend", "claimed_session needs backend=... (a Backend or BackendPool)")
+        raise UsageError("backend", f"{who} needs a backend (a Backend or BackendPool), got None")
     check_options(backend, options)  # the session's own checks
     return backend
 
@@ -93,8 +93,9 @@ class _HistoryOptions(TypedDict, total=False):
 class ClaimedGraph(Generic[G_co]):
     """A compiled LangGraph graph (``graph``) whose every run happens inside a claimed session.
 
-    ``ainvoke``/``astream`` behave and are typed like the graph's (``Pregel``'s); ``invoke``
-    runs ``ainvoke`` on a fresh event loop (call it from synchronous code only). The graph's
+    ``ainvoke``/``astream`` behave and are typed like the graph's (``Pregel``'s); ``invoke``,
+    ``stream`` and ``batch`` run them on the process's background event loop
+    (``agentclaims.session.portal``; from synchronous code only). The graph's
     state and drawing methods (``get_graph``, ``get_state``, ``update_state``, ...) pass through
     unchanged; anything else is reached on ``graph`` itself. ``aeg`` is the Agent Execution
     Graph extracted from the graph and ``tool_times`` the waits learned so far: both are shared
@@ -112,7 +113,8 @@ class ClaimedGraph(Generic[G_co]):
         self._graph = graph
         self.backend = checked_backend(backend, options)
         self.aeg = aeg_from_langgraph(graph)
-        self.tool_times = options.pop("tool_times", None) or ToolTimeModel(prior_mean_s=0.1)
+        tool_times = options.pop("tool_times", None)
+        self.tool_times = ToolTimeModel(prior_mean_s=0.1) if tool_times is None else tool_times
         self.options = options
         """The options every run's session gets (besides ``backend``, ``graph=aeg`` and
         ``tool_times``)."""
@@ -528,6 +530,12 @@ def claimed_session(
     checked = checked_backend(backend, options)
 
     def decorate(fn: Any) -> Any:
+        if isinstance(fn, ClaimedGraph):
+            raise UsageError(
+                "target",
+                "this graph is claimed already: claim the compiled graph once (its `.graph`), "
+                "or start a run with other options with `claimed.run(**options)`",
+            )
         if _is_compiled_graph(fn):
             return ClaimedGraph(fn, backend=checked, **options)
         if not callable(fn):

@@ -13,7 +13,11 @@ from typing import Any
 from langchain_openai import ChatOpenAI
 
 from agentclaims.backends.base import Backend
-from agentclaims.bindings.openai import claims_http_client, claims_sync_http_client
+from agentclaims.bindings.openai import (
+    claims_http_client,
+    claims_sync_http_client,
+    client_backend,
+)
 from agentclaims.session.transport import PLACEHOLDER_KEY
 
 __all__ = ["chat_model"]
@@ -21,6 +25,7 @@ __all__ = ["chat_model"]
 
 def chat_model(backend: Backend, *, model: str = "scripted", **kwargs: Any) -> ChatOpenAI:
     """A ``ChatOpenAI`` whose calls go to ``backend`` with claims (retries owned by the session)."""
+    backend = client_backend(backend)
     kwargs.setdefault("api_key", getattr(backend, "api_key", None) or PLACEHOLDER_KEY)
     kwargs.setdefault("max_retries", 0)
     return ChatOpenAI(

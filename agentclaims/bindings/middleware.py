@@ -112,14 +112,16 @@ class ClaimsMiddleware(AgentMiddleware[ClaimsState, Any, Any]):
         super().__init__()
         if not isinstance(inline_hooks, bool):
             raise UsageError("inline_hooks", f"must be true or false, got {inline_hooks!r}")
-        self.backend = checked_backend(backend, options)
+        self.backend = checked_backend(backend, options, "ClaimsMiddleware")
         if inline_hooks:
             from agentclaims.bindings.langsmith import inline_untraced
 
             inline_untraced()
-        self.aeg: AgentExecutionGraph = options.pop("graph", None) or create_agent_aeg()
-        self.tool_times: ToolTimeModel = options.pop("tool_times", None) or ToolTimeModel(
-            prior_mean_s=0.1
+        graph, tool_times = options.pop("graph", None), options.pop("tool_times", None)
+        # an empty graph given is kept (learned online, shared), not swapped for the default
+        self.aeg: AgentExecutionGraph = create_agent_aeg() if graph is None else graph
+        self.tool_times: ToolTimeModel = (
+            ToolTimeModel(prior_mean_s=0.1) if tool_times is None else tool_times
         )
         self.options = options
         self.last_session: ClaimedSession | None = None

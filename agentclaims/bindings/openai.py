@@ -15,11 +15,13 @@ import httpx2
 import openai
 
 from agentclaims.backends.base import Backend
+from agentclaims.errors import UsageError
 from agentclaims.session.transport import PLACEHOLDER_KEY, ClaimsTransport, SyncClaimsTransport
 
 __all__ = [
     "claims_http_client",
     "claims_sync_http_client",
+    "client_backend",
     "is_claims_client",
     "openai_client",
     "openai_sync_client",
@@ -36,8 +38,28 @@ def is_claims_client(client: object) -> bool:
         return False
 
 
+def client_backend(backend: object) -> Backend:
+    """``backend`` if it is one a client can send to, else ``UsageError("backend")``."""
+    from agentclaims.backends.pool import BackendPool
+
+    if isinstance(backend, BackendPool):
+        raise UsageError(
+            "backend",
+            "a BackendPool has no one URL to send to: make the client with one of its members "
+            "(pool.backends[0]); the session moves its calls between them",
+        )
+    if not isinstance(getattr(backend, "base_url", None), str) or not all(
+        hasattr(backend, name) for name in ("submit_claim", "http_client", "name")
+    ):
+        raise UsageError(
+            "backend", f"expected a Backend (EmbeddedBackend, HTTPBackend, ...), got {backend!r}"
+        )
+    return backend  # type: ignore[return-value]
+
+
 def claims_http_client(backend: Backend) -> httpx2.AsyncClient:
     """An ``httpx2.AsyncClient`` whose requests go through the claims transport."""
+    backend = client_backend(backend)
     client = httpx2.AsyncClient(
         transport=ClaimsTransport(backend), base_url=backend.base_url, timeout=60.0
     )
@@ -48,6 +70,7 @@ def claims_http_client(backend: Backend) -> httpx2.AsyncClient:
 def claims_sync_http_client(backend: Backend) -> httpx2.Client:
     """An ``httpx2.Client`` (synchronous) whose requests go through the claims transport, on
     the session's event loop (``SyncClaimsTransport``)."""
+    backend = client_backend(backend)
     client = httpx2.Client(
         transport=SyncClaimsTransport(backend), base_url=backend.base_url, timeout=60.0
     )
@@ -58,6 +81,7 @@ def claims_sync_http_client(backend: Backend) -> httpx2.Client:
 def openai_sync_client(backend: Backend, **kwargs: Any) -> openai.OpenAI:
     """``openai.OpenAI`` (synchronous) for ``backend``: for ``def`` code running inside a
     claimed session (a LangGraph ``def`` node) or outside one."""
+    backend = client_backend(backend)
     kwargs.setdefault("api_key", getattr(backend, "api_key", None) or PLACEHOLDER_KEY)
     kwargs.setdefault("max_retries", 0)
     return openai.OpenAI(
@@ -67,6 +91,7 @@ def openai_sync_client(backend: Backend, **kwargs: Any) -> openai.OpenAI:
 
 def openai_client(backend: Backend, **kwargs: Any) -> openai.AsyncOpenAI:
     """``openai.AsyncOpenAI`` for ``backend`` (extra keyword arguments go to the client)."""
+    backend = client_backend(backend)
     kwargs.setdefault("api_key", getattr(backend, "api_key", None) or PLACEHOLDER_KEY)
     kwargs.setdefault("max_retries", 0)
     return openai.AsyncOpenAI(

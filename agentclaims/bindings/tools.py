@@ -66,8 +66,8 @@ class ToolCallRecorder(BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         session = current_session()
-        if session is None or in_explicit_tool_call():
-            return
+        if session is None or not session.lifecycle.entered or in_explicit_tool_call():
+            return  # outside a session, after its end (a task that outlived it) or counted
         name = str((serialized or {}).get("name") or kwargs.get("name") or "tool")
         step_node = (
             session.current_node(metadata)

@@ -42,12 +42,11 @@ from starlette.responses import Response, StreamingResponse
 
 from agentclaims import _json
 from agentclaims.contract import ClaimId, OwnerScope
-from agentclaims.errors import AgentClaimsError, UnknownClaim, UsageError
+from agentclaims.errors import UnknownClaim, UsageError
 from agentclaims.gateway.params import json_object, tenant_of
 from agentclaims.gateway.streaming import FLUSH, ChunkStream, JSONResponse, chunks_of, joined
 from agentclaims.gateway.tenants import Tenant
 from agentclaims.protocol import EXTENSION_KEY
-from agentclaims.protocol.codec import exception_error
 
 if TYPE_CHECKING:
     from agentclaims.gateway.completions import CompletionRoutes
@@ -67,6 +66,7 @@ _ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     413: "request_too_large",
     429: "rate_limit_error",
 }
@@ -90,6 +90,8 @@ class Converted:
     model: str = ""
     written: bool = False
     """A breakpoint's claim was accepted: what the call computed is held (cache creation)."""
+    block_size: int = 0
+    """The KV side's block size: a claim on the prompt holds its full blocks only."""
     held_ttl_s: float | None = None
     """The TTL its claim asks (the longest breakpoint's, capped by the tenant and engine)."""
     boundaries: list[str] = field(default_factory=list)
@@ -162,6 +164,8 @@ def _message(raw: object, i: int, marks: list[tuple[str, float]]) -> list[dict[s
             name, call_id = block.get("name"), block.get("id")
             if not isinstance(name, str) or not isinstance(call_id, str):
                 raise _fail(at, "a tool_use block needs a string id and name")
+            if not isinstance(block.get("input", {}), Mapping):
+                raise _fail(f"{at}.input", f"must be an object, got {block.get('input')!r}")
             arguments = json.dumps(block.get("input") or {}, separators=(",", ":"))
             calls.append(
                 {
@@ -210,6 +214,10 @@ def to_chat(body: Mapping[str, Any]) -> Converted:
         for i, spec in enumerate(tools):
             if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
                 raise _fail(f"tools[{i}]", "needs a string name")
+            if spec.get("type") not in (None, "custom"):  # web search, code execution, ...
+                raise _fail(
+                    f"tools[{i}].type", f"server tools are not served here: {spec['type']!r}"
+                )
             if spec.get("cache_control") is not None:
                 marks.append((f"tools[{i}]", _ttl(spec["cache_control"], f"tools[{i}]")))
             function = {"name": spec["name"], "parameters": spec.get("input_schema") or {}}
@@ -232,9 +240,7 @@ def to_chat(body: Mapping[str, Any]) -> Converted:
             f"found {len(marks)}",
         )
     chat: dict[str, Any] = {"model": model, "messages": chat_messages, "max_tokens": max_tokens}
-    for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k")):
-        if body.get(theirs) is not None:
-            chat[ours] = body[theirs]
+    _sampling(body, chat)
     stop = body.get("stop_sequences")
     if stop is not None:
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
@@ -260,6 +266,29 @@ def to_chat(body: Mapping[str, Any]) -> Converted:
         chat[EXTENSION_KEY] = body[EXTENSION_KEY]
     breakpoints = [Breakpoint(w, t, w in ("auto", last_block)) for w, t in marks]
     return Converted(chat, breakpoints, model, boundaries=_boundaries(chat))
+
+
+def _sampling(body: Mapping[str, Any], chat: dict[str, Any]) -> None:
+    """The sampling fields into ``chat``, checked as the Messages API checks them
+    (``temperature`` and ``top_p`` in [0, 1], ``top_k`` an integer >= 0), and ``metadata``
+    (an object; not used here)."""
+    for name in ("temperature", "top_p"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise _fail(name, f"must be a number in [0, 1], got {value!r}")
+        chat[name] = value
+    top_k = body.get("top_k")
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+            raise _fail("top_k", f"must be an integer >= 0, got {top_k!r}")
+        chat["top_k"] = top_k
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise _fail("metadata", f"expected an object, got {metadata!r}")
+    if metadata is not None and not isinstance(metadata.get("user_id", ""), str | None):
+        raise _fail("metadata.user_id", f"must be a string, got {metadata['user_id']!r}")
 
 
 def _boundaries(chat: Mapping[str, Any]) -> list[str]:
@@ -292,18 +321,44 @@ def _tool_choice(choice: object) -> object:
         return "required"
     if kind == "none":
         return "none"
-    if kind == "tool" and isinstance(choice.get("name"), str):
+    if kind == "tool":
+        if not isinstance(choice.get("name"), str):
+            raise _fail("tool_choice.name", f"must be a string, got {choice.get('name')!r}")
         return {"type": "function", "function": {"name": choice["name"]}}
     raise _fail("tool_choice.type", f'must be "auto", "any", "tool" or "none", got {kind!r}')
 
 
-def error_response(status: int, message: str, extra: Mapping[str, Any] | None = None) -> Response:
+def error_response(
+    status: int,
+    message: str,
+    extra: Mapping[str, Any] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> Response:
     """An error in the Messages API's shape (the gateway's ``agentclaims`` details beside)."""
     kind = _ERROR_TYPES.get(status, "overloaded_error" if status in (409, 503) else "api_error")
     body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
     if extra:
         body[EXTENSION_KEY] = dict(extra)
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=dict(headers or {}))
+
+
+def anthropic_path(request: Request) -> bool:
+    """Whether a call went to the Messages API (``/v1/messages`` and below it): an Anthropic
+    client's, answered in that API's error shape whatever refuses it (its key, the gateway
+    stopping, a body too large, a route not served such as ``/v1/messages/count_tokens``)."""
+    path: str = request.url.path
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def anthropic_error(
+    status: int, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
+) -> Response:
+    """The gateway's error ``body`` (``{"error": {"type", "message", ...}}``) in the Messages
+    API's shape, the gateway's own error beside it under ``agentclaims.error``."""
+    error = body.get("error")
+    error = dict(error) if isinstance(error, Mapping) else {"message": "the request failed"}
+    # a usage error's message names its field already
+    return error_response(status, str(error.get("message")), {"error": error}, headers)
 
 
 class BreakpointClaims:
@@ -337,32 +392,29 @@ class MessagesRoute:
         self.claims = BreakpointClaims()
 
     async def messages(self, request: Request) -> Response:
-        try:
-            body = await json_object(request)
-            converted = to_chat(body)
-            tenant = tenant_of(request)
-            claim = await self._claim(converted, tenant)
-            if claim is not None:
-                ext = dict(converted.chat.get(EXTENSION_KEY) or {})
-                ext["claims"] = [*(ext.get("claims") or []), claim]
-                converted.chat[EXTENSION_KEY] = ext
-                await self._refresh(converted, tenant)
-            response = await self.completions.completion_of(request, "chat", converted.chat)
-        except AgentClaimsError as exc:
-            status, err = exception_error(exc)
-            shown = self.completions.service.namespace.shown_body(err, tenant_of(request))
-            error = shown["error"]  # a usage error's message names its field already
-            return error_response(status, error["message"], {"error": error})
+        """A Messages call; a bad one raises, and the gateway answers it as every error is
+        answered (counted, 413 for a body too large), in this API's shape (``anthropic_error``)."""
+        body = await json_object(request)
+        converted = to_chat(body)
+        tenant = tenant_of(request)
+        claim = await self._claim(converted, tenant)
+        if claim is not None:
+            ext = dict(converted.chat.get(EXTENSION_KEY) or {})
+            ext["claims"] = [*(ext.get("claims") or []), claim]
+            converted.chat[EXTENSION_KEY] = ext
+            await self._refresh(converted, tenant)
+        response = await self.completions.completion_of(request, "chat", converted.chat)
         if response.status_code != 200:
             return _error_from(response)
         claim_id = None if claim is None else claim["claim_id"]
         converted.held_ttl_s = None if claim is None else claim["ttl_s"]
+        converted.block_size = int(getattr(self.completions.kv, "block_size", 0) or 0)
         if isinstance(response, ChunkStream):
             return self._stream(response, converted, claim_id, tenant)
         answer = _json.loads(bytes(response.body))
         extension = answer.get(EXTENSION_KEY) or {}
         report = await self._report(converted, claim_id, extension, tenant)
-        message = _message_of(answer, converted.model, converted.written)
+        message = _message_of(answer, converted)
         out = JSONResponse(message)
         out.headers[CACHE_HEADER] = _header(report)
         return out
@@ -538,7 +590,7 @@ class MessagesRoute:
                 "message_delta",
                 {
                     "delta": _stopped(finish, matched),
-                    "usage": _usage(usage, converted.written),
+                    "usage": _usage(usage, converted),
                     EXTENSION_KEY: extension,
                 },
             )
@@ -566,13 +618,16 @@ def _start(msg_id: str, model: str) -> dict[str, Any]:
     }
 
 
-def _usage(usage: Mapping[str, Any], written: bool) -> dict[str, int]:
-    """The chat usage as the Messages API counts it (``written``: a breakpoint's claim holds
-    what this call computed)."""
+def _usage(usage: Mapping[str, Any], converted: Converted) -> dict[str, int]:
+    """The chat usage as the Messages API counts it: cache creation, where a breakpoint's
+    claim was accepted (``written``), the tokens this call computed that the claim holds (the
+    prompt's full blocks: a partial last block is computed again by the next call, input)."""
     prompt = int(usage.get("prompt_tokens") or 0)
     cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
     cached = min(cached, prompt)
-    created = prompt - cached if written else 0
+    size = converted.block_size
+    held = prompt - prompt % size if size > 0 else prompt
+    created = max(0, held - cached) if converted.written else 0
     return {
         "input_tokens": prompt - cached - created,
         "output_tokens": int(usage.get("completion_tokens") or 0),
@@ -581,7 +636,7 @@ def _usage(usage: Mapping[str, Any], written: bool) -> dict[str, int]:
     }
 
 
-def _message_of(answer: Mapping[str, Any], model: str, written: bool) -> dict[str, Any]:
+def _message_of(answer: Mapping[str, Any], converted: Converted) -> dict[str, Any]:
     choice = (answer.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     content: list[dict[str, Any]] = []
@@ -606,10 +661,10 @@ def _message_of(answer: Mapping[str, Any], model: str, written: bool) -> dict[st
         "id": f"msg_{uuid.uuid4().hex[:24]}",
         "type": "message",
         "role": "assistant",
-        "model": model,
+        "model": converted.model,
         "content": content,
         **_stopped(choice.get("finish_reason"), choice.get("stop_reason")),
-        "usage": _usage(answer.get("usage") or {}, written),
+        "usage": _usage(answer.get("usage") or {}, converted),
         EXTENSION_KEY: extension,
     }
 
@@ -635,7 +690,7 @@ def _error_from(response: Response) -> Response:
         message or "the request failed",
         body if isinstance(body, Mapping) else None,
     )
-    for name in ("retry-after", "x-agentclaims-router-safe"):
+    for name in ("retry-after", "retry-after-ms", "x-should-retry", "x-agentclaims-router-safe"):
         if name in response.headers:
             out.headers[name] = response.headers[name]
     return out

@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 from agentclaims.contract import SCHEMA_VERSION
 from agentclaims.engine import ReferenceKV
 from agentclaims.errors import AgentClaimsError, ServiceUnavailable, UsageError
-from agentclaims.gateway.anthropic import MessagesRoute
+from agentclaims.gateway.anthropic import MessagesRoute, anthropic_error, anthropic_path
 from agentclaims.gateway.claim_routes import ClaimRoutes
 from agentclaims.gateway.completions import CompletionRoutes
 from agentclaims.gateway.extension import Extension, Instance
@@ -288,17 +288,18 @@ class _Gateway:
         if isinstance(exc, BodyTooLarge):
             status = 413
         self.errors[body["error"]["type"]] += 1
+        if anthropic_path(request):  # an Anthropic client's call: that API's shape
+            return anthropic_error(status, body, self.instance.headers)
         return JSONResponse(body, status_code=status, headers=self.instance.headers)
 
     async def on_http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         kind = "not_found" if exc.status_code == 404 else "http_error"
         self.errors[kind] += 1
-        return JSONResponse(
-            error_body(kind, f"{request.method} {request.url.path}: {exc.detail}"),
-            status_code=exc.status_code,
-            headers=self.instance.headers,
-        )
+        body = error_body(kind, f"{request.method} {request.url.path}: {exc.detail}")
+        if anthropic_path(request):
+            return anthropic_error(exc.status_code, body, self.instance.headers)
+        return JSONResponse(body, status_code=exc.status_code, headers=self.instance.headers)
 
 
 class _GatewayApp(Starlette):

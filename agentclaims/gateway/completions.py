@@ -456,6 +456,8 @@ class CompletionRoutes:
         )
         err["error"].update(self.instance.fields)
         self.errors[err["error"]["type"]] += 1
+        if result.outcome.feasibility is Feasibility.INFEASIBLE_EXCEEDS_CAPACITY:
+            headers = {**headers, NO_RETRY_HEADER: "false"}  # the OpenAI and Anthropic clients'
         return JSONResponse(err, status_code=status, headers=headers)
 
     def router_safe(self, request: Request) -> bool:
@@ -485,6 +487,9 @@ class _Hosted:
     claim: _CacheClaim | None
 
 
+NO_RETRY_HEADER = "x-should-retry"
+"""``false`` on a refusal no retry can turn into an answer (the request is larger than the
+pool): the official clients retry a 409 by themselves otherwise, twice, each refused again."""
 _PROMPT_CACHE_FIELDS = frozenset({"cache_salt", "prompt_cache_key", "prompt_cache_retention"})
 """Fields that ask the general way for something (a salt inside the tenant's, a claim)."""
 _SERVED = ActiveOutcome(

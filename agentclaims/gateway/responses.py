@@ -68,6 +68,15 @@ def to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
         raise _fail("previous_response_id", "responses are not stored here: send the input")
     if body.get("store") is True:
         raise _fail("store", "responses are not stored here: send store: false")
+    metadata, user = body.get("metadata"), body.get("user")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise _fail("metadata", f"expected an object, got {metadata!r}")
+    if user is not None and not isinstance(user, str):
+        raise _fail("user", f"must be a string, got {user!r}")
+    if body.get("background") is True:
+        raise _fail(
+            "background", "responses are not stored here to be polled: send it in the foreground"
+        )
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None:
@@ -104,13 +113,16 @@ def to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
         chat_tools.append({"type": "function", "function": function})
+    choice = _tool_choice(body.get("tool_choice"))
     if chat_tools:
         chat["tools"] = chat_tools
-        choice = body.get("tool_choice")
-        if isinstance(choice, str):
+        if choice is not None:
             chat["tool_choice"] = choice
-        elif isinstance(choice, Mapping) and choice.get("type") == "function":
-            chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+        if isinstance(body.get("parallel_tool_calls"), bool):
+            chat["parallel_tool_calls"] = body["parallel_tool_calls"]
+    response_format = _format(body.get("text"))
+    if response_format is not None:
+        chat["response_format"] = response_format
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _fail("stream", f"must be true or false, got {stream!r}")
@@ -118,6 +130,44 @@ def to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
     return chat
+
+
+def _tool_choice(choice: object) -> object:
+    """The chat's ``tool_choice`` for a Responses one (``None``: none given)."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, Mapping) and choice.get("type") == "function":
+        if not isinstance(choice.get("name"), str):
+            raise _fail("tool_choice.name", f"must be a string, got {choice.get('name')!r}")
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise _fail(
+        "tool_choice",
+        f'must be "auto", "none", "required" or {{"type": "function", "name": ...}}, '
+        f"got {choice!r}",
+    )
+
+
+def _format(text: object) -> dict[str, Any] | None:
+    """The chat's ``response_format`` for a Responses ``text.format`` (``None``: plain text),
+    so that a structured output (the Agents SDK's ``output_type``) is asked of the engine as a
+    chat completion asks it, not dropped."""
+    if text is None:
+        return None
+    if not isinstance(text, Mapping):
+        raise _fail("text", f"expected an object, got {text!r}")
+    fmt = text.get("format")
+    kind = fmt.get("type") if isinstance(fmt, Mapping) else None
+    if fmt is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        assert isinstance(fmt, Mapping)
+        if not isinstance(fmt.get("name"), str) or not isinstance(fmt.get("schema"), Mapping):
+            raise _fail("text.format", "a json_schema format needs a string name and a schema")
+        schema = {k: fmt[k] for k in ("name", "schema", "description", "strict") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    raise _fail("text.format.type", f'must be "text", "json_object" or "json_schema", got {kind!r}')
 
 
 def _item(item: object, where: str, messages: list[dict[str, Any]]) -> None:
@@ -237,7 +287,9 @@ class ResponsesRoute:
             return response  # OpenAI's error shape already, the refusal's details in it
         resp_id = f"resp_{uuid.uuid4().hex[:24]}"
         if isinstance(response, ChunkStream):
-            return self._stream(body, response, resp_id)
+            streamed = self._stream(body, response, resp_id)
+            _copy_headers(response, streamed)  # the prompt cache's decision, where it is known
+            return streamed
         answer = _json.loads(bytes(response.body))
         choice = (answer.get("choices") or [{}])[0]
         message = choice.get("message") or {}
@@ -252,9 +304,7 @@ class ResponsesRoute:
         # the chat usage beside it: what the SDK's sessions read (as on a streamed chat)
         out[EXTENSION_KEY] = {**(answer.get(EXTENSION_KEY) or {}), "usage": answer.get("usage")}
         reply = JSONResponse(out)
-        for name, value in response.headers.items():
-            if name.startswith("x-agentclaims"):
-                reply.headers[name] = value
+        _copy_headers(response, reply)
         return reply
 
     def _stream(self, body: Mapping[str, Any], response: ChunkStream, resp_id: str) -> Response:
@@ -379,6 +429,13 @@ class ResponsesRoute:
         return StreamingResponse(
             joined(events()), media_type="text/event-stream", headers={"cache-control": "no-cache"}
         )
+
+
+def _copy_headers(answer: Response, reply: Response) -> None:
+    """The gateway's ``x-agentclaims-*`` headers of the chat answer onto the Responses one."""
+    for name, value in answer.headers.items():
+        if name.startswith("x-agentclaims"):
+            reply.headers[name] = value
 
 
 def _event(kind: str, seq: int, **fields: Any) -> bytes:

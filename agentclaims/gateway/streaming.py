@@ -6,7 +6,8 @@ sent as ``data: <chunk>`` events then ``data: [DONE]``:
 
 * chat (``chat.completion.chunk``): a first delta with the role, the content in pieces (a word
   and its trailing space each), each tool call (its id and name, then its arguments), and a
-  last delta carrying ``finish_reason``;
+  last delta carrying ``finish_reason`` (and ``stop_reason``, the stop string it ended at,
+  where the whole answer has one: Anthropic's ``stop_sequence`` is read from it);
 * text (``text_completion``): the text in pieces, then the ``finish_reason``;
 * ``stream_options: {"include_usage": true}``: every chunk has ``"usage": null`` and one more
   chunk, with no choices, carries the usage (OpenAI's shape).
@@ -190,11 +191,14 @@ def chunks(answer: Mapping[str, Any], *, include_usage: bool) -> Iterator[dict[s
 
     def add(**fields: Any) -> None:
         finish = fields.pop("finish_reason", None)
+        matched = fields.pop("stop_reason", None)
         if chat:
             part = {"index": 0, "delta": fields, "logprobs": None, "finish_reason": finish}
         else:
             part = {"index": 0, "text": fields.get("text", ""), "logprobs": None}
             part["finish_reason"] = finish
+        if matched is not None:  # the stop string it ended at, as vLLM streams it
+            part["stop_reason"] = matched
         out.append({**head, "choices": [part]})
 
     if chat:
@@ -208,11 +212,15 @@ def chunks(answer: Mapping[str, Any], *, include_usage: bool) -> Iterator[dict[s
             opened = {"index": i, "id": call.get("id"), "type": "function", "function": opening}
             add(tool_calls=[opened])
             add(tool_calls=[{"index": i, "function": {"arguments": function.get("arguments")}}])
-        add(finish_reason=choice.get("finish_reason"))
+        add(finish_reason=choice.get("finish_reason"), stop_reason=choice.get("stop_reason"))
     else:
         for piece in _pieces(choice.get("text")):
             add(text=piece)
-        add(text="", finish_reason=choice.get("finish_reason"))
+        add(
+            text="",
+            finish_reason=choice.get("finish_reason"),
+            stop_reason=choice.get("stop_reason"),
+        )
     usage = answer.get("usage")
     if include_usage:
         out.append({**head, "choices": [], "usage": usage})

@@ -155,7 +155,8 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 def _check_scripted(kind: str, body: Mapping[str, Any]) -> None:
     """What the reference engine reads beyond ``check_body``'s shape (vLLM checks its own:
     its roles, images and ``n`` depend on its model): OpenAI's roles, text content parts,
-    one choice, and the sampling fields' types (``max_tokens`` and ``stop`` are honoured)."""
+    function tools, one choice, and the types of the sampling fields (``max_tokens`` and
+    ``stop`` are honoured), ``user``, ``metadata`` and ``seed``."""
     if kind == "chat":
         for i, message in enumerate(body["messages"]):
             role = message.get("role")
@@ -177,6 +178,21 @@ def _check_scripted(kind: str, body: Mapping[str, Any]) -> None:
                         f"messages[{i}].content[{j}]",
                         f"the reference engine reads text parts only, got {part!r}",
                     )
+    for i, tool in enumerate(body.get("tools") or ()):  # check_body: a list of objects
+        function = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(function, Mapping):
+            raise UsageError(f"tools[{i}]", 'must be {"type": "function", "function": {...}}')
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise UsageError(f"tools[{i}].function.name", "must be a non-empty string")
+    user, metadata, seed = body.get("user"), body.get("metadata"), body.get("seed")
+    if user is not None and not isinstance(user, str):
+        raise UsageError("user", f"must be a string, got {user!r}")
+    if metadata is not None and not (
+        isinstance(metadata, Mapping) and all(isinstance(v, str) for v in metadata.values())
+    ):
+        raise UsageError("metadata", f"must be an object of strings, got {metadata!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise UsageError("seed", f"must be an integer, got {seed!r}")
     for name in ("max_tokens", "max_completion_tokens", "n"):
         value = body.get(name)
         if value is not None and (

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import threading
 from collections.abc import Iterator
 from contextvars import ContextVar, Token
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from agentclaims.errors import (
     BackendUnavailable,
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import TracerProvider
 
-    from agentclaims.session.options import CheckedOptions
+    from agentclaims.session.options import CheckedOptions, LogStream
     from agentclaims.session.state import SessionState
 
 __all__ = ["END_REASONS", "SessionLifecycle", "current"]
@@ -53,7 +54,7 @@ class SessionLifecycle:
         self._face = face
         """What ``current_session()`` returns while the run is current (the facade)."""
         self.log_dir: Path | None = options.log_dir
-        self._log_stream: TextIO | None = options.log_stream
+        self._log_stream: LogStream | None = options.log_stream
         self._tracing = options.tracing
         self._tracer_provider: TracerProvider | None = options.tracer_provider
         self._trace_token: Token[Context] | None = None
@@ -72,7 +73,12 @@ class SessionLifecycle:
         s = self._s
         if self._token is not None or self._closed:
             raise UsageError("session", "a ClaimedSession can be entered once")
-        await s.route.admit()  # a pool with an admission window may make it wait
+        _take_workflow_id(s.workflow_id)
+        try:
+            await s.route.admit()  # a pool with an admission window may make it wait
+        except BaseException:
+            _free_workflow_id(s.workflow_id)
+            raise
         try:
             if self._tracing_on():
                 from agentclaims.observability.otel import SessionTracer
@@ -90,11 +96,17 @@ class SessionLifecycle:
                     listeners=() if s.tracer is None else (s.tracer,),
                     background=True,  # log writes never block the agents' loop
                 )
-        except BaseException:
+            self._started = s.clock()
+        except BaseException as exc:
+            if s.log is not None:
+                s.log.close()
+                s.log = None
             s.tracer = None
             s.route.leave()  # not entered after all: its slot goes to the next one
+            _free_workflow_id(s.workflow_id)
+            if isinstance(exc, UsageError) and exc.field in _SINK_OPTIONS:
+                raise UsageError(_SINK_OPTIONS[exc.field], exc.message) from exc
             raise
-        self._started = s.clock()
         s.loop = asyncio.get_running_loop()
         self._token = _current.set(self._face)
         self._log_session("session_started", backend=s.backend.name)
@@ -148,6 +160,8 @@ class SessionLifecycle:
                 # own there): nothing is set in that context, so nothing needs resetting
                 _current.reset(self._token)
             s.route.leave()  # its affinity no longer counts as load
+            if self._token is not None:  # entered: the id is this session's to free
+                _free_workflow_id(s.workflow_id)
             if s.workflow.share is not None:  # its holds and its admission slot go
                 s.workflow.share.leave(s.session_id)
             if s.tracer is not None and exc is not None and reason == "error":
@@ -245,6 +259,31 @@ class SessionLifecycle:
     def _log_session(self, event: str, **fields: Any) -> None:
         if self._s.log is not None:
             self._s.log.session(event, **fields)
+
+
+_running: set[str] = set()
+"""The workflow ids of the sessions entered and not ended in this process."""
+_running_lock = threading.Lock()
+_SINK_OPTIONS = {"directory": "log_dir", "stream": "log_stream"}
+"""``WorkflowLog``'s name of a sink that cannot be opened -> the session's option."""
+
+
+def _take_workflow_id(workflow_id: str) -> None:
+    """Take ``workflow_id`` for a session entering; ``UsageError`` while another running
+    session of this process has it (their log lines, log file and owner scope would mix)."""
+    with _running_lock:
+        if workflow_id in _running:
+            raise UsageError(
+                "workflow_id",
+                f"{workflow_id!r} names a session that is still running in this process: give "
+                "each run at once its own workflow_id (or leave it out for a fresh one)",
+            )
+        _running.add(workflow_id)
+
+
+def _free_workflow_id(workflow_id: str) -> None:
+    with _running_lock:
+        _running.discard(workflow_id)
 
 
 def _claim_error_in(exc: BaseException | None) -> ClaimOutcomeError | BackendUnavailable | None:

@@ -11,11 +11,13 @@ and type; at run time an unknown name raises ``UnknownNameError`` and a bad valu
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO, TypedDict
+from typing import TYPE_CHECKING, TextIO, TypedDict, cast
 
 from agentclaims.errors import UnknownNameError, UsageError
 from agentclaims.graph import AgentExecutionGraph, EngineCosts, ToolTimeModel
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AUTO_PLANNER",
     "CheckedOptions",
+    "LogStream",
     "SessionOptions",
     "Sleep",
     "check_option_names",
@@ -38,6 +41,9 @@ __all__ = [
 ]
 
 Sleep = Callable[[float], Awaitable[None]]
+LogStream = TextIO | str | os.PathLike[str]
+"""Where a session's log lines also go: an open text stream (left open) or a file path
+(opened for appending, closed when the session ends)."""
 
 AUTO_PLANNER = "auto"
 """The default ``planner``: the preset follows what the backend says it does
@@ -51,7 +57,9 @@ class SessionOptions(TypedDict, total=False):
 
     workflow_id: str | None
     """Names the run in logs and in its owner scope (``workflow:<workflow_id>``); a non-empty
-    string. Default: a fresh ``wf-<12 hex digits>``."""
+    string, with ``log_dir`` one that names a file (no ``/``, ``\\``, ``.`` or ``..``). Two
+    sessions running at once in a process may not share it. Default: a fresh
+    ``wf-<12 hex digits>``."""
     thread_id: str | None
     """The conversation this run is a turn of (a non-empty string), written on every log line
     so that ``agentclaims report`` links the turns. Default: none; a ``ClaimedGraph`` takes
@@ -72,17 +80,18 @@ class SessionOptions(TypedDict, total=False):
     ``ToolTimeModel(prior_mean_s=0.1)`` (a ``ClaimedGraph`` shares one across its runs)."""
     log_dir: str | Path | None
     """Write the run's outcome log to ``<log_dir>/<workflow_id>.jsonl``. Default: no file."""
-    log_stream: TextIO | None
-    """Also (or only) write the outcome log's lines to this stream. Default: none."""
+    log_stream: LogStream | None
+    """Also (or only) write the outcome log's lines to this stream: an open text stream (left
+    open) or a file path (appended to, closed at the run's end). Default: none."""
     horizon: int
     """How many steps ahead steps-to-execution and reuse are searched; an integer >= 1.
     Default: 4."""
     reload_s_per_block: float
     """Seconds to recompute or reload one KV block, the cost a claim saves (Continuum's TTL
-    rule); a number >= 0. Default: 0.002."""
+    rule); a finite number >= 0. Default: 0.002."""
     queue_delay_s: float
     """Recent queueing delay of a request whose prefix was evicted (Continuum's ``T``), in
-    seconds; a number >= 0. Default: 0.05."""
+    seconds; a finite number >= 0. Default: 0.05."""
     engine_costs: EngineCosts | None
     """Learn ``reload_s_per_block`` from the engine's own answers: each answered call's time,
     the prompt blocks computed for it and the tokens it generated feed this model, and the
@@ -128,7 +137,7 @@ class CheckedOptions:
     reaction: ReactionPolicy
     tool_times: ToolTimeModel
     log_dir: Path | None
-    log_stream: TextIO | None
+    log_stream: LogStream | None
     horizon: int
     reload_s_per_block: float
     queue_delay_s: float
@@ -153,8 +162,14 @@ def check_options(backend: object, options: SessionOptions) -> CheckedOptions:
         raise UsageError("backend", f"expected a Backend or BackendPool, got {backend!r}")
     for name in ("workflow_id", "thread_id"):
         value = o.get(name)
-        if value is not None and (not isinstance(value, str) or not value):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
             raise UsageError(name, f"must be a non-empty string, got {value!r}")
+    log_dir, log_stream = _log_sinks(o.get("log_dir"), o.get("log_stream"))
+    workflow_id = o.get("workflow_id")
+    if log_dir is not None and workflow_id is not None and not _file_name(workflow_id):
+        raise UsageError(
+            "workflow_id", f"{workflow_id!r} cannot name a file in log_dir (no '/', '\\', '..')"
+        )
     graph = o.get("graph")
     if graph is not None and not isinstance(graph, AgentExecutionGraph):
         raise UsageError("graph", f"expected an AgentExecutionGraph, got {type(graph).__name__}")
@@ -164,8 +179,15 @@ def check_options(backend: object, options: SessionOptions) -> CheckedOptions:
     reload_s = o.get("reload_s_per_block", 0.002)
     queue_s = o.get("queue_delay_s", 0.05)
     for name, number in (("reload_s_per_block", reload_s), ("queue_delay_s", queue_s)):
-        if not isinstance(number, int | float) or number < 0:
-            raise UsageError(name, f"must be a number >= 0, got {number!r}")
+        if not _seconds(number):
+            raise UsageError(name, f"must be a finite number >= 0, got {number!r}")
+    tool_times = o.get("tool_times")
+    if tool_times is not None and not isinstance(tool_times, ToolTimeModel):
+        raise UsageError("tool_times", f"expected a ToolTimeModel, got {tool_times!r}")
+    sleep, clock = o.get("sleep", asyncio.sleep), o.get("clock", time.monotonic)
+    for name, fn in (("sleep", sleep), ("clock", clock)):
+        if not callable(fn):
+            raise UsageError(name, f"must be callable, got {fn!r}")
     costs = o.get("engine_costs")
     if costs is not None and not isinstance(costs, EngineCosts):
         raise UsageError("engine_costs", f"expected an EngineCosts, got {costs!r}")
@@ -177,25 +199,24 @@ def check_options(backend: object, options: SessionOptions) -> CheckedOptions:
         raise UsageError(
             "reaction", f"expected a reaction name or ReactionPolicy, got {reaction!r}"
         )
-    log_dir = o.get("log_dir")
     return CheckedOptions(
         pool=pool,
         backend=None if pool is not None else backend,  # type: ignore[arg-type]
-        workflow_id=o.get("workflow_id"),
+        workflow_id=workflow_id,
         thread_id=o.get("thread_id"),
         graph=graph if graph is not None else AgentExecutionGraph(),
         planner=planner,
         auto_planner=auto,
         reaction=reaction,
-        tool_times=o.get("tool_times") or ToolTimeModel(prior_mean_s=0.1),
-        log_dir=None if log_dir is None else Path(log_dir),
-        log_stream=o.get("log_stream"),
+        tool_times=ToolTimeModel(prior_mean_s=0.1) if tool_times is None else tool_times,
+        log_dir=log_dir,
+        log_stream=log_stream,
         horizon=horizon,
         reload_s_per_block=reload_s,
         queue_delay_s=queue_s,
         engine_costs=costs,
-        sleep=o.get("sleep", asyncio.sleep),
-        clock=o.get("clock", time.monotonic),
+        sleep=sleep,
+        clock=clock,
         tracing=tracing,
         tracer_provider=tracer_provider,
     )
@@ -240,6 +261,36 @@ def _check_tracing(tracing: object, tracer_provider: object) -> None:
                 "tracing=True needs the OpenTelemetry API, which is not installed: "
                 "pip install 'agentclaims[otel]' (and an OpenTelemetry SDK with an exporter)",
             ) from exc
+
+
+def _seconds(value: object) -> bool:
+    """A finite number of seconds >= 0 (not a bool)."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
+def _file_name(workflow_id: str) -> bool:
+    """Whether ``<workflow_id>.jsonl`` names a file inside the log folder (``WorkflowLog``'s
+    rule)."""
+    return workflow_id not in (".", "..") and not any(c in workflow_id for c in "/\\\0")
+
+
+def _log_sinks(log_dir: object, log_stream: object) -> tuple[Path | None, LogStream | None]:
+    """``log_dir`` a path, ``log_stream`` a path or a text stream (anything with ``write``)."""
+    if log_dir is not None and not isinstance(log_dir, str | os.PathLike):
+        raise UsageError("log_dir", f"expected a folder path, got {log_dir!r}")
+    if log_stream is not None and not (
+        isinstance(log_stream, str | os.PathLike) or callable(getattr(log_stream, "write", None))
+    ):
+        raise UsageError("log_stream", f"expected a path or a text stream, got {log_stream!r}")
+    return (
+        None if log_dir is None else Path(log_dir),
+        cast("LogStream | None", log_stream),
+    )
 
 
 def _looks_like_backend(obj: object) -> bool:

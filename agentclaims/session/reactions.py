@@ -22,6 +22,7 @@ them at once and retries.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -89,10 +90,21 @@ class ReactionPolicy:
             raise UnknownNameError("reaction.on_harmed", self.on_harmed, HARMS)
         if self.on_unproven not in UNPROVEN:
             raise UnknownNameError("reaction.on_unproven", self.on_unproven, UNPROVEN)
+        if not isinstance(self.relax_claims, bool):
+            raise UsageError(
+                "reaction.relax_claims", f"must be True or False, got {self.relax_claims!r}"
+            )
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name.endswith("_s") and not (isinstance(value, int | float) and value >= 0):
-                raise UsageError(f"reaction.{f.name}", f"must be a number >= 0, got {value!r}")
+            if f.name.endswith("_s") and not (
+                not isinstance(value, bool)
+                and isinstance(value, int | float)
+                and math.isfinite(value)
+                and value >= 0
+            ):
+                raise UsageError(
+                    f"reaction.{f.name}", f"must be a finite number >= 0, got {value!r}"
+                )
 
     @classmethod
     def named(cls, name: str) -> ReactionPolicy:

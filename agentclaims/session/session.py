@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TextIO, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from agentclaims.contract import OwnerScope
 from agentclaims.graph import AgentExecutionGraph, EngineCosts, ToolTimeModel
@@ -37,7 +37,13 @@ from agentclaims.session.held import HeldClaim, SessionStats, Wanted
 from agentclaims.session.keeper import ClaimKeeper
 from agentclaims.session.lifecycle import END_REASONS, SessionLifecycle, current
 from agentclaims.session.moves import SessionMoves
-from agentclaims.session.options import AUTO_PLANNER, SessionOptions, Sleep, check_options
+from agentclaims.session.options import (
+    AUTO_PLANNER,
+    LogStream,
+    SessionOptions,
+    Sleep,
+    check_options,
+)
 from agentclaims.session.outcomes import ClaimOutcomes
 from agentclaims.session.reactions import ReactionPolicy
 from agentclaims.session.riding import RidingCalls
@@ -117,7 +123,7 @@ class ClaimedSession:
         reaction: ReactionPolicy | str = "defer",
         tool_times: ToolTimeModel | None = None,
         log_dir: str | Path | None = None,
-        log_stream: TextIO | None = None,
+        log_stream: LogStream | None = None,
         horizon: int = 4,
         reload_s_per_block: float = 0.002,
         queue_delay_s: float = 0.05,

@@ -106,6 +106,9 @@ class ToolsPart(Protocol):
 class LifecyclePart(Protocol):
     """What other parts use of ``SessionLifecycle``."""
 
+    @property
+    def entered(self) -> bool: ...
+
     async def release_all(self, reason: str = "session_end") -> None: ...
 
 

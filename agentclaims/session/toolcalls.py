@@ -83,6 +83,12 @@ class SessionTools:
         if not isinstance(tool, str) or not tool:
             raise UsageError("tool", f"must be a non-empty string, got {tool!r}")
         s = self._s
+        if not s.lifecycle.entered:
+            raise UsageError(
+                "session",
+                "a tool call is held inside the session's `async with` block: this session "
+                + ("has ended" if s.end_reason is not None else "was not entered"),
+            )
         await s.calls.settle()
         agent = s.workflow.agent_of_tool(node or s.last_agent)
         predicted = s.workflow.tool_started(tool, agent, step_node)
@@ -104,6 +110,8 @@ class SessionTools:
                 deferral.cancel()
             elif not deferral.cancelled() and deferral.exception() is None:
                 run.held = deferral.result()
+        if not s.lifecycle.entered:
+            return  # it outlasted the session (ended by another task): its stats are final
         duration = max(0.0, s.clock() - run.started)
         s.workflow.tool_finished(run.tool, run.agent, duration)
         s.stats.tool_calls += 1

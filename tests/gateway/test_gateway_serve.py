@@ -110,6 +110,10 @@ def test_a_call_the_stop_cuts_off_gets_a_json_503(tmp_path: Path) -> None:
     assert stderr.rstrip().endswith("agentclaims gateway: stopped"), stderr
 
 
+ON_VLLM = ["--kv", "vllm", "--upstream", "http://127.0.0.1:9", "--claims-key", "k"]
+"""Where ``--promote`` and ``--promote-share`` are read (refused on the reference engine)."""
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -117,11 +121,11 @@ def test_a_call_the_stop_cuts_off_gets_a_json_503(tmp_path: Path) -> None:
         (["--keep-alive-s", "-1"], "--keep-alive-s: must be a non-negative number"),
         (["--blocks", "99999999999"], "--blocks: must be within 1..10,000,000, got 99999999999"),
         (["--blocks", "0"], "--blocks: must be within 1..10,000,000, got 0"),
-        (["--promote-share", "5"], "--promote-share: must be a number in (0, 1], got 5"),
+        ([*ON_VLLM, "--promote-share", "5"], "--promote-share: must be a number in (0, 1], got 5"),
         (["--decode-ms", "-1"], "--decode-ms: must be a non-negative number of ms, got -1"),
         (["--grace-s", "-1"], "--grace-s: must be a non-negative number of seconds, got -1"),
         (["--port", "70000"], "--port: must be within 0..65535, got 70000"),
-        (["--promote", "-1"], "--promote: must be a non-negative integer, got -1"),
+        ([*ON_VLLM, "--promote", "-1"], "--promote: must be a non-negative integer, got -1"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else "",
 )
