@@ -199,9 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
     vserve.add_argument("--blocks", type=int, default=41, help="KV blocks in the pool")
     vserve.add_argument("--block-size", type=int, default=32, help="tokens per block")
     vserve.add_argument("--max-model-len", type=int, default=256)
-    vserve.add_argument("--max-ttl-s", type=float, default=600.0, help="longest claim TTL")
     vserve.add_argument(
-        "--max-defer-s", type=float, default=30.0, help="longest wait before a refusal"
+        "--max-ttl-s", type=float, default=None, help="longest claim TTL (default 600)"
+    )
+    vserve.add_argument(
+        "--max-defer-s",
+        type=float,
+        default=None,
+        help="longest wait before a refusal (default 30)",
     )
     vserve.add_argument(
         "--claims-key", default=None, help="HMAC key for claim operations ($AGENTCLAIMS_CLAIMS_KEY)"

@@ -31,7 +31,11 @@ MAX_BLOCKS = 10_000_000
 """The most ``--blocks`` the reference engine is built with (about 1.2 GB of memory)."""
 
 #: the flag of each field a part of the gateway names in its own errors
-_FLAGS = {"ride_bound_s": "--ride-bound-s", "max_prefix_tokens": "--max-prefix-tokens"}
+_FLAGS = {
+    "ride_bound_s": "--ride-bound-s",
+    "max_prefix_tokens": "--max-prefix-tokens",
+    "upstream": "--upstream",
+}
 
 
 def _say(message: str) -> None:
@@ -92,6 +96,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         from agentclaims.vllm.launch import check_kv_events
 
         check_kv_events(args.kv_events)
+    elif args.vllm_python is not None:  # only the KV-events relay runs it: never ignored
+        raise UsageError("--vllm-python", "needs --kv-events (only its relay runs vLLM's Python)")
     if not 0 <= args.port <= 65535:
         raise UsageError("--port", f"must be within 0..65535, got {args.port}")
     seconds("--grace-s", args.grace_s)
@@ -110,10 +116,16 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError("--promote-share", f"must be a number in (0, 1], got {share:g}")
 
 
+_BACKLOG = 2048
+"""uvicorn's own backlog: connections made before it accepts wait in it."""
+
+
 def _listen(host: str, port: int) -> list[socket.socket]:
     """Sockets bound on each address ``host`` names, as uvicorn (asyncio) would bind them, all
     on one port: ``port``, or for 0 the one the system picks (so the banner and the advertised
-    URL say the port clients reach). An address of a family this system lacks is passed over."""
+    URL say the port clients reach), and listening from then on: a connection made as soon as
+    the banner names the port waits until the app takes it. An address of a family this system
+    lacks is passed over."""
     try:
         infos = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
@@ -135,6 +147,7 @@ def _listen(host: str, port: int) -> list[socket.socket]:
             if sockets:
                 address = (address[0], sockets[0].getsockname()[1], *address[2:])
             sock.bind(address)
+            sock.listen(_BACKLOG)  # a client that read the banner waits, never refused
         except OSError as exc:
             sock.close()
             failure = failure or exc

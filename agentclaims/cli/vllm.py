@@ -23,6 +23,7 @@ __all__ = ["run"]
 
 def run(args: argparse.Namespace) -> int:
     from agentclaims.vllm.launch import (
+        check_free,
         default_kv_events,
         new_claims_key,
         serve_argv,
@@ -31,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     try:
+        if args.vllm == "tiny-model":
+            _check_tiny_model(args)
         python = vllm_python(args.python)
         if args.vllm == "tiny-model":
             cmd = [python, "-m", "agentclaims_vllm.tiny_model", args.directory]
@@ -43,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
             )
         key = None
         made_key = False
-        if not args.no_connector:
+        if args.no_connector:
+            _check_no_connector(args)
+        else:
             key = args.claims_key or os.environ.get("AGENTCLAIMS_CLAIMS_KEY")
             if not key:
                 key, made_key = new_claims_key(), True  # printed once every check has passed
@@ -59,13 +64,18 @@ def run(args: argparse.Namespace) -> int:
             num_blocks=args.blocks,
             block_size=args.block_size,
             max_model_len=args.max_model_len,
-            max_ttl_s=args.max_ttl_s,
-            max_defer_s=args.max_defer_s,
+            **{
+                name: getattr(args, name)
+                for _, name in _CONNECTOR_FLAGS
+                if getattr(args, name) is not None
+            },
             connector=not args.no_connector,
             kv_events=args.kv_events,
             dtype=args.dtype,
             extra=extra,
         )
+        # last, once every value is known good: nothing else may have the port or the events
+        check_free(args.host, args.port, args.kv_events or default_kv_events(args.port))
     except UsageError as exc:
         print(f"agentclaims vllm: {exc}", file=sys.stderr)
         return 2
@@ -87,3 +97,27 @@ def run(args: argparse.Namespace) -> int:
     return Supervisor(
         argv, env, url=url, kv_events=events, ready_timeout_s=args.ready_timeout_s
     ).run()
+
+
+def _check_tiny_model(args: argparse.Namespace) -> None:
+    """``tiny-model``'s values, each refused naming its flag before the vLLM environment runs."""
+    if args.layers < 1:
+        raise UsageError("--layers", f"must be a positive integer, got {args.layers}")
+    if args.hidden < 64 or args.hidden % 64:
+        raise UsageError("--hidden", f"must be a positive multiple of 64, got {args.hidden}")
+    if os.path.exists(args.directory) and not os.path.isdir(args.directory):
+        raise UsageError("DIR", f"{args.directory} exists and is not a directory")
+
+
+_CONNECTOR_FLAGS = (("--max-ttl-s", "max_ttl_s"), ("--max-defer-s", "max_defer_s"))
+"""``serve``'s connector flags (``None`` unless given; ``serve_argv`` has their defaults): stock
+vLLM (``--no-connector``) reads none."""
+
+
+def _check_no_connector(args: argparse.Namespace) -> None:
+    """A connector's flag given with ``--no-connector`` is refused, never ignored."""
+    if args.claims_key is not None:
+        raise UsageError("--claims-key", "stock vLLM (--no-connector) has no connector to key")
+    for flag, name in _CONNECTOR_FLAGS:
+        if getattr(args, name) is not None:
+            raise UsageError(flag, "is the connector's; stock vLLM (--no-connector) has none")

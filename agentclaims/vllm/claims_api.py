@@ -10,6 +10,7 @@ applied (and, with the observer, once vLLM's KV events caught up: ``CacheSight``
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -109,8 +110,10 @@ class ClaimsApi:
             None,
         )
         if result is None or not result.get("ok"):
-            reason = "no answer" if result is None else result.get("reason")
-            raise UsageError("claim_id", f"claim {claim_id!r} cannot be renewed: {reason}")
+            reason = "no answer" if result is None else str(result.get("reason"))
+            field = "ttl_s" if reason.startswith("ttl_s") else "claim_id"
+            raise UsageError(field, f"claim {claim_id!r} cannot be renewed: {reason}")
+        claim.expires_at_ns = time.time_ns() + int(float(result.get("ttl_s", ttl)) * 1e9)
         return self._kv.mirror.view(claim)
 
     async def release_claim(

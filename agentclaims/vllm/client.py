@@ -237,7 +237,11 @@ class ConnectorClient:
                 raw = await self._over_channel(ops, tenant)
                 return self._answer({"id": "channel", "kv_transfer_params": {EXTENSION_KEY: raw}})
             except (OSError, ValueError, BackendError) as exc:
-                log.warning("agentclaims: the connector's channel failed (%r); a request", exc)
+                log.warning(
+                    "agentclaims: the connector's channel failed (%r); sending the operations "
+                    "on a one-token request instead",
+                    exc,
+                )
                 self._drop_channel()
         return await self.complete([1], ops, max_tokens=1, tenant=tenant)
 

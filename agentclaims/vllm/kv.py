@@ -260,10 +260,9 @@ class VllmKV:
 
     async def start(self) -> None:
         """Once, before anything else: end every hold the connector still has from an earlier
-        gateway (this one has no record of them: a restart, a crash). Each ends with its
-        ``resident_claim_expired`` (reason ``revoked: gateway_restart``), read into this
-        gateway's stream: no claim disappears silently. While vLLM's engine is dead: a
-        ``BackendUnavailable`` naming why, until a vLLM answers again (then once more)."""
+        gateway (a restart, a crash), each with its ``resident_claim_expired`` (reason
+        ``revoked: gateway_restart``) in this gateway's stream: none disappears silently. While
+        vLLM's engine is dead: a ``BackendUnavailable`` naming why, until vLLM answers again."""
         started = self._started
         if started is not None and started.done() and self.liveness.dead is None:
             started.result()  # every request asks: the started one returns at once
@@ -290,6 +289,7 @@ class VllmKV:
             self.lowering = _STOCK_DESCRIPTOR if _STOCK_DESCRIPTOR.is_file() else None
         async with self._lock:
             self.mirror.absorb(answer)
+            self.mirror.check_key(answer)  # a refused envelope: not the connector's key
 
     @property
     def engine_dead(self) -> str | None:

@@ -104,6 +104,49 @@ def check_kv_events(endpoint: str, *, flag: str = "--kv-events") -> None:
         raise UsageError(flag, f"must be an ipc:// endpoint (vLLM binds it), got {endpoint!r}")
 
 
+def check_free(host: str, port: int, kv_events: str) -> None:
+    """A ``UsageError`` naming the flag when another server already has ``host:port``
+    (``--port``) or publishes on ``kv_events`` (``--kv-events``): vLLM would fail to bind it
+    only after its imports, and meanwhile the supervisor's readiness probe would reach the
+    other server and its state file would overwrite the other's."""
+    import errno
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        raise UsageError("--host", f"cannot listen on {host!r}: {exc.strerror}") from None
+    for family, kind, proto, _, address in dict.fromkeys(infos):
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError:  # a family this system lacks
+            continue
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vLLM binds it
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    continue
+                flag = "--port" if exc.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
+                raise UsageError(
+                    flag, f"cannot listen on {host}:{port}: {exc.strerror} (another server?)"
+                ) from None
+    path = kv_events.removeprefix("ipc://")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:  # nothing there, or a socket file its server left behind
+            return
+    raise UsageError(
+        "--kv-events",
+        f"{kv_events} is in use: another vLLM publishes its KV events there "
+        "(give this one its own --kv-events, or stop the other)",
+    )
+
+
 def kv_events_config(endpoint: str) -> dict[str, Any]:
     """vLLM's ``--kv-events-config``: the ZMQ publisher on ``endpoint`` (``ipc://``, bound by
     vLLM), its replay socket beside it (``replay_endpoint``)."""
@@ -191,10 +234,13 @@ def serve_argv(
         raise UsageError("--claims-key", "the connector needs a key to authenticate claims")
     if dtype not in DTYPES:
         raise UsageError("--dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if not Path(model).is_dir():
+    if not Path(model).is_dir() or not any(
+        (Path(model) / name).is_file() for name in ("config.json", "params.json")
+    ):
         raise UsageError(
             "--model",
-            f"{model} is not a model directory (build one: agentclaims vllm tiny-model DIR)",
+            f"{model} is not a model directory (no config.json; build one: agentclaims vllm "
+            "tiny-model DIR)",
         )
     if dtype == "auto":
         dtype = default_dtype()

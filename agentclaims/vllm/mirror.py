@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
@@ -39,6 +40,9 @@ from agentclaims.vllm.observer import KVEventsObserver
 __all__ = ["ClaimMirror", "MirroredClaim"]
 
 log = logging.getLogger("agentclaims.vllm")
+
+KEY_REFUSED = "vLLM's connector refuses this gateway's signed claim operations"
+"""How ``ClaimMirror.fault`` begins when the claims key is not the connector's."""
 
 _CONTRACT_EVENTS = {e.value for e in EventName}
 _VERDICTS = {
@@ -257,6 +261,20 @@ class ClaimMirror:
                     claim.state, claim.held_blocks = ClaimState.DEMOTED, 0
             self.emit(EventName(name), cid, self.our_request(raw.get("request_id")), **data)
 
+    def check_key(self, answer: ConnectorAnswer) -> None:
+        """The connector's answer to the gateway's first signed operations: an envelope it
+        refused (``--claims-key`` is not the key it was started with, or the clocks disagree)
+        suspends every claim with why, as a fault does; an accepted one lifts that again."""
+        refused = next(
+            (r.get("reason") for r in answer.results if r.get("ok") is False and "op" not in r),
+            None,
+        )
+        if refused is not None:
+            self.fault = f"{KEY_REFUSED}: {refused} (is --claims-key the connector's key?)"
+            log.error("agentclaims: %s", self.fault)
+        elif self.fault is not None and self.fault.startswith(KEY_REFUSED):
+            self.fault = None
+
     def refuse(self, spec: ClaimSpec, reason: str, request_id: str | None) -> ClaimDecision:
         """A claim refused before it reached vLLM: its events and decision, as the engine's."""
         claim = self.put(MirroredClaim(spec, ClaimState.SUBMITTED, 0))
@@ -282,6 +300,9 @@ class ClaimMirror:
             hashes=tuple(hashes[: spec.footprint_blocks]),
             end_reason=None if accepted else str(result.get("reason")),
         )
+        ttl = result.get("ttl_s")
+        if accepted and isinstance(ttl, int | float):  # the connector's clock: held from now
+            claim.expires_at_ns = time.time_ns() + int(ttl * 1e9)
         self.put(claim)
         if claim.held and self.observer is not None:
             claim.state = ClaimState.ACCEPTED

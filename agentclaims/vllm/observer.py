@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -39,6 +40,20 @@ def replay_endpoint(endpoint: str) -> str:
     """The replay endpoint that goes with a KV events endpoint (``agentclaims vllm serve``'s
     convention: the same ``ipc://`` path with ``-replay``)."""
     return f"{endpoint}-replay"
+
+
+def _silent(endpoint: str, replay: str, waited_s: float) -> dict[str, Any]:
+    """The notice for a replay socket that did not answer at the start: most likely no vLLM
+    publishes on ``endpoint`` (a wrong ``--kv-events``)."""
+    path = endpoint.removeprefix("ipc://")
+    missing = "" if os.path.exists(path) else f" (there is no socket at {path})"
+    return {
+        "notice": "silent",
+        "endpoint": endpoint,
+        "detail": f"vLLM's KV events replay at {replay} did not answer within {waited_s:g} s"
+        f"{missing}: is --kv-events where this vLLM publishes them (`agentclaims vllm serve` "
+        "prints it)? Until its events come, no claim is seen materialized",
+    }
 
 
 class KVEventsObserver:
@@ -98,8 +113,10 @@ class KVEventsObserver:
         )
         self._reader = asyncio.ensure_future(self._read())
         if self.replay:
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self._replayed.wait(), replay_wait_s)
+            except TimeoutError:  # said, never silent: residency and materialization wait on it
+                self._note(_silent(self.endpoint, self.replay, replay_wait_s))
 
     @property
     def running(self) -> bool:

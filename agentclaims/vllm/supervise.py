@@ -220,6 +220,8 @@ class Supervisor:
         """vLLM's processes once it is ready (pid -> name): a worker killed shows its signal
         in ``/proc`` while it waits for its parent to reap it."""
         self._proc: subprocess.Popen[str] | None = None
+        self.late: str | None = None
+        """Why vLLM was not ready within ``ready_timeout_s`` (it is stopped then), if so."""
 
     # ------------------------------------------------------------------ the run
     def run(self) -> int:
@@ -251,7 +253,7 @@ class Supervisor:
             )
             self._write_state("ready", pid=proc.pid)
             self._ready.set()
-        while proc.poll() is None and not self._stop.is_set():
+        while proc.poll() is None and not self._stop.is_set() and self.late is None:
             if self.cause.known:  # the engine died; vLLM's API server closes within seconds
                 settle = time.monotonic() + 3.0  # the watch's line (the signal) comes apace
                 while self.cause.signal is None and time.monotonic() < settle:
@@ -262,21 +264,51 @@ class Supervisor:
                 self._stop_vllm(proc, grace_s=10.0)
                 break
             self._stop.wait(0.2)
-        if self._stop.is_set():
+        if self.late is not None:
+            self._say(f"{self.late}: stopping it")
+        if self._stop.is_set() or self.late is not None:
             self._stop_vllm(proc, grace_s=self.stop_timeout_s)
         proc.wait()
         reader.join(timeout=5.0)
+        self._end_leftovers()
         self._ended.set()
         reaper.join(timeout=5.0)
-        if self._stop.is_set() and not self.cause.known:
+        if self._stop.is_set() and not self.cause.known and self.late is None:
             self._write_state("stopped", pid=proc.pid)
             self._say("stopped")
             return 0
-        reason = str(self.cause) if self.cause.known else "vLLM exited on its own"
+        if self.late is not None:
+            self._write_state("dead", pid=proc.pid, reason=self.late, signal=None)
+            self._say(f"{self.late}; stopped it (exit status {proc.returncode})")
+            return EXIT_DIED
+        reason, signame = str(self.cause), self.cause.signal
+        if not self.cause.known:
+            reason, signame = _own_end(proc)
         when = "before it was ready" if ready is None else "while serving"
-        self._write_state("dead", pid=proc.pid, reason=reason, signal=self.cause.signal)
+        self._write_state("dead", pid=proc.pid, reason=reason, signal=signame)
         self._say(f"vLLM died {when} (exit status {proc.returncode}): {reason}")
         return EXIT_DIED
+
+    def _end_leftovers(self, grace_s: float = 15.0) -> None:
+        """Stop what vLLM's API server left running as it ended (its engine core and workers,
+        orphaned to this subreaper when the server was killed outright): SIGTERM, then SIGKILL
+        after ``grace_s``. Their ends are this stop's, never a cause."""
+        me = os.getpid()
+        left = _live_descendants(me)
+        if not left:
+            return
+        self._stopping.set()
+        names = ", ".join(f"{name} (pid {pid})" for pid, name in sorted(left.items()))
+        self._say(f"vLLM's API server has ended: stopping what it left running: {names}")
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while (left := _live_descendants(me)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._stopping.set()  # what follows is a stop asked for: its signals name no death
@@ -355,7 +387,9 @@ class Supervisor:
                 break
             self._stop.wait(0.5)
         else:
-            self._say(f"vLLM not healthy within {self.ready_timeout_s:.0f} s")
+            self.late = (
+                f"vLLM was not healthy within {self.ready_timeout_s:g} s (--ready-timeout-s)"
+            )
             return None
         start = time.monotonic()
         try:
@@ -367,6 +401,12 @@ class Supervisor:
                 timeout_s=max(1.0, deadline - time.monotonic()),
             )
         except (OSError, ValueError, KeyError, IndexError) as exc:
+            if time.monotonic() >= deadline and proc.poll() is None:
+                self.late = (
+                    f"vLLM served no completion within {self.ready_timeout_s:g} s "
+                    "(--ready-timeout-s)"
+                )
+                return None
             status, body = 0, repr(exc).encode()
         if status != 200:
             self.cause.lines.append(
@@ -491,6 +531,28 @@ def _zombie_children(pid: int) -> dict[int, str]:
         for child, name, fields in _processes()
         if fields[0] == "Z" and int(fields[1]) == pid
     }
+
+
+def _own_end(proc: subprocess.Popen[str]) -> tuple[str, str | None]:
+    """How vLLM's API server ended where nothing else named a cause, and its signal."""
+    code = proc.returncode
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"vLLM's API server (pid {proc.pid}) was killed by {name}", name
+    return "vLLM exited on its own", None
+
+
+def _live_descendants(pid: int) -> dict[int, str]:
+    """``descendants`` that have not ended (a zombie waits only to be reaped)."""
+    found = descendants(pid)
+    for child in list(found):
+        stat = _stat(child)
+        if stat is None or stat[1][:1] == ["Z"]:
+            del found[child]
+    return found
 
 
 def descendants(pid: int) -> dict[int, str]:

@@ -34,6 +34,29 @@ ENGINE_DEAD = b"EngineCore encountered an issue"
 """The start of vLLM's own message for a dead engine (``EngineDeadError``, an HTTP 500)."""
 
 
+def _check_url(url: str) -> None:
+    """A ``UsageError`` (field ``upstream``) unless ``url`` is an http(s) URL with a host and,
+    if it names one, a port within 1..65535."""
+    from urllib.parse import urlsplit
+
+    problem = None
+    if not url.startswith(("http://", "https://")):
+        problem = "must be the server's http(s) URL"
+    else:
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            problem = f"is not a URL ({exc})"
+        else:
+            if not parts.hostname:
+                problem = "names no host"
+            elif port == 0:
+                problem = "names port 0"
+    if problem is not None:
+        raise UsageError("upstream", f"{problem}, got {url!r}")
+
+
 class Upstream:
     """JSON requests to one HTTP server (``base_url``, no trailing ``/v1``).
 
@@ -44,8 +67,7 @@ class Upstream:
     def __init__(
         self, base_url: str, *, timeout_s: float = 120.0, max_connections: int = MAX_CONNECTIONS
     ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise UsageError("upstream", f"must be the server's http(s) URL, got {base_url!r}")
+        _check_url(base_url)
         if not timeout_s > 0:
             raise UsageError("timeout_s", f"must be positive, got {timeout_s!r}")
         if isinstance(max_connections, bool) or not (

@@ -202,6 +202,28 @@ def test_port_0_and_ipv6_give_the_url_clients_reach(host: str, netloc: str) -> N
         stop(proc)
 
 
+def test_a_client_that_calls_as_the_banner_names_the_port_is_answered() -> None:
+    """The port the banner names takes connections from then on (they wait while the app
+    starts): a client that calls at once is answered, never refused, and needs no retry."""
+    proc = subprocess.Popen(
+        [*SERVE, "--host", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        found = re.search(r", http://127.0.0.1:(\d+)/v1$", _banner(proc, 1)[0])
+        assert found
+        port = int(found.group(1))
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:  # no retry
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := conn.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    finally:
+        stop(proc)
+
+
 def test_the_banner_is_the_one_the_operations_page_shows(tmp_path: Path) -> None:
     """docs/operations.md's start-up banner, line for line (its paths and port put back)."""
     doc = (ROOT / "docs" / "operations.md").read_text()

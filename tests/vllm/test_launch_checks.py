@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from servers import free_port
 
 from agentclaims.cli.main import main
 from agentclaims.errors import UsageError
@@ -80,22 +81,36 @@ def test_a_missing_model_prints_no_claims_key(
     err = capsys.readouterr().err
     assert err == (
         f"agentclaims vllm: --model: {missing} is not a model directory "
-        "(build one: agentclaims vllm tiny-model DIR)\n"
+        "(no config.json; build one: agentclaims vllm tiny-model DIR)\n"
     )
+    assert no_vllm == []
+
+
+def test_a_folder_without_a_model_is_refused_before_vllm_starts(
+    tmp_path: Path, no_vllm: list[list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty folder (a download not done yet, a typo one level up) is no model: vLLM would
+    load for seconds and die on it with a traceback."""
+    assert main(_serve(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"agentclaims vllm: --model: {tmp_path} is not a model directory"), err
+    assert "claims key" not in err
     assert no_vllm == []
 
 
 def test_the_key_is_made_and_printed_only_once_the_launch_goes_ahead(
     tmp_path: Path, no_vllm: list[list[str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(_serve(tmp_path, "--dtype", "float32")) == 0
+    port = free_port()  # a busy one is refused (tests/vllm/test_operator_flags.py)
+    (tmp_path / "config.json").write_text("{}")  # a model folder, as far as the launch checks
+    assert main(_serve(tmp_path, "--dtype", "float32", "--port", str(port))) == 0
     err = capsys.readouterr().err
     assert err.startswith("agentclaims vllm: claims key "), err
     key = err.split()[3]
     assert len(no_vllm) == 1
     argv = no_vllm[0]
     assert key in argv[argv.index("--kv-transfer-config") + 1]  # the key vLLM was given
-    assert argv[argv.index("--port") + 1] == "8000"
+    assert argv[argv.index("--port") + 1] == str(port)
 
 
 def test_serve_argv_names_the_flags() -> None:

@@ -27,6 +27,7 @@ def test_the_command_line_carries_the_dtype_and_a_bad_one_is_refused(tmp_path: P
     def dtype_of(argv: list[str]) -> str:
         return argv[argv.index("--dtype") + 1]
 
+    (tmp_path / "config.json").write_text("{}")  # a model folder, as far as the checks go
     argv = serve_argv(str(tmp_path), python="python", port=8000, claims_key="k", dtype="float16")
     assert dtype_of(argv) == "float16"
     assert (
