@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import httpx2
 
 from agentclaims.backends.base import Backend
-from agentclaims.backends.http import HTTPBackend, check_seconds
+from agentclaims.backends.http import HTTPBackend, _normalize, check_seconds
 from agentclaims.backends.pool import BackendPool
 from agentclaims.contract import BlockHash, ClaimId, ClaimSpec, PrefixId
 from agentclaims.errors import BackendUnavailable, UnknownClaim, UsageError
@@ -177,12 +177,15 @@ class FleetBackend(BackendPool):
         timeout_s: float = 60.0,
         max_hops: int | None = None,
     ) -> None:
-        if not isinstance(router_url, str) or not router_url.startswith(("http://", "https://")):
-            raise UsageError("router_url", f"must be the router's http(s) URL, got {router_url!r}")
-        check_seconds("timeout_s", timeout_s)  # before any client is built
-        if max_hops is not None and (isinstance(max_hops, bool) or max_hops < 1):
+        # every argument before any client is built
+        self.router_url = _normalize(router_url, "router_url").removesuffix("/v1")
+        check_seconds("timeout_s", timeout_s)
+        if max_hops is not None and (
+            isinstance(max_hops, bool) or not isinstance(max_hops, int) or max_hops < 1
+        ):
             raise UsageError("max_hops", f"must be a positive integer, got {max_hops!r}")
-        self.router_url = router_url.rstrip("/").removesuffix("/v1")
+        if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
+            raise UsageError("api_key", f"must be a non-empty string, got {api_key!r}")
         self.base_url = f"{self.router_url}/v1"
         self.api_key = api_key
         self.timeout = httpx2.Timeout(timeout_s, connect=5.0)
@@ -201,6 +204,12 @@ class FleetBackend(BackendPool):
         self._cursors: dict[str, int] = {}
         self._workers: int | None = None
         """How many workers the router lists (after ``discover``)."""
+        self._closed = False
+
+    def _check_open(self) -> None:
+        """A closed fleet answers nothing and makes no new client (``BackendUnavailable``)."""
+        if self._closed:
+            raise BackendUnavailable(f"{self.name} is closed")
 
     # ------------------------------------------------------------------ members
     @property
@@ -241,6 +250,7 @@ class FleetBackend(BackendPool):
 
     async def discover(self) -> list[str]:
         """The router's workers (``/list_workers``), each asked who it is; their ids."""
+        self._check_open()
         try:
             response = await self._router.get(f"{self.router_url}/list_workers")
             urls = response.json().get("urls", [])
@@ -258,6 +268,7 @@ class FleetBackend(BackendPool):
         return list(self._members)
 
     async def _ensure(self) -> None:
+        self._check_open()
         if self._workers is None:
             await self.discover()
 
@@ -270,6 +281,7 @@ class FleetBackend(BackendPool):
 
     # ------------------------------------------------------------------ sessions
     def assign(self, session_id: str) -> RoutedBackend:
+        self._check_open()
         routed = self._sessions.get(session_id)
         if routed is None:
             routed = self._sessions[session_id] = RoutedBackend(self, session_id, 0)
@@ -316,6 +328,8 @@ class FleetBackend(BackendPool):
 
     def _finish_later(self, key: str) -> None:
         """End ``key``'s binding at the router in the background (``aclose`` awaits it)."""
+        if self._closed:
+            return  # the router's client is gone: the binding expires at the router
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -337,6 +351,10 @@ class FleetBackend(BackendPool):
         return [cid for cid, home in self._home.items() if home == instance]
 
     async def aclose(self) -> None:
+        """Close every client (the router's, the sessions', the instances'); again: nothing."""
+        if self._closed:
+            return
+        self._closed = True
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
         for routed in [*self._sessions.values(), *self._retired]:
@@ -408,6 +426,8 @@ class FleetBackend(BackendPool):
         return self._combine(members)
 
     async def health(self) -> bool:
+        if self._closed:
+            return False
         try:
             response = await self._router.get(f"{self.router_url}/health")
         except httpx2.TransportError:
@@ -416,6 +436,7 @@ class FleetBackend(BackendPool):
 
     def http_client(self) -> httpx2.AsyncClient:
         """Outside a session: the router, without a routing key."""
+        self._check_open()
         return self._router
 
 

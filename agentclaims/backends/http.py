@@ -12,6 +12,7 @@ Transport failures (refused connection, timeouts, a closed backend) become
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -53,22 +54,41 @@ _ROOT_PATHS = ("/health",)
 """Served beside ``/v1``, not under it."""
 
 
-def _normalize(base_url: str) -> str:
-    if (
-        not isinstance(base_url, str)
-        or not base_url.startswith(("http://", "https://"))
-        or not urlsplit(base_url).hostname
-    ):
-        raise UsageError("base_url", f"must be an http(s) URL with a host, got {base_url!r}")
+def _normalize(base_url: str, field: str = "base_url") -> str:
+    """``base_url`` with ``/v1`` (added if missing); else ``UsageError`` naming ``field``: not an
+    http(s) URL, no host, a port out of range or not a number, whitespace, a query or a
+    fragment (nothing a path can be added to)."""
+    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+        raise UsageError(field, f"must be an http(s) URL with a host, got {base_url!r}")
+    parts = urlsplit(base_url)
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:  # out of 0..65535, or not a number
+        port_ok = False
+    if not parts.hostname or any(c.isspace() for c in base_url):
+        raise UsageError(field, f"must be an http(s) URL with a host, got {base_url!r}")
+    if not port_ok:
+        raise UsageError(field, f"names no valid port (1..65535), got {base_url!r}")
+    if parts.query or parts.fragment or base_url.endswith(("?", "#")):
+        raise UsageError(field, f"must carry no query or fragment, got {base_url!r}")
     url = base_url.rstrip("/")
     return url if url.endswith("/v1") else f"{url}/v1"
 
 
 def check_seconds(field: str, value: object) -> None:
-    """A timeout as a backend takes it: a positive number of seconds (not NaN, not a bool);
-    else ``UsageError`` naming ``field``."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise UsageError(field, f"must be a positive number of seconds, got {value!r}")
+    """A timeout as a backend takes it: a positive, finite number of seconds (not NaN, not
+    infinite: every call is bounded; not a bool); else ``UsageError`` naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise UsageError(
+            field,
+            f"must be a positive number of seconds, finite (calls are bounded), got {value!r}",
+        )
+
+
+def check_name(name: object) -> None:
+    """A backend's ``name``: a non-empty string."""
+    if not isinstance(name, str) or not name:
+        raise UsageError("name", f"must be a non-empty string, got {name!r}")
 
 
 class HTTPBackend:
@@ -89,6 +109,10 @@ class HTTPBackend:
     ) -> None:
         check_seconds("timeout_s", timeout_s)
         check_seconds("connect_timeout_s", connect_timeout_s)
+        if name is not None:
+            check_name(name)
+        if client is not None and not isinstance(client, httpx2.AsyncClient):
+            raise UsageError("client", f"expected an httpx2.AsyncClient or None, got {client!r}")
         self.base_url = _normalize(base_url)
         self.root_url = self.base_url.removesuffix("/v1")
         self.share_key: str | None = self.base_url
@@ -142,23 +166,36 @@ class HTTPBackend:
             )
         except httpx2.TransportError as exc:
             raise BackendUnavailable(
-                f"backend {self.name!r} unreachable ({method} {url}): {type(exc).__name__}: {exc}"
+                f"backend {self.name!r} unreachable ({method} {url}): {self._why(exc)}"
             ) from exc
         try:
             body = response.json()
         except ValueError:
             body = None
         if response.status_code >= 400:
-            if response.status_code in (502, 504) or (
-                response.status_code == 503 and not isinstance(body, dict)
-            ):
-                raise BackendUnavailable(
-                    f"backend {self.name!r} answered HTTP {response.status_code}"
+            status = response.status_code
+            if status in (502, 504) or (status == 503 and not isinstance(body, dict)):
+                raise BackendUnavailable(f"backend {self.name!r} answered HTTP {status}")
+            if not isinstance(body, dict) or not isinstance(body.get("error"), dict):
+                raise BackendError(  # not an agentclaims gateway's answer (a wrong URL?)
+                    f"backend {self.name!r}: {method} {url} answered HTTP {status} without an "
+                    "agentclaims error body (is it an agentclaims gateway?)"
                 )
-            raise_for_error(response.status_code, body)
+            raise_for_error(status, body)
         if not isinstance(body, dict):
             raise BackendError(f"backend {self.name!r}: {method} {path} did not answer an object")
         return body
+
+    def _why(self, exc: httpx2.TransportError) -> str:
+        """A transport error as a message: a timeout names the setting that bounded it (the
+        client's own, where one was given)."""
+        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        limits = self._client.timeout
+        if isinstance(exc, httpx2.ConnectTimeout):
+            return f"{what} (no connection within {limits.connect} s, connect_timeout_s)"
+        if isinstance(exc, httpx2.TimeoutException):
+            return f"{what} (no answer within {limits.read} s, timeout_s)"
+        return what
 
     @staticmethod
     def _parse(kind: type[W], data: Any) -> W:
@@ -256,7 +293,9 @@ class HTTPBackend:
         return {PrefixId(str(k)): int(v) for k, v in page.get("residency", {}).items()}
 
     async def descriptor(self) -> Descriptor:
-        """The gateway's descriptor, read once per backend and kept."""
+        """The gateway's descriptor, read once per backend and kept (a closed backend
+        answers none: ``BackendUnavailable``)."""
+        self._check_open()
         if self._descriptor is None:
             self._descriptor = await self._call("GET", "/descriptor")
             # every event up to the gateway's last one now was written before this process
@@ -300,10 +339,12 @@ class HTTPBackend:
         return await self._call("GET", "/stats")
 
     async def health(self) -> bool:
-        """True when the gateway answers ``/health``; False when it cannot be reached."""
+        """True when the gateway answers ``/health`` that it is ``ok``; False otherwise: it
+        cannot be reached, it answers it is not (``503``, ``unavailable`` or ``stopping``),
+        or what answers is no gateway. It never raises for an unhealthy backend."""
         try:
             return (await self._call("GET", "/health")).get("status") == "ok"
-        except BackendUnavailable:
+        except BackendError:  # BackendUnavailable and ServiceUnavailable among them
             return False
 
     async def aclose(self) -> None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import httpx2
 
 from agentclaims.backends.asgi import StreamingASGITransport
-from agentclaims.backends.http import DEFAULT_TIMEOUT_S, HTTPBackend
+from agentclaims.backends.http import DEFAULT_TIMEOUT_S, HTTPBackend, check_name, check_seconds
 from agentclaims.errors import UsageError
 from agentclaims.gateway import KVSide, TextSide, create_app
 
@@ -37,12 +37,6 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
 
 __all__ = ["InProcessGateway", "check_name"]
-
-
-def check_name(name: object) -> None:
-    """A backend's ``name``: a non-empty string."""
-    if not isinstance(name, str) or not name:
-        raise UsageError("name", f"must be a non-empty string, got {name!r}")
 
 
 class InProcessGateway(HTTPBackend):
@@ -63,6 +57,7 @@ class InProcessGateway(HTTPBackend):
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         check_name(name)
+        check_seconds("timeout_s", timeout_s)  # before the app is built
         self.kv: KVSide = kv
         self.app: Starlette = create_app(kv, text, name=name)
         host = name if re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", name) else self._HOST
@@ -96,6 +91,9 @@ class InProcessGateway(HTTPBackend):
         from agentclaims.vllm.kv import VllmKV
 
         check_name(name)  # before anything is built
+        check_seconds("timeout_s", timeout_s)
+        if not isinstance(upstream, str):
+            raise UsageError("upstream", f"must be the server's http(s) URL, got {upstream!r}")
         key = claims_key or os.environ.get("AGENTCLAIMS_CLAIMS_KEY")
         if not key:
             raise UsageError("claims_key", "needs the connector's key (or $AGENTCLAIMS_CLAIMS_KEY)")

@@ -17,7 +17,7 @@ the slot.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from agentclaims.backends.admission import AdmissionWindow
@@ -30,7 +30,7 @@ from agentclaims.contract import (
     PrefixId,
     ProtectionMode,
 )
-from agentclaims.errors import UnknownClaim, UsageError
+from agentclaims.errors import BackendUnavailable, UnknownClaim, UsageError
 from agentclaims.protocol import (
     ClaimDecision,
     Descriptor,
@@ -54,12 +54,8 @@ class BackendPool(ForwardsClaims):
     ) -> None:
         if admission is not None and not isinstance(admission, AdmissionWindow):
             raise UsageError("admission", f"expected an AdmissionWindow or None, got {admission!r}")
-        members = list(backends)
-        if not members:
-            raise UsageError("backends", "a pool needs at least one backend")
+        members = _members(backends)
         names = [b.name for b in members]
-        if len(set(names)) != len(names):
-            raise UsageError("backends", f"backend names must be unique, got {names}")
         self._backends = members
         self._by_name = {b.name: b for b in members}
         self._affinity: dict[str, str] = {}
@@ -96,14 +92,23 @@ class BackendPool(ForwardsClaims):
     async def candidates(
         self, session_id: str, prefix_ids: Sequence[PrefixId] = ()
     ) -> list[Backend]:
-        """The members other than the session's, best first: most of its prefixes resident,
-        then least loaded."""
+        """The members other than the session's that answer, best first: most of its
+        prefixes resident, then least loaded. A member that does not answer (down, stopping,
+        closed) is no candidate: a session is never moved to it."""
         current = self._affinity.get(session_id)
-        others = [b for b in self.backends if b.name != current]
         scores: dict[str, int] = {}
-        for backend in others:
-            resident = await backend.residency(list(prefix_ids)) if prefix_ids else {}
-            scores[backend.name] = sum(resident.values())
+        for backend in self.backends:
+            if backend.name == current:
+                continue
+            try:
+                if prefix_ids:
+                    resident = await backend.residency(list(prefix_ids))
+                    scores[backend.name] = sum(resident.values())
+                elif await backend.health():
+                    scores[backend.name] = 0
+            except BackendUnavailable:
+                continue
+        others = [b for b in self.backends if b.name in scores]
         return sorted(
             others, key=lambda b: (scores[b.name], -self._load[b.name], b.name), reverse=True
         )
@@ -119,8 +124,8 @@ class BackendPool(ForwardsClaims):
         return backend
 
     async def reroute(self, session_id: str, prefix_ids: Sequence[PrefixId] = ()) -> Backend | None:
-        """Move the session to another member (most of its prefix resident first, then least
-        loaded); ``None`` when the pool has no other member."""
+        """Move the session to another member that answers (most of its prefix resident
+        first, then least loaded); ``None`` when the pool has no other such member."""
         others = await self.candidates(session_id, prefix_ids)
         return self.move(session_id, others[0].name) if others else None
 
@@ -174,11 +179,19 @@ class BackendPool(ForwardsClaims):
         self, since: int = 0, *, id_prefix: str | None = None, limit: int | None = None
     ) -> EventPage:
         """The members' new events appended to the pool's stream, then the page after
-        ``since`` (a position in that stream); each event keeps its member's ``seq``."""
+        ``since`` (a position in that stream); each event keeps its member's ``seq``. A member
+        that does not answer is read again from its cursor next time (nothing of it is lost);
+        ``BackendUnavailable`` only when none answers."""
+        down: list[BackendUnavailable] = []
         for member in self.backends:
-            page = await member.events(self._cursors[member.name])
+            try:
+                page = await member.events(self._cursors[member.name])
+            except BackendUnavailable as exc:
+                down.append(exc)
+                continue
             self._cursors[member.name] = page.next_since
             self._log.extend((member.name, e) for e in page.events)
+        _unless_all_down(self, down)
         return self._page(since, id_prefix=id_prefix, limit=limit)
 
     def _page(self, since: int, *, id_prefix: str | None, limit: int | None) -> EventPage:
@@ -195,11 +208,19 @@ class BackendPool(ForwardsClaims):
         )
 
     async def residency(self, prefix_ids: Sequence[PrefixId]) -> dict[PrefixId, int]:
-        """The most leading blocks of each prefix resident on any member."""
+        """The most leading blocks of each prefix resident on any member that answers
+        (``BackendUnavailable`` only when none does)."""
         out = dict.fromkeys(prefix_ids, 0)
+        down: list[BackendUnavailable] = []
         for member in self.backends:
-            for pid, n in (await member.residency(prefix_ids)).items():
+            try:
+                resident = await member.residency(prefix_ids)
+            except BackendUnavailable as exc:
+                down.append(exc)
+                continue
+            for pid, n in resident.items():
                 out[pid] = max(out.get(pid, 0), n)
+        _unless_all_down(self, down)
         return out
 
     async def descriptor(self) -> Descriptor:
@@ -221,3 +242,37 @@ class BackendPool(ForwardsClaims):
             "members": members,
             "modes": modes,
         }
+
+
+def _members(backends: object) -> list[Backend]:
+    """The pool's members as given, checked: a non-empty sequence of backends (no pool, no
+    string), each its own name and, where it is one reached by URL, its own gateway (two
+    members on one gateway would make a reroute a move to the same engine); else
+    ``UsageError("backends")``."""
+    if isinstance(backends, str | bytes) or not isinstance(backends, Iterable):
+        raise UsageError("backends", f"expected a sequence of backends, got {backends!r}")
+    members = list(backends)
+    if not members:
+        raise UsageError("backends", "a pool needs at least one backend")
+    for i, member in enumerate(members):
+        if isinstance(member, BackendPool) or not isinstance(member, Backend):
+            raise UsageError(
+                "backends",
+                f"item {i} is not a backend (HTTPBackend, EmbeddedBackend, ...): {member!r}",
+            )
+    names = [b.name for b in members]
+    if len(set(names)) != len(names):
+        raise UsageError("backends", f"backend names must be unique, got {names}")
+    urls = [k for k in (getattr(b, "share_key", None) for b in members) if isinstance(k, str)]
+    if len(set(urls)) != len(urls):
+        twice = sorted({u for u in urls if urls.count(u) > 1})
+        raise UsageError("backends", f"two members reach one gateway: {', '.join(twice)}")
+    return members
+
+
+def _unless_all_down(pool: BackendPool, down: list[BackendUnavailable]) -> None:
+    """Raise when no member answered (``down`` holds one error per member)."""
+    if down and len(down) == len(pool.backends):
+        raise BackendUnavailable(
+            f"{pool.name}: no member answers ({'; '.join(map(str, down))})"
+        ) from down[0]

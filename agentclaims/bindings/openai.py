@@ -42,8 +42,8 @@ def client_backend(backend: object) -> Backend:
     """``backend`` if it is one a client can send to, else ``UsageError("backend")``."""
     from agentclaims.backends.pool import BackendPool
 
-    if isinstance(backend, BackendPool):
-        raise UsageError(
+    if isinstance(backend, BackendPool) and not isinstance(getattr(backend, "base_url", None), str):
+        raise UsageError(  # a FleetBackend is a pool with one URL, its router's
             "backend",
             "a BackendPool has no one URL to send to: make the client with one of its members "
             "(pool.backends[0]); the session moves its calls between them",

@@ -1,8 +1,9 @@
 """``SessionMoves``: the session moving to another backend, and the claims it loses doing so.
 
 A reroute (a pool member refused: another member, the session's claims released on the old
-one first) and a failover (the instance behind a router stopped answering: its claims are
-lost, never silently: each ends ``instance_lost``, named in one ``reaction_failover`` line).
+one first) and a failover (the instance behind a router, or the pool member, stopped
+answering: its claims are lost, never silently: each ends ``instance_lost``, named in one
+``reaction_failover`` line).
 A move the router made itself is reported the same way.
 """
 
@@ -44,7 +45,9 @@ class SessionMoves:
         if moved is None:
             return False
         instance, new = moved
-        await s.sleep(min(2.0, 0.25 * new.hop))  # give the router's health check a moment
+        hop = getattr(new, "hop", 0)  # behind a router: give its health check a moment
+        if hop:
+            await s.sleep(min(2.0, 0.25 * hop))
         self._lose_instance(instance, reason, to_backend=new.name)
         return True
 
@@ -54,6 +57,9 @@ class SessionMoves:
         ``reaction_failover`` line names them."""
         s, io = self._s, self._s.io
         gone = s.route.lost_on(instance)
+        if gone is None:  # a pool member: every claim the session made there
+            made = (*io.held.values(), *io.releasing, *io.ended)
+            gone = {h.claim_id for h in made if h.backend == instance}
         lost = [h for h in io.held.values() if h.claim_id in gone]
         for held in lost:
             io.lose(held, "instance_lost")

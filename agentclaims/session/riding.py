@@ -124,12 +124,13 @@ class RidingCalls:
         self._calls.pop(request_id, None)
 
     def still_goes_to(self, request_id: str | None, backend: Backend) -> bool:
-        """Whether the releases the call carries still go where they were planned for; after
-        a failover or a reroute they do not (that instance's claims are lost or were released
-        with the move): the call then carries none."""
+        """Whether the call goes where it was planned for. After a failover or a reroute it
+        does not: its claim is made, and booked, on ``backend`` now, and it carries no
+        releases (that instance's claims are lost or were released with the move)."""
         riding = self._calls.get(request_id or "")
-        if riding is None or riding.backend == backend.name or not riding.releases:
+        if riding is None or riding.backend == backend.name:
             return True
+        riding.backend = backend.name
         riding.releases = []  # still in ``io.releasing``: failed over or released from there
         return False
 

@@ -3,7 +3,8 @@
 A session has one backend, or a member of a ``BackendPool`` chosen by affinity (moved by a
 reroute on refusal, or to the member that accepts a claim before a tool call), or a routing key
 of a ``FleetBackend`` behind a router (moved by a failover when its instance stops answering, or
-by the router itself). The transport, the tool holds and the session's reactions ask the route,
+by the router itself); a pool member that stops answering is failed over the same way, to a
+member that answers. The transport, the tool holds and the session's reactions ask the route,
 never the pool: which backend now, which one a claim was made on, where to go next, and what the
 first call after a move says about it.
 """
@@ -18,7 +19,7 @@ from agentclaims.protocol import ClaimsProtocol
 
 if TYPE_CHECKING:
     from agentclaims.backends.base import Backend
-    from agentclaims.backends.fleet import FleetBackend, RoutedBackend
+    from agentclaims.backends.fleet import FleetBackend
     from agentclaims.backends.pool import BackendPool
 
 __all__ = ["SessionRoute"]
@@ -33,6 +34,8 @@ class SessionRoute:
         self._backend = backend
         self.moved: str | None = None
         """``reroute`` or ``failover`` until the next call has said so (``hop_fields``)."""
+        self._failovers = 0
+        """Pool members this session left because they stopped answering."""
 
     @property
     def backend(self) -> Backend:
@@ -99,12 +102,15 @@ class SessionRoute:
 
         return self.pool if isinstance(self.pool, FleetBackend) else None
 
-    async def failover(self) -> tuple[str | None, RoutedBackend] | None:
-        """Behind a router: the instance serving the session (gone), and the backend under a
-        new routing key; ``None`` without a fleet, or once out of hops."""
+    async def failover(self) -> tuple[str | None, Backend] | None:
+        """The session's backend stopped answering. Behind a router: the instance serving the
+        session (gone) and the backend under a new routing key, ``None`` once out of hops. In a
+        ``BackendPool``: the member (gone) and another member that answers (the pool's
+        choice), at most once per member a session; ``None`` when none answers. ``None``
+        with a backend of its own."""
         fleet = self.fleet()
         if fleet is None:
-            return None
+            return await self._leave_member()
         instance = fleet.instance_of(self.session_id)
         new = await fleet.reroute(self.session_id, failover=True)
         if new is None:
@@ -112,12 +118,26 @@ class SessionRoute:
         self._backend, self.moved = new, "failover"
         return instance, new
 
-    def lost_on(self, instance: str | None) -> set[str]:
-        """The claim ids the session had on ``instance``, now gone (the fleet forgets them)."""
+    async def _leave_member(self) -> tuple[str, Backend] | None:
+        """A pool member that stopped answering left for another that answers."""
+        pool = self.pool
+        if pool is None or self._failovers >= len(pool.backends):
+            return None
+        gone = self.backend.name
+        new = await pool.reroute(self.session_id)  # never a member that does not answer
+        if new is None:
+            return None
+        self._failovers += 1
+        self._backend, self.moved = new, "failover"
+        return gone, new
+
+    def lost_on(self, instance: str | None) -> set[str] | None:
+        """The claim ids the session had on ``instance``, now gone (the fleet forgets them);
+        ``None`` for a pool member: the claims the session made on it, by its name."""
         fleet = self.fleet()
-        if fleet is None or instance is None:
-            return set()
-        return set(fleet.lose_instance(instance))
+        if fleet is None:
+            return None if self.pool is not None else set()
+        return set() if instance is None else set(fleet.lose_instance(instance))
 
     def take_move(self) -> tuple[str | None, str | None] | None:
         """Behind a router: the move the router itself made (old and new instance), once."""

@@ -316,7 +316,8 @@ class ClaimedSession:
         self.riding.failed(request_id)
 
     def riding_to(self, request_id: str | None, backend: Backend) -> bool:
-        """Whether the releases the call ``request_id`` carries still go to ``backend``."""
+        """Whether the call ``request_id`` still goes where it was planned for; if not, its
+        claim goes to ``backend`` now, without the releases planned for the other."""
         return self.riding.still_goes_to(request_id, backend)
 
     async def after_call(

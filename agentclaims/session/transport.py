@@ -222,14 +222,18 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         streaming: bool = False,
         base: bytes | None = None,
     ) -> httpx2.Response:
-        """Forward to the session's backend; behind a router, an instance that does not
-        answer (a transport error, or a 5xx that is not a claim outcome) is failed over to
-        another (``ClaimedSession.failover``), a bounded number of times."""
+        """Forward to the session's backend; behind a router or in a pool, an instance that
+        does not answer (a transport error, or a 5xx that is not a claim outcome) is failed
+        over to another (``ClaimedSession.failover``), a bounded number of times: the call's
+        claim then goes there, without what was planned for the other."""
+        planned = session.backend.name
         while True:
             backend = session.backend
             ext = body.get(EXTENSION_KEY) or {}
-            if "release" in ext and not session.riding_to(ext.get("request_id"), backend):
-                del ext["release"]  # planned for an instance this call no longer goes to
+            moved = not session.riding_to(ext.get("request_id"), backend)
+            if moved or backend.name != planned:  # failed over since the call was planned
+                ext.pop("release", None)  # for the instance it no longer goes to,
+                ext.pop("events_since", None)  # as its events cursor was
             key = getattr(backend, "key", None)  # a fleet's routing key: also the body's user
             if isinstance(key, str) and base is not None and body.keys() == {EXTENSION_KEY}:
                 body = {**fast_json.loads(base), **body}  # glanced at: the client's user is needed

@@ -233,6 +233,13 @@ async def test_the_clients_refuse_what_is_not_a_backend(backend: Any) -> None:
         with pytest.raises(UsageError, match="backend"):
             agentclaims.chat_model(bad)  # type: ignore[arg-type]
     assert agentclaims.chat_model(pool.backends[0]).openai_api_base == backend.base_url
+    fleet = agentclaims.FleetBackend("http://127.0.0.1:9")  # a pool with one URL: its router's
+    try:
+        client = agentclaims.openai_client(fleet)
+        assert str(client.base_url).rstrip("/") == fleet.base_url
+        await client.close()
+    finally:
+        await fleet.aclose()
 
 
 async def test_a_claimed_graph_is_not_claimed_twice(backend: Any) -> None:
