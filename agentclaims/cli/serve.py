@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import ipaddress
 import math
 import socket
@@ -18,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentclaims.cli.listen import listen, netloc
 from agentclaims.errors import AgentClaimsError, UsageError
 
 if TYPE_CHECKING:
@@ -50,11 +50,6 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _netloc(host: str, port: int) -> str:
-    """``host:port`` as a URL writes it: an IPv6 literal in brackets (``[::1]:8099``)."""
-    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
 #: the flags only ``--kv vllm`` reads (each defaults to None: given or not is plain), with why
@@ -116,56 +111,6 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError("--promote-share", f"must be a number in (0, 1], got {share:g}")
 
 
-_BACKLOG = 2048
-"""uvicorn's own backlog: connections made before it accepts wait in it."""
-
-
-def _listen(host: str, port: int) -> list[socket.socket]:
-    """Sockets bound on each address ``host`` names, as uvicorn (asyncio) would bind them, all
-    on one port: ``port``, or for 0 the one the system picks (so the banner and the advertised
-    URL say the port clients reach), and listening from then on: a connection made as soon as
-    the banner names the port waits until the app takes it. An address of a family this system
-    lacks is passed over."""
-    try:
-        infos = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
-        )
-    except socket.gaierror as exc:
-        raise UsageError("--host", f"cannot listen on {host!r}: {exc.strerror}") from None
-    sockets: list[socket.socket] = []
-    failure: OSError | None = None
-    for family, kind, proto, _, address in dict.fromkeys(infos):
-        try:
-            sock = socket.socket(family, kind, proto)
-        except OSError as exc:  # a family this system lacks
-            failure = failure or exc
-            continue
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:  # as asyncio's own: no IPv4 through an IPv6 socket
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            if sockets:
-                address = (address[0], sockets[0].getsockname()[1], *address[2:])
-            sock.bind(address)
-            sock.listen(_BACKLOG)  # a client that read the banner waits, never refused
-        except OSError as exc:
-            sock.close()
-            failure = failure or exc
-            if exc.errno == errno.EADDRNOTAVAIL:  # a family not enabled here (as asyncio's)
-                continue
-            for bound in sockets:
-                bound.close()
-            sockets = []
-            break
-        sockets.append(sock)
-    if not sockets:
-        assert failure is not None  # getaddrinfo gave at least one address
-        flag = "--port" if failure.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
-        where = _netloc(host, port)
-        raise UsageError(flag, f"cannot listen on {where}: {failure.strerror}")
-    return sockets
-
-
 def run(args: argparse.Namespace) -> int:
     """Serve until stopped; 2 on bad arguments, 3 when uvicorn is not installed."""
     from agentclaims.engine import ReferenceKV, ServiceTimes
@@ -185,8 +130,8 @@ def run(args: argparse.Namespace) -> int:
                 "who reaches it could act as any owner (pass --api-keys FILE, or "
                 "--allow-unauthenticated if that is what you want)",
             )
-        sockets = _listen(args.host, args.port)  # before the engine: a port in use says so first
-        netloc = _netloc(args.host, sockets[0].getsockname()[1])  # the port --port 0 got
+        sockets = listen(args.host, args.port)  # before the engine: a port in use says so first
+        where = netloc(args.host, sockets[0].getsockname()[1])  # the port --port 0 got
         kv: KVSide
         text: TextSide | None = None  # vLLM writes its own replies
         if args.kv == "vllm":
@@ -208,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
             text = ScriptedModel(script)
         ledger = None if args.ledger is None else Ledger(args.ledger)
         instance = Instance(
-            args.instance_id or netloc, args.advertise_url or f"http://{netloc}", args.behind_router
+            args.instance_id or where, args.advertise_url or f"http://{where}", args.behind_router
         )
         app = create_app(
             kv,
@@ -241,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
         if args.kv == "vllm"
         else f"reference engine, {args.blocks} blocks x {args.block_size or 16} tokens"
     )
-    _say(f"{side}, http://{netloc}/v1")
+    _say(f"{side}, http://{where}/v1")
     if keys is None:
         _say(
             "no --api-keys: every client may act as any owner scope"

@@ -22,8 +22,9 @@ __all__ = ["run"]
 
 
 def run(args: argparse.Namespace) -> int:
+    from agentclaims.cli.listen import listen
     from agentclaims.vllm.launch import (
-        check_free,
+        check_kv_events_free,
         default_kv_events,
         new_claims_key,
         serve_argv,
@@ -75,14 +76,18 @@ def run(args: argparse.Namespace) -> int:
             extra=extra,
         )
         # last, once every value is known good: nothing else may have the port or the events
-        check_free(args.host, args.port, args.kv_events or default_kv_events(args.port))
+        # (vLLM would fail to bind them only after its imports, its readiness probe meanwhile
+        # reaching the other server)
+        for sock in listen(args.host, args.port):
+            sock.close()
+        events = args.kv_events or default_kv_events(args.port)
+        check_kv_events_free(events)
     except UsageError as exc:
         print(f"agentclaims vllm: {exc}", file=sys.stderr)
         return 2
     if made_key:
         print(f"agentclaims vllm: claims key {key} (pass it to the gateway)", file=sys.stderr)
     env = server_env(dev_mode=args.dev_mode)
-    events = args.kv_events or default_kv_events(args.port)
     print(
         f"agentclaims vllm: KV events on {events} (pass it to the gateway: --kv-events)",
         file=sys.stderr,

@@ -56,10 +56,8 @@ class SessionMoves:
         it held, and those it let go whose release the instance never confirmed; one
         ``reaction_failover`` line names them."""
         s, io = self._s, self._s.io
-        gone = s.route.lost_on(instance)
-        if gone is None:  # a pool member: every claim the session made there
-            made = (*io.held.values(), *io.releasing, *io.ended)
-            gone = {h.claim_id for h in made if h.backend == instance}
+        made = (*io.held.values(), *io.releasing, *io.ended)  # a pool member's: made there
+        gone = s.route.lost_on(instance) | {h.claim_id for h in made if h.backend == instance}
         lost = [h for h in io.held.values() if h.claim_id in gone]
         for held in lost:
             io.lose(held, "instance_lost")

@@ -131,13 +131,13 @@ class SessionRoute:
         self._backend, self.moved = new, "failover"
         return gone, new
 
-    def lost_on(self, instance: str | None) -> set[str] | None:
-        """The claim ids the session had on ``instance``, now gone (the fleet forgets them);
-        ``None`` for a pool member: the claims the session made on it, by its name."""
+    def lost_on(self, instance: str | None) -> set[str]:
+        """The claim ids the fleet says the session had on ``instance``, now gone (it forgets
+        them); none without a fleet (a pool member's are the claims made on it, by name)."""
         fleet = self.fleet()
-        if fleet is None:
-            return None if self.pool is not None else set()
-        return set() if instance is None else set(fleet.lose_instance(instance))
+        if fleet is None or instance is None:
+            return set()
+        return set(fleet.lose_instance(instance))
 
     def take_move(self) -> tuple[str | None, str | None] | None:
         """Behind a router: the move the router itself made (old and new instance), once."""

@@ -226,9 +226,10 @@ class ClaimsTransport(httpx2.AsyncBaseTransport):
         does not answer (a transport error, or a 5xx that is not a claim outcome) is failed
         over to another (``ClaimedSession.failover``), a bounded number of times: the call's
         claim then goes there, without what was planned for the other."""
-        planned = session.backend.name
+        planned: str | None = None  # where the call was sent first
         while True:
             backend = session.backend
+            planned = planned or backend.name
             ext = body.get(EXTENSION_KEY) or {}
             moved = not session.riding_to(ext.get("request_id"), backend)
             if moved or backend.name != planned:  # failed over since the call was planned

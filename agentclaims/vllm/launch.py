@@ -22,6 +22,7 @@ __all__ = [
     "DTYPES",
     "SCHEDULER",
     "check_kv_events",
+    "check_kv_events_free",
     "connector_config",
     "default_dtype",
     "default_kv_events",
@@ -104,36 +105,12 @@ def check_kv_events(endpoint: str, *, flag: str = "--kv-events") -> None:
         raise UsageError(flag, f"must be an ipc:// endpoint (vLLM binds it), got {endpoint!r}")
 
 
-def check_free(host: str, port: int, kv_events: str) -> None:
-    """A ``UsageError`` naming the flag when another server already has ``host:port``
-    (``--port``) or publishes on ``kv_events`` (``--kv-events``): vLLM would fail to bind it
-    only after its imports, and meanwhile the supervisor's readiness probe would reach the
-    other server and its state file would overwrite the other's."""
-    import errno
+def check_kv_events_free(kv_events: str) -> None:
+    """A ``UsageError`` naming ``--kv-events`` when another server publishes on ``kv_events``:
+    vLLM would fail to bind it only after its imports, and meanwhile the supervisor's state
+    file would overwrite the other's."""
     import socket
 
-    try:
-        infos = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
-        )
-    except socket.gaierror as exc:
-        raise UsageError("--host", f"cannot listen on {host!r}: {exc.strerror}") from None
-    for family, kind, proto, _, address in dict.fromkeys(infos):
-        try:
-            sock = socket.socket(family, kind, proto)
-        except OSError:  # a family this system lacks
-            continue
-        with sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vLLM binds it
-            try:
-                sock.bind(address)
-            except OSError as exc:
-                if exc.errno == errno.EADDRNOTAVAIL:
-                    continue
-                flag = "--port" if exc.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
-                raise UsageError(
-                    flag, f"cannot listen on {host}:{port}: {exc.strerror} (another server?)"
-                ) from None
     path = kv_events.removeprefix("ipc://")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         try:

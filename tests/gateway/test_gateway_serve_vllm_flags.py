@@ -22,7 +22,7 @@ def nothing_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     def listen(host: str, port: int) -> list[socket.socket]:
         raise AssertionError(f"bound {host}:{port} before refusing")
 
-    monkeypatch.setattr(serve, "_listen", listen)
+    monkeypatch.setattr(serve, "listen", listen)
 
 
 @pytest.mark.parametrize(
